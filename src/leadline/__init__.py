@@ -1,0 +1,67 @@
+"""leadline: fine-tuning hyperparameters sounded from your machine and your task.
+
+Every number comes back as a :class:`Value` with its kind, its source sentence and its
+evidence. ``import leadline`` loads no torch: the heavy parts load when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from leadline._version import __version__
+from leadline.errors import InputError, LeadlineError
+from leadline.plan import KINDS, Plan, Value
+
+# The public surface, name -> module. Loaded on first use so `import leadline` stays light.
+_LAZY: dict[str, str] = {
+    # the statistics
+    "stats": "leadline.stats",
+    # the corpus
+    "profile_corpus": "leadline.corpus",
+    "CorpusProfile": "leadline.corpus",
+    "read_rows": "leadline.corpus",
+    "tokenize_rows": "leadline.corpus",
+    "collate": "leadline.corpus",
+    "pack_steps": "leadline.corpus",
+    "split_rows": "leadline.corpus",
+    # memory
+    "TrainingStep": "leadline.memory",
+    "ramp": "leadline.memory",
+    "forbid_spill": "leadline.memory",
+    "lift_cap": "leadline.memory",
+    "watched": "leadline.memory",
+    "SpillWatch": "leadline.memory",
+    "measure_fit": "leadline.memory",
+    # the noise scale and tokens per step
+    "measure_noise_scale": "leadline.noise",
+    "ModelGradFn": "leadline.noise",
+    "NoiseScale": "leadline.noise",
+    "tokens_per_step": "leadline.noise",
+    "NoiseMonitor": "leadline.noise",
+    "Controller": "leadline.noise",
+    # the rate and the run
+    "measure_first_step": "leadline.rate",
+    "lookahead_lr": "leadline.rate",
+    "race": "leadline.rate",
+    "LookaheadSchedule": "leadline.rate",
+    "lookahead_from": "leadline.rate",
+    # derive
+    "derive": "leadline.derive",
+}
+
+__all__ = ["KINDS", "InputError", "LeadlineError", "Plan", "Value", "__version__", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'leadline' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    obj = mod if module.endswith("." + name) and not hasattr(mod, name) else getattr(mod, name)
+    globals()[name] = obj
+    return obj
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,5 @@
+import sys
+
+from leadline.cli import main
+
+sys.exit(main())

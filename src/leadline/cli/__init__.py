@@ -1,0 +1,72 @@
+"""The ``leadline`` command line.
+
+Each subcommand lives in its own module ``leadline.cli.<name>`` with two functions:
+``add_arguments(parser)`` (light: no torch at import) and ``run(args) -> int``. This module
+only builds the parser and turns a :class:`~leadline.errors.LeadlineError` into one sentence
+on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from leadline._version import __version__
+from leadline.errors import LeadlineError
+
+COMMANDS: dict[str, str] = {
+    "derive": "derive a plan: micro-batch, tokens per step, rate, warmup, ending, each with its evidence",
+    "train": "a reference run with a plan and the look-ahead schedule",
+    "fit": "measure whether a training shape fits the card (the real peak, not a prediction)",
+    "report": "print a plan's values with their sources, or write its HTML report",
+    "corpus": "profile a data set: rows, tokens read, scored tokens, the length",
+    "gpu": "what this GPU really delivers: virtualisation, launch latency, bandwidth, matmul",
+    "disk": "read throughput per queue depth with the page cache bypassed",
+    "quant": "int8/int4 round-trip error per weight family of a model",
+    "demo": "the main job on the embedded default model and data",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage in one sentence and exits with code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: {message}; run `{self.prog} --help` for usage.\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="leadline",
+        description="Fine-tuning hyperparameters sounded from your machine and your task, "
+        "with the measurement printed next to every number.",
+    )
+    parser.add_argument("--version", action="version", version=f"leadline {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, help_text in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = importlib.import_module(f"leadline.cli.{name}")
+        mod.add_arguments(p)
+        p.set_defaults(_run=f"leadline.cli.{name}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._run).run(args) or 0)
+    except LeadlineError as e:
+        print(f"leadline {args.command}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"leadline {args.command}: interrupted; nothing half-written was kept.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

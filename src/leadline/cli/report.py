@@ -1,0 +1,29 @@
+"""``leadline report plan.json [--html out.html] [--why NAME]``."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", help="a plan file written by `leadline derive --out` or plan.to_json(path)")
+    p.add_argument("--html", metavar="OUT", help="also write the self-contained HTML report here")
+    p.add_argument("--why", metavar="NAME", help="print the whole evidence behind one value")
+
+
+def run(args: argparse.Namespace) -> int:
+    from leadline.plan import Plan
+
+    plan = Plan.from_json(args.plan)
+    if args.why:
+        if args.why not in plan:
+            from leadline.errors import InputError
+
+            raise InputError(f"the plan {args.plan} has no value {args.why!r}; it has: {', '.join(plan) or 'none'}")
+        print(plan.why(args.why))
+    else:
+        print(plan.report())
+    if args.html:
+        path = plan.html(args.html)
+        print(f"wrote {path}")
+    return 0

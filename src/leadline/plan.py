@@ -1,0 +1,274 @@
+"""The plan and its provenance: every number with its kind, its source and its evidence.
+
+A :class:`Value` cannot be built without a source sentence. A :class:`Plan` is an ordered
+set of named values plus the record of where they were measured (machine, model, data,
+leadline's version) and the rows derive() held out. Prose is rendered from the structure,
+never the other way round, and the JSON form round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from leadline._io import write_atomic
+from leadline._version import __version__
+from leadline.errors import InputError
+
+KINDS = ("measured", "derived", "constant", "given")
+"""measured on this machine; derived by a stated formula from measured values; a constant
+nobody measured here; given by the user."""
+
+PLAN_FORMAT = 1
+
+
+def _jsonable(obj: Any, what: str) -> Any:
+    """Normalise ``obj`` to what JSON gives back (tuples become lists), or say why it cannot."""
+    try:
+        return json.loads(json.dumps(obj, allow_nan=True))
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{what} must be JSON data (numbers, strings, lists, dicts): {e}") from None
+
+
+@dataclass(frozen=True)
+class Value:
+    """One number of a plan and what produced it.
+
+    Args:
+        value: the number (or a short string/list where the quantity is one, e.g. betas).
+        kind: one of ``measured``, ``derived``, ``constant``, ``given``.
+        source: one sentence saying where the number came from; never empty.
+        evidence: the measurement as structured JSON data (rungs, draws, candidates).
+            A dict with a ``"plot"`` key is drawn by the HTML report (see docs/evidence.md).
+        seconds: what producing the number cost, wall-clock.
+        unit: the unit, where the name does not say it.
+    """
+
+    value: Any
+    kind: str
+    source: str
+    evidence: Any = None
+    seconds: float = 0.0
+    unit: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InputError(f"Value kind {self.kind!r} is not one of {', '.join(KINDS)}; pick the one that says where the number came from")
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise InputError("a Value needs a source sentence saying where its number came from; pass source='...'")
+        seconds = float(self.seconds)
+        if not math.isfinite(seconds) or seconds < 0:
+            raise InputError(f"Value seconds must be a finite number >= 0, got {self.seconds!r}")
+        object.__setattr__(self, "seconds", seconds)
+        object.__setattr__(self, "value", _jsonable(self.value, "a Value's value"))
+        object.__setattr__(self, "evidence", _jsonable(self.evidence, "a Value's evidence"))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "value": self.value,
+            "kind": self.kind,
+            "source": self.source,
+            "evidence": self.evidence,
+            "seconds": self.seconds,
+            "unit": self.unit,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Value:
+        return cls(
+            value=d["value"],
+            kind=d["kind"],
+            source=d["source"],
+            evidence=d.get("evidence"),
+            seconds=d.get("seconds", 0.0),
+            unit=d.get("unit"),
+        )
+
+    def line(self, name: str) -> str:
+        """``name = number unit  [kind] source`` — the report's line for this value."""
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{name} = {format_number(self.value)}{unit}  [{self.kind}] {self.source}"
+
+
+def format_number(x: Any) -> str:
+    """Numbers as a person reads them: ints with separators, floats to 3-4 significant digits."""
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            return str(x)
+        if x == 0:
+            return "0"
+        if abs(x) >= 1e5 or abs(x) < 1e-3:
+            return f"{x:.3g}"
+        return f"{x:.4g}"
+    if isinstance(x, list):
+        return "(" + ", ".join(format_number(v) for v in x) + ")"
+    return str(x)
+
+
+@dataclass
+class Plan:
+    """The derived hyperparameters, each a :class:`Value`, and the record of where they came from.
+
+    ``plan.micro_batch`` is the number, ``plan["micro_batch"]`` the :class:`Value`.
+
+    Attributes:
+        values: name -> Value, in the order the phases produced them.
+        machine, model, data: what the plan was measured on (see :mod:`leadline.provenance`).
+        held_out: the rows derive() split off, as data: ``{"train": [...], "held_out": [...],
+            "test": [...]}`` row indices into the corpus.
+        notes: phase-level remarks (what a time budget did not reach, a fallback taken).
+        version: the leadline version that made it.
+        created: seconds since the epoch.
+    """
+
+    values: dict[str, Value] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+    held_out: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    version: str = __version__
+    created: float = field(default_factory=time.time)
+
+    # ---- access -------------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal attribute lookup fails: the plan's values by name.
+        values = self.__dict__.get("values")
+        if values is not None and name in values:
+            return values[name].value
+        known = ", ".join(values) if values else "none yet"
+        raise AttributeError(f"the plan has no value {name!r}; it has: {known}")
+
+    def __getitem__(self, name: str) -> Value:
+        try:
+            return self.values[name]
+        except KeyError:
+            known = ", ".join(self.values) or "none yet"
+            raise KeyError(f"the plan has no value {name!r}; it has: {known}") from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.values
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def set(self, name: str, value: Value) -> None:
+        """Add or replace one value (the phases call this)."""
+        if not isinstance(value, Value):
+            raise InputError(f"plan.set({name!r}, ...) needs a leadline.Value, got {type(value).__name__}")
+        self.values[name] = value
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The number of ``name``, or ``default`` when the plan has none."""
+        return self.values[name].value if name in self.values else default
+
+    # ---- prose from the structure -------------------------------------------------------
+    def report(self) -> str:
+        """One line per value with its sentence, then the constants together, then notes."""
+        lines = [v.line(name) for name, v in self.values.items()]
+        consts = self.constants()
+        if consts:
+            lines.append("")
+            lines.append(f"constants (not measured here, {len(consts)}): " + ", ".join(consts))
+        else:
+            lines.append("")
+            lines.append("constants: none — every number above was measured, derived or given")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+    def why(self, name: str) -> str:
+        """The whole evidence behind one value: its line, its cost, and the structure."""
+        v = self[name]
+        head = v.line(name)
+        cost = f"cost: {v.seconds:.3g} s"
+        if v.evidence is None:
+            return f"{head}\n{cost}\nevidence: none recorded"
+        return f"{head}\n{cost}\nevidence:\n{json.dumps(v.evidence, indent=2, sort_keys=False)}"
+
+    def constants(self) -> dict[str, Value]:
+        """Every value nobody measured here, in one place."""
+        return {n: v for n, v in self.values.items() if v.kind == "constant"}
+
+    # ---- JSON ---------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "leadline_plan": PLAN_FORMAT,
+            "version": self.version,
+            "created": self.created,
+            "machine": self.machine,
+            "model": self.model,
+            "data": self.data,
+            "held_out": self.held_out,
+            "notes": list(self.notes),
+            "values": {n: v.to_dict() for n, v in self.values.items()},
+        }
+
+    def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
+        """The plan as JSON; with ``path``, also written there atomically."""
+        text = json.dumps(self.to_dict(), indent=1, allow_nan=True)
+        if path is not None:
+            write_atomic(path, text + "\n")
+        return text
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, origin: str = "the data") -> Plan:
+        if not isinstance(d, Mapping) or d.get("leadline_plan") != PLAN_FORMAT or not isinstance(d.get("values"), Mapping):
+            raise InputError(f"{origin} is not a leadline plan (no 'leadline_plan': {PLAN_FORMAT} with 'values'); pass a file written by plan.to_json() or `leadline derive --out`")
+        try:
+            values = {n: Value.from_dict(v) for n, v in d["values"].items()}
+        except (KeyError, TypeError, AttributeError) as e:
+            raise InputError(f"{origin} is not a leadline plan: a value is missing its field {e}; regenerate it with `leadline derive`") from None
+        return cls(
+            values=values,
+            machine=dict(d.get("machine") or {}),
+            model=dict(d.get("model") or {}),
+            data=dict(d.get("data") or {}),
+            held_out=dict(d.get("held_out") or {}),
+            notes=list(d.get("notes") or []),
+            version=str(d.get("version", "unknown")),
+            created=float(d.get("created", 0.0)),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike[str]) -> Plan:
+        """Read a plan from a JSON string or a path to a file written by :meth:`to_json`."""
+        text = str(text_or_path) if not isinstance(text_or_path, os.PathLike) else None
+        origin = "the JSON text"
+        if text is None or not text.lstrip().startswith("{"):
+            p = Path(text_or_path)
+            origin = str(p)
+            if not p.is_file():
+                raise InputError(f"plan file {p} does not exist; pass the path `leadline derive --out` wrote")
+            try:
+                text = p.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as e:
+                raise InputError(f"plan file {p} cannot be read as text ({e.__class__.__name__}); pass a JSON plan") from None
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{origin} is not a leadline plan: not JSON ({e.msg} at line {e.lineno}); pass a file written by `leadline derive --out`") from None
+        return cls.from_dict(d, origin=origin)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+    # ---- the page -----------------------------------------------------------------------
+    def html(self, path: str | os.PathLike[str]) -> Path:
+        """Write a self-contained HTML report (inline SVG plots) to ``path`` atomically."""
+        from leadline.report.html import render_plan
+
+        return write_atomic(path, render_plan(self))

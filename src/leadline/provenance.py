@@ -1,0 +1,98 @@
+"""What a plan was measured on: the machine, the model, the data, as plain dicts.
+
+torch is read only when it is already imported or a device is named, so ``import leadline``
+stays light.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from leadline._version import __version__
+
+
+def describe_machine(device: Any = None) -> dict[str, Any]:
+    """The host and, where torch is loaded, the accelerator: name, memory, driver, torch version."""
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "leadline": __version__,
+    }
+    if "torch" not in sys.modules and device is None:
+        return info
+    import torch
+
+    info["torch"] = torch.__version__
+    dev = torch.device(device) if device is not None else None
+    if dev is None and torch.cuda.is_available():
+        dev = torch.device("cuda", torch.cuda.current_device())
+    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        info.update(
+            device=f"cuda:{idx}",
+            device_name=props.name,
+            device_memory_bytes=int(props.total_memory),
+            cuda=torch.version.cuda,
+            driver=_nvidia_driver(),
+        )
+    else:
+        info["device"] = "cpu" if dev is None else str(dev)
+    return info
+
+
+def _nvidia_driver() -> str | None:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return None
+    for tok in text.split():
+        if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
+            return tok
+    return None
+
+
+def describe_model(model: Any = None, *, name: str | None = None, trained_as: str | None = None) -> dict[str, Any]:
+    """The model's name, its trained (requires_grad) parameter count and how they are trained."""
+    out: dict[str, Any] = {}
+    if model is not None:
+        cfg = getattr(model, "config", None)
+        out["name"] = name or getattr(cfg, "_name_or_path", None) or type(model).__name__
+        params = list(model.parameters())
+        out["parameters"] = int(sum(p.numel() for p in params))
+        out["trained_parameters"] = int(sum(p.numel() for p in params if p.requires_grad))
+    elif name:
+        out["name"] = name
+    if trained_as:
+        out["trained_as"] = trained_as
+    return out
+
+
+def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
+    """sha256 of a file's bytes, or of the rows as canonical JSON (one per line)."""
+    h = hashlib.sha256()
+    if isinstance(path_or_rows, (str, os.PathLike)):
+        with open(path_or_rows, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    else:
+        for row in path_or_rows:
+            h.update(json.dumps(row, sort_keys=True, default=str).encode())
+            h.update(b"\n")
+    return h.hexdigest()
+
+
+def describe_data(path_or_rows: Any, rows: int | None = None) -> dict[str, Any]:
+    """The data's path (or that it came in memory), its row count and its content hash."""
+    if isinstance(path_or_rows, (str, os.PathLike)):
+        return {"path": str(path_or_rows), "rows": rows, "sha256": content_hash(path_or_rows)}
+    rows_list = list(path_or_rows)
+    return {"path": None, "rows": len(rows_list) if rows is None else rows, "sha256": content_hash(rows_list)}

@@ -1,0 +1,142 @@
+"""Plots drawn from a Value's evidence, keyed by the evidence's ``"plot"`` field.
+
+Each phase registers the plot its evidence asks for with :func:`register_plot`; the shapes
+of the evidence are documented in docs/evidence.md. Drawing needs matplotlib (the ``report``
+extra); without it the report shows the evidence as tables and says why there is no plot.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+PlotFn = Callable[[dict[str, Any], Any], None]
+_PLOTS: dict[str, PlotFn] = {}
+
+
+def register_plot(name: str) -> Callable[[PlotFn], PlotFn]:
+    """Register ``fn(evidence, ax)`` as the drawing for evidence with ``{"plot": name}``."""
+
+    def deco(fn: PlotFn) -> PlotFn:
+        _PLOTS[name] = fn
+        return fn
+
+    return deco
+
+
+def plot_names() -> list[str]:
+    return sorted(_PLOTS)
+
+
+def matplotlib_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def render_svg(evidence: Any) -> str | None:
+    """The SVG drawing for ``evidence`` (inline-ready, no XML header), or None if it has none."""
+    if not isinstance(evidence, dict) or evidence.get("plot") not in _PLOTS or not matplotlib_available():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=96)
+    try:
+        _PLOTS[evidence["plot"]](evidence, ax)
+        ax.grid(True, alpha=0.3)
+        fig.tight_layout()
+        buf = io.StringIO()
+        fig.savefig(buf, format="svg", metadata={"Date": None})
+    finally:
+        plt.close(fig)
+    svg = buf.getvalue()
+    start = svg.find("<svg")
+    return svg[start:] if start >= 0 else svg
+
+
+# ---- the plots the phases' evidence asks for ------------------------------------------
+@register_plot("ramp")
+def _ramp(ev: dict[str, Any], ax: Any) -> None:
+    """Peak bytes per rung against the budget; squeezed and failed rungs marked."""
+    rungs = ev.get("rungs", [])
+    colors = {"fits": "tab:green", "squeezed": "tab:orange", "oom": "tab:red"}
+    for r in rungs:
+        peak = r.get("peak_bytes")
+        y = (peak or ev.get("budget_bytes") or 0) / 2**30
+        ax.scatter([r.get("rows")], [y], color=colors.get(r.get("verdict"), "tab:gray"),
+                   marker="o" if peak is not None else "x", zorder=3)
+    if ev.get("budget_bytes"):
+        ax.axhline(ev["budget_bytes"] / 2**30, color="black", linestyle="--", label="budget")
+    ax.set_xlabel("rows per micro-batch")
+    ax.set_ylabel("peak GiB")
+    ax.set_title("memory ramp: green fits, orange squeezed in, red OOM")
+
+
+@register_plot("noise_probe")
+def _noise(ev: dict[str, Any], ax: Any) -> None:
+    """B_noise estimate after each draw with its one-SE band."""
+    draws = [d for d in ev.get("draws", []) if d.get("estimate") is not None]
+    xs = [d.get("tokens", d.get("k")) for d in draws]
+    ys = [d["estimate"] for d in draws]
+    lo = [d["estimate"] - (d.get("se") or 0) for d in draws]
+    hi = [d["estimate"] + (d.get("se") or 0) for d in draws]
+    ax.plot(xs, ys, marker="o", label="B_noise")
+    ax.fill_between(xs, lo, hi, alpha=0.25, label="±1 SE")
+    if xs:
+        ax.plot(xs, xs, linestyle=":", color="gray", label="tokens the probe reached")
+    ax.set_xlabel("scored tokens drawn")
+    ax.set_ylabel("B_noise (scored tokens)")
+    ax.set_title("noise-scale probe")
+    ax.legend(fontsize=8)
+
+
+@register_plot("first_step")
+def _first_step(ev: dict[str, Any], ax: Any) -> None:
+    """Held-out loss along Adam's first update, per step size."""
+    walk = sorted(ev.get("walk", []), key=lambda w: w["lr"])
+    ax.plot([w["lr"] for w in walk], [w["loss"] for w in walk], marker="o")
+    if ev.get("base_loss") is not None:
+        ax.axhline(ev["base_loss"], color="gray", linestyle="--", label="before the step")
+    if ev.get("alpha1") is not None:
+        ax.axvline(ev["alpha1"], color="tab:green", label="alpha1")
+    ax.set_xscale("log")
+    ax.set_xlabel("step size along Adam's first update")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("first safe step")
+    ax.legend(fontsize=8)
+
+
+@register_plot("lookahead")
+def _lookahead(ev: dict[str, Any], ax: Any) -> None:
+    """Held-out loss per rate, one line per horizon."""
+    for h in ev.get("horizons", []):
+        cands = sorted(h.get("candidates", []), key=lambda c: c["lr"])
+        ax.errorbar([c["lr"] for c in cands], [c["loss"] for c in cands],
+                    yerr=[c.get("se") or 0 for c in cands], marker="o", capsize=2,
+                    label=f"{h.get('steps')} steps")
+    if ev.get("chosen_lr") is not None:
+        ax.axvline(ev["chosen_lr"], color="black", linestyle="--", label="chosen")
+    ax.set_xscale("log")
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("look-ahead: loss per rate per horizon")
+    ax.legend(fontsize=8)
+
+
+@register_plot("schedule")
+def _schedule(ev: dict[str, Any], ax: Any) -> None:
+    """The schedule's checks (held-out loss per step) with rollbacks marked."""
+    checks = ev.get("checks", [])
+    ax.plot([c["step"] for c in checks], [c["loss"] for c in checks], marker="o", label="check")
+    for c in checks:
+        if c.get("action") == "rollback":
+            ax.axvline(c["step"], color="tab:red", alpha=0.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("held-out loss")
+    ax.set_title("schedule: checks (red: rolled back, rate halved)")

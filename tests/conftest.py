@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import pytest
+
+from helpers import DATA, make_model, make_tokenizer
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA; run on the device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture()
+def tiny_model(tokenizer):
+    return make_model(vocab_size=len(tokenizer))
+
+
+@pytest.fixture(scope="session")
+def data_dir():
+    return DATA

@@ -1,0 +1,79 @@
+"""Tiny, offline stand-ins for a real model, tokenizer and data, shared by the tests.
+
+Nothing here downloads: the tokenizer is a byte-level BPE trained in a fraction of a second
+on a fixed text, the model a 2-layer Llama built from a config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).parent / "data"
+
+# ChatML as SmolLM2 uses it; {% generation %} marks what the loss scores (assistant turns).
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|im_start|>assistant\n' }}{% generation %}{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\n' }}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_TRAIN_TEXT = (
+    "the quick brown fox jumps over the lazy dog. a packet of network data travels to the sound card. "
+    "science games net sound. what is two plus three? the answer is five. "
+    "debian packages describe programs for games, networking, science and sound. "
+    "Tom has 3 apples and buys 4 more; how many apples does he have? 3 + 4 = 7. #### 7\n"
+)
+
+
+def make_tokenizer() -> Any:
+    """A PreTrainedTokenizerFast with byte-level BPE (vocab 384), EOS/pad, and a ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=384, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([_TRAIN_TEXT] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32) -> Any:
+    """A 2-layer Llama with hidden 32 built from a config, float32, eval-free (no dropout)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=0, eos_token_id=0, bos_token_id=None,
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def save_model_dir(path: Path) -> Path:
+    """The tiny model and tokenizer saved as a Hugging Face folder (for CLI tests)."""
+    tok = make_tokenizer()
+    model = make_model(vocab_size=len(tok))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,60 @@
+import json
+import subprocess
+import sys
+
+from leadline import Plan, Value
+from leadline.cli import COMMANDS, main
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, "-m", "leadline", *args], capture_output=True, text=True)
+
+
+def test_import_and_help_do_not_load_torch():
+    code = (
+        "import sys, leadline, leadline.cli\n"
+        "try:\n    leadline.cli.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('torch', 'transformers', 'numpy', 'matplotlib') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_help_lists_every_command_and_version():
+    r = _run("--help")
+    assert r.returncode == 0
+    for c in COMMANDS:
+        assert c in r.stdout
+    v = _run("--version")
+    assert v.returncode == 0 and v.stdout.startswith("leadline ")
+
+
+def test_unknown_subcommand_is_one_line_and_exit_2():
+    r = _run("frobnicate")
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "frobnicate" in r.stderr
+
+
+def test_report_prints_plan_and_writes_html(tmp_path, capsys):
+    p = Plan()
+    p.set("micro_batch", Value(2, "measured", "the ramp kept 2 rows"))
+    path = tmp_path / "plan.json"
+    p.to_json(path)
+    assert main(["report", str(path), "--html", str(tmp_path / "r.html")]) == 0
+    out = capsys.readouterr().out
+    assert "micro_batch = 2  [measured] the ramp kept 2 rows" in out
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+    assert main(["report", str(path), "--why", "micro_batch"]) == 0
+
+
+def test_report_bad_input_one_sentence_nothing_written(tmp_path):
+    bad = tmp_path / "not_a_plan.json"
+    bad.write_text(json.dumps([1, 2, 3]))
+    out = tmp_path / "r.html"
+    r = _run("report", str(bad), "--html", str(out))
+    assert r.returncode == 2 and "is not a leadline plan" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    r = _run("report", str(tmp_path / "missing.json"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
