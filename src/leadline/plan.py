@@ -266,6 +266,14 @@ class Plan:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
 
+    def training_arguments(self, args: Any = None, **overrides: Any) -> Any:
+        """Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` with this plan's numbers
+        (per-device batch, accumulation, rate, warmup, scheduler, decay, betas, steps);
+        without ``args`` the fields as a dict. See :mod:`leadline.hf_args`."""
+        from leadline.hf_args import training_arguments
+
+        return training_arguments(self, args, **overrides)
+
     # ---- the page -----------------------------------------------------------------------
     def html(self, path: str | os.PathLike[str]) -> Path:
         """Write a self-contained HTML report (inline SVG plots) to ``path`` atomically."""

@@ -1,0 +1,60 @@
+"""A plan as Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` fields.
+
+Pure mapping: no transformers import until an ``args`` object is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Plan
+
+# plan value -> TrainingArguments field
+_FIELDS = {
+    "micro_batch": "per_device_train_batch_size",
+    "grad_accum": "gradient_accumulation_steps",
+    "lr": "learning_rate",
+    "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "total_steps": "max_steps",
+}
+
+
+def training_fields(plan: Plan) -> dict[str, Any]:
+    """The TrainingArguments fields the plan decides, by name, with the plan's numbers.
+
+    The schedule: a plan whose ending is decided by LookaheadSchedule (the default) maps to
+    ``constant_with_warmup`` — the LeadlineCallback then checks, rolls back and decides the
+    ending inside Trainer; a plan that measured a decayed ending maps to ``linear``.
+    """
+    out: dict[str, Any] = {}
+    for name, field in _FIELDS.items():
+        if name in plan:
+            v = plan[name].value
+            out[field] = int(v) if field in ("per_device_train_batch_size", "gradient_accumulation_steps", "warmup_steps", "max_steps") else float(v)
+    if "betas" in plan:
+        b1, b2 = plan["betas"].value
+        out["adam_beta1"], out["adam_beta2"] = float(b1), float(b2)
+    if not out:
+        raise InputError("the plan holds none of micro_batch, grad_accum, lr, warmup_steps, weight_decay, betas; derive one first")
+    ending = plan.get("ending", "lookahead")
+    out["lr_scheduler_type"] = "linear" if ending == "linear" else "constant_with_warmup"
+    return out
+
+
+def training_arguments(plan: Plan, args: Any = None, **overrides: Any) -> Any:
+    """``args`` (a TrainingArguments or TRL SFTConfig) with the plan's fields filled in; a
+    new object, ``args`` itself is not changed. Without ``args``, the fields as a dict.
+    Keyword ``overrides`` win over the plan."""
+    fields = {**training_fields(plan), **overrides}
+    if args is None:
+        return fields
+    if dataclasses.is_dataclass(args):
+        known = {f.name for f in dataclasses.fields(args)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise InputError(f"{type(args).__name__} has no field(s) {', '.join(unknown)}; pass TrainingArguments or SFTConfig")
+        return dataclasses.replace(args, **fields)
+    raise InputError(f"training_arguments needs a TrainingArguments/SFTConfig, got {type(args).__name__}")
