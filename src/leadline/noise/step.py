@@ -1,0 +1,202 @@
+"""Tokens per optimizer step from the noise scale and two measured times, as pure math.
+
+At a batch of B scored tokens, reaching a given loss takes S_min (1 + B_noise/B) steps and
+E_min (1 + B/B_noise) tokens (McCandlish et al., 2018, eq. 2.11). On one card that
+accumulates, a step of B tokens costs (B/m) t_micro + t_step seconds (m scored tokens per
+micro-batch, t_micro one forward+backward, t_step the optimizer update), so the time to the
+loss, S_min (1 + B_noise/B)(B t_micro/m + t_step), is least at
+
+    B* = sqrt(B_noise × m × t_step / t_micro).
+
+B* is clamped to [one row, B_noise] (past the knee a token buys less than a step saves, and
+a step is never smaller than a row) and to the corpus; then the micro-batch is CUT to the step
+when the card fits more rows than the step needs, and grad_accum follows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from leadline import stats
+from leadline.errors import InputError
+from leadline.plan import Value
+
+
+def _tok(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def time_optimal_tokens(b_noise_tokens: float, tokens_per_micro_batch: float, t_step_seconds: float, t_micro_seconds: float) -> float:
+    """B* = sqrt(B_noise × m × t_step / t_micro), unclamped, in scored tokens.
+
+    Examples:
+        >>> time_optimal_tokens(40_000, 2_000, 0.05, 0.2)
+        4472.13595499958
+    """
+    for name, v in (("b_noise_tokens", b_noise_tokens), ("tokens_per_micro_batch", tokens_per_micro_batch),
+                    ("t_micro_seconds", t_micro_seconds)):
+        if not (isinstance(v, (int, float)) and v > 0 and math.isfinite(v)):
+            raise InputError(f"time_optimal_tokens needs {name} > 0 and finite, got {v!r}")
+    if not (isinstance(t_step_seconds, (int, float)) and t_step_seconds >= 0 and math.isfinite(t_step_seconds)):
+        raise InputError(f"time_optimal_tokens needs t_step_seconds >= 0 and finite, got {t_step_seconds!r}")
+    return math.sqrt(b_noise_tokens * tokens_per_micro_batch * t_step_seconds / t_micro_seconds)
+
+
+def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 1.0, e_min: float = 1.0) -> tuple[float, float]:
+    """Steps and tokens to a given loss at batch B: (S_min (1 + B_noise/B), E_min (1 + B/B_noise)).
+
+    McCandlish et al. (2018), eq. 2.11; S_min and E_min default to 1 (the answer in multiples
+    of the minimum). At B = B_noise both are twice their minimum.
+    """
+    if not (batch_tokens > 0 and b_noise_tokens > 0):
+        raise InputError(f"steps_and_tokens needs batch_tokens > 0 and b_noise_tokens > 0, got {batch_tokens!r}, {b_noise_tokens!r}")
+    return s_min * (1.0 + b_noise_tokens / batch_tokens), e_min * (1.0 + batch_tokens / b_noise_tokens)
+
+
+def scale_out(b_noise_tokens: float, tokens_per_gpu_step: float, gpus: Sequence[int] = (1, 2, 4, 8)) -> list[dict[str, float]]:
+    """How far data parallelism pays: per GPU count n, the batch n × tokens_per_gpu_step, the
+    steps and tokens to a loss relative to their minima (:func:`steps_and_tokens`), and the
+    steps relative to one GPU (the wall-clock speed-up if a step costs the same at any n)."""
+    one, _ = steps_and_tokens(tokens_per_gpu_step, b_noise_tokens)
+    rows = []
+    for n in gpus:
+        if not (isinstance(n, int) and n >= 1):
+            raise InputError(f"scale_out(gpus=...) needs whole GPU counts >= 1, got {n!r}")
+        b = n * tokens_per_gpu_step
+        s, e = steps_and_tokens(b, b_noise_tokens)
+        rows.append({"gpus": n, "batch_tokens": b, "steps_vs_min": s, "tokens_vs_min": e, "speedup": one / s})
+    return rows
+
+
+def _seconds(name: str, v: float | Sequence[float]) -> tuple[float, list[float]]:
+    """A time given as one number or as repeats (their median), and the repeats recorded."""
+    xs = [float(v)] if isinstance(v, (int, float)) else [float(x) for x in v]
+    if not xs or not all(math.isfinite(x) and x >= 0 for x in xs):
+        raise InputError(f"tokens_per_step({name}=...) needs seconds >= 0 (one number or the repeats), got {v!r}")
+    return stats.median(xs), xs
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Tokens per step, the micro-batch cut to it, and grad_accum, with what they came from.
+
+    Attributes:
+        tokens_per_step: the target in scored tokens, B* after its clamps.
+        b_star_tokens: B* before the clamps.
+        clamped_by: "one row", "noise scale", "corpus" or None.
+        micro_batch: rows per micro-batch (at most the rows that fit).
+        grad_accum: micro-batches per optimizer step.
+        rows_per_step: micro_batch × grad_accum.
+        cut: True when the micro-batch was cut below what fits.
+        inputs: every number it was computed from (the timing repeats included).
+    """
+
+    tokens_per_step: float
+    b_star_tokens: float
+    clamped_by: str | None
+    micro_batch: int
+    grad_accum: int
+    rows_per_step: int
+    cut: bool
+    inputs: dict[str, Any]
+
+    def as_values(self) -> dict[str, Value]:
+        """The plan's ``tokens_per_step``, ``micro_batch`` and ``grad_accum`` (all derived)."""
+        i = self.inputs
+        clamp = f", clamped to {self.clamped_by}" if self.clamped_by else ""
+        ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut}
+        return {
+            "tokens_per_step": Value(
+                self.tokens_per_step, "derived",
+                f"B* = sqrt(B_noise {_tok(i['b_noise_tokens'])} × {_tok(i['tokens_per_micro_batch'])} tokens a micro-batch"
+                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {_tok(self.b_star_tokens)}{clamp}"
+                " (the least time to a loss, McCandlish et al. 2018)",
+                evidence=ev, unit="scored tokens",
+            ),
+            "micro_batch": Value(
+                self.micro_batch, "derived",
+                (f"cut from the {i['rows_fit']} rows that fit to the step's {self.rows_per_step}" if self.cut
+                 else f"the {i['rows_fit']} rows that fit; the step takes {self.grad_accum} of them"),
+                evidence=ev, unit="rows",
+            ),
+            "grad_accum": Value(
+                self.grad_accum, "derived",
+                f"ceil({i['rows_wanted']} rows a step ({_tok(self.tokens_per_step)} tokens at {_tok(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
+                f" / {i['rows_fit']} that fit) = {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''} of {self.micro_batch} rows",
+                evidence=ev,
+            ),
+        }
+
+
+def tokens_per_step(
+    noise: Any,
+    *,
+    rows_fit: int,
+    tokens_per_micro_batch: float,
+    t_step_seconds: float | Sequence[float],
+    t_micro_seconds: float | Sequence[float],
+    corpus_scored_tokens: float | None = None,
+) -> StepPlan:
+    """The optimizer step in scored tokens, and the micro-batch and grad_accum that make it.
+
+    Args:
+        noise: a :class:`~leadline.noise.NoiseScale` or B_noise in scored tokens.
+        rows_fit: the most rows a micro-batch fits (the ramp's answer) — at which the timings
+            and ``tokens_per_micro_batch`` were measured.
+        tokens_per_micro_batch: m, the scored tokens of one micro-batch of ``rows_fit`` rows.
+        t_step_seconds, t_micro_seconds: the optimizer update and one forward+backward at that
+            shape, each one number or its repeats (their median is used).
+        corpus_scored_tokens: what the corpus holds; a step is never more.
+
+    Returns:
+        :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
+        [m/rows_fit, B_noise] and to the corpus; rows a step = max(1, round(B*/(m/rows_fit)));
+        grad_accum = ceil(rows a step / rows_fit); micro_batch = round(rows a step / grad_accum).
+        The same inputs give the same plan.
+
+    References:
+        McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11 (steps and tokens at batch B).
+    """
+    b_noise = getattr(noise, "b_noise_tokens", noise)
+    if b_noise is None or isinstance(b_noise, bool) or not isinstance(b_noise, (int, float)) or not b_noise > 0 or not math.isfinite(b_noise):
+        raise InputError(f"tokens_per_step needs a measured noise scale > 0 in scored tokens, got {b_noise!r}; run measure_noise_scale first")
+    if isinstance(rows_fit, bool) or not isinstance(rows_fit, int) or rows_fit < 1:
+        raise InputError(f"tokens_per_step(rows_fit={rows_fit!r}) needs the whole rows a micro-batch fits, >= 1")
+    if not (isinstance(tokens_per_micro_batch, (int, float)) and tokens_per_micro_batch > 0 and math.isfinite(tokens_per_micro_batch)):
+        raise InputError(f"tokens_per_step(tokens_per_micro_batch={tokens_per_micro_batch!r}) needs the scored tokens of one micro-batch, > 0")
+    t_step, step_repeats = _seconds("t_step_seconds", t_step_seconds)
+    t_micro, micro_repeats = _seconds("t_micro_seconds", t_micro_seconds)
+    if t_micro <= 0:
+        raise InputError(f"tokens_per_step needs t_micro_seconds > 0, got the median {t_micro}")
+    b_noise, m = float(b_noise), float(tokens_per_micro_batch)
+    b_star = time_optimal_tokens(b_noise, m, t_step, t_micro)
+    per_row = m / rows_fit
+    target, clamped = b_star, None
+    if target > b_noise:
+        target, clamped = b_noise, "noise scale"
+    if corpus_scored_tokens is not None and target > corpus_scored_tokens:
+        target, clamped = float(corpus_scored_tokens), "corpus"
+    if target < per_row:
+        target, clamped = per_row, "one row"
+    rows_step = max(1, round(target / per_row))
+    grad_accum = -(-rows_step // rows_fit)
+    micro = min(rows_fit, max(1, round(rows_step / grad_accum)))
+    inputs = {
+        "b_noise_tokens": b_noise,
+        "confirmed_tokens": getattr(noise, "confirmed_tokens", None),
+        "rows_fit": rows_fit,
+        "tokens_per_micro_batch": m,
+        "t_step_seconds": t_step,
+        "t_micro_seconds": t_micro,
+        "t_step_repeats": step_repeats,
+        "t_micro_repeats": micro_repeats,
+        "corpus_scored_tokens": corpus_scored_tokens,
+        "rows_wanted": rows_step,
+    }
+    return StepPlan(
+        tokens_per_step=target, b_star_tokens=b_star, clamped_by=clamped, micro_batch=micro,
+        grad_accum=grad_accum, rows_per_step=micro * grad_accum, cut=micro < rows_fit, inputs=inputs,
+    )
