@@ -1,4 +1,8 @@
-"""``leadline corpus``: not built yet in this version (see the issue that builds it)."""
+"""``leadline corpus DATA --tokenizer PATH_OR_GGUF [--seq-len N | --quantile Q] [--json]``.
+
+Prints the corpus profile: rows, tokens read, scored tokens, the length, the loss policy.
+Writes nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,82 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("data", help="a JSON Lines file: text, prompt/completion, messages, input_ids/labels, instruction/output or question/answer rows")
+    p.add_argument("--tokenizer", metavar="PATH_OR_GGUF", help="the tokenizer the run trains with: a Hugging Face folder or a .gguf file (not needed for input_ids rows)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
+    length.add_argument("--quantile", type=float, metavar="Q", help="the length that keeps this share of rows whole, e.g. 0.99; reports what truncation cuts")
+    p.add_argument("--field", action="append", default=[], metavar="ROLE=KEY", help="read KEY as ROLE, e.g. --field prompt=question --field completion=answer_cot")
+    p.add_argument("--bad-rows", choices=("raise", "report", "skip"), default="raise", help="stop at the first bad row (raise), list them all (report) or drop them (skip)")
+    p.add_argument("--json", action="store_true", help="print the profile as JSON")
+
+
+def _fields(pairs: list[str]) -> dict[str, str]:
+    from leadline.errors import InputError
+
+    out = {}
+    for pair in pairs:
+        role, sep, key = pair.partition("=")
+        if not sep or not role or not key:
+            raise InputError(f"--field {pair!r} is not ROLE=KEY; write e.g. --field completion=answer_cot")
+        out[role.strip()] = key.strip()
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.errors import LeadlineError
+    import json
+    import sys
 
-    raise LeadlineError("this command is not built in leadline 0.1.0 yet; see README.md for what is")
+    from leadline.corpus import profile_corpus
+
+    fields = _fields(args.field)
+    tokenizer = None
+    if args.tokenizer:
+        from leadline.loading import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    bar = _progress()
+    try:
+        profile = profile_corpus(args.data, tokenizer, seq_len=args.seq_len, quantile=args.quantile,
+                                 fields=fields, bad_rows=args.bad_rows, on_progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=1))
+    else:
+        print(profile.describe())
+    sys.stdout.flush()
+    return 0
+
+
+class _Bar:
+    """Bytes read, on stderr, when it is a terminal (tqdm, where installed)."""
+
+    def __init__(self) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(unit="B", unit_scale=True, desc="profiling", leave=False)
+        self.done = 0
+
+    def __call__(self, reader: object) -> None:
+        total = getattr(reader, "bytes_total", 0)
+        if total and self.bar.total != total:
+            self.bar.total = total
+        read = getattr(reader, "bytes_read", 0)
+        self.bar.update(read - self.done)
+        self.done = read
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _progress() -> _Bar | None:
+    import sys
+
+    if not sys.stderr.isatty():
+        return None
+    try:
+        return _Bar()
+    except ImportError:
+        return None

@@ -1,15 +1,62 @@
-"""``leadline derive``: not built yet in this version (see the issue that builds it)."""
+"""``leadline derive``: the plan for a model and a data set, each number with its evidence."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from leadline.cli._common import add_model_arguments
+from leadline.plan import Plan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    add_model_arguments(p)
+    p.add_argument("--effort", choices=("quick", "full"), default="quick", help="quick: alpha1 and a rate grid; full: the look-ahead (default quick)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
+    g.add_argument("--epochs", type=float, metavar="E", help="the run's length in passes over the training rows (default 1)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
+    p.add_argument("--quantile", type=float, metavar="Q", help="instead, the length that keeps this share of rows whole")
+    p.add_argument("--max-seconds", type=float, metavar="S", help="a bound on the whole derive; what it does not reach is listed")
+    p.add_argument("--resume", metavar="FILE", help="continue a cut-off derive from this file (written after each phase)")
+    p.add_argument("--prior", metavar="PLAN", help="check an earlier plan with short measurements instead of starting over")
+    p.add_argument("--out", required=True, metavar="PLAN", help="where to write the plan (JSON, atomically)")
+    p.add_argument("--html", metavar="OUT", help="also write the HTML report")
+    p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.errors import LeadlineError
+    from leadline.cli._common import Progress, load_for_training
+    from leadline.errors import InputError
 
-    raise LeadlineError("this command is not built in leadline 0.1.0 yet; see README.md for what is")
+    out = Path(args.out)
+    if not out.parent.exists():
+        raise InputError(f"--out {out}: the folder {out.parent} does not exist; create it or choose another path")
+    if not Path(args.data).is_file():
+        raise InputError(f"--data {args.data} does not exist; pass a jsonl file of training rows")
+    model, tok = load_for_training(args)
+    from leadline.hf import derive_for
+
+    bar = Progress()
+    try:
+        plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
+                          seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
+                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed)
+    finally:
+        bar.close()
+    plan.model["name"] = str(args.model)
+    plan.to_json(out)
+    print(plan.report())
+    if args.scale_out:
+        print()
+        print(plan_scale_out_table(plan))
+    print(f"\nwrote {out}")
+    if args.html:
+        print(f"wrote {plan.html(args.html)}")
+    return 0
+
+
+def plan_scale_out_table(plan: Plan) -> str:
+    from leadline.distributed import scale_out
+
+    return scale_out(plan).table()

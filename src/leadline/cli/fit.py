@@ -1,15 +1,111 @@
-"""``leadline fit``: not built yet in this version (see the issue that builds it)."""
+"""``leadline fit``: measure whether a training shape fits the card (the real peak, not a prediction).
+
+Loads the model, puts LoRA adapters of the given rank on every linear layer (or trains every
+weight with ``--full``), runs real training steps of ``--batch`` rows x ``--seq-len`` tokens
+under the spill cap and prints the verdict in one sentence: the measured peak, the room and,
+when it does not fit, what would (the most rows at that length, the longest length at that
+batch, gradient checkpointing, a lower LoRA rank), each measured. Exit 0 when it fits, 1 when
+it is refused, 2 on bad input.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import warnings
+from typing import Any
+
+DEFAULT_RANK = 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    p.add_argument("--model", help="a Hugging Face folder or a .gguf file (default: the embedded SmolLM2-135M)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--lora-rank", type=int, metavar="R", help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
+    g.add_argument("--full", action="store_true", help="a full fine-tune: every weight trained")
+    p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row")
+    p.add_argument("--batch", type=int, required=True, metavar="B", help="rows per micro-batch")
+    p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
+    p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
+    p.add_argument("--no-suggest", action="store_true", help="on a refusal, do not measure what would fit")
+    p.add_argument("--json", action="store_true", help="print the measurement as JSON")
+
+
+def _positive(name: str, value: Any) -> None:
+    from leadline.errors import InputError
+
+    if value is not None and value <= 0:
+        raise InputError(f"{name} must be a positive number, got {value}; pass e.g. {name} 8")
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.errors import LeadlineError
+    from leadline.loading import default_model_path, load_model
+    from leadline.memory.fit import estimate_step_bytes, measure_fit, rank_to_fit
+    from leadline.memory.model_step import (
+        ModelStep,
+        add_lora,
+        full_finetune,
+        lora_step_factory,
+        remove_lora,
+    )
 
-    raise LeadlineError("this command is not built in leadline 0.1.0 yet; see README.md for what is")
+    for name in ("--seq-len", "--batch", "--lora-rank", "--card-gb"):
+        _positive(name, getattr(args, name[2:].replace("-", "_")))
+    rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
+    path = args.model or default_model_path()
+    model = load_model(path, device=args.device)
+    card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
+    trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
+    model = full_finetune(model) if rank is None else add_lora(model, rank)
+    if args.gradient_checkpointing:
+        _checkpointing(model, True)
+    step = ModelStep(model)
+    result = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes,
+                         estimate=lambda r, n: estimate_step_bytes(model, r, n), suggest=not args.no_suggest)
+    if not result.fits and not args.no_suggest:
+        if not args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            _checkpointing(model, True)
+            try:
+                ckpt = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, suggest=False,
+                                   estimate=lambda r, n: estimate_step_bytes(model, r, n))
+            finally:
+                _checkpointing(model, False)
+            peak = f"measured {_gb(ckpt.peak_bytes)}" if ckpt.peak_bytes else ckpt.verdict
+            result.add_alternative("checkpointing", f"gradient checkpointing ({peak})", ckpt.fits,
+                                   verdict=ckpt.verdict, peak_bytes=ckpt.peak_bytes)
+            result.rungs.extend(ckpt.rungs)
+        if rank is not None and rank > 1:
+            del step
+            base = remove_lora(model)
+            lower = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256) if r < rank]
+            found = rank_to_fit(lora_step_factory(base), args.batch, args.seq_len, ranks=lower, card_bytes=card_bytes)
+            if found.rank is not None:
+                result.add_alternative("rank", f"LoRA rank {found.rank}", True, rank=found.rank, tried=found.tried)
+            else:
+                result.add_alternative("rank", f"not even LoRA rank {lower[0]}", False, tried=found.tried)
+    if args.json:
+        out = result.as_dict()
+        out["model"] = str(path)
+        out["trained_as"] = trained_as
+        print(json.dumps(out, indent=1))
+    else:
+        print(f"leadline fit: {path}, {trained_as}, {args.batch} rows x {args.seq_len} tokens on {result.device}")
+        print(result.sentence)
+    return 0 if result.fits else 1
+
+
+def _gb(n: int | None) -> str:
+    from leadline.memory.readings import format_bytes
+
+    return format_bytes(n)
+
+
+def _checkpointing(model: Any, on: bool) -> None:
+    """Gradient checkpointing on or off (transformers 5 calls it activation checkpointing)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        if on:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_disable()

@@ -1,0 +1,388 @@
+"""Memory on the card: the ramp against the truth, 300 steps at the kept batch, the watch
+following a second process, the watch's cost, and the fit pre-flight at the edge.
+
+Each case is (model, trained_as in {lora16, full}, seq in {512, 2048}, card in {6, 24} GB). The
+card is made small with ``CudaMemory(card_bytes=...)``: the first N GB of the H200, every
+process's use counted against it, and the allocator capped there by
+``set_per_process_memory_fraction`` (what ``forbid_spill`` does on a real small card). The
+corpus's length mix is synthetic and seeded (row lengths log-normal around seq/4, clipped to
+[16, seq]); a micro-batch is padded to its longest row; token ids are random (memory depends on
+the shape, not the tokens). Real steps: AdamW, lr 1e-5, ``--accum`` (2) micro-batches per
+optimizer step, ``zero_grad(set_to_none=True)`` after each step.
+
+Decision rules, written before the run:
+
+R1 ramp vs truth. The truth b_true is the largest b (up to ``--max-rows``, the ramp's own
+   limit) that runs ``--truth-steps`` (50) real optimizer steps over the length mix under the
+   same cap without an OOM and without the allocator's retry counter growing (found by
+   galloping up from the ramp's b and bisecting).
+   PASS when b_true - 1 <= b_ramp <= b_true (equal, or one rung below); b_ramp > b_true FAILS
+   (the ramp kept a batch a run cannot hold).
+R2 ``--run-steps`` (300) optimizer steps at b_ramp over the mix, watched: PASS with 0 OOMs and
+   0 allocator retries.
+R3 a second process (its CUDA context alive from the start, as another program's would be)
+   takes 1 GB a third of the way through ``--second-steps`` (90) watched steps: PASS when the
+   watch moved the cap down by >= 0.9 x min(1 GB, the card's free memory before the take) and
+   the run either finished or stopped with leadline's RoomShrank sentence; any other exception
+   FAILS. (The small card is simulated, so the process can take memory the card "has not got";
+   a real card could not give more than its free memory.)
+R4 the watch's cost: interleaved blocks of ``--block`` (10) steps, unwatched (cap set once) and
+   watched, 3 each; ratio = median watched step / median unwatched step; PASS <= 1.01.
+R5 measure_fit at b_ramp says fits and at the first rung the ramp refused says refused; its
+   peak at b_ramp against the R2 run's peak allocated: PASS when probe / real >= 1.0 (the probe
+   may be conservative, never low).
+
+    PYTHONPATH=src python3 benchmarks/memory_ramp.py --model /root/assets/smol.gguf --out $OUT/memory_ramp.json
+    PYTHONPATH=src python3 benchmarks/memory_ramp.py --tiny --cards 1 --out $OUT/memory_ramp_tiny.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from leadline.memory import RoomShrank, WontFit, forbid_spill, measure_fit, ramp, watched  # noqa: E402
+from leadline.memory.model_step import ModelStep, add_lora, full_finetune, remove_lora  # noqa: E402
+from leadline.memory.readings import CudaMemory, is_oom  # noqa: E402
+
+GB = 10**9
+# The second process: its CUDA context exists from the start (as another program's would);
+# "take" allocates 1 GB and holds it, "free" gives it back, end of input ends it.
+CHILD = (
+    "import sys, torch\n"
+    "x = torch.empty(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True)\n"
+    "y = None\n"
+    "for line in sys.stdin:\n"
+    "    if line.strip() == 'take':\n"
+    "        y = torch.empty(10**9, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize()\n"
+    "    elif line.strip() == 'free':\n"
+    "        y = None; torch.cuda.empty_cache()\n"
+    "    print(line.strip() + ' done', flush=True)\n"
+)
+
+
+def versions() -> dict[str, Any]:
+    import torch
+
+    out: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
+                           "cuda": torch.version.cuda}
+    for name in ("transformers", "peft", "gguf", "leadline"):
+        try:
+            out[name] = __import__(name).__version__
+        except Exception as e:  # record what is missing, never stop for it
+            out[name] = f"unavailable: {type(e).__name__}"
+    return out
+
+
+def row_lengths(seq: int, n: int = 4096, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [max(16, min(seq, int(rng.lognormvariate(math.log(seq / 4), 0.7)))) for _ in range(n)]
+
+
+def batch_lengths(rows: list[int], b: int, n: int, seed: int = 1) -> list[int]:
+    """The padded length of each of ``n`` micro-batches of ``b`` rows drawn from the mix."""
+    rng = random.Random(seed)
+    return [max(rng.choice(rows) for _ in range(b)) for _ in range(n)]
+
+
+def load(model_arg: str | None, tiny: bool) -> tuple[Any, str]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if tiny:
+        cfg = LlamaConfig(vocab_size=384, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)
+        return LlamaForCausalLM(cfg).to("cuda", torch.bfloat16), "tiny config Llama (2 layers, hidden 32)"
+    if model_arg:
+        try:
+            from leadline.loading import load_model
+
+            return load_model(model_arg, device="cuda"), str(model_arg)
+        except Exception as e:
+            note = f"{model_arg} did not load ({type(e).__name__}: {str(e)[:200]}); "
+    else:
+        note = ""
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      tie_word_embeddings=True, rope_theta=100000.0)
+    model = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+    return model, note + "SmolLM2-135M's config, random weights (the same shapes and memory)"
+
+
+def train_steps(model: Any, b: int, lengths: list[int], steps: int, accum: int, mem: CudaMemory,
+                on_step: Any = None, catch: bool = True) -> dict[str, Any]:
+    """Real optimizer steps; returns oom, retries, peak allocated, seconds per step. With
+    ``catch=False`` an OOM propagates (to become leadline's sentence at the cap's exit)."""
+    import torch
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5)
+    vocab = model.config.vocab_size
+    device = params[0].device
+    mem.empty_cache()
+    mem.reset_peak()
+    r0 = mem.alloc_retries()
+    times, error, done = [], None, 0
+    try:
+        for s in range(steps):
+            if on_step is not None:
+                on_step(s)
+            mem.synchronize()
+            t0 = time.perf_counter()
+            for k in range(accum):
+                n = lengths[(s * accum + k) % len(lengths)]
+                ids = torch.randint(0, vocab, (b, n), device=device)
+                (model(input_ids=ids, labels=ids, use_cache=False).loss / accum).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            mem.synchronize()
+            times.append(time.perf_counter() - t0)
+            done += 1
+    except Exception as e:
+        if not catch or not is_oom(e):
+            raise
+        error = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+    finally:
+        opt.zero_grad(set_to_none=True)
+        del opt
+        mem.empty_cache()
+    times.sort()
+    return {"b": b, "steps_done": done, "steps": steps, "error": error, "retries": mem.alloc_retries() - r0,
+            "peak_allocated_bytes": mem.peak_allocated(), "peak_reserved_bytes": mem.peak_reserved(),
+            "median_step_seconds": times[len(times) // 2] if times else None}
+
+
+def truth(model: Any, b_ramp: int, mix: list[int], args: argparse.Namespace, mem: CudaMemory) -> dict[str, Any]:
+    tried: dict[int, dict[str, Any]] = {}
+
+    def ok(b: int) -> bool:
+        if b < 1:
+            return True
+        if b not in tried:
+            with forbid_spill(memory=mem):
+                tried[b] = train_steps(model, b, batch_lengths(mix, b, args.truth_steps * args.accum), args.truth_steps, args.accum, mem)
+        r = tried[b]
+        return r["error"] is None and r["retries"] == 0
+
+    lo, hi = (b_ramp, None) if ok(b_ramp) else (0, b_ramp)
+    step = 1
+    while hi is None:
+        if lo >= args.max_rows:  # the truth is only sought up to the ramp's own upper limit
+            hi = lo + 1
+        elif ok(min(lo + step, args.max_rows)):
+            lo, step = min(lo + step, args.max_rows), step * 2
+        else:
+            hi = min(lo + step, args.max_rows)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return {"b_true": lo, "tried": [tried[k] for k in sorted(tried)]}
+
+
+def overhead(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: CudaMemory) -> dict[str, Any]:
+    lens = batch_lengths(mix, b, args.block * args.accum, seed=7)
+    blocks: dict[str, list[float]] = {"unwatched": [], "watched": []}
+    reports = []
+    for _ in range(3):
+        mem.set_cap(mem.room())
+        try:
+            r = train_steps(model, b, lens, args.block, args.accum, mem)
+        finally:
+            mem.set_cap(None)
+        blocks["unwatched"].append(r["median_step_seconds"])
+        with forbid_spill(memory=mem) as cap:
+            r = train_steps(model, b, lens, args.block, args.accum, mem)
+            rep = cap.watch.report()
+            reports.append({"readings": rep.readings, "skipped_checks": rep.skipped_checks,
+                            "reading_seconds": rep.reading_seconds, "overhead_fraction": rep.overhead_fraction,
+                            "cap_moves": len(rep.cap_moves) + rep.cap_moves_dropped})
+        blocks["watched"].append(r["median_step_seconds"])
+    med = {k: sorted(v)[1] for k, v in blocks.items()}
+    return {"blocks": blocks, "ratio": med["watched"] / med["unwatched"], "watch_reports": reports}
+
+
+def tell(child: subprocess.Popen, what: str) -> str:
+    child.stdin.write(what + "\n")
+    child.stdin.flush()
+    return child.stdout.readline().strip()
+
+
+def second_process(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: CudaMemory,
+                   child: subprocess.Popen) -> dict[str, Any]:
+    """Watched steps at b; a third of the way in the other process takes 1 GB (given back after)."""
+    trigger = args.second_steps // 3
+    out: dict[str, Any] = {"trigger_step": trigger}
+
+    def on_step(s: int) -> None:
+        if s == trigger:
+            out["free_before_take_bytes"] = mem.free_total()[0]
+            out["child"] = tell(child, "take")
+
+    r: dict[str, Any] = {}
+    error = None
+    try:
+        with forbid_spill(memory=mem) as cap:
+            r = train_steps(model, b, batch_lengths(mix, b, args.second_steps * args.accum, seed=3),
+                            args.second_steps, args.accum, mem, on_step, catch=False)
+            rep = cap.watch.report()
+    except RoomShrank as e:
+        error = f"RoomShrank: {e}"
+        rep = watched(mem)
+    finally:
+        if out.get("child") == "take done":
+            out["child_after"] = tell(child, "free")
+    moves = [m for m in rep.cap_moves if m["from_bytes"] is not None and m["to_bytes"] < m["from_bytes"]]
+    out.update(run=r, error=error, cap_moves=rep.cap_moves,
+               largest_cap_drop_bytes=max((m["from_bytes"] - m["to_bytes"] for m in moves), default=0))
+    return out
+
+
+def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Namespace, child: Any) -> dict[str, Any]:
+    import torch
+
+    case: dict[str, Any] = {"mode": mode, "seq": seq, "card_gb": card_gb}
+    mem = CudaMemory("cuda:0", card_bytes=int(card_gb * GB))
+    mix = row_lengths(seq)
+    peft_model = None
+    if mode.startswith("lora"):
+        peft_model = add_lora(model, int(mode[4:]))
+        trained = peft_model
+    else:
+        trained = full_finetune(model)
+    try:
+        step = ModelStep(trained)
+        t0 = time.perf_counter()
+        try:
+            res = ramp(step, seq, lengths=mix, max_rows=args.max_rows, memory=mem)
+        except WontFit as e:
+            case.update(ramp_error=str(e), ramp=e.result.as_dict() if e.result else None, seconds=time.perf_counter() - t0)
+            return case
+        case["ramp"] = res.as_dict()
+        b = res.micro_batch
+        refused = sorted(r.rows for r in res.rungs if r.verdict != "fits" and r.rows > b)
+        del step
+        torch.cuda.empty_cache()
+        case["truth"] = truth(trained, b, mix, args, mem)
+        bt = case["truth"]["b_true"]
+        case["R1"] = "PASS" if bt - 1 <= b <= bt else "FAIL"
+        with forbid_spill(memory=mem) as cap:
+            case["run"] = train_steps(trained, b, batch_lengths(mix, b, args.run_steps * args.accum, seed=5),
+                                      args.run_steps, args.accum, mem)
+            case["run"]["watch"] = cap.watch.report().as_dict()
+        case["R2"] = "PASS" if case["run"]["error"] is None and case["run"]["retries"] == 0 else "FAIL"
+        case["overhead"] = overhead(trained, b, mix, args, mem)
+        case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
+        step = ModelStep(trained)
+        at = measure_fit(step, b, seq, memory=mem, suggest=False)
+        over = measure_fit(step, refused[0], seq, memory=mem, suggest=False) if refused else None
+        del step
+        ratio = (at.peak_bytes or 0) / max(1, case["run"]["peak_allocated_bytes"])
+        case["fit"] = {"at_kept": at.as_dict(), "at_refused_rung": over.as_dict() if over else None,
+                       "probe_over_real_peak": ratio}
+        case["R5"] = "PASS" if at.fits and (over is None or not over.fits) and ratio >= 1.0 else "FAIL"
+        if child is not None and child.poll() is None and not args.no_second_process:
+            case["second_process"] = second_process(trained, b, mix, args, mem, child)
+            sp = case["second_process"]
+            stopped_ok = sp["error"] is None or sp["error"].startswith("RoomShrank")
+            expected = min(GB, sp.get("free_before_take_bytes", GB))  # a card cannot give more than it has free
+            sp["expected_cap_drop_bytes"] = expected
+            case["R3"] = "PASS" if sp["largest_cap_drop_bytes"] >= 0.9 * expected and stopped_ok else "FAIL"
+        case["seconds"] = time.perf_counter() - t0
+        return case
+    finally:
+        if peft_model is not None:
+            remove_lora(peft_model)
+        torch.cuda.empty_cache()
+
+
+def start_child() -> subprocess.Popen:
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def stop_child(child: subprocess.Popen | None) -> None:
+    if child is None or child.poll() is not None:
+        return
+    try:
+        child.stdin.close()
+        child.wait(timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        child.kill()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="/root/assets/smol.gguf", help="a HF folder or a .gguf (falls back to SmolLM2-135M's config)")
+    ap.add_argument("--tiny", action="store_true", help="the tiny config model instead")
+    ap.add_argument("--modes", default="lora16,full")
+    ap.add_argument("--seqs", default="512,2048")
+    ap.add_argument("--cards", default="6,24", help="card sizes in GB")
+    ap.add_argument("--max-rows", type=int, default=256, help="the ramp's upper limit")
+    ap.add_argument("--truth-steps", type=int, default=50)
+    ap.add_argument("--run-steps", type=int, default=300)
+    ap.add_argument("--second-steps", type=int, default=90)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--accum", type=int, default=2)
+    ap.add_argument("--no-second-process", action="store_true")
+    ap.add_argument("--out", required=True, help="the JSON file (or a folder for memory_ramp.json)")
+    args = ap.parse_args()
+
+    import torch
+
+    from leadline._io import write_atomic
+    from leadline.provenance import describe_machine
+
+    out_path = Path(args.out)
+    if out_path.is_dir():
+        out_path = out_path / "memory_ramp.json"
+    report: dict[str, Any] = {"benchmark": "memory_ramp", "command": sys.argv, "args": vars(args),
+                              "machine": describe_machine("cuda:0"), "versions": versions(), "cases": []}
+    model, report["model"] = load(args.model, args.tiny)
+    report["model_dtype"] = str(next(model.parameters()).dtype)
+    child = None if args.no_second_process else start_child()
+    try:
+        for mode in args.modes.split(","):
+            for seq in (int(s) for s in args.seqs.split(",")):
+                for card in (float(c) for c in args.cards.split(",")):
+                    t0 = time.perf_counter()
+                    try:
+                        case = run_case(model, mode, seq, card, args, child)
+                    except Exception as e:
+                        case = {"mode": mode, "seq": seq, "card_gb": card, "error": f"{type(e).__name__}: {e}",
+                                "traceback": traceback.format_exc()}
+                    case.setdefault("seconds", time.perf_counter() - t0)
+                    report["cases"].append(case)
+                    write_atomic(out_path, json.dumps(report, indent=1, default=str))
+                    keys = ("R1", "R2", "R3", "R4", "R5")
+                    b = (case.get("ramp") or {}).get("micro_batch")
+                    bt = (case.get("truth") or {}).get("b_true")
+                    print(f"{mode:7s} seq {seq:5d} card {card:5.1f} GB: ramp b={b} truth b={bt} "
+                          + " ".join(f"{k}={case.get(k, '-')}" for k in keys)
+                          + (f" ERROR {case['error']}" if "error" in case else "")
+                          + f" ({case['seconds']:.0f} s)", flush=True)
+    finally:
+        stop_child(child)
+        torch.cuda.empty_cache()
+    verdicts = [c.get(k) for c in report["cases"] for k in ("R1", "R2", "R3", "R4", "R5") if c.get(k)]
+    report["summary"] = {"pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
+                         "errors": sum(1 for c in report["cases"] if "error" in c)}
+    write_atomic(out_path, json.dumps(report, indent=1, default=str))
+    print(json.dumps(report["summary"]))
+    return 0 if report["summary"]["fail"] == 0 and report["summary"]["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,308 @@
+"""profile_corpus: rows, tokens read, scored tokens, the length, and the loss policy.
+
+One streaming pass: rows are read and tokenized in batches and folded into histograms
+(:mod:`leadline.corpus.lengths`), so memory is bounded by the longest row, not the row count.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from itertools import chain
+from typing import Any
+
+from leadline.corpus import lengths as L
+from leadline.corpus.rows import Problems, RowReader
+from leadline.corpus.tokenize import RowEncoder, TokenizedRow, batches
+from leadline.errors import InputError
+from leadline.plan import Value, format_number
+
+_KIND_NAMES = {
+    "text": "text",
+    "prompt_completion": "prompt/completion",
+    "chat_prompt_completion": "chat prompt/completion",
+    "messages": "messages",
+    "tokenized": "input_ids/labels",
+    "instruction": "instruction/output",
+    "question_answer": "question/answer",
+}
+
+
+@dataclass
+class CorpusProfile:
+    """What a corpus gives the loss at the chosen length.
+
+    ``*_untruncated`` fields count the rows whole; the others at ``seq_len``. Scored tokens are
+    label positions the loss scores after the causal shift (see :mod:`leadline.corpus.tokenize`).
+    """
+
+    source: str
+    path: str | None
+    sha256: str
+    rows: int
+    seq_len: int
+    seq_len_rule: str  # "longest", "quantile" or "given"
+    quantile: float | None
+    longest: int
+    tokens_read: int
+    tokens_untruncated: int
+    scored_tokens: int
+    scored_tokens_untruncated: int
+    scored_tokens_per_row: float
+    scored_per_row: dict[str, int]  # quantiles of scored tokens per row, untruncated
+    lengths: dict[str, int]  # quantiles of row lengths in tokens
+    truncated_rows: int
+    truncated_scored_tokens: int
+    truncated_scored_share: float
+    unscored_rows: int
+    loss_policy: list[str]
+    formats: dict[str, int]
+    ignored_fields: dict[str, int]
+    skipped_rows: int
+    skipped: list[str]
+    seconds: float
+    length_bins: list[dict[str, int]] = field(default_factory=list)
+    scored_bins: list[dict[str, int]] = field(default_factory=list)
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else float("inf")
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The plan's record of the data: path (None in memory), rows, sha256."""
+        return {"path": self.path, "rows": self.rows, "sha256": self.sha256}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        """The profile as a person reads it, one fact a line."""
+        f = format_number
+        fmt = ", ".join(f"{_KIND_NAMES.get(k, k)} {f(n)}" for k, n in self.formats.items())
+        sp = self.scored_per_row
+        if self.seq_len_rule == "longest":
+            rule = "the longest row"
+        elif self.seq_len_rule == "quantile":
+            rule = f"the {self.quantile:g} quantile of row lengths"
+        else:
+            rule = "given"
+        if self.truncated_rows:
+            cut = (f"{f(self.truncated_rows)} rows cut; {f(self.truncated_scored_tokens)} scored tokens "
+                   f"({self.truncated_scored_share:.2%} of the scored tokens) cut from the completions")
+            if self.unscored_rows:
+                cut += f"; {f(self.unscored_rows)} rows have nothing left to score"
+        else:
+            cut = "none"
+        lines = [
+            f"corpus                 {self.source}",
+            f"rows                   {f(self.rows)}  ({fmt})",
+            f"tokens read            {f(self.tokens_read)}  at seq_len ({f(self.tokens_untruncated)} whole)",
+            f"scored tokens          {f(self.scored_tokens)}  what the loss scores ({f(self.scored_tokens_untruncated)} whole)",
+            f"scored tokens per row  {f(self.scored_tokens_per_row)} mean at seq_len; whole rows: {_spread(sp)}",
+            f"row length (tokens)    {_spread(self.lengths)}",
+            f"seq_len                {f(self.seq_len)}  {rule}",
+            f"truncation             {cut}",
+        ]
+        lines += [f"loss policy            {p}" if i == 0 else f"                       {p}" for i, p in enumerate(self.loss_policy)]
+        if self.ignored_fields:
+            ign = ", ".join(f"{k} ({f(n)} rows)" for k, n in self.ignored_fields.items())
+            lines.append(f"fields not read        {ign}; map them with --field ROLE=KEY to use them")
+        if self.skipped_rows:
+            lines.append(f"rows skipped           {f(self.skipped_rows)}: " + "; ".join(self.skipped))
+        lines.append(f"took                   {self.seconds:.3g} s ({f(round(self.rows_per_second))} rows/s)")
+        return "\n".join(lines)
+
+    def as_values(self) -> dict[str, Value]:
+        """The plan's entries: ``rows``, ``tokens_read``, ``scored_tokens``,
+        ``scored_tokens_per_row`` and ``seq_len``, each with its evidence."""
+        src = self.source
+        truncation = {
+            "truncated_rows": self.truncated_rows,
+            "truncated_scored_tokens": self.truncated_scored_tokens,
+            "truncated_scored_share": self.truncated_scored_share,
+            "unscored_rows": self.unscored_rows,
+        }
+        if self.seq_len_rule == "longest":
+            seq = Value(self.seq_len, "measured", f"the longest row of {src}, in tokens, so truncation cuts nothing",
+                        {"rule": "longest", "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
+        elif self.seq_len_rule == "quantile":
+            seq = Value(self.seq_len, "derived",
+                        f"the {self.quantile:g} quantile (nearest rank) of row lengths in {src}; truncation cuts "
+                        f"{self.truncated_rows:,} rows and {self.truncated_scored_share:.2%} of the scored tokens",
+                        {"rule": "quantile", "quantile": self.quantile, "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
+        else:
+            seq = Value(self.seq_len, "given", f"given; truncation at it cuts {self.truncated_rows:,} rows of {src} and {self.truncated_scored_share:.2%} of the scored tokens",
+                        {"rule": "given", "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
+        return {
+            "rows": Value(self.rows, "measured", f"rows read from {src}",
+                          {"formats": self.formats, "ignored_fields": self.ignored_fields, "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
+            "tokens_read": Value(self.tokens_read, "measured", f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
+                                 {"tokens_untruncated": self.tokens_untruncated}, unit="tokens"),
+            "scored_tokens": Value(self.scored_tokens, "measured", f"labels the loss scores in {src} at seq_len {self.seq_len}, after the causal shift",
+                                   {"loss_policy": self.loss_policy, "scored_tokens_untruncated": self.scored_tokens_untruncated},
+                                   seconds=self.seconds, unit="tokens"),
+            "scored_tokens_per_row": Value(self.scored_tokens_per_row, "measured", f"scored tokens per row of {src} at seq_len {self.seq_len}, the mean",
+                                           {"untruncated": self.scored_per_row, "bins_untruncated": self.scored_bins}, unit="tokens"),
+            "seq_len": seq,
+        }
+
+
+def _spread(q: dict[str, int]) -> str:
+    f = format_number
+    return f"min {f(q['min'])}, p10 {f(q['p10'])}, median {f(q['p50'])}, p90 {f(q['p90'])}, max {f(q['max'])}"
+
+
+class _Histograms:
+    """The streaming pass's counts (numpy arrays, grown to the longest row)."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.np = np
+        z = np.zeros(0, dtype=np.int64)
+        self.lengths, self.scored_at, self.first_scored, self.scored_per_row = z, z, z.copy(), z.copy()
+
+    def _add(self, acc: Any, values: Any) -> Any:
+        counts = self.np.bincount(values)
+        if len(counts) > len(acc):
+            acc = self.np.concatenate([acc, self.np.zeros(len(counts) - len(acc), dtype=acc.dtype)])
+        acc[: len(counts)] += counts
+        return acc
+
+    def add(self, rows: list[TokenizedRow], seq_len: int | None, problems: Problems) -> None:
+        np = self.np
+        lens = np.fromiter((len(r.input_ids) for r in rows), dtype=np.int64, count=len(rows))
+        n = int(lens.sum())
+        labels = np.fromiter(chain.from_iterable(r.labels for r in rows), dtype=np.int64, count=n)
+        starts = np.cumsum(lens) - lens
+        rowid = np.repeat(np.arange(len(rows)), lens)
+        pos = np.arange(n) - starts[rowid]
+        scored = (labels != -100) & (pos >= 1)
+        idx = np.flatnonzero(scored)
+        first = np.zeros(len(rows), dtype=np.int64)
+        ids, at = np.unique(rowid[idx], return_index=True)
+        first[ids] = pos[idx[at]]
+        if seq_len is not None and (first >= seq_len).any():
+            for i in np.flatnonzero(first >= seq_len):
+                problems.record(rows[i].where, f"has {int(first[i]):,} tokens before its first scored token, so at seq_len {seq_len} nothing is left to score",
+                                "raise --seq-len or shorten the prompt")
+            keep = [r for r, f in zip(rows, first) if f < seq_len]
+            if keep:
+                self.add(keep, seq_len, problems)
+            return
+        self.lengths = self._add(self.lengths, lens)
+        self.scored_at = self._add(self.scored_at, pos[idx])
+        self.first_scored = self._add(self.first_scored, first)
+        self.scored_per_row = self._add(self.scored_per_row, np.bincount(rowid[idx], minlength=len(rows)))
+
+    @staticmethod
+    def as_dict(arr: Any) -> dict[int, int]:
+        return {int(k): int(c) for k, c in enumerate(arr.tolist()) if c}
+
+
+def profile_corpus(
+    path_or_rows: str | os.PathLike[str] | Iterable[Any],
+    tokenizer: Any = None,
+    seq_len: int | None = None,
+    quantile: float | None = None,
+    *,
+    fields: Mapping[str, str] | None = None,
+    bad_rows: str = "raise",
+    batch_size: int = 1000,
+    on_progress: Callable[[RowReader], None] | None = None,
+) -> CorpusProfile:
+    """Profile a corpus: rows, tokens read, scored tokens, the length, the loss policy.
+
+    Args:
+        path_or_rows: a JSON Lines path, or rows in memory (dicts or TokenizedRows).
+        tokenizer: the fast tokenizer the run trains with (not needed for input_ids rows).
+        seq_len: the length to train at (``given``); default the longest row (``measured``).
+        quantile: instead, the length that keeps this share of rows whole (``derived``),
+            with the share of scored tokens truncation cuts reported.
+        fields: read other keys as the known roles, e.g. ``{"completion": "answer_cot"}``.
+        bad_rows: ``raise`` / ``report`` / ``skip`` (see :func:`leadline.corpus.read_rows`).
+            With ``seq_len`` given, a row with nothing left to score at it is a bad row.
+        batch_size: rows per tokenizer call.
+        on_progress: called with the reader after each batch (``rows``, ``bytes_read``).
+
+    Raises:
+        InputError: bad rows, an empty corpus, or a corpus with no scored tokens.
+    """
+    if seq_len is not None and quantile is not None:
+        raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the rows")
+    if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2):
+        raise InputError(f"seq_len must be an int of at least 2 tokens, got {seq_len!r}")
+    if quantile is not None and not 0.0 < float(quantile) <= 1.0:
+        raise InputError(f"quantile must be in (0, 1], got {quantile}; pass e.g. 0.99 to keep 99% of rows whole")
+    try:
+        hist = _Histograms()
+    except ImportError:
+        raise InputError("profiling a corpus needs numpy; pip install 'leadline[hf]'") from None
+    t0 = time.perf_counter()
+    problems = Problems(bad_rows)
+    reader = RowReader(path_or_rows, fields=fields, problems=problems)
+    enc = RowEncoder(tokenizer, problems)
+    for batch in batches(reader, max(1, int(batch_size))):
+        rows = enc.encode(batch)
+        if rows:
+            hist.add(rows, seq_len, problems)
+        if on_progress is not None:
+            on_progress(reader)
+    problems.finish()
+    lengths = hist.as_dict(hist.lengths)
+    if not lengths:
+        raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
+    return _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0)
+
+
+def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, lengths: dict[int, int],
+               seq_len: int | None, quantile: float | None, seconds: float) -> CorpusProfile:
+    scored_at = hist.as_dict(hist.scored_at)
+    first = hist.as_dict(hist.first_scored)
+    per_row = hist.as_dict(hist.scored_per_row)
+    longest = max(lengths)
+    if seq_len is not None:
+        length, rule = seq_len, "given"
+    elif quantile is not None:
+        length, rule = L.length_at_quantile(lengths, float(quantile)), "quantile"
+    else:
+        length, rule = longest, "longest"
+    rows = L.total(lengths)
+    scored_whole = L.total(scored_at)
+    cut = L.count_at_or_above(scored_at, length)
+    scored = scored_whole - cut
+    if scored == 0:
+        raise InputError(f"no row of {reader.source} has a token the loss scores at seq_len {length}; "
+                         "check the labels or the completion fields, or raise the length")
+    return CorpusProfile(
+        source=reader.source,
+        path=str(reader.path) if reader.path is not None else None,
+        sha256=reader.sha256,
+        rows=rows,
+        seq_len=length,
+        seq_len_rule=rule,
+        quantile=float(quantile) if quantile is not None else None,
+        longest=longest,
+        tokens_read=L.tokens_kept(lengths, length),
+        tokens_untruncated=L.tokens_kept(lengths, longest),
+        scored_tokens=scored,
+        scored_tokens_untruncated=scored_whole,
+        scored_tokens_per_row=scored / rows,
+        scored_per_row=L.quantiles(per_row),
+        lengths=L.quantiles(lengths),
+        truncated_rows=L.count_at_or_above(lengths, length + 1),
+        truncated_scored_tokens=cut,
+        truncated_scored_share=cut / scored_whole,
+        unscored_rows=L.count_at_or_above(first, length),
+        loss_policy=enc.policy(),
+        formats={k: n for k, n in enc.formats.most_common()},
+        ignored_fields=dict(reader.ignored.most_common()),
+        skipped_rows=problems.count,
+        skipped=list(problems.first),
+        seconds=seconds,
+        length_bins=L.binned(lengths),
+        scored_bins=L.binned(per_row),
+    )

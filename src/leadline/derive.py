@@ -1,0 +1,282 @@
+"""derive(): the recipe. The phases in order, each a call that returns its values.
+
+1. corpus        profile_corpus: rows, scored tokens, the length
+2. noise         measure_noise_scale: B_noise in scored tokens
+3. memory        the ramp: the rows a training run fits, bounded by the rows the step needs,
+                 and t_micro / t_step at that shape
+4. step          tokens_per_step: B*, the micro-batch cut to it, grad_accum
+5. anchor        the rewrite scale and its divisor (constants: used only where nothing runs)
+6. first step    measure_first_step: alpha1
+7. rate          lookahead_lr (full effort) or alpha1 and a grid for race() (quick effort)
+8. warmup        warmup from alpha1, weight decay 0, betas
+9. length        total_steps from epochs when given so
+
+The noise is measured before the ramp (SPEC lists the ramp first) because the ramp's upper
+limit is the rows the target step needs, which only the noise scale says. The time budget,
+progress and resume wrap the calls (:mod:`leadline._phases`); derive() leaves no trace.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from leadline._phases import PhaseRunner, ProgressFn, leave_no_trace
+from leadline.errors import InputError
+from leadline.memory import forbid_spill
+from leadline.plan import Plan, Value
+from leadline.provenance import describe_data, describe_machine
+
+EFFORTS = ("quick", "full")
+TRAINED_AS = ("factors", "weights")
+
+
+def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None) -> None:
+    if effort not in EFFORTS:
+        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, full runs the look-ahead")
+    if trained_as not in TRAINED_AS:
+        raise InputError(f"trained_as={trained_as!r} is not one of {', '.join(TRAINED_AS)}; 'factors' for LoRA/PiSSA, 'weights' for anything trained as a weight")
+    if total_steps is not None and epochs is not None:
+        raise InputError("pass total_steps or epochs, not both")
+    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
+        raise InputError(f"total_steps must be a whole number of optimizer steps >= 1, got {total_steps!r}")
+    if epochs is not None and (not isinstance(epochs, (int, float)) or not epochs > 0 or not math.isfinite(epochs)):
+        raise InputError(f"epochs must be a positive number, got {epochs!r}")
+
+
+def derive(
+    data: str | os.PathLike[str] | None = None,
+    *,
+    rows: Sequence[Any] | None = None,
+    tokenizer: Any = None,
+    step_fn: Any = None,
+    grad_fn: Any = None,
+    named_weights: Iterable[tuple[str, Any]] | None = None,
+    trained_as: str = "factors",
+    optimizer: Any = None,
+    train_step_of: Callable[[int, int], Callable[[int], Any]] | None = None,
+    held_out_losses: Callable[[], Sequence[float]] | None = None,
+    total_steps: int | None = None,
+    epochs: float | None = None,
+    effort: str = "quick",
+    max_seconds: float | None = None,
+    on_progress: ProgressFn | None = None,
+    resume: str | os.PathLike[str] | None = None,
+    prior: Plan | str | os.PathLike[str] | None = None,
+    seq_len: int | None = None,
+    quantile: float | None = None,
+    lengths: Sequence[int] | None = None,
+    held_out: dict[str, Any] | None = None,
+    profile: Any = None,
+    model_info: dict[str, Any] | None = None,
+    device: Any = None,
+) -> Plan:
+    """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
+    runs when what it needs is given, and a plan with three derived values and an honest gap
+    beats one with ten nobody can tell apart.
+
+    Args:
+        data / rows: the training corpus (a jsonl path, or rows in memory) for the profile.
+        tokenizer: the run's tokenizer (for the profile; not needed for tokenized rows).
+        step_fn: a :class:`~leadline.memory.TrainingStep` (the ramp and the timings).
+        grad_fn: ``grad_fn(i) -> (gradient, scored_tokens)``, e.g. a
+            :class:`~leadline.noise.ModelGradFn` (the noise scale).
+        named_weights: ``(name, tensor)`` of the trained tensors (the anchor, the rate).
+        trained_as: ``"factors"`` (LoRA/PiSSA) or ``"weights"`` (full FT, a new head).
+        optimizer: the run's optimizer over the trained tensors (fresh; derive hands it back
+            without state and with its settings restored).
+        train_step_of: ``train_step_of(micro_batch, grad_accum)`` -> ``train_step(step)`` doing
+            that step's forward+backward (the rate phases run the real optimizer with it).
+        held_out_losses: per-row losses on fixed held-out rows.
+        total_steps / epochs: the run's length (epochs need the corpus and the step).
+        effort: ``"quick"`` (alpha1 and a grid for race()) or ``"full"`` (the look-ahead).
+        max_seconds: a bound on the whole derive; phases it does not reach are listed in
+            ``plan.notes``.
+        on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase.
+        resume: a file a killed derive continues from (written atomically after each phase,
+            removed when derive finishes).
+        prior: an earlier plan to check with short measurements instead of starting over.
+        seq_len / quantile: the length (see :func:`~leadline.corpus.profile_corpus`).
+        lengths: the corpus's row lengths in its order (the ramp runs through them).
+        held_out: the split derive's callers made (``plan.held_out``).
+        profile: a corpus profile already made (:func:`~leadline.corpus.profile_corpus`) for
+            the same rows; the corpus phase then reads it instead of tokenizing again.
+        model_info: the model's record for the plan.
+        device: the accelerator (default: the step's).
+
+    Returns:
+        The :class:`~leadline.plan.Plan`.
+    """
+    _check(effort, trained_as, total_steps, epochs)
+    if isinstance(prior, (str, os.PathLike)):
+        prior = Plan.from_json(prior)
+    named = list(named_weights or [])
+    params = [w for _, w in named]
+    device = device if device is not None else getattr(step_fn, "device", None)
+    plan = Plan(machine=describe_machine(device if params or step_fn is not None else None),
+                model=dict(model_info or {}), held_out=dict(held_out or {}))
+    if named:
+        plan.model.setdefault("trained_parameters", int(sum(w.numel() for w in params)))
+    plan.model.setdefault("trained_as", trained_as)
+    if data is not None or rows is not None:
+        plan.data = describe_data(data if data is not None else rows)
+    runner = PhaseRunner(plan, max_seconds=max_seconds, on_progress=on_progress,
+                         resume_path=Path(resume) if resume is not None else None)
+    optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
+    ctx: dict[str, Any] = {}
+    with leave_no_trace(params, optimizers), forbid_spill(device if device is not None else "cpu"):
+        if profile is not None:
+            runner.run("corpus", lambda: (ctx.__setitem__("profile", profile), profile.as_values())[1])
+        elif data is not None or rows is not None:
+            runner.run("corpus", lambda: _corpus(data if data is not None else rows, tokenizer, seq_len, quantile, ctx))
+        if grad_fn is not None:
+            runner.run("noise", lambda: _noise(grad_fn, runner, ctx))
+        if step_fn is not None:
+            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx), needs=())
+        if step_fn is not None and grad_fn is not None:
+            runner.run("step", lambda: _step(plan, ctx),
+                       needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
+        if named:
+            runner.run("anchor", lambda: _anchor(named, trained_as, plan))
+        rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
+        if total_steps is None and epochs is not None:
+            runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"))
+        elif total_steps is not None:
+            plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
+        if rate_ready:
+            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held_out_losses, plan, ctx))
+            runner.run("rate", lambda: _rate(params, optimizer, train_step_of, held_out_losses, plan, effort, prior, ctx),
+                       needs=("alpha1",))
+        runner.run("warmup", lambda: _warmup(plan, optimizer))
+    runner.done()
+    _pick_rate(plan)
+    return plan
+
+
+# ---- the phases -------------------------------------------------------------------------
+def _corpus(source: Any, tokenizer: Any, seq_len: int | None, quantile: float | None, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.corpus import profile_corpus
+
+    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile)
+    ctx["profile"] = prof
+    return prof.as_values()
+
+
+def _noise(grad_fn: Any, runner: PhaseRunner, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.noise import measure_noise_scale
+
+    left = runner.seconds_left()
+    noise = measure_noise_scale(grad_fn, budget_s=None if left is None else max(1.0, 0.3 * left))
+    ctx["noise"] = noise
+    return noise.as_values()
+
+
+def _rows_needed(plan: Plan) -> int | None:
+    """The rows the target step can need: B_noise's upper edge over the scored tokens per row."""
+    b = plan.get("noise_scale_tokens")
+    per_row = plan.get("scored_tokens_per_row")
+    if not isinstance(b, (int, float)) or not isinstance(per_row, (int, float)) or per_row <= 0 or not math.isfinite(b):
+        return None
+    se = plan["noise_scale_tokens"].evidence.get("se_tokens", 0) if isinstance(plan["noise_scale_tokens"].evidence, dict) else 0
+    upper = b + (se if isinstance(se, (int, float)) and math.isfinite(se) else 0)
+    return max(1, math.ceil(upper / per_row))
+
+
+def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.memory import ramp
+
+    length = plan.get("seq_len")
+    if length is None:
+        raise InputError("the memory ramp needs the run's length: pass data= (and a tokenizer) or seq_len=")
+    max_rows = _rows_needed(plan)
+    start = 1
+    if prior is not None and isinstance(prior.get("rows_fit"), int):
+        start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
+    result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start)
+    ctx["ramp"] = result
+    values = result.as_values()
+    out = {("rows_fit" if n == "micro_batch" else n): v for n, v in values.items()}
+    return out
+
+
+def _step(plan: Plan, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.noise import tokens_per_step
+
+    rows_fit = int(plan.get("rows_fit"))
+    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
+    noise = ctx.get("noise", plan.get("noise_scale_tokens"))
+    sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
+                         t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
+                         corpus_scored_tokens=plan.get("scored_tokens"))
+    ctx["step"] = sp
+    return sp.as_values()
+
+
+def _anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan) -> dict[str, Value]:
+    from leadline.rate import anchor_rate
+
+    res = anchor_rate(named, trained_as=trained_as, batch_tokens=plan.get("tokens_per_step"),
+                      b_noise_tokens=plan.get("noise_scale_tokens"))
+    return res.as_values()
+
+
+def _batch_of(plan: Plan) -> tuple[int, int]:
+    return int(plan.get("micro_batch", plan.get("rows_fit", 1)) or 1), int(plan.get("grad_accum", 1) or 1)
+
+
+def _first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
+                plan: Plan, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.rate import measure_first_step
+
+    mb, accum = _batch_of(plan)
+    fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out)
+    ctx["first_step"] = fs
+    return fs.as_values()
+
+
+def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
+          plan: Plan, effort: str, prior: Plan | None, ctx: dict[str, Any]) -> dict[str, Value]:
+    from leadline.rate import lookahead_lr
+
+    alpha1 = float(plan.get("alpha1"))
+    if prior is not None and isinstance(prior.get("lr"), (int, float)) and isinstance(prior.get("alpha1"), (int, float)):
+        ratio = alpha1 / float(prior.get("alpha1"))
+        if 0.5 <= ratio <= 2.0:
+            lr = float(prior.get("lr"))
+            return {"lr": Value(lr, "measured", f"the prior plan's rate, kept: alpha1 re-measured at {alpha1:.3g}, {ratio:.2f}x the prior's (within 2x)",
+                                evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr}, unit="per step")}
+    mb, accum = _batch_of(plan)
+    total = int(plan.get("total_steps") or 100)
+    la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, ctx.get("first_step", alpha1),
+                      total_steps=total, effort=effort)
+    ctx["lookahead"] = la
+    return la.as_values()
+
+
+def _warmup(plan: Plan, opt: Any) -> dict[str, Value]:
+    from leadline.rate import warmup_values
+
+    betas = None
+    if opt is not None:
+        betas = opt.param_groups[0].get("betas")
+    return warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas)
+
+
+def _length(plan: Plan, epochs: float) -> dict[str, Value]:
+    tokens = float(plan.get("scored_tokens"))
+    step = float(plan.get("tokens_per_step"))
+    held = plan.held_out.get("train") if isinstance(plan.held_out.get("train"), list) else None
+    rows_total = plan.get("rows")
+    share = (len(held) / rows_total) if held is not None and isinstance(rows_total, int) and rows_total > 0 else 1.0
+    steps = max(1, math.ceil(epochs * tokens * share / step))
+    return {"total_steps": Value(steps, "derived", f"ceil(epochs {epochs:g} x scored tokens {tokens:,.0f} x train share {share:.2f} / tokens per step {step:,.0f})", unit="steps")}
+
+
+def _pick_rate(plan: Plan) -> None:
+    """Where nothing could run, the anchor is the rate — a constant, listed as one."""
+    if "lr" not in plan and "lr_anchor" in plan:
+        a = plan["lr_anchor"]
+        plan.set("lr", Value(a.value, a.kind, f"the anchor (nothing could be run for the rate): {a.source}", a.evidence, 0.0, a.unit))

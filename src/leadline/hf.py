@@ -1,0 +1,192 @@
+"""Hugging Face: derive a plan from a ``PreTrainedModel`` (PEFT or not) and a data set in any
+corpus format, without hand-written adapters; apply it to ``TrainingArguments``; run the
+schedule and the memory watch inside ``Trainer``.
+
+    from leadline.hf import derive_for
+    plan = derive_for(model, tokenizer, "train.jsonl", total_steps=300)
+    args = plan.training_arguments(TrainingArguments(output_dir="out"))
+    trainer = Trainer(model=model, args=args, ..., callbacks=[plan_callback(plan, ...)])
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.hf_args import training_arguments
+from leadline.plan import Plan
+
+__all__ = ["Task", "derive_for", "prepare", "training_arguments"]
+
+
+def _rows_of(train_dataset: Any) -> Any:
+    """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list."""
+    if isinstance(train_dataset, (str, os.PathLike)):
+        return train_dataset
+    if hasattr(train_dataset, "to_list"):
+        return train_dataset.to_list()
+    try:
+        return list(train_dataset)
+    except TypeError:
+        raise InputError(f"train_dataset must be a jsonl path, a datasets.Dataset or a list of rows, got {type(train_dataset).__name__}") from None
+
+
+def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
+    """The tensors the run trains (``requires_grad``), by name."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise InputError("the model has no trained parameters (requires_grad); wrap it with PEFT or unfreeze the weights you train")
+    return named
+
+
+def trained_as_of(model: Any) -> str:
+    """``factors`` for a PEFT adapter model, ``weights`` otherwise."""
+    return "factors" if hasattr(model, "peft_config") else "weights"
+
+
+@dataclass
+class Task:
+    """What derive() needs, built from a model, a tokenizer and tokenized rows.
+
+    ``rows`` are truncated to ``seq_len``; ``split`` holds train / held-out / test indices.
+    The probe draws the first training rows in a seeded order, the rate phases the rows after
+    them, so no row decides twice.
+    """
+
+    model: Any
+    rows: list[Any]
+    split: Any
+    seq_len: int
+    pad_id: int
+    device: Any
+    probe_rows: int = 2
+    optimizer: Any = None
+    order: list[int] = field(default_factory=list)
+
+    # ---- the pieces derive() takes --------------------------------------------------------
+    def batch(self, idx: Sequence[int], pad_to: int | None = None) -> Any:
+        from leadline.corpus import collate
+
+        return collate([self.rows[i] for i in idx], self.pad_id, pad_to=pad_to)
+
+    def loss_of(self, b: int, length: int) -> Any:
+        """The loss of ``b`` of the longest training rows padded to ``length`` (the ramp)."""
+        longest = sorted(self.split.train, key=lambda i: -len(self.rows[i].input_ids))
+        idx = [longest[j % len(longest)] for j in range(b)]
+        mb = self.batch(idx, pad_to=length).to(self.device)
+        return self.model(**mb.model_inputs()).loss
+
+    def micro_batch_of(self, i: int) -> Any:
+        """The probe's i-th micro-batch of ``probe_rows`` rows, None when the rows run out."""
+        lo = i * self.probe_rows
+        if lo + self.probe_rows > len(self.order):
+            return None
+        return self.batch(self.order[lo:lo + self.probe_rows])
+
+    def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
+        """``train_step(step)``: the forward+backward of step ``step`` — ``grad_accum``
+        micro-batches of ``micro_batch`` rows, the same rows for the same step, the loss
+        weighted by scored tokens so the step's gradient is the mean over its scored tokens."""
+        order = self.order
+        per_step = micro_batch * grad_accum
+
+        def train_step(step: int) -> float:
+            start = (step * per_step) % max(1, len(order))
+            idx = [order[(start + j) % len(order)] for j in range(per_step)]
+            micro = [self.batch(idx[k * micro_batch:(k + 1) * micro_batch]) for k in range(grad_accum)]
+            total = sum(m.scored_tokens for m in micro) or 1
+            loss_sum = 0.0
+            for m in micro:
+                loss = self.model(**m.to(self.device).model_inputs()).loss
+                (loss * (m.scored_tokens / total)).backward()
+                loss_sum += float(loss.detach()) * m.scored_tokens
+            return loss_sum / total
+
+        return train_step
+
+    def held_out_losses(self) -> Callable[[], list[float]]:
+        return self.split.reader(self.model, self.rows, "held_out", micro_batch=8, device=self.device, pad_id=self.pad_id)
+
+
+def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None, quantile: float | None = None,
+            held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
+            fields: dict[str, str] | None = None) -> tuple[Task, Any]:
+    """Tokenize the rows as the loader will, profile them, split them, and build the
+    :class:`Task` derive() runs on. Returns the task and the corpus profile."""
+    import random
+
+    import torch
+
+    from leadline.corpus import profile_corpus, split_rows, tokenize_rows
+
+    source = _rows_of(train_dataset)
+    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile, fields=fields)
+    rows = [r.truncated(prof.seq_len) for r in tokenize_rows(source, tokenizer, fields=fields)]
+    rows = [r for r in rows if r.scored_tokens > 0]
+    if len(rows) < 8:
+        raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive needs at least 8")
+    split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
+    order = list(split.train)
+    random.Random(seed).shuffle(order)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    device = next(model.parameters()).device
+    task = Task(model=model, rows=rows, split=split, seq_len=prof.seq_len, pad_id=int(pad_id), device=device,
+                probe_rows=probe_rows, order=order)
+    trained = [p for _, p in trained_named_weights(model)]
+    task.optimizer = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.0)
+    return task, prof
+
+
+def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None, epochs: float | None = None,
+               effort: str = "quick", seq_len: int | None = None, quantile: float | None = None,
+               max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
+               resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
+               trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
+               probe_rows: int = 2, fields: dict[str, str] | None = None) -> Plan:
+    """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
+    format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
+
+    The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
+    restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
+    tokenized corpus, in file order).
+    """
+    from leadline.derive import derive
+    from leadline.memory import TrainingStep
+    from leadline.noise import ModelGradFn
+    from leadline.provenance import describe_model
+
+    if total_steps is None and epochs is None:
+        epochs = 1.0
+    was_training = model.training
+    task, prof = prepare(model, tokenizer, train_dataset, seq_len=seq_len, quantile=quantile, held_out=held_out,
+                      test=test, seed=seed, probe_rows=probe_rows, fields=fields)
+    named = trained_named_weights(model)
+    kind = trained_as or trained_as_of(model)
+    model.train()
+    try:
+        plan = derive(
+            data=train_dataset if isinstance(train_dataset, (str, os.PathLike)) else None,
+            rows=None if isinstance(train_dataset, (str, os.PathLike)) else _rows_of(train_dataset),
+            tokenizer=tokenizer, seq_len=task.seq_len, profile=prof,
+            step_fn=TrainingStep(task.loss_of, task.optimizer),
+            grad_fn=ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]),
+            named_weights=named, trained_as=kind, optimizer=task.optimizer,
+            train_step_of=task.train_step_of, held_out_losses=task.held_out_losses(),
+            total_steps=total_steps, epochs=epochs, effort=effort, max_seconds=max_seconds,
+            on_progress=on_progress, resume=resume, prior=prior,
+            lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
+            held_out=task.split.as_dict(), model_info=describe_model(model, trained_as=kind),
+            device=task.device,
+        )
+    finally:
+        model.train(was_training)
+        model.zero_grad(set_to_none=True)
+    return plan
+
+
+def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:
+    return max(1, math.ceil(tokens / tokens_per_step))

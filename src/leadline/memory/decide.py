@@ -1,0 +1,218 @@
+"""The ramp's decisions as pure functions on numbers: no torch, no device, tested exactly.
+
+On CUDA (:class:`RampSearch`): the allocator decides. A rung *fits* when its step ran without
+the allocator emptying its cache and retrying; it *squeezed* in when ``num_alloc_retries``
+grew (it ran only because the cache was emptied, which every later step would pay again, and
+a fragmented cache turns into an OOM); it is *oom* when the allocator refused. Rows double
+from ``start_rows`` until a rung does not fit or ``max_rows`` is reached, then bisect between
+the largest rows that fit and the smallest that did not, to one row. The candidate must then
+pass the confirmation (the driver runs it at least twice in a row without emptying the cache,
+then through the corpus's length mix, then at the full length again); a candidate that fails
+it becomes the new upper end and the search goes on below it.
+
+Off CUDA (:class:`ThroughputSearch`): nothing refuses a batch, so the rule is speed. Rows
+double from 1; each rung measures rows per second = rows / t_micro (the median of synchronized
+forward+backward repeats). The ramp stops at the first doubling whose rows per second gain
+less than ``min_gain`` (5%) over the rung before and keeps the smaller rung; it also stops
+before a rung whose peak, extrapolated on the line through the last two rungs' measured peaks
+(or from the baseline and one rung), would exceed the RAM room, and at ``max_rows``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from leadline.memory.readings import format_bytes
+
+VERDICTS = ("fits", "squeezed", "oom")
+
+
+def verdict_of(oom: bool, retries: int) -> str:
+    """``oom`` when the allocator refused, ``squeezed`` when it had to retry, else ``fits``."""
+    if oom:
+        return "oom"
+    return "squeezed" if retries > 0 else "fits"
+
+
+@dataclass
+class RampSearch:
+    """Doubling, then bisection, then confirmation; see the module docstring.
+
+    Drive it with ``while (move := s.next()) is not None: kind, rows = move; ...;
+    s.record(kind, rows, ok)`` where kind is ``"try"`` (one step at ``rows``) or ``"confirm"``
+    (the confirmation run at ``rows``) and ``ok`` is True when every step of it fit.
+    ``kept`` is the answer once ``next()`` returns None (0: not even the smallest rows fit).
+    """
+
+    max_rows: int | None = None
+    start_rows: int = 1
+    lo: int = 0
+    hi: int | None = None
+    kept: int | None = None
+    fits: list[int] = field(default_factory=list)
+    failed_confirmation: list[int] = field(default_factory=list)
+    stopped_because: str = ""
+
+    def __post_init__(self) -> None:
+        if self.start_rows < 1:
+            raise ValueError(f"start_rows must be >= 1, got {self.start_rows}")
+        if self.max_rows is not None and self.max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {self.max_rows}")
+
+    def _capped(self, rows: int) -> int:
+        return rows if self.max_rows is None else min(rows, self.max_rows)
+
+    def next(self) -> tuple[str, int] | None:
+        if self.kept is not None:
+            return None
+        if self.hi is None:
+            if self.lo == 0:
+                return ("try", self._capped(self.start_rows))
+            if self.max_rows is not None and self.lo >= self.max_rows:
+                return ("confirm", self.lo)
+            return ("try", self._capped(2 * self.lo))
+        if self.hi - self.lo > 1:
+            return ("try", (self.lo + self.hi) // 2)
+        if self.lo == 0:
+            self.kept = 0
+            self.stopped_because = f"not even {self.hi} row{'s' if self.hi != 1 else ''} fit"
+            return None
+        return ("confirm", self.lo)
+
+    def record(self, kind: str, rows: int, ok: bool) -> None:
+        if kind == "try":
+            if ok:
+                self.lo = max(self.lo, rows)
+                self.fits.append(rows)
+            else:
+                self.hi = rows if self.hi is None else min(self.hi, rows)
+            return
+        if kind != "confirm":
+            raise ValueError(f"kind must be 'try' or 'confirm', got {kind!r}")
+        if ok:
+            self.kept = rows
+            if self.max_rows is not None and rows >= self.max_rows:
+                self.stopped_because = f"reached the upper limit of {self.max_rows} rows"
+            else:
+                self.stopped_because = f"{self.hi} rows did not fit"
+            return
+        self.failed_confirmation.append(rows)
+        self.hi = rows
+        self.lo = max((r for r in self.fits if r < rows), default=0)
+
+
+def extrapolate_peak(points: Sequence[tuple[int, int]], rows: int, baseline_bytes: int | None = None) -> float:
+    """The peak bytes at ``rows`` on the line through the last two measured ``(rows, peak)``
+    points, or through ``(0, baseline_bytes)`` and the one point there is.
+
+    With one point and no baseline the peak is taken as proportional to rows (an upper line
+    when the peak includes a fixed part).
+    """
+    if not points:
+        raise ValueError("extrapolate_peak needs at least one measured (rows, peak) point")
+    if len(points) >= 2 and points[-1][0] != points[-2][0]:
+        (r1, p1), (r2, p2) = points[-2], points[-1]
+        slope = (p2 - p1) / (r2 - r1)
+        return p2 + max(slope, 0.0) * (rows - r2)
+    r, p = points[-1]
+    base = 0 if baseline_bytes is None else min(baseline_bytes, p)
+    return base + (p - base) * rows / r
+
+
+@dataclass
+class ThroughputSearch:
+    """The off-CUDA rule: the micro-batch where rows per second stop improving, within RAM.
+
+    Drive it with ``while (rows := s.next()) is not None: ...; s.record(rows,
+    rows_per_second, peak_bytes)``; ``kept`` and ``stopped_because`` once it returns None.
+    """
+
+    room_bytes: int | None = None
+    max_rows: int | None = None
+    min_gain: float = 0.05
+    baseline_bytes: int | None = None
+    points: list[tuple[int, float, int]] = field(default_factory=list)
+    kept: int | None = None
+    stopped_because: str = ""
+
+    def next(self) -> int | None:
+        if self.kept is not None:
+            return None
+        if not self.points:
+            return 1
+        rows, rps, peak = self.points[-1]
+        if len(self.points) >= 2:
+            prev_rows, prev_rps, _ = self.points[-2]
+            gain = rps / prev_rps - 1.0 if prev_rps > 0 else float("inf")
+            if gain < self.min_gain:
+                self.kept = prev_rows
+                self.stopped_because = (
+                    f"doubling {prev_rows} -> {rows} rows gained {gain:+.1%} rows per second, "
+                    f"less than {self.min_gain:.0%}"
+                )
+                return None
+        if self.room_bytes is not None and peak > self.room_bytes:
+            self.kept = self.points[-2][0] if len(self.points) >= 2 else 0
+            self.stopped_because = f"{rows} rows peaked at {format_bytes(peak)}, over the {format_bytes(self.room_bytes)} of room"
+            return None
+        if self.max_rows is not None and rows >= self.max_rows:
+            self.kept = rows
+            self.stopped_because = f"reached the upper limit of {self.max_rows} rows"
+            return None
+        nxt = 2 * rows if self.max_rows is None else min(2 * rows, self.max_rows)
+        if self.room_bytes is not None:
+            predicted = extrapolate_peak([(r, p) for r, _, p in self.points], nxt, self.baseline_bytes)
+            if predicted > self.room_bytes:
+                self.kept = rows
+                self.stopped_because = (
+                    f"{nxt} rows would peak near {format_bytes(predicted)} (extrapolated from the rungs "
+                    f"measured), over the {format_bytes(self.room_bytes)} of RAM room"
+                )
+                return None
+        return nxt
+
+    def record(self, rows: int, rows_per_second: float, peak_bytes: int) -> None:
+        self.points.append((int(rows), float(rows_per_second), int(peak_bytes)))
+
+
+def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_steps: int = 8) -> list[int]:
+    """The lengths the kept batch runs after its repeats at ``length``: up to ``mix_steps``
+    lengths spread evenly through ``lengths`` (in their own order, each clipped to
+    ``length``), then ``length`` once more on the cache the mix left behind. Empty without a mix.
+    """
+    if not lengths or mix_steps <= 0:
+        return []
+    mix = [max(1, min(int(n), length)) for n in lengths]
+    if len(mix) > mix_steps:
+        if mix_steps == 1:
+            mix = [mix[len(mix) // 2]]
+        else:
+            mix = [mix[round(i * (len(mix) - 1) / (mix_steps - 1))] for i in range(mix_steps)]
+    return [*mix, length]
+
+
+def largest_passing(candidates: Sequence[int], passes: Callable[[int], bool]) -> tuple[int | None, list[tuple[int, bool]]]:
+    """The largest candidate that passes, by bisection over ascending ``candidates`` (passing is
+    assumed monotone: if c passes, every smaller candidate passes). Returns it (None when none
+    passes) and every ``(candidate, passed)`` tried, in order.
+    """
+    cands = sorted(set(int(c) for c in candidates))
+    tried: list[tuple[int, bool]] = []
+    lo, hi = -1, len(cands)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok = bool(passes(cands[mid]))
+        tried.append((cands[mid], ok))
+        if ok:
+            lo = mid
+        else:
+            hi = mid
+    return (cands[lo] if lo >= 0 else None), tried
+
+
+def length_candidates(length: int, resolution: int | None = None) -> list[int]:
+    """Lengths below ``length`` on a grid of ``resolution`` tokens (default: length // 32, at
+    least 1): what the longest-length search bisects over."""
+    step = max(1, resolution if resolution else length // 32)
+    return [n for n in range(step, length, step)]

@@ -1,0 +1,401 @@
+"""The fit pre-flight: measure the real peak at the configured shape instead of predicting it.
+
+:func:`measure_fit` runs the run's own training step (:class:`~leadline.memory.step.TrainingStep`)
+at ``rows`` x ``length`` under the spill cap and compares what the allocator did with the room
+(free + held). The gate reads allocated bytes and the allocator's retries, not reserved bytes:
+reserved overshoots what must fit by 1.08-1.41x, not a constant. A refusal is one sentence
+naming the measured peak, the room and what would fit, each alternative measured too (the most
+rows at that length, the longest length at those rows; the CLI adds gradient checkpointing and
+a lower LoRA rank).
+
+A shape whose estimate (:func:`estimate_step_bytes`) is more than ``max_over`` (4) times the
+room is refused before the card is touched. Off CUDA nothing caps the process, so a shape
+whose estimate exceeds the room is refused unrun, and a shape of several rows is scouted at
+one row first and refused when the peak extrapolated from it exceeds the room.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.memory.decide import largest_passing, length_candidates
+from leadline.memory.ramp import Rung, probe
+from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
+from leadline.plan import Value
+
+FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")
+
+
+@dataclass
+class FitResult:
+    """The pre-flight's measurement at one shape, its verdict and what would fit instead.
+
+    Attributes:
+        verdict: ``fits`` (ran ``repeats`` steps in a row, no retry); ``squeezed`` (ran only by
+            the allocator emptying its cache and retrying); ``oom`` (refused at the cap);
+            ``over`` (off CUDA: the peak, measured or extrapolated from one row, exceeds the
+            RAM room); ``too_large`` (the estimate is more than ``max_over`` times the room:
+            not run).
+        peak_bytes, reserved_bytes, retries: the measurement (None when not run).
+        room_bytes: free + held when it ran (the cap); estimate_bytes: the estimate, if any.
+        rungs: every step run, the shape's own and the alternatives'.
+        alternatives: ``{"what", "text", "fits", ...}`` measured alternatives, in order.
+    """
+
+    rows: int
+    length: int
+    device: str
+    verdict: str
+    room_bytes: int | None
+    peak_bytes: int | None = None
+    reserved_bytes: int | None = None
+    retries: int = 0
+    estimate_bytes: int | None = None
+    max_over: float = 4.0
+    seconds: float = 0.0
+    rungs: list[Rung] = field(default_factory=list)
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
+    suggested: bool = False
+
+    @property
+    def fits(self) -> bool:
+        return self.verdict == "fits"
+
+    def add_alternative(self, what: str, text: str, fits: bool, **detail: Any) -> None:
+        """Record one alternative (``what``: rows, length, checkpointing, rank) for the sentence."""
+        self.alternatives.append({"what": what, "text": text, "fits": bool(fits), **detail})
+
+    @property
+    def sentence(self) -> str:
+        return fit_sentence(self)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"plot": "ramp", "budget_bytes": self.room_bytes, "rungs": [r.as_dict() for r in self.rungs],
+                "verdict": self.verdict, "estimate_bytes": self.estimate_bytes, "alternatives": self.alternatives}
+
+    def as_values(self) -> dict[str, Value]:
+        """``fit_verdict`` and (when measured) ``fit_peak_bytes`` for the plan."""
+        ran = any(g.phase == "fit" for g in self.rungs)  # else the verdict came from the estimate or the scout's line
+        out = {"fit_verdict": Value(self.verdict, "measured" if ran else "derived", self.sentence, self.evidence(),
+                                    self.seconds)}
+        if self.peak_bytes is not None and ran:
+            out["fit_peak_bytes"] = Value(self.peak_bytes, "measured",
+                                          f"peak allocated bytes of a real training step of {self.rows} rows x "
+                                          f"{self.length} tokens on {self.device}", None, 0.0, "bytes")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rungs"] = [r.as_dict() for r in self.rungs]
+        d["fits"] = self.fits
+        d["sentence"] = self.sentence
+        return d
+
+
+def _shape(rows: int, length: int) -> str:
+    return f"{rows} row{'s' if rows != 1 else ''} x {length} tokens"
+
+
+def fit_sentence(r: FitResult) -> str:
+    """The one sentence for a :class:`FitResult`: the measured peak, the room, and what would fit."""
+    shape, room = _shape(r.rows, r.length), format_bytes(r.room_bytes)
+    if r.device.startswith("cuda"):
+        measured = (f"measured a peak of {format_bytes(r.peak_bytes)} allocated ({format_bytes(r.reserved_bytes)} "
+                    f"reserved, {r.retries} allocator retr{'y' if r.retries == 1 else 'ies'})")
+    else:
+        measured = f"measured a peak resident set of {format_bytes(r.peak_bytes)}"
+    if r.verdict == "fits":
+        return f"fits: a training step of {shape} {measured} against {room} of room on {r.device}"
+    if r.verdict == "too_large" and r.device.startswith("cuda"):
+        head = (f"refused before touching the card: a training step of {shape} would need an estimated "
+                f"{format_bytes(r.estimate_bytes)}, more than {r.max_over:g}x the {room} of room on {r.device}")
+    elif r.verdict == "too_large":
+        head = (f"refused before running (nothing caps the host): a training step of {shape} would need an "
+                f"estimated {format_bytes(r.estimate_bytes)}, more than the {room} of RAM room on {r.device}")
+    elif r.verdict == "squeezed":
+        head = (f"refused: a training step of {shape} {measured} against {room} of room on {r.device}, and ran "
+                f"only because the allocator emptied its cache and retried, which every step would repeat")
+    elif r.verdict == "oom":
+        head = (f"refused: a training step of {shape} ran out of memory at {room} of room on {r.device} "
+                f"(the peak measured before the refusal: {format_bytes(r.peak_bytes)} allocated)")
+    elif any(g.phase == "fit" for g in r.rungs):
+        head = (f"refused: a training step of {shape} peaked at {format_bytes(r.peak_bytes)} against "
+                f"{room} of RAM room on {r.device}")
+    else:
+        head = (f"refused: a training step of {shape} would peak near {format_bytes(r.peak_bytes)} "
+                f"(extrapolated from {_scout_peak(r)}) against {room} of RAM room on {r.device}")
+    return f"{head}; {_what_would_fit(r)}"
+
+
+def _scout_peak(r: FitResult) -> str:
+    scouts = [g for g in r.rungs if g.phase == "scout"]
+    return " and ".join(f"{_shape(g.rows, g.length)} measured at {format_bytes(g.peak_bytes)}" for g in scouts) or "no scout"
+
+
+def _what_would_fit(r: FitResult) -> str:
+    good = [a["text"] for a in r.alternatives if a["fits"]]
+    bad = [a["text"] for a in r.alternatives if not a["fits"]]
+    measured = {a["what"] for a in r.alternatives}
+    untried = [t for w, t in (("checkpointing", "gradient checkpointing"), ("rank", "a lower LoRA rank"))
+               if w not in measured]
+    if not r.suggested:
+        return "what would fit: fewer rows, a shorter length, " + _or(untried or ["a larger card"]) + " (not measured)"
+    tail = (f" (not measured: {_or(untried)})" if untried else "") + (f"; measured and still over: {', '.join(bad)}" if bad else "")
+    if good:
+        return "what would fit: " + _or(good) + tail
+    return "nothing measured fits" + (f" ({', '.join(bad)})" if bad else "") + (
+        f"; try {_or(untried)}" if untried else "; try a larger card")
+
+
+def _or(items: Sequence[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def measure_fit(
+    step: Any,
+    rows: int,
+    length: int,
+    *,
+    memory: DeviceMemory | None = None,
+    card_bytes: int | None = None,
+    estimate: Callable[[int, int], int | None] | None = None,
+    suggest: bool = True,
+    repeats: int = 2,
+    max_over: float = 4.0,
+) -> FitResult:
+    """Measure whether a training step of ``rows`` x ``length`` fits, and what would if not.
+
+    Args:
+        step: the run's :class:`~leadline.memory.step.TrainingStep`.
+        rows, length: the configured shape.
+        memory: the readings (default: the step's device); card_bytes: a smaller card (or, off
+            CUDA, a RAM limit).
+        estimate: ``(rows, length) -> bytes`` (e.g. :func:`estimate_step_bytes` bound to the
+            model; the default for a step with a ``model`` attribute): a shape estimated over
+            ``max_over`` x the room (1x off CUDA) is not run.
+        suggest: when it does not fit, measure the most rows at that length and the longest
+            length at those rows (bisection, each candidate ``repeats`` steps in a row).
+        repeats: steps in a row at the shape (>= 2: the steady state every later step sees).
+
+    Returns:
+        :class:`FitResult`; ``.sentence`` is the verdict in one sentence.
+    """
+    rows, length = int(rows), int(length)
+    if rows < 1 or length < 1:
+        raise InputError(f"measure_fit needs rows >= 1 and length >= 1, got rows={rows}, length={length}")
+    mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+    repeats = max(2, int(repeats))
+    if estimate is None and getattr(step, "model", None) is not None:
+        model = step.model
+        estimate = lambda r, n: estimate_step_bytes(model, r, n)  # noqa: E731
+    t0 = time.perf_counter()
+    from leadline.memory.cap import forbid_spill
+
+    with forbid_spill(memory=mem) as cap:
+        room = cap.watch.read("fit")["cap_bytes"] if cap.watch is not None else mem.room()
+        guard = _Guard(room, max_over if mem.on_cuda else 1.0, estimate)
+        result = FitResult(rows, length, mem.device, "too_large", room, max_over=max_over,
+                           estimate_bytes=estimate(rows, length) if estimate is not None else None)
+        if guard.allows(rows, length):
+            if not mem.on_cuda and rows > 1:
+                result.rungs.extend(guard.scout(step, mem, rows, length))
+            if guard.allows(rows, length):
+                rung = _run(result, step, mem, rows, length, repeats, "fit")
+                result.peak_bytes, result.reserved_bytes, result.retries = rung.peak_bytes, rung.reserved_bytes, rung.retries
+                result.verdict = rung.verdict
+                if rung.verdict == "fits" and not mem.on_cuda and (rung.peak_bytes or 0) > room:
+                    result.verdict = "over"
+            else:
+                result.verdict = "over"
+                result.peak_bytes = int(guard.predicted(rows, length) or 0)
+        if not result.fits and suggest:
+            _suggest(result, step, mem, guard, repeats)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+@dataclass
+class _Guard:
+    """Which shapes may run: the estimate within ``factor`` x the room, and off CUDA the line
+    from the scout, ``base + per_row x rows x length / scout_length``, within it (linear in
+    the length: above the truth for shorter lengths when attention grows faster)."""
+
+    room: int
+    factor: float
+    estimate: Callable[[int, int], int | None] | None
+    line: tuple[int, float, int] | None = None
+
+    def predicted(self, rows: int, length: int) -> float | None:
+        if self.line is None:
+            return None
+        base, per_row, at = self.line
+        return base + per_row * rows * length / at
+
+    def allows(self, rows: int, length: int) -> bool:
+        est = self.estimate(rows, length) if self.estimate is not None else None
+        if est is not None and est > self.room * self.factor:
+            return False
+        pred = self.predicted(rows, length)
+        return pred is None or pred <= self.room
+
+    def scout(self, step: Any, mem: DeviceMemory, rows: int, length: int) -> list[Rung]:
+        """Off CUDA: one row (and two, when the shape has more) at ``length``; the line through
+        the two peaks (through the resident set before and the one peak when there is one)."""
+        base = mem.reserved()
+        one, _ = probe(step, mem, 1, length, 1, "scout", False)
+        rungs = [one]
+        if one.verdict != "fits":
+            self.line = (base, float(self.room), length)
+            return rungs
+        p1 = float(one.peak_bytes or base)
+        if rows > 2:
+            two, _ = probe(step, mem, 2, length, 1, "scout", False)
+            rungs.append(two)
+            if two.verdict == "fits":
+                per_row = max(0.0, float(two.peak_bytes or p1) - p1)
+                self.line = (int(p1 - per_row), per_row, length)
+                return rungs
+        self.line = (base, max(0.0, p1 - base), length)
+        return rungs
+
+
+def _run(result: FitResult, step: Any, mem: DeviceMemory, rows: int, length: int, repeats: int, phase: str) -> Rung:
+    rung, _ = probe(step, mem, rows, length, repeats, phase, True)
+    result.rungs.append(rung)
+    return rung
+
+
+def _suggest(result: FitResult, step: Any, mem: DeviceMemory, guard: _Guard, repeats: int) -> None:
+    """The most rows at the length and the longest length at the rows, each by bisection over
+    the candidates the guard allows, each candidate a real run of ``repeats`` steps."""
+    rows, length, room = result.rows, result.length, result.room_bytes or 0
+    result.suggested = True
+    peaks: dict[tuple[int, int], int | None] = {}
+
+    def passes(r: int, n: int, phase: str) -> bool:
+        rung = _run(result, step, mem, r, n, repeats, phase)
+        peaks[(r, n)] = rung.peak_bytes
+        return rung.verdict == "fits" and (mem.on_cuda or (rung.peak_bytes or 0) <= room)
+
+    if rows > 1:
+        cands = [r for r in range(1, rows) if guard.allows(r, length)]
+        best = largest_passing(cands, lambda r: passes(r, length, "rows"))[0] if cands else None
+        if best is not None:
+            result.add_alternative("rows", f"{_shape(best, length)} (measured {format_bytes(peaks[(best, length)])})",
+                                   True, rows=best, length=length, peak_bytes=peaks[(best, length)])
+        else:
+            result.add_alternative("rows", f"not even 1 row at {length} tokens", False, rows=0, length=length)
+    lens = [n for n in length_candidates(length) if guard.allows(rows, n)]
+    best_len = largest_passing(lens, lambda n: passes(rows, n, "length"))[0] if lens else None
+    if best_len is not None:
+        result.add_alternative("length", f"{_shape(rows, best_len)} (measured {format_bytes(peaks[(rows, best_len)])})",
+                               True, rows=rows, length=best_len, peak_bytes=peaks[(rows, best_len)])
+    else:
+        shortest = length_candidates(length)[:1] or [length]
+        result.add_alternative("length", f"not {rows} rows even at {shortest[0]} tokens", False, rows=rows,
+                               length=shortest[0])
+    gc.collect()
+    mem.empty_cache()
+
+
+# ---- the estimate that guards the card ---------------------------------------------------
+def estimate_step_bytes(model: Any, rows: int, length: int, *, optimizer_states: int = 2) -> int | None:
+    """A rough estimate of a training step's peak, used only to refuse absurd shapes unrun.
+
+    weights + gradients of the trained parameters + ``optimizer_states`` states per trained
+    parameter (Adam: 2), each at the parameter's size, + activations at 34 bytes per token per
+    hidden unit per layer in 16-bit (17 elements; Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", without the attention-score term
+    that fused attention does not store) + the logits at the model's width plus their float32
+    copy and its gradient (rows x length x vocab x (element + 8) bytes). None without a
+    config giving hidden_size, num_hidden_layers and vocab_size.
+    """
+    cfg = getattr(model, "config", None)
+    if cfg is not None and hasattr(cfg, "get_text_config"):
+        cfg = cfg.get_text_config()
+    hidden = getattr(cfg, "hidden_size", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    vocab = getattr(cfg, "vocab_size", None)
+    if not (hidden and layers and vocab):
+        return None
+    params = list(model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in params)
+    trained = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    floats = [p.element_size() for p in params if p.is_floating_point()]
+    elem = floats[0] if floats else 4
+    tokens = rows * length
+    activations = layers * 17 * elem * tokens * hidden
+    logits = tokens * vocab * (elem + 8)
+    return int(weights + trained * (1 + optimizer_states) + activations + logits)
+
+
+# ---- the rank the memory holds ------------------------------------------------------------
+@dataclass
+class RankFit:
+    """The largest LoRA rank whose real step fits at ``rows`` x ``length``, and every rank tried."""
+
+    rank: int | None
+    rows: int
+    length: int
+    device: str
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_values(self) -> dict[str, Value]:
+        if self.rank is None:
+            source = f"no LoRA rank tried fits a training step of {_shape(self.rows, self.length)} on {self.device}"
+        else:
+            source = (f"the largest LoRA rank whose real training step of {_shape(self.rows, self.length)} fits on "
+                      f"{self.device}, by bisection over the ranks tried")
+        return {"lora_rank": Value(self.rank, "measured", source, {"tried": self.tried}, self.seconds)}
+
+
+def rank_to_fit(
+    step_at_rank: Callable[[int], Any],
+    rows: int,
+    length: int,
+    *,
+    ranks: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
+    memory: DeviceMemory | None = None,
+    card_bytes: int | None = None,
+) -> RankFit:
+    """The largest rank in ``ranks`` whose real training step fits (``measure_fit`` verdict
+    ``fits``), by bisection (memory grows with the rank).
+
+    ``step_at_rank(r)`` builds the run's :class:`~leadline.memory.step.TrainingStep` at rank r
+    (the adapters and a fresh optimizer); when the object it returns has ``close()``, that is
+    called after the measurement (remove the adapters there).
+    """
+    if not ranks:
+        raise InputError("rank_to_fit needs at least one rank to try; pass ranks=(4, 8, 16, ...)")
+    t0 = time.perf_counter()
+    tried: list[dict[str, Any]] = []
+    device = "unknown"
+
+    def passes(r: int) -> bool:
+        nonlocal device
+        step = step_at_rank(r)
+        try:
+            mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+            device = mem.device
+            res = measure_fit(step, rows, length, memory=mem, suggest=False)
+        finally:
+            close = getattr(step, "close", None)
+            if callable(close):
+                close()
+            del step
+            gc.collect()
+        tried.append({"rank": r, "verdict": res.verdict, "peak_bytes": res.peak_bytes, "seconds": res.seconds})
+        mem.empty_cache()
+        return res.fits
+
+    best, _ = largest_passing(ranks, passes)
+    return RankFit(best, rows, length, device, tried, time.perf_counter() - t0)

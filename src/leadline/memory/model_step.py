@@ -1,0 +1,98 @@
+"""A causal LM's training step on synthetic token ids, for ``leadline fit`` and the benchmarks.
+
+The memory of a step depends on its shape, not on which tokens fill it, so the pre-flight
+fills ``rows`` x ``length`` with token ids drawn from a fixed generator and scores every
+token (labels = the ids), the most a causal-LM step of that shape can hold. A LoRA step puts
+adapters of rank r on every linear layer (PEFT's ``all-linear``), trained; a full fine-tune
+trains every weight.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.memory.step import TrainingStep
+
+
+def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
+    """``loss_of(rows, length)``: the model's causal-LM loss on ``rows`` x ``length`` token ids
+    drawn from a generator seeded with ``seed`` (the same ids at every call of a shape)."""
+    import torch
+
+    vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
+    if vocab < 2:
+        raise InputError("the model's config has no vocab_size; pass a causal LM from transformers")
+    device = next(model.parameters()).device
+
+    def loss_of(rows: int, length: int) -> Any:
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (rows, length), generator=g).to(device)
+        return model(input_ids=ids, labels=ids, use_cache=False).loss
+
+    return loss_of
+
+
+class ModelStep(TrainingStep):
+    """A :class:`TrainingStep` over a causal LM's trained parameters on synthetic ids, with
+    AdamW (the usual optimizer; its two states per parameter are in the peak). ``close()``
+    removes LoRA adapters this step added (used by :func:`~leadline.memory.fit.rank_to_fit`)."""
+
+    def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0, on_close: Callable[[], Any] | None = None) -> None:
+        import torch
+
+        trained = [p for p in model.parameters() if p.requires_grad]
+        if not trained:
+            raise InputError("the model has no trained parameters (requires_grad); pass --full or a LoRA rank")
+        model.train()
+        super().__init__(synthetic_loss_of(model, seed), torch.optim.AdamW(trained, lr=lr))
+        self.model = model
+        self._on_close = on_close
+
+    def close(self) -> Any:
+        out = self._on_close() if self._on_close is not None else self.model
+        self._on_close = None
+        return out
+
+
+def add_lora(model: Any, rank: int) -> Any:
+    """The model with LoRA adapters of rank ``rank`` on every linear layer (PEFT ``all-linear``),
+    the base frozen. ``remove_lora`` gives the base model back."""
+    if rank < 1:
+        raise InputError(f"the LoRA rank must be >= 1, got {rank}")
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise InputError("a LoRA step needs peft; pip install 'leadline[hf]'") from None
+    for p in model.parameters():
+        p.requires_grad_(False)
+    cfg = LoraConfig(r=int(rank), lora_alpha=2 * int(rank), lora_dropout=0.0, target_modules="all-linear",
+                     task_type="CAUSAL_LM")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers 5 renames gradient checkpointing
+        return get_peft_model(model, cfg)
+
+
+def remove_lora(peft_model: Any) -> Any:
+    """The base model with the adapters removed (not merged)."""
+    return peft_model.unload()
+
+
+def full_finetune(model: Any) -> Any:
+    """Every weight trained."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+    return model
+
+
+def lora_step_factory(base: Any, **step_kw: Any) -> Callable[[int], ModelStep]:
+    """``step_at_rank(r)`` for :func:`~leadline.memory.fit.rank_to_fit`: adapters of rank r on
+    ``base`` and a fresh optimizer; the step's ``close()`` removes the adapters."""
+
+    def step_at_rank(rank: int) -> ModelStep:
+        peft_model = add_lora(base, rank)
+        return ModelStep(peft_model, on_close=lambda: remove_lora(peft_model), **step_kw)
+
+    return step_at_rank

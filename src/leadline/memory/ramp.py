@@ -1,0 +1,333 @@
+"""The ramp: the micro-batch a training run fits, found with real training steps.
+
+The driver feeds :mod:`leadline.memory.decide` with measurements and nothing else. On CUDA it
+runs under the spill cap (it sets one if nothing has, and lifts what it set): each search rung
+is one real step from an emptied cache; the candidate is confirmed by ``repeats`` (>= 2) steps
+in a row without emptying the cache, then the corpus's length mix, then the full length
+again; the watch re-reads the card after every rung, so memory that grew outside the allocator
+(the CUDA context loading kernels, other processes) lowers the cap the later rungs meet. An
+OOM is a measurement: a rung with verdict ``oom``, never an exception out of the ramp. Off
+CUDA the rows where rows per second stop improving, within the RAM room.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from leadline.errors import InputError, LeadlineError
+from leadline.memory.decide import RampSearch, ThroughputSearch, confirmation_lengths, verdict_of
+from leadline.memory.readings import DeviceMemory, format_bytes, is_oom, memory_for
+from leadline.plan import Value
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One measured step of the ramp (or of the fit pre-flight). Bytes and seconds.
+
+    ``peak_bytes`` is the allocator's peak allocated bytes during the call (the host's
+    resident high-water mark off CUDA), ``reserved_bytes`` its peak reserved, ``retries`` how
+    often it emptied its cache and retried, ``verdict`` fits/squeezed/oom. ``phase``: search,
+    confirm, mix, fit, rows, length.
+    """
+
+    rows: int
+    length: int
+    peak_bytes: int | None
+    reserved_bytes: int | None
+    retries: int
+    verdict: str
+    seconds: float
+    phase: str = "search"
+    repeats: int = 1
+    t_micro_seconds: float | None = None
+    t_step_seconds: float | None = None
+    rows_per_second: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WontFit(LeadlineError):
+    """Not even the smallest shape fits: one sentence, with the measurement in ``.result``."""
+
+    def __init__(self, sentence: str, result: Any = None) -> None:
+        super().__init__(sentence)
+        self.result = result
+
+
+def probe(step: Any, memory: DeviceMemory, rows: int, length: int, repeats: int = 1,
+          phase: str = "search", empty_cache_first: bool = True) -> tuple[Rung, Any]:
+    """Run ``step(rows, length, repeats)`` once, reading the peak and the allocator's retries
+    around it. An OOM is caught and returned as a rung with verdict ``oom``; other errors rise.
+    Returns the rung and the step's timing (None after an OOM)."""
+    if empty_cache_first:
+        memory.empty_cache()
+    memory.synchronize()
+    memory.reset_peak()
+    retries0 = memory.alloc_retries()
+    allocated0 = memory.allocated()
+    t0 = time.perf_counter()
+    timing = None
+    oom = False
+    try:
+        timing = step(rows, length, repeats)
+    except Exception as e:  # the allocator's refusal is a measurement; anything else is not
+        if not is_oom(e):
+            raise
+        oom = True
+    seconds = time.perf_counter() - t0
+    peak, reserved = memory.peak_allocated(), memory.peak_reserved()
+    retries = memory.alloc_retries() - retries0
+    if oom:
+        if memory.allocated() > allocated0:  # the refused step's frames still hold tensors in cycles
+            gc.collect()
+        memory.empty_cache()
+    t_micro = getattr(timing, "t_micro_seconds", None)
+    t_step = getattr(timing, "t_step_seconds", None)
+    rps = rows / t_micro if t_micro else None
+    rung = Rung(rows, length, peak, reserved, retries, verdict_of(oom, retries), seconds, phase,
+                repeats, t_micro, t_step, rps)
+    return rung, timing
+
+
+@dataclass
+class RampResult:
+    """What the ramp kept and every rung it ran.
+
+    Attributes:
+        micro_batch: the rows kept (the plan's micro-batch before the target step cuts it).
+        length: the length every search rung ran at (the run's longest).
+        t_micro_seconds, t_step_seconds: medians of synchronized repeats at the kept shape.
+        rungs: every step, in order (search, confirm, mix).
+        rule: ``allocator`` (CUDA) or ``throughput`` (off CUDA).
+        budget_bytes: the least room (free + held, under any earlier cap) the ramp met on CUDA;
+            the RAM room off CUDA.
+        start_room_bytes, outside_growth_bytes: the room at the start, and how much it shrank
+            while the ramp ran (memory outside the allocator: the CUDA context, other programs).
+        cap_moves: the watch's cap moves during the ramp.
+    """
+
+    micro_batch: int
+    length: int
+    t_micro_seconds: float | None
+    t_step_seconds: float | None
+    rungs: list[Rung]
+    device: str
+    rule: str
+    stopped_because: str
+    budget_bytes: int | None = None
+    start_room_bytes: int | None = None
+    outside_growth_bytes: int = 0
+    cap_moves: list[dict[str, Any]] = field(default_factory=list)
+    max_rows: int | None = None
+    lengths_mix: list[int] = field(default_factory=list)
+    micro_seconds: list[float] = field(default_factory=list)
+    step_seconds: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def evidence(self) -> dict[str, Any]:
+        """The ``ramp`` plot's evidence (docs/evidence.md) plus what the rule needs to be read."""
+        return {
+            "plot": "ramp", "budget_bytes": self.budget_bytes, "rungs": [r.as_dict() for r in self.rungs],
+            "rule": self.rule, "device": self.device, "length": self.length, "max_rows": self.max_rows,
+            "stopped_because": self.stopped_because, "start_room_bytes": self.start_room_bytes,
+            "outside_growth_bytes": self.outside_growth_bytes, "cap_moves": self.cap_moves,
+            "lengths_mix": self.lengths_mix,
+        }
+
+    def source(self) -> str:
+        if self.rule == "throughput":
+            return (f"measured on the {self.device}: {self.micro_batch} rows at {self.length} tokens, where rows per "
+                    f"second stopped improving ({self.stopped_because})")
+        mix = " and through the length mix" if self.lengths_mix else ""
+        return (f"measured on {self.device}: the most rows at {self.length} tokens whose real training step ran "
+                f"without an allocator retry, twice in a row{mix}, under a cap of "
+                f"{format_bytes(self.budget_bytes)} ({self.stopped_because})")
+
+    def as_values(self) -> dict[str, Value]:
+        """``micro_batch``, ``t_micro_seconds``, ``t_step_seconds`` for the plan."""
+        shape = f"{self.micro_batch} rows x {self.length} tokens on {self.device}"
+        n = len(self.micro_seconds)
+        out = {"micro_batch": Value(self.micro_batch, "measured", self.source(), self.evidence(), self.seconds, "rows")}
+        if self.t_micro_seconds is not None:
+            out["t_micro_seconds"] = Value(self.t_micro_seconds, "measured",
+                                           f"median of {n} synchronized forward+backward passes of {shape}",
+                                           {"repeats_seconds": self.micro_seconds}, 0.0, "s")
+        if self.t_step_seconds is not None:
+            out["t_step_seconds"] = Value(self.t_step_seconds, "measured",
+                                          f"median of {n} synchronized optimizer updates after {shape}",
+                                          {"repeats_seconds": self.step_seconds}, 0.0, "s")
+        return out
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rungs"] = [r.as_dict() for r in self.rungs]
+        return d
+
+
+def ramp(
+    step: Any,
+    length: int,
+    *,
+    lengths: Sequence[int] | None = None,
+    max_rows: int | None = None,
+    start_rows: int = 1,
+    repeats: int = 3,
+    mix_steps: int = 8,
+    memory: DeviceMemory | None = None,
+    card_bytes: int | None = None,
+    min_gain: float = 0.05,
+    on_rung: Callable[[Rung], None] | None = None,
+) -> RampResult:
+    """The micro-batch a training run fits at ``length`` tokens, from real steps.
+
+    Args:
+        step: a :class:`~leadline.memory.step.TrainingStep` (any ``step(rows, length, repeats)``
+            with a ``device``).
+        length: the run's longest length; every search rung runs at it.
+        lengths: the corpus's own lengths, in its order; the kept batch runs through up to
+            ``mix_steps`` of them (spread evenly), then at ``length`` once more.
+        max_rows: the upper limit (the rows the target step needs): never ramp past it.
+        start_rows: the first rung.
+        repeats: steps in the kept batch's timed run (at least 2 on CUDA: twice in a row).
+        memory: the readings (default: the step's device); card_bytes: a smaller card.
+        min_gain: off CUDA, the rows-per-second gain a doubling must bring to go on.
+        on_rung: called with every rung as it is measured (progress).
+
+    Returns:
+        :class:`RampResult`. On CUDA: the most rows that fit (see :mod:`leadline.memory.decide`);
+        off CUDA: where rows per second stop improving, within the RAM room.
+
+    Raises:
+        WontFit: not even ``start_rows`` rows fit (the sentence names the peak and the room;
+            the result is attached).
+        InputError: a bad argument.
+    """
+    length = int(length)
+    if length < 1:
+        raise InputError(f"ramp needs length >= 1 tokens, got {length}")
+    if max_rows is not None and int(max_rows) < 1:
+        raise InputError(f"ramp's max_rows (the rows the target step needs) must be >= 1, got {max_rows}")
+    if repeats < 1:
+        raise InputError(f"ramp's repeats must be >= 1, got {repeats}")
+    mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+    if mem.on_cuda:
+        return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung)
+    return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung)
+
+
+def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: int | None, start_rows: int,
+               repeats: int, mix_steps: int, mem: DeviceMemory, on_rung: Callable[[Rung], None] | None) -> RampResult:
+    from leadline.memory.cap import forbid_spill
+
+    t0 = time.perf_counter()
+    rungs: list[Rung] = []
+    kept_timing: Any = None
+    search = RampSearch(max_rows=max_rows, start_rows=start_rows)
+    mix = confirmation_lengths(length, lengths, mix_steps)
+    cap = forbid_spill(memory=mem)
+    watch = cap.watch
+    assert watch is not None
+    first = watch.read("ramp start")
+    start_room, least_room = first["room_bytes"], first["cap_bytes"]
+
+    least_space = start_room
+
+    def run(rows: int, n: int, reps: int, phase: str, empty: bool) -> tuple[Rung, Any]:
+        nonlocal least_room, least_space
+        rung, timing = probe(step, mem, rows, n, reps, phase, empty)
+        reading = watch.read(f"after {rows} rows x {n} tokens")
+        least_room = min(least_room, reading["cap_bytes"])
+        least_space = min(least_space, reading["room_bytes"])
+        rungs.append(rung)
+        if on_rung is not None:
+            on_rung(rung)
+        return rung, timing
+
+    try:
+        while (move := search.next()) is not None:
+            kind, rows = move
+            if kind == "try":
+                search.record("try", rows, run(rows, length, 1, "search", True)[0].verdict == "fits")
+                continue
+            mem.empty_cache()  # once, then never between the confirmation's steps
+            rung, timing = run(rows, length, repeats, "confirm", False)
+            ok = rung.verdict == "fits"
+            for n in mix if ok else []:
+                if run(rows, n, 1, "mix", False)[0].verdict != "fits":
+                    ok = False
+                    break
+            search.record("confirm", rows, ok)
+            if ok:
+                kept_timing = timing
+    finally:
+        report = cap.lift() if cap.owner else cap.watch.report()  # type: ignore[union-attr]
+    moves = [m for m in report.cap_moves if m["t"] >= first["t"]]
+    result = RampResult(
+        micro_batch=search.kept or 0, length=length,
+        t_micro_seconds=getattr(kept_timing, "t_micro_seconds", None),
+        t_step_seconds=getattr(kept_timing, "t_step_seconds", None),
+        rungs=rungs, device=mem.device, rule="allocator", stopped_because=search.stopped_because,
+        budget_bytes=least_room, start_room_bytes=start_room,
+        outside_growth_bytes=max(0, start_room - least_space),
+        cap_moves=moves, max_rows=max_rows, lengths_mix=mix[:-1],
+        micro_seconds=list(getattr(kept_timing, "micro_seconds", [])),
+        step_seconds=list(getattr(kept_timing, "step_seconds", [])),
+        seconds=time.perf_counter() - t0,
+    )
+    if result.micro_batch == 0:
+        raise WontFit(_nothing_fits(result), result)
+    return result
+
+
+def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: DeviceMemory, min_gain: float,
+               on_rung: Callable[[Rung], None] | None) -> RampResult:
+    t0 = time.perf_counter()
+    warm, _ = probe(step, mem, 1, length, 1, "warmup", False)  # lazy initialisation, not timed
+    rungs: list[Rung] = [warm]
+    if warm.verdict != "fits":
+        raise WontFit(f"not even 1 row at {length} tokens runs on {mem.device}: the allocator refused it", None)
+    room = mem.room()
+    search = ThroughputSearch(room_bytes=room, max_rows=max_rows, min_gain=min_gain, baseline_bytes=mem.reserved())
+    timings: dict[int, Any] = {}
+    while (rows := search.next()) is not None:
+        rung, timing = probe(step, mem, rows, length, repeats, "search", False)
+        rungs.append(rung)
+        if on_rung is not None:
+            on_rung(rung)
+        if rung.verdict != "fits" or not rung.rows_per_second:
+            search.kept = max((r.rows for r in rungs if r.verdict == "fits" and r.phase == "search"), default=0)
+            search.stopped_because = f"{rows} rows ran out of host memory"
+            break
+        timings[rows] = timing
+        search.record(rows, rung.rows_per_second, rung.peak_bytes or 0)
+    kept = search.kept or 0
+    timing = timings.get(kept)
+    result = RampResult(
+        micro_batch=kept, length=length,
+        t_micro_seconds=getattr(timing, "t_micro_seconds", None),
+        t_step_seconds=getattr(timing, "t_step_seconds", None),
+        rungs=rungs, device=mem.device, rule="throughput",
+        stopped_because=search.stopped_because,
+        budget_bytes=room, start_room_bytes=room, max_rows=max_rows,
+        micro_seconds=list(getattr(timing, "micro_seconds", [])),
+        step_seconds=list(getattr(timing, "step_seconds", [])),
+        seconds=time.perf_counter() - t0,
+    )
+    if kept == 0:
+        raise WontFit(_nothing_fits(result), result)
+    return result
+
+
+def _nothing_fits(result: RampResult) -> str:
+    first = result.rungs[0] if result.rungs else None
+    peak = f"peaked at {format_bytes(first.peak_bytes)} and " if first and first.peak_bytes else ""
+    rows = first.rows if first else 1
+    return (f"not even {rows} row{'s' if rows != 1 else ''} at {result.length} tokens fits on {result.device}: "
+            f"the step {peak}met {first.verdict if first else 'no room'} against "
+            f"{format_bytes(result.budget_bytes)} of room; shorten the length, turn on gradient checkpointing "
+            f"or lower the LoRA rank")

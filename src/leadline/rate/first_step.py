@@ -1,0 +1,214 @@
+"""The first safe step (alpha1): a line search along Adam's own first update.
+
+Adam's first update, with bias correction, is u = m1/(sqrt(v1) + eps) = g/(|g| + eps) per entry
+(Kingma & Ba 2015, Algorithm 1 at t = 1) — a sign-like step of size lr whatever the gradient's
+scale — plus, for AdamW, the decoupled decay lr * wd * W (Loshchilov & Hutter 2019). It is
+linear in lr, so the optimizer's own first step at lr = 1 from an empty state gives the
+direction exactly: u = W0 - W1. The walk sets W = W0 - lr * u for a geometric ladder of lr,
+reads the mean held-out loss, and stops where it stops falling; a golden-section search in
+log(lr) inside that bracket (Kiefer 1953) refines it. alpha1 is the step with the lowest
+held-out loss along the line. The weights are restored bit-exactly.
+
+The search logic (:func:`walk`, :func:`golden_section_log`) is pure and tested on known curves.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Value
+
+INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0  # 0.618...
+
+
+# ---- the pure search -------------------------------------------------------------------
+@dataclass
+class Walk:
+    """The geometric walk: every (lr, loss) read, and the bracket around the fall's end."""
+
+    points: list[tuple[float, float]] = field(default_factory=list)
+    bracket: tuple[float, float, float] | None = None
+    """(lo, mid, hi) with loss(mid) below both sides' — None when the loss never turned up."""
+    fell: bool = False
+    """Some step lowered the loss below the base."""
+
+
+def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0) -> Walk:
+    """Walk lr = start * factor^k upward until the loss, having fallen below ``base``, rises.
+
+    A non-finite loss counts as +inf (a rise). Returns the points and the bracket
+    (previous, lowest, first rise); the first point's lower side is ``start / factor``.
+    """
+    if not (0 < start < max_lr) or factor <= 1.0:
+        raise InputError(f"the walk needs 0 < start < max_lr and factor > 1, got start={start}, max_lr={max_lr}, factor={factor}")
+    w = Walk()
+    lr = start
+    while lr <= max_lr * (1 + 1e-12):
+        loss = f(lr)
+        loss = loss if math.isfinite(loss) else math.inf
+        w.points.append((lr, loss))
+        if len(w.points) >= 2:
+            (lr_prev, loss_prev) = w.points[-2]
+            if loss > loss_prev and loss_prev < base:
+                lo = w.points[-3][0] if len(w.points) >= 3 else lr_prev / factor
+                w.bracket = (lo, lr_prev, lr)
+                w.fell = True
+                return w
+        if loss < base:
+            w.fell = True
+        lr *= factor
+    return w
+
+
+def golden_section_log(f: Callable[[float], float], lo: float, hi: float, *, rel_tol: float = 0.05,
+                       max_evals: int = 30) -> list[tuple[float, float]]:
+    """Golden-section search for the minimum of ``f`` on [lo, hi] in log(lr).
+
+    Stops when hi/lo < 1 + ``rel_tol``. Returns every (lr, loss) evaluated; the caller takes
+    the lowest (together with the walk's points).
+    """
+    if not 0 < lo < hi:
+        raise InputError(f"golden_section_log needs 0 < lo < hi, got {lo}, {hi}")
+    a, b = math.log(lo), math.log(hi)
+    tol = math.log1p(rel_tol)
+    c, d = b - INV_PHI * (b - a), a + INV_PHI * (b - a)
+    seen: list[tuple[float, float]] = []
+
+    def ev(u: float) -> float:
+        y = f(math.exp(u))
+        y = y if math.isfinite(y) else math.inf
+        seen.append((math.exp(u), y))
+        return y
+
+    fc, fd = ev(c), ev(d)
+    while b - a > tol and len(seen) < max_evals:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - INV_PHI * (b - a)
+            fc = ev(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + INV_PHI * (b - a)
+            fd = ev(d)
+    return seen
+
+
+# ---- the result --------------------------------------------------------------------------
+@dataclass
+class FirstStep:
+    """The first safe step and the walk that found it.
+
+    Attributes:
+        alpha1: the step with the lowest held-out loss along Adam's first update; None when no
+            step lowered the loss (``found`` is False).
+        base_loss: the mean held-out loss before the step.
+        loss: the mean held-out loss at alpha1.
+        walk: every (lr, loss) read, walk and refinement, in order.
+        versus_base: the paired test of the loss at alpha1 against the base (same rows).
+        stopped_because: why the walk ended.
+    """
+
+    alpha1: float | None
+    found: bool
+    base_loss: float
+    loss: float
+    walk: list[dict[str, float]]
+    held_out_rows: int
+    versus_base: dict[str, Any]
+    stopped_because: str
+    seconds: float
+
+    def evidence(self) -> dict[str, Any]:
+        return {"plot": "first_step", "walk": self.walk, "base_loss": self.base_loss, "alpha1": self.alpha1,
+                "loss": self.loss, "held_out_rows": self.held_out_rows, "versus_base": self.versus_base,
+                "stopped_because": self.stopped_because}
+
+    def as_values(self) -> dict[str, Value]:
+        """``alpha1`` (measured), with the walk as its evidence."""
+        if not self.found:
+            src = f"not found: the held-out loss on {self.held_out_rows} rows did not fall along Adam's first update ({self.stopped_because})"
+        else:
+            src = (f"the step along Adam's first update where the held-out loss on {self.held_out_rows} rows stops falling "
+                   f"({self.base_loss:.4g} -> {self.loss:.4g}; {self.stopped_because})")
+        return {"alpha1": Value(self.alpha1, "measured", src, evidence=self.evidence(), seconds=self.seconds, unit="per step")}
+
+
+# ---- the driver (torch) ------------------------------------------------------------------
+def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
+                       held_out_losses_per_row: Callable[[], Sequence[float]], *, step: int = 0,
+                       start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0, rel_tol: float = 0.05,
+                       place: str = "auto") -> FirstStep:
+    """Measure alpha1: walk the trained tensors along the optimizer's own first update.
+
+    Args:
+        params: the trained tensors.
+        opt: the optimizer over them (Adam/AdamW; any optimizer whose first step from an empty
+            state is linear in lr). Its state is cleared for the measurement and restored.
+        train_step: ``train_step(step)`` runs the forward+backward of one optimizer step's
+            micro-batches (the gradient the first update is taken from).
+        held_out_losses_per_row: per-row losses on fixed held-out rows.
+        step: which step's rows give the gradient.
+        start, factor, max_lr: the ladder lr = start * factor^k, up to max_lr.
+        rel_tol: the refinement stops when the bracket is narrower than this ratio.
+        place: where the copies live (``"auto"``: on the card when there is room).
+
+    Returns:
+        :class:`FirstStep`. Weights, optimizer state, learning rates, gradients and RNG states
+        are bit-identical afterwards, also when ``train_step`` or the reader raises.
+    """
+    import torch
+
+    from leadline.rate._state import check_params, finite, no_trace, read_held_out
+
+    t0 = time.perf_counter()
+    params = check_params(params, opt)
+    with no_trace(params, opt, place=place) as origin, torch.no_grad():
+        base_rows = read_held_out(held_out_losses_per_row)
+        if not finite(base_rows):
+            raise InputError("held_out_losses_per_row() returned a non-finite loss before any step; check the held-out rows and the model")
+        base = math.fsum(base_rows) / len(base_rows)
+        opt.state.clear()
+        for g in opt.param_groups:
+            g["lr"] = 1.0
+        opt.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            train_step(step)
+        opt.step()
+        direction = [torch.sub(w0.to(p.device), p).to(w0.device) for w0, p in zip(origin.params, params)]
+        opt.state.clear()
+        opt.zero_grad(set_to_none=True)
+        rows_at: dict[float, list[float]] = {}
+
+        def loss_at(lr: float) -> float:
+            for p, w0, u in zip(params, origin.params, direction):
+                p.copy_(torch.add(w0.to(p.device), u.to(p.device), alpha=-lr))
+            rows = read_held_out(held_out_losses_per_row, len(base_rows))
+            rows_at[lr] = rows
+            return math.fsum(rows) / len(rows) if finite(rows) else math.inf
+
+        w = walk(loss_at, base, start=start, factor=factor, max_lr=max_lr)
+        points = list(w.points)
+        if w.bracket is not None:
+            points += golden_section_log(loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol)
+            why = f"bracketed x{factor:g} at {w.bracket[1]:.3g}, refined by golden section to {rel_tol:.0%}"
+        elif w.fell:
+            why = f"the loss still fell at max_lr = {max_lr:g}: alpha1 is the largest step walked"
+        else:
+            why = f"no step from {start:g} to {max_lr:g} lowered the held-out loss"
+    best_lr, best_loss = min(points, key=lambda p: (p[1], p[0]))
+    found = w.fell and best_loss < base
+    versus: dict[str, Any] = {}
+    if found:
+        from leadline import stats
+
+        versus = stats.paired_difference(rows_at[best_lr], base_rows).as_dict()
+    return FirstStep(
+        alpha1=best_lr if found else None, found=found, base_loss=base, loss=best_loss if found else base,
+        walk=[{"lr": lr, "loss": loss} for lr, loss in points], held_out_rows=len(base_rows),
+        versus_base=versus, stopped_because=why, seconds=time.perf_counter() - t0,
+    )

@@ -1,0 +1,296 @@
+"""The rate by running ahead: the real optimizer, the same weights, the same rows.
+
+Candidates lr_j = alpha1 * 2^j (j over ``grid``) each run n steps from the same weights with
+the caller's optimizer and ``train_step`` — warmup from alpha1 over w = 1/(1 - beta1) steps,
+then constant — and are read on the held-out rows. n doubles (w, 2w, 4w, ... up to the run's
+length T: a reading inside the warmup is of the warmup, not of the rate) and every candidate is
+**continued** from its own snapshot, not restarted. At each horizon:
+
+1. a candidate whose held-out loss is non-finite is out (diverged); one whose loss rose
+   significantly since its previous reading (a spike) is out with every higher rate (unstable);
+2. every other candidate is compared with the best on the same rows (paired t,
+   :func:`leadline.stats.sequential_bar` for look k of the planned horizons); the
+   significantly worse are dropped, except the ``keep_above`` rates just above the best and
+   the ``keep_below`` just below it (and every rate below it during the warmup, when a low
+   rate has not reached itself yet). Those above are out for good; one below may come back,
+   since a longer horizon favours a lower rate (seed: the best constant rate fell 4x from 20
+   to 200 steps) and a slow start is no verdict;
+3. when the best sits at the edge of the running rates, the next rate beyond it joins (from
+   the origin, caught up to the horizon; a dropped lower rate is restarted), as far as
+   ``max_extend`` grid points past the grid.
+
+At each horizon the best rate is estimated between grid points — the vertex of a parabola
+through the best and its neighbours in log2(lr), clamped to half a grid step — and the trend
+of that estimate against the horizon, s in lr ~ n^s, is fitted over the last ``settle``
+horizons past the warmup. It stops when |s| <= ``settle_slope``, every estimate in the fit
+was refined and the last horizon is at least ``min_horizon`` steps (settled), at the run's length, or when the next horizon would pass the step budget
+(``budget_fraction`` x T optimizer steps over all candidates; where the budget does not cover
+every rate, the best and its two neighbours go on alone). The answer is the last
+estimate carried to the run's length, lr * (T/n)^s, bounded to 8x either way, and never above
+a rate found unstable or diverged.
+
+Why the minimum horizon: at step 0 every row agrees on the answer's format (the end token),
+and a short horizon rewards the rate that learns the format fastest — seed E8 (LoRA's best at
+2 and 4 steps was twice the winner) and the E11 collapse. ``min_horizon`` defaults to
+max(16, T/8) steps, so the answer is read past the format.
+
+References: the seed's E5/E8 (the look-ahead against a six-rate sweep); Li et al. 2018
+(Hyperband) for continued candidates; Lan & DeMets 1983 for the sequential bar.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Value
+from leadline.rate.compare import carry_trend, compare, parabola_log2, prune, trend_slope
+from leadline.rate.first_step import FirstStep
+from leadline.rate.warmup import warmup_lr, warmup_steps_for, warmup_values
+
+DEFAULT_GRID = (-1, 0, 1, 2, 3)
+
+
+@dataclass
+class Lookahead:
+    """The look-ahead's answer and everything it read.
+
+    Attributes:
+        lr: the rate (``effort="quick"``: alpha1).
+        rates: the grid tried (quick: the grid for :func:`race`).
+        horizon_steps: the last horizon read — the schedule's check interval h.
+        horizons: per horizon, every candidate's mean held-out loss, SE, status and test.
+        stopped_because: settled / trend / run length / budget / quick / unsettled.
+    """
+
+    lr: float
+    alpha1: float
+    rates: list[float]
+    effort: str
+    horizon_steps: int
+    steps_used: int
+    budget_steps: int
+    total_steps: int
+    warmup_steps: int
+    beta1: float
+    stopped_because: str
+    held_out_rows: int = 0
+    horizons: list[dict[str, Any]] = field(default_factory=list)
+    trend_slope: float | None = None
+    snapshots: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def evidence(self) -> dict[str, Any]:
+        return {"plot": "lookahead", "horizons": self.horizons, "chosen_lr": self.lr, "alpha1": self.alpha1,
+                "rates": self.rates, "steps_used": self.steps_used, "budget_steps": self.budget_steps,
+                "total_steps": self.total_steps, "stopped_because": self.stopped_because,
+                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots}
+
+    def as_values(self) -> dict[str, Value]:
+        """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
+        out: dict[str, Value] = {}
+        if self.effort == "quick":
+            out["lr"] = Value(self.lr, "derived", f"alpha1 (quick effort: no look-ahead run); race() picks among {len(self.rates)} rates alpha1 x 2^j inside the run", evidence=self.evidence(), unit="per step")
+            out["race_rates"] = Value(self.rates, "derived", "alpha1 x 2^j for the race inside the run (quick effort)")
+        else:
+            out["lr"] = Value(
+                self.lr, "measured",
+                f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to {self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a {self.budget_steps}-step budget)",
+                evidence=self.evidence(), seconds=self.seconds, unit="per step")
+            out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured", f"the horizon the look-ahead's answer was read at ({self.stopped_because}); LookaheadSchedule checks every this many steps", unit="steps")
+        out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1))
+        return out
+
+
+def _alpha1(alpha1: float | FirstStep) -> float:
+    if isinstance(alpha1, FirstStep):
+        if alpha1.alpha1 is None:
+            raise InputError("the first-step walk found no safe step (alpha1 is None); pass a rate by hand or the anchor (leadline.rate.anchor_rate)")
+        alpha1 = alpha1.alpha1
+    if not (isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0):
+        raise InputError(f"alpha1 must be a positive number (measure_first_step().alpha1), got {alpha1!r}")
+    return float(alpha1)
+
+
+def beta1_of(opt: Any) -> float:
+    betas = opt.defaults.get("betas") if hasattr(opt, "defaults") else None
+    return float(betas[0]) if betas else 0.9
+
+
+def horizon_ladder(first: int, total_steps: int) -> list[int]:
+    """first, 2 first, 4 first, ... below T, then T."""
+    out, n = [], max(1, first)
+    while n < total_steps:
+        out.append(n)
+        n *= 2
+    return [*out, total_steps]
+
+
+def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
+                 held_out_losses_per_row: Callable[[], Sequence[float]], alpha1: float | FirstStep, *,
+                 total_steps: int, effort: str = "full", grid: Sequence[int] = DEFAULT_GRID,
+                 first_horizon: int | None = None, settle: int = 3, settle_slope: float = 0.25,
+                 min_horizon: int | None = None,
+                 budget_fraction: float = 2.0, alpha: float = 0.05, warmup_steps: int | None = None,
+                 max_extend: int = 3, keep_below: int = 2, keep_above: int = 1, place: str = "auto",
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> Lookahead:
+    """Measure the rate by running the real optimizer ahead (see the module docstring).
+
+    Args:
+        params, opt, train_step, held_out_losses_per_row: as in :mod:`leadline.rate._state`.
+        alpha1: the first safe step (a float or :class:`FirstStep`).
+        total_steps: the run's length T in optimizer steps.
+        effort: ``"full"`` runs the look-ahead; ``"quick"`` runs nothing and returns alpha1 and
+            the grid for :func:`race`.
+        grid: the exponents j of alpha1 x 2^j.
+        first_horizon: the first n (default: the warmup's length, so every reading is of the
+            rate itself); n doubles up to T.
+        settle: how many horizons the trend of the best rate is fitted over.
+        settle_slope: settled when |s| in best rate ~ n^s is at most this.
+        min_horizon: the shortest horizon a settled answer may end on (default max(16, T/8)).
+        budget_fraction: the step budget, as a fraction of T, over all candidates.
+        alpha: the error rate of the sequential tests.
+        warmup_steps: default round(1/(1 - beta1)) with the optimizer's beta1.
+        max_extend: how many grid points the edges may grow by.
+        keep_below: how many grid points below the best stay in even when significantly worse
+            (a short horizon undersells a low rate; rates above the best that are significantly
+            worse are out for good).
+        keep_above: likewise above the best (so the estimate has both neighbours).
+        place: where the snapshots live (``"auto"``: on the card when there is room).
+        on_progress: called with each horizon's evidence.
+
+    Returns:
+        :class:`Lookahead`. Weights, optimizer state, rates, gradients and RNG states are
+        bit-identical afterwards, also when ``train_step`` or the reader raises.
+    """
+    t0 = time.perf_counter()
+    a1 = _alpha1(alpha1)
+    if not isinstance(total_steps, int) or total_steps < 1:
+        raise InputError(f"total_steps must be the run's length in optimizer steps (>= 1), got {total_steps!r}")
+    if effort not in ("quick", "full"):
+        raise InputError(f"effort must be 'quick' or 'full', got {effort!r}")
+    if not grid:
+        raise InputError("grid is empty; pass the exponents j of alpha1 x 2^j, e.g. (-1, 0, 1, 2, 3)")
+    beta1 = beta1_of(opt)
+    w = warmup_steps_for(beta1) if warmup_steps is None else int(warmup_steps)
+    rates = sorted(a1 * 2.0**j for j in set(grid))
+    budget = math.ceil(budget_fraction * total_steps)
+    if effort == "quick":
+        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0)
+
+    from leadline.rate._run import Candidate
+    from leadline.rate._state import check_params, group_ratios, no_trace, read_held_out
+
+    params = check_params(params, opt)
+    first = w if first_horizon is None else int(first_horizon)
+    short = len(set(grid)) * min(first, total_steps) > budget
+    if short:  # a run too short for the budget to cover the warmup at every rate: start sooner
+        first = max(1, budget // len(set(grid)))
+    horizons = horizon_ladder(first, total_steps)
+    min_h = min(total_steps, max(16, math.ceil(total_steps / 8))) if min_horizon is None else min(total_steps, int(min_horizon))
+    lo_j, hi_j = min(grid) - max_extend, max(grid) + max_extend
+
+    def make(j: int) -> Candidate:
+        r = a1 * 2.0**j
+        return Candidate(r, lambda t, r=r: warmup_lr(t, r, a1, w), key=j)
+
+    cands: dict[int, Candidate] = {j: make(j) for j in sorted(set(grid))}
+    evidence: list[dict[str, Any]] = []
+    estimates: list[float] = []
+    read_at: list[int] = []
+    sharp: list[bool] = []
+    last_read, last_estimate, last_best = 0, a1, 0
+    used, stopped, snaps, slope = 0, "unsettled", {}, None
+    with no_trace(params, opt, place=place) as origin:
+        ratios = group_ratios(opt)
+        base = read_held_out(held_out_losses_per_row)
+        rows = len(base)
+        for look, n in enumerate(horizons, 1):
+            alive = [c for c in cands.values() if c.status == "running"]
+            cost = sum(n - c.done for c in alive)
+            if used + cost > budget and evidence:  # narrow to the best and its neighbours
+                keep = [c for c in alive if abs(c.key - last_best) <= 1]
+                if used + sum(n - c.done for c in keep) <= budget:
+                    for c in alive:
+                        if c not in keep:
+                            c.stop("out of budget")
+                    alive, cost = keep, sum(n - c.done for c in keep)
+            if used + cost > budget:
+                stopped = f"budget: horizon {n} needed {cost} more steps, {budget - used} left"
+                break
+            for c in alive:
+                c.readings.setdefault(0, base)
+                prev = max(k for k in c.readings if k < n)
+                used += n - c.done
+                c.advance(n, params, opt, train_step, held_out_losses_per_row, origin, ratios, rows, place)
+                if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look, max_looks=len(horizons)).worse:
+                    for other in cands.values():
+                        if other.lr >= c.lr and other.status == "running":
+                            other.stop("unstable")
+                if c.snapshot is not None:
+                    snaps = c.snapshot.evidence()
+            running = {j: c for j, c in cands.items() if c.status == "running" and n in c.readings}
+            if not running:
+                stopped = "every rate diverged or was unstable"
+                evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
+                break
+            best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look, max_looks=len(horizons))
+            for j, v in verdicts.items():
+                if v.worse and (j > best + keep_above or (j < best - keep_below and n >= w)):
+                    cands[j].stop("dropped")
+            est, refined = _estimate(cands, best, n, rows)
+            if n >= w:  # a horizon inside the warmup says little about the rate itself
+                estimates.append(est)
+                read_at.append(n)
+                sharp.append(refined)
+            slope = trend_slope(read_at, estimates, settle)
+            evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined, "trend_slope": slope, "candidates": [
+                c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j, c in sorted(cands.items()) if n in c.readings]})
+            last_read, last_estimate, last_best = n, est, best
+            if on_progress is not None:
+                on_progress(evidence[-1])
+            if n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None and abs(slope) <= settle_slope:
+                stopped = f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the last {n} steps"
+                break
+            if n == total_steps:
+                stopped = "reached the run's length"
+                break
+            if n < w:
+                continue  # no extension on a reading inside the warmup
+            blocked = any(c.status in ("unstable", "diverged") for c in cands.values())
+            run_js = sorted(j for j, c in cands.items() if c.status == "running")
+            if best == run_js[-1] and best + 1 not in cands and best + 1 <= hi_j and not blocked:
+                cands[best + 1] = make(best + 1)
+            if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands or cands[best - 1].status == "dropped"):
+                cands[best - 1] = make(best - 1)  # (re)started from the origin: short horizons undersell low rates
+    if not evidence:
+        raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
+    last, lr = last_read, last_estimate
+    if short:
+        stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
+    if last < total_steps and slope is not None:
+        lr = carry_trend(lr, last, slope, total_steps)
+        stopped += f"; the estimate (n^{slope:.2f}) carried from {last} to {total_steps} steps"
+    elif last < total_steps:
+        stopped += f"; fewer than {settle} horizons for a trend, the estimate at {last} steps kept"
+    ceiling = min((c.lr for c in cands.values() if c.status in ("unstable", "diverged")), default=math.inf)
+    if lr >= ceiling:
+        lr = ceiling / 2
+        stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
+    return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps, w, beta1,
+                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0)
+
+
+def _estimate(cands: dict[int, Any], best: int, n: int, rows: int) -> tuple[float, bool]:
+    """The best rate between grid points — the parabola through the best and its two
+    neighbours' mean held-out losses at horizon n — and True; or the best grid point and False."""
+    trio = [cands.get(best - 1), cands[best], cands.get(best + 1)]
+    if all(c is not None and n in c.readings for c in trio):
+        refined = parabola_log2([c.lr for c in trio], [sum(c.readings[n]) / rows for c in trio])
+        if refined is not None:
+            return refined, True
+    return cands[best].lr, False

@@ -1,0 +1,164 @@
+"""race(): the rates raced inside the run by successive halving, the ending raced too.
+
+race() *is* the run: every rate starts from the same weights, RNG state and rows (warmup from
+alpha1, then constant); at each round's boundary the candidates are read on the held-out rows
+and compared with the best (paired t at :func:`leadline.stats.sequential_bar`), and half go on,
+each continued from its own snapshot: those not significantly worse than the best first,
+lowest rates first, then the others by mean (diverged ones are out) — successive halving,
+Jamieson & Talwalkar 2016; Li et al. 2018. The boundaries double from the end of the warmup (at least
+T/16; a short horizon favours the rate that learns the answer's format fastest); the last
+decides the winner **by a test**: the best mean wins when every other rate is significantly
+worse; otherwise the lowest rate among those not significantly worse (a tie goes to the rate
+least likely to spike late — the seed's E11 collapse came from the highest). The winner runs
+to the end; at T - 2h a copy is kept, and the ending is raced: the same 2h steps rerun from
+the copy with the rate falling linearly to zero, kept only when better by a one-sided paired t
+test (:func:`leadline.rate._run.race_ending`).
+
+On success the model holds the winner's end (the run's result). On an exception everything is
+put back as it was before race() (weights, optimizer state, rates, gradients, RNG).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Value
+from leadline.rate.compare import mean_or_inf, prune
+from leadline.rate.warmup import warmup_lr, warmup_steps_for
+
+
+@dataclass
+class RaceResult:
+    """The race's winner and its rounds (evidence in the look-ahead's shape)."""
+
+    lr: float
+    rates: list[float]
+    rounds: list[dict[str, Any]]
+    ending: dict[str, Any]
+    steps_used: int
+    total_steps: int
+    decided_by: str
+    held_out_rows: int = 0
+    seconds: float = 0.0
+    snapshots: dict[str, Any] = field(default_factory=dict)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"plot": "lookahead", "horizons": self.rounds, "chosen_lr": self.lr, "rates": self.rates,
+                "ending": self.ending, "steps_used": self.steps_used, "total_steps": self.total_steps,
+                "decided_by": self.decided_by, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots}
+
+    def as_values(self) -> dict[str, Value]:
+        """``lr`` (the winner) and ``ending`` (decay or constant), both measured."""
+        kept = self.ending.get("kept", "constant")
+        return {
+            "lr": Value(self.lr, "measured", f"won a race of {len(self.rates)} rates inside the run by successive halving on {self.held_out_rows} held-out rows ({self.decided_by}; {self.steps_used} steps for a {self.total_steps}-step run)", evidence=self.evidence(), seconds=self.seconds, unit="per step"),
+            "ending": Value(kept, "measured", self.ending.get("why", "the ending raced at the end"), evidence=self.ending),
+        }
+
+
+def boundaries(n_rates: int, total_steps: int, first: int) -> list[int]:
+    """ceil(log2 K) halving points, doubling from ``first``, all below T/2 (each >= 1)."""
+    rounds = max(1, math.ceil(math.log2(max(2, n_rates))))
+    out = sorted({min(max(1, first) * 2**r, max(1, total_steps // 2)) for r in range(rounds)})
+    return [b for b in out if b < total_steps] or [max(1, total_steps - 1)]
+
+
+def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
+         held_out: Callable[[], Sequence[float]], rates: Sequence[float], total_steps: int, *,
+         alpha1: float | None = None, warmup_steps: int | None = None, first_round: int | None = None,
+         ending_horizon: int | None = None, alpha: float = 0.05, place: str = "auto",
+         on_progress: Callable[[dict[str, Any]], None] | None = None) -> RaceResult:
+    """Race ``rates`` inside a run of ``total_steps`` optimizer steps (see the module docstring).
+
+    Args:
+        params, opt, train_step: as in :mod:`leadline.rate._state`; ``train_step(t)`` is called
+            for t in 0..T-1 by each candidate while it runs.
+        held_out: ``held_out_losses_per_row()``.
+        rates: the candidates (e.g. ``lookahead_lr(..., effort="quick").rates``).
+        total_steps: T.
+        alpha1: the warmup's start (default: the lowest rate); warmup over ``warmup_steps``
+            (default round(1/(1 - beta1))).
+        first_round: the first halving point (default max(warmup, T/16)): a reading inside the
+            warmup is of the warmup, not of the rate; the points double from there.
+        ending_horizon: h; the ending is raced over the last 2h steps (default T // 8).
+        alpha: the error rate of the tests.
+        place: where the snapshots live.
+    """
+    t0 = time.perf_counter()
+    rates = sorted({float(r) for r in rates})
+    if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
+        raise InputError(f"rates must be positive numbers, got {rates!r}")
+    if not isinstance(total_steps, int) or total_steps < 2:
+        raise InputError(f"total_steps must be the run's length in optimizer steps (>= 2), got {total_steps!r}")
+    from leadline.rate._run import Candidate, race_ending
+    from leadline.rate._state import Snapshot, check_params, group_ratios, no_trace, read_held_out
+    from leadline.rate.lookahead import beta1_of
+
+    params = check_params(params, opt)
+    a1 = min(rates) if alpha1 is None else float(alpha1)
+    w = warmup_steps_for(beta1_of(opt)) if warmup_steps is None else int(warmup_steps)
+    cands = [Candidate(r, lambda t, r=r: warmup_lr(t, r, a1, w), key=i) for i, r in enumerate(rates)]
+    points = boundaries(len(rates), total_steps, max(w, math.ceil(total_steps / 16)) if first_round is None else first_round)
+    h = max(1, total_steps // 8) if ending_horizon is None else int(ending_horizon)
+    copy_at = total_steps - 2 * h
+    rounds: list[dict[str, Any]] = []
+    used, decided, ending, snaps = 0, "one rate", {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}, {}
+    with no_trace(params, opt, place=place, on_success=False) as origin:
+        ratios = group_ratios(opt)
+        rows = len(read_held_out(held_out))
+        alive = list(cands)
+        for look, b in enumerate(points, 1):
+            if len(alive) == 1:
+                break
+            for c in alive:
+                used += b - c.done
+                c.advance(b, params, opt, train_step, held_out, origin, ratios, rows, place)
+                snaps = c.snapshot.evidence() if c.snapshot is not None else snaps
+            readings = {c.key: c.readings[b] for c in alive}
+            if not any(math.isfinite(mean_or_inf(v)) for v in readings.values()):
+                raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower rates")
+            best, verdicts = prune(readings, alpha=alpha, look=look, max_looks=len(points))
+            tied = [k for k in readings if k == best or not verdicts[k].worse]
+            tied = [k for k in tied if math.isfinite(mean_or_inf(readings[k]))] or [best]
+            if look == len(points):
+                winner = min(tied, key=lambda k: cands[k].lr)
+                decided = ("the best mean, every other rate significantly worse" if winner == best and len(tied) == 1
+                           else f"{len(tied)} rates not significantly different: the lowest of them")
+                keep = [winner]
+            else:  # halving: half go on — the tied ones first, lowest rates first; then by mean
+                half = max(1, math.ceil(len(alive) / 2))
+                rest = sorted((k for k in readings if k not in tied and math.isfinite(mean_or_inf(readings[k]))),
+                              key=lambda k: mean_or_inf(readings[k]))
+                keep = (sorted(tied, key=lambda k: cands[k].lr) + rest)[:half]
+            for c in alive:
+                if c.key not in keep:
+                    c.stop("dropped" if c.status == "running" else c.status)
+            rounds.append({"steps": b, "candidates": [c.row(b, verdicts[c.key].as_dict() if c.key in verdicts else None) for c in alive]})
+            if on_progress is not None:
+                on_progress(rounds[-1])
+            alive = [cands[k] for k in keep]
+        win = alive[0]
+        (win.snapshot or origin).load(params, opt)
+        from leadline.rate._state import run_steps
+
+        if copy_at > win.done:
+            run_steps(opt, train_step, win.done, copy_at, win.lr_at, ratios)
+            copy = Snapshot.take(params, opt, place=place)
+            run_steps(opt, train_step, copy_at, total_steps, win.lr_at, ratios)
+            used += total_steps - win.done + 2 * h
+            ending, _ = race_ending(params, opt, train_step, held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
+                                 ratios, rows, alpha=alpha, place=place)
+            ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
+                             + ("kept, lower held-out loss by a one-sided paired t test" if ending["kept"] == "decay"
+                                else "not better by a one-sided paired t test, the constant ending kept"))
+        else:
+            run_steps(opt, train_step, win.done, total_steps, win.lr_at, ratios)
+            used += total_steps - win.done
+        for c in cands:
+            c.snapshot = None
+    return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)

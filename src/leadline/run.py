@@ -1,0 +1,97 @@
+"""The reference run: a plan trained as the seed prescribes — the plan's batch and rate, the
+LookaheadSchedule checking every horizon on held-out rows, the spill cap on a CUDA card — and
+the verdict on the test rows no decision used.
+
+    result = train_with_plan(model, tokenizer, "train.jsonl", plan, out_dir="run")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from leadline._io import write_atomic
+from leadline.errors import InputError
+from leadline.plan import Plan
+from leadline.stats import mean_se
+
+
+def _need(plan: Plan, *names: str) -> None:
+    missing = [n for n in names if n not in plan]
+    if missing:
+        raise InputError(f"the plan has no {', '.join(missing)}; derive it with `leadline derive` (and the same --data) first")
+
+
+def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
+                    total_steps: int | None = None, schedule: bool = True,
+                    on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
+
+    The rows are split as derive() split them (the plan's seed); the schedule checks on the
+    held-out rows; the test rows are read before and after, never during. With ``out_dir``,
+    the adapter (PEFT) or the weights are saved there and ``run.json`` beside them.
+    """
+    import torch
+
+    from leadline.hf import prepare, trained_named_weights
+    from leadline.memory import forbid_spill
+    from leadline.rate import LookaheadSchedule, lookahead_from
+
+    _need(plan, "micro_batch", "lr")
+    steps = int(total_steps or plan.get("total_steps") or 0)
+    if steps < 1:
+        raise InputError("the run's length is unknown: pass total_steps or derive the plan with --steps/--epochs")
+    seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
+    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
+    if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
+        raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was derived on")
+    named = trained_named_weights(model)
+    params = [p for _, p in named]
+    betas = tuple(plan.get("betas") or (0.9, 0.999))
+    opt = torch.optim.AdamW(params, lr=float(plan.lr), betas=betas, weight_decay=float(plan.get("weight_decay", 0.0)))
+    train_step = task.train_step_of(int(plan.micro_batch), int(plan.get("grad_accum", 1)))
+    held = task.held_out_losses()
+    test = task.split.reader(model, task.rows, "test", micro_batch=8, device=task.device, pad_id=task.pad_id) if task.split.test else None
+
+    before = test() if test else None
+    model.train()
+    curve: list[dict[str, Any]] = []
+    sched = LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan), total_steps=steps) if schedule else None
+    t0 = time.monotonic()
+    with forbid_spill(task.device):
+        for step in range(steps):
+            if sched is not None:
+                sched.before(step)
+            opt.zero_grad(set_to_none=True)
+            loss = train_step(step)
+            if not math.isfinite(loss):
+                raise InputError(f"the training loss became {loss} at step {step}; the rate {opt.param_groups[0]['lr']:.3g} is too high for these rows")
+            opt.step()
+            rec = {"step": step, "loss": loss, "lr": float(opt.param_groups[0]["lr"]), "seconds": time.monotonic() - t0}
+            curve.append(rec)
+            if on_step is not None:
+                on_step(rec)
+        ending = sched.finish() if sched is not None else None
+    opt.zero_grad(set_to_none=True)
+    after = test() if test else None
+    result: dict[str, Any] = {
+        "steps": steps, "seconds": time.monotonic() - t0, "curve": curve,
+        "schedule": sched.evidence() if sched is not None else None, "ending": ending,
+        "test_rows": len(task.split.test),
+    }
+    if before is not None and after is not None:
+        mb, seb = mean_se(before)
+        ma, sea = mean_se(after)
+        result["test_loss_before"] = {"mean": mb, "se": seb}
+        result["test_loss_after"] = {"mean": ma, "se": sea}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out)
+        write_atomic(out / "run.json", json.dumps(result, indent=1, default=str))
+    return result

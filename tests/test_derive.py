@@ -1,0 +1,233 @@
+"""derive() end to end on the tiny Llama, and the promise that it leaves no trace."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from helpers import DATA
+from leadline import InputError, Plan
+from leadline._phases import tensors_digest
+
+
+def _lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+
+def _global_hooks() -> tuple[int, int, int]:
+    import torch
+    from torch.nn.modules import module as m
+    from torch.optim import optimizer as o
+
+    return (len(m._global_forward_pre_hooks), len(m._global_forward_hooks),
+            len(o._global_optimizer_post_hooks) + len(o._global_optimizer_pre_hooks) + 0 * torch.zeros(0).numel())
+
+
+@pytest.fixture(scope="module")
+def derived(tmp_path_factory):
+    """One derive_for on the tiny LoRA model, with everything it should leave untouched recorded."""
+    import torch
+
+    from helpers import make_model, make_tokenizer
+    from leadline.hf import derive_for
+
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    torch.manual_seed(123)
+    random.seed(5)
+    before = {
+        "digest": tensors_digest(list(model.parameters())),
+        "rng": torch.random.get_rng_state().clone(),
+        "py": random.getstate(),
+        "hooks": _global_hooks(),
+        "training": model.training,
+    }
+    events: list[dict] = []
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="quick", on_progress=events.append)
+    after = {
+        "digest": tensors_digest(list(model.parameters())),
+        "rng": torch.random.get_rng_state().clone(),
+        "py": random.getstate(),
+        "hooks": _global_hooks(),
+        "training": model.training,
+        "grads": [p.grad for p in model.parameters()],
+    }
+    return plan, before, after, events
+
+
+def test_plan_has_every_phase(derived):
+    plan, _, _, events = derived
+    for name in ("seq_len", "scored_tokens", "noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds",
+                 "tokens_per_step", "micro_batch", "grad_accum", "alpha1", "lr", "warmup_steps", "weight_decay", "total_steps"):
+        assert name in plan, f"{name} missing from the plan: {list(plan)}"
+    assert plan.micro_batch <= plan.rows_fit
+    assert plan["lr"].kind in ("measured", "derived")
+    assert plan["rate_divisor"].kind == "constant" and "rate_divisor" in plan.constants()
+    done = [e["phase"] for e in events if e["status"] == "done"]
+    assert done[:3] == ["corpus", "noise", "memory"]
+    assert plan.model["trained_as"] == "factors" and plan.model["trained_parameters"] > 0
+    assert plan.data["sha256"] and plan.machine["torch"]
+
+
+def test_held_out_rows_come_back_as_data(derived):
+    plan = derived[0]
+    h = plan.held_out
+    assert h["held_out"] and h["test"] and h["train"]
+    assert not set(h["held_out"]) & set(h["test"]) and not set(h["train"]) & set(h["held_out"])
+    assert sorted(h["train"] + h["held_out"] + h["test"]) == list(range(plan.rows))
+
+
+def test_derive_leaves_no_trace(derived):
+    import torch
+
+    _, before, after, _ = derived
+    assert after["digest"] == before["digest"], "weights changed"
+    assert torch.equal(after["rng"], before["rng"]), "torch RNG not restored"
+    assert after["py"] == before["py"], "Python RNG not restored"
+    assert after["hooks"] == before["hooks"], "global hooks left behind"
+    assert after["training"] == before["training"]
+    assert all(g is None for g in after["grads"])
+
+
+def test_plan_round_trips_and_reports(derived, tmp_path):
+    plan = derived[0]
+    plan.to_json(tmp_path / "p.json")
+    assert Plan.from_json(tmp_path / "p.json") == plan
+    page = plan.html(tmp_path / "r.html").read_text()
+    assert page.count("<svg") >= 3  # ramp, noise probe, first step
+
+
+# ---- the guard, phase by phase, on a cheap generic derive ------------------------------
+def _toy():
+    import torch
+
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    xs = torch.randn(64, 4)
+    true = torch.randn(8, 4)
+    ys = xs @ true.T
+    hx = torch.randn(16, 4)
+    held = (hx, hx @ true.T)
+    opt = torch.optim.AdamW([w], lr=1e-3)
+
+    def train_step_of(mb, accum):
+        def step(t):
+            i = (t * mb) % 56
+            loss = ((xs[i:i + mb] @ w.T - ys[i:i + mb]) ** 2).mean()
+            loss.backward()
+            return float(loss)
+
+        return step
+
+    def held_out():
+        with torch.no_grad():
+            return [float(v) for v in ((held[0] @ w.T - held[1]) ** 2).mean(dim=1)]
+
+    return w, opt, train_step_of, held_out
+
+
+PHASES = ["_anchor", "_first_step", "_rate", "_warmup"]
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_exception_in_any_phase_restores_everything(phase, monkeypatch):
+    import torch
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    digest = tensors_digest([w])
+    rng = torch.random.get_rng_state().clone()
+    real = getattr(d, phase)
+
+    def broken(*a, **k):
+        with torch.no_grad():
+            w.add_(1.0)
+        torch.rand(3)
+        opt.param_groups[0]["lr"] = 99.0
+        if phase != "_warmup":
+            real(*a, **k)
+        raise RuntimeError(f"boom in {phase}")
+
+    monkeypatch.setattr(d, phase, broken)
+    with pytest.raises(RuntimeError, match="boom"):
+        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                 held_out_losses=held_out, total_steps=20)
+    assert tensors_digest([w]) == digest
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert opt.param_groups[0]["lr"] == 1e-3 and not opt.state
+
+
+def test_generic_derive_measures_the_rate_on_a_toy():
+    w, opt, train_step_of, held_out = _toy()
+    from leadline.derive import derive
+
+    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                  held_out_losses=held_out, total_steps=20)
+    assert plan["alpha1"].kind == "measured" and plan.alpha1 > 0
+    assert "lr" in plan and plan.warmup_steps == 10
+
+
+def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    resume = tmp_path / "derive.json"
+    real = d._rate
+
+    def killed(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(d, "_rate", killed)
+    with pytest.raises(KeyboardInterrupt):
+        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                 held_out_losses=held_out, total_steps=20, resume=resume)
+    saved = json.loads(resume.read_text())
+    assert saved["finished"] == ["anchor", "first_step"]
+    monkeypatch.setattr(d, "_rate", real)
+    calls = []
+    monkeypatch.setattr(d, "_first_step", lambda *a, **k: calls.append(1) or {})
+    events: list[dict] = []
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                    held_out_losses=held_out, total_steps=20, resume=resume, on_progress=events.append)
+    assert not calls, "a finished phase ran again"
+    assert {"phase": "first_step", "status": "resumed"}.items() <= next(e for e in events if e["phase"] == "first_step").items()
+    assert "alpha1" in plan and "lr" in plan
+    assert not resume.exists()
+
+
+def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
+    import time
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    real = d._first_step
+
+    def slow(*a, **k):
+        out = real(*a, **k)
+        time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(d, "_first_step", slow)
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                    held_out_losses=held_out, total_steps=20, max_seconds=0.2)
+    assert any("rate: not reached within max_seconds" in n for n in plan.notes)
+    assert plan["lr"].kind == "constant"  # the anchor stands in, listed as a constant
+
+
+def test_bad_arguments_are_one_sentence():
+    from leadline.derive import derive
+
+    with pytest.raises(InputError, match="effort"):
+        derive(effort="fast")
+    with pytest.raises(InputError, match="trained_as"):
+        derive(trained_as="adapters")
+    with pytest.raises(InputError, match="total_steps or epochs"):
+        derive(total_steps=3, epochs=1)
+    with pytest.raises(InputError, match="max_seconds"):
+        derive(max_seconds=0)

@@ -1,0 +1,53 @@
+"""`leadline fit` on the tiny offline model, on the CPU."""
+
+import json
+
+import pytest
+
+from helpers import save_model_dir
+from leadline.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def test_fit_accepts_and_prints_json(model_dir, capsys):
+    rc = main(["fit", "--model", str(model_dir), "--full", "--seq-len", "16", "--batch", "2", "--device", "cpu", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["fits"] is True and out["verdict"] == "fits"
+    assert out["trained_as"] == "full fine-tune" and out["rows"] == 2 and out["length"] == 16
+    assert out["sentence"].startswith("fits: a training step of 2 rows x 16 tokens measured a peak resident set of ")
+    assert out["rungs"][-1]["repeats"] == 2
+
+
+def test_fit_refuses_with_one_sentence(model_dir, capsys):
+    rc = main(["fit", "--model", str(model_dir), "--lora-rank", "2", "--seq-len", "16", "--batch", "2",
+               "--device", "cpu", "--card-gb", "0.05", "--no-suggest"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 1 and len(lines) == 2
+    assert "LoRA rank 2, 2 rows x 16 tokens on cpu" in lines[0]
+    assert lines[1].startswith("refused: a training step of 2 rows x 16 tokens would peak near ")
+    assert "against 50 MB of RAM room on cpu; what would fit: fewer rows, a shorter length" in lines[1]
+
+
+def test_fit_bad_input_is_one_sentence_and_exit_2(model_dir, capsys):
+    rc = main(["fit", "--model", str(model_dir), "--seq-len", "16", "--batch", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--batch must be a positive number" in err[0]
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--model", str(model_dir), "--full", "--lora-rank", "4", "--seq-len", "16", "--batch", "1"])
+    assert e.value.code == 2
+    rc = main(["fit", "--model", str(model_dir / "missing"), "--seq-len", "16", "--batch", "1"])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_importing_the_memory_package_loads_no_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys, leadline.memory, leadline.measure.wddm, leadline.cli.fit\n"
+            "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr

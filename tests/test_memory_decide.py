@@ -1,0 +1,154 @@
+"""The ramp's pure decisions, with known answers (no torch)."""
+
+import pytest
+
+from leadline.memory.decide import (
+    RampSearch,
+    ThroughputSearch,
+    confirmation_lengths,
+    extrapolate_peak,
+    largest_passing,
+    length_candidates,
+    verdict_of,
+)
+
+
+def drive(search: RampSearch, fits_try, fits_confirm=lambda r: True):
+    moves = []
+    while (move := search.next()) is not None:
+        kind, rows = move
+        ok = fits_try(rows) if kind == "try" else fits_confirm(rows)
+        moves.append((kind, rows, ok))
+        search.record(kind, rows, ok)
+    return moves
+
+
+def test_verdicts():
+    assert verdict_of(False, 0) == "fits"
+    assert verdict_of(False, 2) == "squeezed"
+    assert verdict_of(True, 0) == "oom"
+    assert verdict_of(True, 3) == "oom"
+
+
+def test_doubling_then_bisection_to_one_row():
+    s = RampSearch()
+    moves = drive(s, lambda r: r <= 18)
+    assert [(k, r) for k, r, _ in moves] == [
+        ("try", 1), ("try", 2), ("try", 4), ("try", 8), ("try", 16), ("try", 32),
+        ("try", 24), ("try", 20), ("try", 18), ("try", 19), ("confirm", 18),
+    ]
+    assert s.kept == 18 and s.stopped_because == "19 rows did not fit"
+
+
+def test_failed_confirmation_moves_down_and_bisects_again():
+    s = RampSearch()
+    moves = drive(s, lambda r: r <= 18, fits_confirm=lambda r: r <= 13)
+    confirms = [(r, ok) for k, r, ok in moves if k == "confirm"]
+    assert confirms == [(18, False), (17, False), (16, False), (15, False), (14, False), (13, True)]
+    assert s.kept == 13
+    assert s.failed_confirmation == [18, 17, 16, 15, 14]
+
+
+def test_upper_limit_is_never_passed():
+    s = RampSearch(max_rows=5)
+    moves = drive(s, lambda r: True)
+    assert [r for _, r, _ in moves] == [1, 2, 4, 5, 5]
+    assert s.kept == 5 and "upper limit of 5" in s.stopped_because
+    s = RampSearch(max_rows=1)
+    assert [r for _, r, _ in drive(s, lambda r: True)] == [1, 1]
+
+
+def test_nothing_fits():
+    s = RampSearch()
+    moves = drive(s, lambda r: False)
+    assert moves == [("try", 1, False)]
+    assert s.kept == 0 and "not even 1 row" in s.stopped_because
+    s = RampSearch(start_rows=4)
+    assert [r for _, r, _ in drive(s, lambda r: r <= 2)] == [4, 2, 3, 2]
+    assert s.kept == 2
+
+
+def test_bad_search_arguments():
+    with pytest.raises(ValueError):
+        RampSearch(max_rows=0)
+    with pytest.raises(ValueError):
+        RampSearch(start_rows=0)
+
+
+def test_extrapolate_peak_known_answers():
+    assert extrapolate_peak([(1, 150), (2, 200)], 8) == 500
+    assert extrapolate_peak([(4, 300)], 8) == 600  # proportional without a baseline
+    assert extrapolate_peak([(4, 300)], 8, baseline_bytes=100) == 500
+    assert extrapolate_peak([(2, 200), (4, 180)], 8) == 180  # a falling line is held flat
+    with pytest.raises(ValueError):
+        extrapolate_peak([], 2)
+
+
+def test_throughput_rule_stops_below_five_percent_gain():
+    rps = {1: 10.0, 2: 19.0, 4: 30.0, 8: 31.0, 16: 50.0}
+    s = ThroughputSearch()
+    tried = []
+    while (rows := s.next()) is not None:
+        tried.append(rows)
+        s.record(rows, rps[rows], 100)
+    assert tried == [1, 2, 4, 8]
+    assert s.kept == 4 and "+3.3%" in s.stopped_because
+
+
+def test_throughput_rule_exactly_five_percent_goes_on():
+    rps = {1: 100.0, 2: 105.0, 4: 104.0}
+    s = ThroughputSearch()
+    while (rows := s.next()) is not None:
+        s.record(rows, rps[rows], 100)
+    assert s.kept == 2
+
+
+def test_throughput_rule_stops_before_the_ram_room():
+    # peak = 100 + 50 rows; room 500: 8 rows peak at 500 (allowed), 16 would need 900.
+    s = ThroughputSearch(room_bytes=500, baseline_bytes=100)
+    tried = []
+    while (rows := s.next()) is not None:
+        tried.append(rows)
+        s.record(rows, 10.0 * rows, 100 + 50 * rows)
+    assert tried == [1, 2, 4, 8]
+    assert s.kept == 8 and "RAM room" in s.stopped_because
+
+
+def test_throughput_rule_measured_over_room_keeps_the_rung_before():
+    s = ThroughputSearch(room_bytes=500)
+    s.record(1, 10, 200)
+    s.record(2, 20, 600)
+    assert s.next() is None and s.kept == 1
+
+
+def test_throughput_rule_upper_limit():
+    s = ThroughputSearch(max_rows=6)
+    tried = []
+    while (rows := s.next()) is not None:
+        tried.append(rows)
+        s.record(rows, 10.0 * rows, 100)
+    assert tried == [1, 2, 4, 6] and s.kept == 6
+
+
+def test_confirmation_lengths():
+    assert confirmation_lengths(512, None) == []
+    assert confirmation_lengths(512, [100, 900, 300]) == [100, 512, 300, 512]
+    mix = list(range(1, 101))
+    got = confirmation_lengths(512, mix, mix_steps=4)
+    assert got == [1, 34, 67, 100, 512]
+    assert confirmation_lengths(512, mix, mix_steps=1) == [51, 512]
+
+
+def test_largest_passing_and_length_grid():
+    calls = []
+
+    def passes(c):
+        calls.append(c)
+        return c <= 37
+
+    best, tried = largest_passing(range(1, 101), passes)
+    assert best == 37 and len(tried) == len(calls) <= 7
+    best, tried = largest_passing([4, 8], lambda c: False)
+    assert best is None and tried[-1] == (4, False)
+    assert length_candidates(64) == list(range(2, 64, 2))
+    assert length_candidates(10, resolution=4) == [4, 8]

@@ -1,0 +1,77 @@
+"""On the card: snapshots stay there when there is room, go to the host under a tight cap, and
+come back bit-exactly either way (skipped without CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+
+def _params(n: int) -> tuple[list, torch.optim.Optimizer]:
+    p = torch.nn.Parameter(torch.randn(n, device="cuda"))
+    opt = torch.optim.AdamW([p], lr=1e-3)
+    p.grad = torch.randn_like(p)
+    opt.step()
+    return [p], opt
+
+
+def test_snapshots_live_on_the_card_when_there_is_room_and_restore_exactly():
+    from leadline.rate._state import Snapshot
+
+    params, opt = _params(1 << 20)
+    snap = Snapshot.take(params, opt)
+    assert snap.on_card
+    before = params[0].detach().clone()
+    with torch.no_grad():
+        params[0].add_(1.0)
+    snap.load(params, opt)
+    assert torch.equal(params[0], before)
+
+
+def test_under_a_tight_cap_snapshots_go_to_the_host():
+    from leadline.rate._state import Snapshot
+
+    params, opt = _params(64 << 20)  # 256 MB of weights, 768 MB with Adam's state
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.empty_cache()
+    cap = torch.cuda.memory_allocated() + (512 << 20)
+    torch.cuda.set_per_process_memory_fraction(cap / total)
+    try:
+        snap = Snapshot.take(params, opt)
+        assert not snap.on_card and str(snap.device) == "cpu"
+        before = params[0].detach().clone()
+        with torch.no_grad():
+            params[0].mul_(2.0)
+        snap.load(params, opt)
+        assert torch.equal(params[0], before)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+
+
+def test_a_lookahead_on_the_card_leaves_no_trace():
+    from leadline.rate import lookahead_lr
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w_star = 0.1 * torch.randn(32, device="cuda", generator=g)
+    xs = torch.randn(256, 8, 32, device="cuda", generator=g)
+    ys = xs @ w_star + 0.1 * torch.randn(256, 8, device="cuda", generator=g)
+    xh = torch.randn(128, 32, device="cuda", generator=g)
+    yh = xh @ w_star
+    w = torch.nn.Parameter(torch.zeros(32, device="cuda"))
+    opt = torch.optim.Adam([w], lr=1e-3)
+
+    def step(t: int) -> None:
+        ((xs[t] @ w - ys[t]) ** 2).mean().backward()
+
+    def held() -> list[float]:
+        with torch.no_grad():
+            return ((xh @ w - yh) ** 2).tolist()
+
+    rng = torch.cuda.get_rng_state()
+    la = lookahead_lr([w], opt, step, held, 0.01, total_steps=64)
+    assert la.snapshots["on_card"] is True
+    assert torch.equal(w, torch.zeros_like(w)) and not opt.state and w.grad is None
+    assert torch.equal(torch.cuda.get_rng_state(), rng)

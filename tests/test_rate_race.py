@@ -1,0 +1,70 @@
+"""race(): successive halving inside the run, the winner by a test, the ending raced."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from leadline.rate import race  # noqa: E402
+from leadline.rate.race import boundaries  # noqa: E402
+from test_rate_toys import Regression, constant_rate_loss  # noqa: E402
+
+
+def test_boundaries_double_from_the_first_round_below_half_the_run():
+    assert boundaries(5, 128, 10) == [10, 20, 40]
+    assert boundaries(2, 128, 10) == [10]
+    assert boundaries(8, 30, 10) == [10, 15]  # capped at T/2, never repeated
+
+
+def test_race_picks_a_rate_near_the_known_best_and_ends_on_the_winner():
+    steps = 128
+    known = min([1e-3 * 2 ** (k / 2) for k in range(12)], key=lambda r: constant_rate_loss(0, r, steps, dim=32))
+    toy = Regression(seed=0, dim=32)
+    rates = [known / 16, known / 4, known, known * 4, known * 16]
+    r = race(toy.params, toy.opt, toy.train_step, toy.held_out, rates, steps)
+    assert known / 4 <= r.lr <= known * 4 and r.lr not in (rates[0], rates[-1])
+    assert [rd["steps"] for rd in r.rounds] == [10, 20, 40]
+    assert [len(rd["candidates"]) for rd in r.rounds] == [5, 3, 2]
+    kept = r.ending["kept"]
+    assert kept in ("decay", "constant") and r.ending["from_step"] == steps - 32
+    assert sum(toy.held_out()) / 256 == pytest.approx(r.ending[kept]["loss"])  # the model holds the kept end
+    ev = r.evidence()
+    assert ev["plot"] == "lookahead" and ev["chosen_lr"] == r.lr
+    assert r.as_values()["lr"].kind == "measured"
+    assert toy.w.grad is None
+
+
+def test_a_tie_goes_to_the_lower_rate_not_to_the_bare_mean():
+    toy = Regression(seed=1, dim=32)
+    noise = torch.Generator().manual_seed(5)
+
+    def noisy_held_out() -> list[float]:  # per-row noise that drowns the difference between rates
+        return [x + 5.0 * float(torch.randn((), generator=noise)) ** 2 for x in toy.held_out()]
+
+    r = race(toy.params, toy.opt, toy.train_step, noisy_held_out, [0.01, 0.02], 64)
+    assert r.lr == 0.01 and "not significantly different" in r.decided_by
+    toy = Regression(seed=1, dim=32)  # a hair apart: a tie whatever the paired t says
+    r = race(toy.params, toy.opt, toy.train_step, toy.held_out, [0.01, 0.0100001], 64)
+    assert r.lr == 0.01 and "not significantly different" in r.decided_by
+
+
+def test_every_candidate_sees_the_same_dropout():
+    """RNG state per candidate: two rates a hair apart read the same held-out loss only if
+    each drew the same dropout masks."""
+    toy = Regression(seed=2, dim=32, dropout=0.3)
+    r = race(toy.params, toy.opt, toy.train_step, toy.held_out, [0.01, 0.01 * (1 + 1e-9)], 64)
+    a, b = r.rounds[0]["candidates"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_an_exception_puts_everything_back():
+    toy = Regression(seed=3, dim=16, dropout=0.1)
+    toy.opt.zero_grad()
+    toy.train_step(9)
+    toy.opt.step()
+    before = toy.state()
+    toy.fail_at = 40
+    with pytest.raises(RuntimeError, match="planted"):
+        race(toy.params, toy.opt, toy.train_step, toy.held_out, [0.005, 0.01, 0.02], 64)
+    toy.assert_state(before)

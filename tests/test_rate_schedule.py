@@ -1,0 +1,143 @@
+"""LookaheadSchedule: a planted loss spike rolls back bit-exactly and halves; a failure from the
+same check goes further back; finish() keeps the decayed ending only when a test says so."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from leadline.errors import InputError  # noqa: E402
+from leadline.plan import Plan, Value  # noqa: E402
+from leadline.rate import LookaheadSchedule, lookahead_from  # noqa: E402
+from test_rate_toys import Regression  # noqa: E402
+
+
+def config(lr: float, h: int = 8, warmup: int = 0, alpha1: float | None = None):
+    return lookahead_from({"lr": lr, "alpha1": alpha1 or lr, "warmup_steps": warmup, "lookahead_horizon_steps": h})
+
+
+def run(toy: Regression, sched: LookaheadSchedule, steps: int, at_checks: dict | None = None) -> None:
+    for t in range(steps):
+        if at_checks is not None and t % sched.h == 0:
+            at_checks[t] = (toy.w.detach().clone(), {k: v.clone() for k, v in toy.opt.state.get(toy.w, {}).items()})
+        sched.before(t)
+        toy.opt.zero_grad(set_to_none=True)
+        toy.train_step(t)
+        toy.opt.step()
+
+
+def test_a_planted_spike_rolls_back_bit_exactly_to_the_best_check_and_halves_the_rate():
+    toy = Regression(seed=0, dim=32)
+    toy.spike = set(range(20, 24))  # four steps on targets x -20: the held-out loss jumps
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.01), total_steps=64)
+    states: dict[int, tuple] = {}
+    for t in range(33):
+        if t % 8 == 0:
+            states[t] = (toy.w.detach().clone(), {k: v.clone() for k, v in toy.opt.state.get(toy.w, {}).items()})
+        sched.before(t)
+        if t < 32:
+            toy.opt.zero_grad(set_to_none=True)
+            toy.train_step(t)
+            toy.opt.step()
+        else:
+            break
+    last = sched.checks[-1]
+    assert last["step"] == 32 and last["action"] == "rollback"
+    assert last["versus_best"]["t"] > last["versus_best"]["bar"]
+    target = last["to_step"]
+    assert [c["action"] for c in sched.checks if c["step"] == target] == ["best"]
+    w, opt_state = states[target]
+    assert torch.equal(toy.w, w)  # bit-exactly the best check's weights ...
+    for k, v in opt_state.items():  # ... and its optimizer state
+        assert torch.equal(toy.opt.state[toy.w][k], v)
+    assert sched.rate == 0.005 and toy.opt.param_groups[0]["lr"] == 0.005
+
+
+def test_failing_again_from_the_same_check_goes_back_further_to_step_zero():
+    """The check the first rollback went to was already bad (its Adam state carries the
+    spike): the run fails again from it, and the schedule goes back past it — with
+    keep_checks=2, to step 0, where the warmup from alpha1 starts again."""
+    toy = Regression(seed=0, dim=32)
+    toy.spike = set(range(20, 24))
+    w0 = toy.w.detach().clone()
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out,
+                              config(0.01, warmup=4, alpha1=0.002), total_steps=64, keep_checks=2)
+    run(toy, sched, 40)
+    sched.before(40)
+    actions = [(c["step"], c["action"], c.get("to_step")) for c in sched.checks]
+    assert actions[-2:] == [(32, "rollback", 24), (40, "rollback", 0)]
+    assert sched.checks[-1]["further_back"] is True
+    assert torch.equal(toy.w, w0) and toy.w not in toy.opt.state  # step 0: weights, a fresh optimizer
+    assert sched.rate == 0.0025 and sched.warm_from == 40
+    assert toy.opt.param_groups[0]["lr"] == pytest.approx(0.002)  # warming up from alpha1 again
+
+
+def test_finish_keeps_the_decayed_ending_when_it_is_significantly_better():
+    toy = Regression(seed=0, dim=32)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.08), total_steps=64)
+    run(toy, sched, 64)
+    ending = sched.finish()
+    assert ending["kept"] == "decay" and ending["from_step"] == 48
+    assert ending["decay_versus_constant"]["t"] < -ending["decay_versus_constant"]["bar"]
+    # the model holds the decayed ending: its held-out loss is the one read for it
+    assert sum(toy.held_out()) / 256 == pytest.approx(ending["decay"]["loss"])
+    assert toy.calls[-16:] == list(range(48, 64))  # the same 2h steps, rerun
+    values = sched.as_values()
+    assert values["ending"].value == "decay" and values["schedule_rollbacks"].evidence["plot"] == "schedule"
+
+
+def test_finish_keeps_the_constant_ending_when_the_difference_is_not_significant():
+    toy = Regression(seed=0, dim=32)
+    noise = torch.Generator().manual_seed(7)
+
+    def noisy_held_out() -> list[float]:  # per-row noise far above any difference an ending makes
+        return [x + 5.0 * float(torch.randn((), generator=noise)) ** 2 for x in toy.held_out()]
+
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, noisy_held_out, config(0.08), total_steps=64)
+    run(toy, sched, 64)
+    end_w = toy.w.detach().clone()
+    end_state = {k: v.clone() for k, v in toy.opt.state[toy.w].items()}
+    ending = sched.finish()
+    assert ending["kept"] == "constant"
+    assert torch.equal(toy.w, end_w)
+    for k, v in end_state.items():
+        assert torch.equal(toy.opt.state[toy.w][k], v)
+
+
+def test_an_exception_inside_finish_puts_the_run_back_as_it_ended():
+    toy = Regression(seed=0, dim=32)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.08), total_steps=64)
+    run(toy, sched, 64)
+    end_w = toy.w.detach().clone()
+    end_state = {k: v.clone() for k, v in toy.opt.state[toy.w].items()}
+    toy.fail_at = 55
+    with pytest.raises(RuntimeError, match="planted"):
+        sched.finish()
+    assert torch.equal(toy.w, end_w)
+    for k, v in end_state.items():
+        assert torch.equal(toy.opt.state[toy.w][k], v)
+
+
+def test_warmup_from_alpha1_then_the_rate_and_the_check_interval():
+    toy = Regression()
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out,
+                              config(0.01, h=100, warmup=10, alpha1=0.001), total_steps=64)
+    assert sched.h == 8  # at most T/8
+    assert [round(sched.lr_at(t), 6) for t in (0, 5, 10, 30)] == [0.001, 0.0055, 0.01, 0.01]
+    sched.before(0)
+    assert toy.opt.param_groups[0]["lr"] == 0.001
+    with pytest.raises(InputError, match="increasing steps"):
+        sched.before(0)
+
+
+def test_lookahead_from_reads_a_plan():
+    plan = Plan()
+    plan.set("lr", Value(2e-4, "measured", "look-ahead"))
+    plan.set("alpha1", Value(1e-4, "measured", "walk"))
+    plan.set("warmup_steps", Value(10, "derived", "1/(1-beta1)"))
+    plan.set("lookahead_horizon_steps", Value(32, "measured", "settled"))
+    cfg = lookahead_from(Plan.from_json(plan.to_json()))
+    assert (cfg.lr, cfg.alpha1, cfg.warmup_steps, cfg.horizon_steps) == (2e-4, 1e-4, 10, 32)
+    with pytest.raises(InputError, match="lr"):
+        lookahead_from(Plan())
