@@ -488,12 +488,16 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
 
 # ---- main ----------------------------------------------------------------------------------
 def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {"python": platform.python_version()}
-    for mod in ("torch", "transformers", "peft", "gguf"):
+    from importlib import metadata
+
+    from leadline._version import __version__
+
+    out: dict[str, Any] = {"python": platform.python_version(), "leadline": __version__}
+    for dist in ("torch", "transformers", "peft", "gguf"):
         try:
-            out[mod] = __import__(mod).__version__
-        except Exception as e:
-            out[mod] = f"unavailable ({type(e).__name__})"
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "not installed"
     return out
 
 

@@ -1,0 +1,151 @@
+"""derive_for() inside a torchrun job: the pieces of a :class:`~leadline.hf.Task` that touch
+the other ranks.
+
+:class:`WorldTask` wraps the task's model in a DDP wrapper of its own (the caller's model, or
+the module inside the caller's DDP, is never given a hook it keeps), registers the
+:class:`~leadline.distributed.hook.NoiseHook`, and hands derive():
+
+- ``grad_fn()`` — a :class:`~leadline.distributed.hook.DDPNoise` (the noise from the all-reduce);
+- ``train_step_of(micro_batch, grad_accum)`` — the real DDP step: the world's step is
+  micro_batch x grad_accum x W rows, rank r takes micro-batches r, r + W, ... of it, each
+  rank's mean loss scaled by W t_r / T so DDP's average is the token-weighted mean over the
+  world's step; the first grad_accum - 1 micro-batches under ``no_sync()``; every forward
+  agreed before any rank enters the backward;
+- ``held_out_losses()`` — the held-out rows split over the ranks (rank r reads rows r, r + W,
+  ...), every rank's losses gathered back in the rows' order, so every rank reads the same
+  list and every paired test decides the same way.
+
+It also checks, before anything runs, that every rank holds the same trained weights and the
+same tokenized rows (sha256, one all-gather each): two ranks that disagree there would derive
+two plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from leadline.distributed.agree import agreed
+from leadline.distributed.hook import DDPNoise, NoiseHook
+from leadline.errors import InputError
+
+
+def unwrap(model: Any) -> Any:
+    """The module inside a DDP (or any ``.module``-holding parallel) wrapper; else ``model``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def rows_digest(rows: Any, order: Any) -> str:
+    """sha256 of the tokenized rows (ids and labels) and the draw order."""
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(repr((list(r.input_ids), list(r.labels))).encode())
+    h.update(repr(list(order)).encode())
+    return h.hexdigest()
+
+
+def check_same_everywhere(world: Any, what: str, digest: str, fix: str) -> None:
+    """Raise the same sentence on every rank when the ranks' digests of ``what`` differ."""
+    got = world.gather_object(digest)
+    odd = [r for r, d in enumerate(got) if d != got[0]]
+    if odd:
+        raise InputError(f"{what} differ between ranks (rank {odd[0]} against rank 0); {fix}")
+
+
+class WorldTask:
+    """The DDP side of a :class:`~leadline.hf.Task` (see the module).
+
+    Args:
+        task: the :class:`~leadline.hf.Task`, built on the unwrapped model.
+        params: the trained tensors.
+        world: the :class:`~leadline.distributed.World`.
+    """
+
+    def __init__(self, task: Any, params: list[Any], world: Any) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+
+        from leadline._phases import tensors_digest
+
+        self.task, self.params, self.world = task, params, world
+        check_same_everywhere(world, "the trained weights", tensors_digest(params),
+                              "seed the adapter's initialisation the same on every rank (torch.manual_seed before get_peft_model) or load the same checkpoint")
+        check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
+                              "give every rank the same data file, tokenizer and seed")
+        dev = torch.device(task.device)
+        self.hook = NoiseHook(carry_mean=True)
+        self.ddp = DistributedDataParallel(task.model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                           broadcast_buffers=False, init_sync=False)
+        self.ddp.register_comm_hook(None, self.hook)
+        self.hook.active = False
+
+    # ---- the noise ------------------------------------------------------------------------
+    def grad_fn(self) -> DDPNoise:
+        return DDPNoise(self.ddp, self.hook, self.task.micro_batch_of, self.world)
+
+    # ---- the rate phases --------------------------------------------------------------------
+    def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], float]:
+        """``train_step(step)``: this rank's share of the world's step ``step``; returns the
+        world's token-weighted mean loss (the same on every rank)."""
+        import torch
+
+        task, world, ddp = self.task, self.world, self.ddp
+        order, n_w, rank = task.order, world.world_size, world.rank
+        per_step = micro_batch * grad_accum * n_w
+
+        def train_step(step: int) -> float:
+            start = (step * per_step) % max(1, len(order))
+            idx = [order[(start + j) % len(order)] for j in range(per_step)]
+            mine = [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch]) for k in range(grad_accum)]
+            total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
+            loss_sum = 0.0
+            for k, m in enumerate(mine):
+                sync = k == grad_accum - 1
+                with contextlib.nullcontext() if sync else ddp.no_sync():
+                    def forward(m: Any = m, k: int = k) -> Any:
+                        with torch.enable_grad():
+                            loss = ddp(**m.to(task.device).model_inputs()).loss
+                        if not bool(torch.isfinite(loss.detach())):
+                            raise InputError(f"the loss of step {step}'s micro-batch {k} is {float(loss.detach())} under DDP; check these rows and the model's dtype")
+                        return loss
+
+                    loss = agreed(world, forward, f"step {step}'s forward (micro-batch {k})")
+                    (loss * (n_w * m.scored_tokens / total)).backward()
+                loss_sum += float(loss.detach()) * m.scored_tokens
+                del loss
+            return world.all_reduce([loss_sum], "sum")[0] / total
+
+        return train_step
+
+    def held_out_losses(self) -> Callable[[], list[float]]:
+        """The held-out rows' losses, each rank reading every W-th row, gathered in order."""
+        from leadline.corpus.losses import row_losses
+
+        task, world = self.task, self.world
+        rows = [task.rows[i] for i in task.split.held_out]
+        if not rows:
+            raise InputError("the split has no held_out rows; give split_rows a larger held_out")
+        mine = rows[world.rank::world.world_size]
+
+        def losses() -> list[float]:
+            local = agreed(world, lambda: row_losses(task.model, mine, 8, task.device, pad_id=task.pad_id) if mine else [],
+                           "the held-out read")
+            parts = world.gather_object([float(x) for x in local])
+            out: list[float] = [0.0] * len(rows)
+            for r, part in enumerate(parts):
+                out[r::world.world_size] = part
+            return out
+
+        return losses
+
+    def close(self) -> None:
+        """Drop the DDP wrapper and its hook; the model is left as it came."""
+        import gc
+
+        self.hook.release()
+        self.ddp = None  # type: ignore[assignment]
+        gc.collect()

@@ -1,0 +1,66 @@
+"""Every rank ends with the same plan: rank 0's, broadcast, checked by a hash on every rank."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from leadline.errors import LeadlineError
+from leadline.plan import Plan
+
+DECISIONS = ("rows_fit", "micro_batch", "grad_accum", "tokens_per_step", "noise_scale_tokens", "alpha1", "lr", "warmup_steps", "total_steps")
+"""The numbers a run is configured with: compared across ranks before the broadcast."""
+
+
+def plan_digest(plan: Plan | str) -> str:
+    """sha256 of the plan's JSON text (:meth:`Plan.to_json`), which round-trips exactly."""
+    text = plan if isinstance(plan, str) else plan.to_json()
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def disagreements(decisions: list[dict[str, Any]]) -> list[str]:
+    """Sentences for every decision a rank took differently from rank 0 (pure)."""
+    out = []
+    base = decisions[0]
+    for r, d in enumerate(decisions[1:], start=1):
+        for name in DECISIONS:
+            if d.get(name) != base.get(name):
+                out.append(f"rank {r} derived {name}={d.get(name)!r} where rank 0 derived {base.get(name)!r}; rank 0's plan stands")
+    return out
+
+
+def broadcast_plan(world: Any, plan: Plan, ranks: list[dict[str, Any]] | None = None) -> Plan:
+    """Rank 0's plan on every rank, checked by hash.
+
+    Every rank's own decisions (:data:`DECISIONS`) are gathered first; where a rank decided
+    differently, rank 0's plan says so in a note (the phases run in lockstep on agreed numbers,
+    so this should never happen — the note is how it would show). Rank 0 then broadcasts the
+    plan's JSON and its sha256; each rank checks the text it received against the hash and the
+    plan it parses against the text (a round trip to the same bytes), and the ranks agree on
+    the check: any mismatch raises the same sentence everywhere.
+
+    Args:
+        world: the :class:`~leadline.distributed.World`.
+        plan: this rank's plan.
+        ranks: per-rank records to put in ``plan.machine["world"]["ranks"]`` (rank 0's list).
+    """
+    decisions = world.gather_object({n: plan.get(n) for n in DECISIONS})
+    if world.is_main:
+        plan.notes.extend(disagreements(decisions))
+        plan.machine["world"] = {"world_size": world.world_size, "backend": world.backend, "ranks": ranks or []}
+        text: str | None = plan.to_json()
+        sent = (text, plan_digest(text))
+    else:
+        sent = None
+    text, digest = world.broadcast_object(sent)
+    ok = 0.0
+    received = None
+    try:
+        received = Plan.from_json(text)
+        ok = float(plan_digest(text) == digest and plan_digest(received) == digest)
+    except LeadlineError:
+        ok = 0.0
+    bad = [r for r, v in enumerate(world.all_gather([ok])) if not v[0]]
+    if bad or received is None:
+        raise LeadlineError(f"rank {bad[0] if bad else world.rank}'s copy of rank 0's plan does not match its sha256 {digest[:12]}; the broadcast was corrupted, run derive again")
+    return received

@@ -1,0 +1,184 @@
+"""The job a process belongs to, and the few collectives leadline needs, on host numbers.
+
+A :class:`World` is this process's place in a ``torch.distributed`` job of more than one
+process (launched by torchrun, accelerate or ``torch.multiprocessing``): its rank, the world
+size, the backend, and the device whose tensors the backend moves (``cuda:N`` for NCCL, the
+CPU for gloo). Its methods reduce, gather and broadcast plain Python numbers and objects, so
+the callers (derive's phases, the agreement, the plan broadcast) never build tensors for it.
+
+Every method is a collective: every rank must call it, in the same order. leadline only calls
+them where every rank's control flow is the same by construction (see docs/distributed.md).
+
+``import leadline.distributed`` loads no torch; :func:`current_world` reads torch only when it
+is already imported, so a process that never touched torch is never "in a job".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from leadline.errors import InputError
+
+OPS = ("sum", "min", "max")
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a job of ``world_size`` > 1 processes.
+
+    Attributes:
+        rank: 0 .. world_size - 1; rank 0 writes files and prints.
+        world_size: the processes in the job (GPUs under DDP).
+        local_rank: the rank on this host (the CUDA device index under torchrun).
+        backend: ``nccl`` or ``gloo`` (what ``torch.distributed.get_backend()`` says).
+        device: where the backend's tensors live: ``cuda:N`` for NCCL, ``cpu`` otherwise.
+        group: the process group (None: the default group).
+    """
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: str
+    group: Any = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that writes the plan and prints."""
+        return self.rank == 0
+
+    # ---- numbers ----------------------------------------------------------------------------
+    def _tensor(self, values: Sequence[float]) -> Any:
+        import torch
+
+        return torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
+
+    def all_reduce(self, values: Sequence[float], op: str = "sum") -> list[float]:
+        """Element-wise ``op`` (sum, min, max) of ``values`` over the ranks (float64)."""
+        import torch.distributed as dist
+
+        if op not in OPS:
+            raise InputError(f"World.all_reduce(op={op!r}) is not one of {', '.join(OPS)}")
+        t = self._tensor(values)
+        red = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        dist.all_reduce(t, op=red, group=self.group)
+        return [float(x) for x in t.cpu().tolist()]
+
+    def all_min(self, value: float) -> float:
+        """The least ``value`` over the ranks."""
+        return self.all_reduce([value], "min")[0]
+
+    def all_max(self, value: float) -> float:
+        """The largest ``value`` over the ranks."""
+        return self.all_reduce([value], "max")[0]
+
+    def all_gather(self, values: Sequence[float]) -> list[list[float]]:
+        """Every rank's ``values`` (the same length on every rank), indexed by rank."""
+        import torch
+        import torch.distributed as dist
+
+        t = self._tensor(values)
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t, group=self.group)
+        return [[float(x) for x in o.cpu().tolist()] for o in out]
+
+    # ---- objects -----------------------------------------------------------------------------
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's picklable ``obj``, indexed by rank."""
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable ``obj`` on every rank."""
+        import torch.distributed as dist
+
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier(group=self.group)
+
+    def synchronize(self) -> None:
+        """Wait for this rank's device (a no-op on the CPU)."""
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+
+def current_world() -> World | None:
+    """This process's :class:`World`, or None outside a ``torch.distributed`` job of more than
+    one process (no torch loaded, no process group initialised, or a world of one)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return None
+    size = dist.get_world_size()
+    if size < 2:
+        return None
+    backend = str(dist.get_backend())
+    local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count() or 1)))
+    if "nccl" in backend and torch.cuda.is_available():
+        device = f"cuda:{torch.cuda.current_device()}"
+    else:
+        device = "cpu"
+    return World(rank=dist.get_rank(), world_size=size, local_rank=local, backend=backend, device=device)
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment says this process is one of several (torchrun, accelerate)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    except ValueError:
+        return False
+
+
+@contextlib.contextmanager
+def job_from_env(device: str | None = None, timeout_s: float = 1800.0) -> Iterator[World | None]:
+    """Join the job torchrun described in the environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) for the duration of the block; yield its :class:`World`, or None
+    when the process was launched alone.
+
+    NCCL on this rank's GPU (``cuda:LOCAL_RANK``) when there is one and ``device`` does not
+    say ``cpu``; gloo otherwise. A process group this function started is destroyed on exit;
+    one that was already running is left as it was.
+    """
+    if not launched_by_torchrun():
+        yield None
+        return
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    started = False
+    if not dist.is_initialized():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        use_cuda = torch.cuda.is_available() and not (device or "").startswith("cpu")
+        if use_cuda:
+            torch.cuda.set_device(local)
+        dist.init_process_group("nccl" if use_cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+        started = True
+    try:
+        yield current_world()
+    finally:
+        if started and dist.is_initialized():
+            import gc
+
+            gc.collect()  # a DDP wrapper still alive when the group goes aborts the process
+            with contextlib.suppress(Exception):
+                dist.barrier()
+            dist.destroy_process_group()
