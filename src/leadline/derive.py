@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline._phases import PhaseRunner, ProgressFn, leave_no_trace
+from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.plan import Plan, Value
@@ -123,8 +124,13 @@ def derive(
     plan.model.setdefault("trained_as", trained_as)
     if data is not None or rows is not None:
         plan.data = describe_data(data if data is not None else rows)
-    runner = PhaseRunner(plan, max_seconds=max_seconds, on_progress=on_progress,
-                         resume_path=Path(resume) if resume is not None else None)
+    world = current_world()  # None outside a torch.distributed job of more than one process
+    runner_kind: Any = PhaseRunner
+    if world is not None:
+        from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
+    runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
+                         resume_path=Path(resume) if resume is not None else None,
+                         **({"world": world} if world is not None else {}))
     optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
     ctx: dict[str, Any] = {}
     with leave_no_trace(params, optimizers), forbid_spill(device if device is not None else "cpu"):
@@ -133,11 +139,11 @@ def derive(
         elif data is not None or rows is not None:
             runner.run("corpus", lambda: _corpus(data if data is not None else rows, tokenizer, seq_len, quantile, ctx))
         if grad_fn is not None:
-            runner.run("noise", lambda: _noise(grad_fn, runner, ctx))
+            runner.run("noise", lambda: _noise(grad_fn, runner, ctx, world))
         if step_fn is not None:
-            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx), needs=())
+            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params), needs=())
         if step_fn is not None and grad_fn is not None:
-            runner.run("step", lambda: _step(plan, ctx),
+            runner.run("step", lambda: _step(plan, ctx, world),
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
         if named:
             runner.run("anchor", lambda: _anchor(named, trained_as, plan))
@@ -153,6 +159,10 @@ def derive(
         runner.run("warmup", lambda: _warmup(plan, optimizer))
     runner.done()
     _pick_rate(plan)
+    if world is not None:
+        from leadline.distributed.sync import broadcast_plan
+
+        plan = broadcast_plan(world, plan)  # every rank ends with rank 0's plan, checked by its sha256
     return plan
 
 
@@ -165,11 +175,18 @@ def _corpus(source: Any, tokenizer: Any, seq_len: int | None, quantile: float | 
     return prof.as_values()
 
 
-def _noise(grad_fn: Any, runner: PhaseRunner, ctx: dict[str, Any]) -> dict[str, Value]:
+def _noise(grad_fn: Any, runner: PhaseRunner, ctx: dict[str, Any], world: Any = None) -> dict[str, Value]:
     from leadline.noise import measure_noise_scale
 
     left = runner.seconds_left()
-    noise = measure_noise_scale(grad_fn, budget_s=None if left is None else max(1.0, 0.3 * left))
+    budget = None if left is None else max(1.0, 0.3 * left)
+    if world is not None and hasattr(grad_fn, "measure"):  # the noise from DDP's all-reduce
+        from leadline.distributed.hook import noise_values
+
+        noise = grad_fn.measure(budget_s=budget)
+        ctx["noise"] = noise
+        return noise_values(noise, world)
+    noise = measure_noise_scale(grad_fn, budget_s=budget)
     ctx["noise"] = noise
     return noise.as_values()
 
@@ -185,16 +202,27 @@ def _rows_needed(plan: Plan) -> int | None:
     return max(1, math.ceil(upper / per_row))
 
 
-def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any]) -> dict[str, Value]:
+def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any],
+            world: Any = None, params: Sequence[Any] = ()) -> dict[str, Value]:
     from leadline.memory import ramp
 
     length = plan.get("seq_len")
     if length is None:
         raise InputError("the memory ramp needs the run's length: pass data= (and a tokenizer) or seq_len=")
     max_rows = _rows_needed(plan)
+    if world is not None:
+        from leadline.distributed.phases import rows_needed_per_rank
+
+        max_rows = rows_needed_per_rank(max_rows, world.world_size)
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
+    if world is not None:  # every rank ramps its own card; the plan takes the least
+        from leadline.distributed.phases import world_memory
+
+        ctx["ramp"], values = world_memory(world, lambda: ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start),
+                                           step_fn, params or step_fn.params())
+        return values
     result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start)
     ctx["ramp"] = result
     values = result.as_values()
@@ -202,12 +230,18 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
     return out
 
 
-def _step(plan: Plan, ctx: dict[str, Any]) -> dict[str, Value]:
+def _step(plan: Plan, ctx: dict[str, Any], world: Any = None) -> dict[str, Value]:
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
     noise = ctx.get("noise", plan.get("noise_scale_tokens"))
+    if world is not None:  # the step over the whole world: micro x accum x world size
+        from leadline.distributed.phases import world_step
+
+        return world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
+                          t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
+                          t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0), corpus_scored_tokens=plan.get("scored_tokens"))
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                          t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
                          corpus_scored_tokens=plan.get("scored_tokens"))

@@ -155,27 +155,41 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     tokenized corpus, in file order).
     """
     from leadline.derive import derive
+    from leadline.distributed.world import current_world
     from leadline.memory import TrainingStep
     from leadline.noise import ModelGradFn
     from leadline.provenance import describe_model
 
     if total_steps is None and epochs is None:
         epochs = 1.0
+    world = current_world()  # inside a torchrun job: DDP pieces below, the plan agreed by every rank
+    if world is not None:
+        from leadline.distributed.job import unwrap
+
+        model = unwrap(model)
     was_training = model.training
     task, prof = prepare(model, tokenizer, train_dataset, seq_len=seq_len, quantile=quantile, held_out=held_out,
                       test=test, seed=seed, probe_rows=probe_rows, fields=fields)
     named = trained_named_weights(model)
     kind = trained_as or trained_as_of(model)
     model.train()
+    job = None
+    grad_fn: Any = None
+    train_step_of, held_out_losses = task.train_step_of, None
     try:
+        if world is not None:
+            from leadline.distributed.job import WorldTask
+
+            job = WorldTask(task, [p for _, p in named], world)
+            grad_fn, train_step_of, held_out_losses = job.grad_fn(), job.train_step_of, job.held_out_losses()
         plan = derive(
             data=train_dataset if isinstance(train_dataset, (str, os.PathLike)) else None,
             rows=None if isinstance(train_dataset, (str, os.PathLike)) else _rows_of(train_dataset),
             tokenizer=tokenizer, seq_len=task.seq_len, profile=prof,
             step_fn=TrainingStep(task.loss_of, task.optimizer),
-            grad_fn=ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]),
+            grad_fn=grad_fn or ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]),
             named_weights=named, trained_as=kind, optimizer=task.optimizer,
-            train_step_of=task.train_step_of, held_out_losses=task.held_out_losses(),
+            train_step_of=train_step_of, held_out_losses=held_out_losses or task.held_out_losses(),
             total_steps=total_steps, epochs=epochs, effort=effort, max_seconds=max_seconds,
             on_progress=on_progress, resume=resume, prior=prior,
             lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
@@ -183,8 +197,12 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             device=task.device,
         )
     finally:
+        if job is not None:
+            job.close()
         model.train(was_training)
         model.zero_grad(set_to_none=True)
+    if job is not None:
+        plan.notes.extend(job.notes)
     return plan
 
 

@@ -27,6 +27,38 @@ def _need(plan: Plan, *names: str) -> None:
         raise InputError(f"the plan has no {', '.join(missing)}; derive it with `leadline derive` (and the same --data) first")
 
 
+def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float = 0.03, micro_batch: int | None = None,
+                total_steps: int | None = None, seq_len: int | None = None, seed: int = 0) -> Plan:
+    """A plan of given numbers (the default recipe people use: AdamW 2e-4, 16 rows a step, 3%
+    warmup, linear decay to zero), trained by the same path as a derived plan, for comparisons."""
+    from leadline.plan import Value
+
+    mb = int(micro_batch or rows_per_step)
+    if rows_per_step % mb:
+        raise InputError(f"rows per step {rows_per_step} is not a multiple of the micro-batch {mb}")
+    p = Plan()
+    p.set("micro_batch", Value(mb, "given", "the recipe's", unit="rows"))
+    p.set("grad_accum", Value(rows_per_step // mb, "given", "the recipe's"))
+    p.set("lr", Value(float(lr), "given", "the recipe's", unit="per step"))
+    p.set("warmup_ratio", Value(float(warmup_ratio), "given", "the recipe's: warmup from 0 over this share of the steps"))
+    p.set("weight_decay", Value(0.0, "given", "the recipe's"))
+    p.set("ending", Value("linear", "given", "the recipe's: linear decay to zero"))
+    if total_steps:
+        p.set("total_steps", Value(int(total_steps), "given", "the caller's", unit="steps"))
+    if seq_len:
+        p.set("seq_len", Value(int(seq_len), "given", "the caller's", unit="tokens"))
+    p.held_out = {"seed": seed}
+    return p
+
+
+def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
+    """The recipe's rate at ``step``: linear warmup from 0 over ``warmup`` steps, then linear
+    decay to zero at ``total`` (Hugging Face's ``linear`` scheduler)."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * max(0.0, (total - step) / max(1, total - warmup))
+
+
 def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
                     total_steps: int | None = None, schedule: bool = True,
                     on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
@@ -35,6 +67,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
     held-out rows; the test rows are read before and after, never during. With ``out_dir``,
     the adapter (PEFT) or the weights are saved there and ``run.json`` beside them.
+    A plan whose ``ending`` is ``linear`` (:func:`recipe_plan`) runs without the schedule:
+    warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero.
     """
     import torch
 
@@ -44,7 +78,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
     _need(plan, "micro_batch", "lr")
     steps = int(total_steps or plan.get("total_steps") or 0)
-    if steps < 1:
+    if steps < 1 and plan.get("ending") == "linear":
+        steps = -1  # one pass over the training rows, counted once the rows are split
+    elif steps < 1:
         raise InputError("the run's length is unknown: pass total_steps or derive the plan with --steps/--epochs")
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
@@ -54,7 +90,14 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     params = [p for _, p in named]
     betas = tuple(plan.get("betas") or (0.9, 0.999))
     opt = torch.optim.AdamW(params, lr=float(plan.lr), betas=betas, weight_decay=float(plan.get("weight_decay", 0.0)))
-    train_step = task.train_step_of(int(plan.micro_batch), int(plan.get("grad_accum", 1)))
+    accum = int(plan.get("grad_accum", 1))
+    train_step = task.train_step_of(int(plan.micro_batch), accum)
+    if steps == -1:
+        steps = max(1, len(task.order) // (int(plan.micro_batch) * accum))
+    linear = plan.get("ending") == "linear"
+    if linear:
+        schedule = False
+        warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
     held = task.held_out_losses()
     test = task.split.reader(model, task.rows, "test", micro_batch=8, device=task.device, pad_id=task.pad_id) if task.split.test else None
 
@@ -67,6 +110,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         for step in range(steps):
             if sched is not None:
                 sched.before(step)
+            elif linear:
+                for g in opt.param_groups:
+                    g["lr"] = linear_lr(step, float(plan.lr), warmup, steps)
             opt.zero_grad(set_to_none=True)
             loss = train_step(step)
             if not math.isfinite(loss):

@@ -26,25 +26,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import Progress, load_for_training
     from leadline.errors import InputError
 
     out = Path(args.out)
     if not out.parent.exists():
         raise InputError(f"--out {out}: the folder {out.parent} does not exist; create it or choose another path")
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data} does not exist; pass a jsonl file of training rows")
+    from leadline.distributed.world import job_from_env, launched_by_torchrun
+
+    if not launched_by_torchrun():
+        return _derive(args, out, main=True)
+    # under torchrun: every rank derives in step with the others; rank 0 writes and prints
+    with job_from_env(args.device) as world:
+        if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
+            args.device = world.device
+        return _derive(args, out, main=world is None or world.is_main)
+
+
+def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
+    from leadline.cli._common import Progress, load_for_training
+
     model, tok = load_for_training(args)
     from leadline.hf import derive_for
 
-    bar = Progress()
+    bar = Progress() if main else None
     try:
         plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
                           seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
                           on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed)
     finally:
-        bar.close()
+        if bar is not None:
+            bar.close()
     plan.model["name"] = str(args.model)
+    if not main:
+        return 0  # every rank holds the plan; rank 0 writes and prints it
     plan.to_json(out)
     print(plan.report())
     if args.scale_out:

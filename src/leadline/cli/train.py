@@ -14,6 +14,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="where to save the adapter (or weights) and run.json")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: the plan's total_steps)")
     p.add_argument("--no-schedule", action="store_true", help="train at the plan's rate without the LookaheadSchedule (not advised)")
+    p.add_argument("--recipe", action="store_true", help="ignore --plan's numbers and train the default recipe by the same path: "
+                   "AdamW at --lr, --batch rows a step, --warmup-ratio warmup, linear decay to zero (for comparisons)")
+    p.add_argument("--lr", type=float, default=2e-4, help="with --recipe: the rate (default 2e-4)")
+    p.add_argument("--batch", type=int, default=16, help="with --recipe: rows a step (default 16)")
+    p.add_argument("--warmup-ratio", type=float, default=0.03, help="with --recipe: the warmup's share of the steps (default 0.03)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -25,11 +30,29 @@ def run(args: argparse.Namespace) -> int:
     from leadline.run import train_with_plan
 
     plan = Plan.from_json(args.plan)
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps {args.steps} must be >= 1")
+    if not args.recipe and plan.data.get("sha256"):
+        from leadline.provenance import content_hash
+
+        if content_hash(args.data) != plan.data["sha256"]:
+            raise InputError(f"the plan {args.plan} was derived on other data than --data {args.data} (the content hash differs); pass the data it was derived on or derive again")
+    if args.recipe:
+        from leadline.run import recipe_plan
+
+        derived = plan
+        plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
+                           micro_batch=min(args.batch, int(derived.get("micro_batch") or args.batch)) if args.batch % int(derived.get("micro_batch") or args.batch) == 0 else args.batch,
+                           seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data} does not exist; pass the jsonl the plan was derived on")
     if Path(args.out).exists() and any(Path(args.out).iterdir()):
         raise InputError(f"--out {args.out} exists and is not empty; choose a new folder")
     model, tok = load_for_training(args)
+    want = plan.model.get("trained_parameters")
+    have = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if not args.recipe and isinstance(want, int) and want != have:
+        raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, this one trains {have:,}; pass the same --model and --lora-rank/--full")
 
     def show(rec: dict) -> None:
         if rec["step"] % 10 == 0:

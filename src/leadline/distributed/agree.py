@@ -4,7 +4,12 @@ becomes the same sentence on every rank instead of a collective that never compl
 The rule: a rank never raises between two collectives on its own. Local work (a forward, a
 ramp, a held-out read) runs inside :func:`agreed`; its outcome — fine, out of memory, or an
 error — is then all-gathered, and when any rank failed every rank raises
-:class:`RankFailed` with the first failing rank's sentence. An out-of-memory is kept as what
+:class:`RankFailed` with the first failing rank's sentence.
+
+Every agreement is the same collective (an all-gather of one number, then the sentences only
+when one is not zero), so a rank that fails anywhere meets the others at their next agreement,
+whichever one it is, and both sides raise. A :class:`RankFailed` is already agreed: it passes
+through every outer agreement without another collective. An out-of-memory is kept as what
 it is: the sentence says so and :attr:`RankFailed.out_of_memory` is set, so a caller that
 treats an OOM as a measurement (the ramp) can read it as one on every rank.
 """
@@ -64,8 +69,8 @@ def agreed(world: Any, fn: Callable[[], T], what: str) -> T:
     memory"), chained to the local exception on the ranks that raised one. Two collectives at
     most: a status all-gather, and the sentences only when something failed.
 
-    A :class:`RankFailed` raised inside ``fn`` (an inner agreement, already the same on every
-    rank) passes through with its sentence unchanged.
+    A :class:`RankFailed` raised inside ``fn`` (an inner agreement: every rank raised one) passes
+    through unchanged and without a collective.
 
     Args:
         world: the :class:`~leadline.distributed.World`.
@@ -76,15 +81,15 @@ def agreed(world: Any, fn: Callable[[], T], what: str) -> T:
     error: BaseException | None = None
     try:
         result = fn()
+    except RankFailed:
+        raise
     except Exception as e:  # every failure is agreed on; KeyboardInterrupt ends the job anyway
         error = e
     statuses = [int(s[0]) for s in world.all_gather([status_of(error)])]
     if not any(statuses):
         return result
     failed = [r for r, s in enumerate(statuses) if s]
-    if isinstance(error, RankFailed):
-        mine = (str(error), error.out_of_memory)
-    elif error is not None:
+    if error is not None:
         oom = status_of(error) == OUT_OF_MEMORY
         verb = "ran out of memory" if oom else "failed"
         mine = (f"{what} {verb} on rank {world.rank} of {world.world_size}: {_sentence(error)}", oom)

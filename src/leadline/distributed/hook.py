@@ -115,7 +115,9 @@ class NoiseHook:
         self._flat[key] = flat
         return flat
 
-    def __call__(self, state: Any, bucket: Any) -> Any:
+    def communicate(self, state, bucket):  # type: ignore[no-untyped-def]  # DDP rejects any annotation but its own
+        """(state, GradBucket) -> Future[Tensor]: read the bucket, then all-reduce it as
+        ``allreduce_hook`` does."""
         import torch
         import torch.distributed as dist
 
@@ -166,9 +168,10 @@ class DDPNoise:
         world: the :class:`~leadline.distributed.World`.
         k / max_k: as :func:`~leadline.noise.measure_noise_scale`.
 
-    Per step: one small all-reduce (the tokens, who ran out of data, who is out of time), the
-    forward on every rank, one status all-gather (did any forward fail?), the backward through
-    DDP (the hook reads the bucket), one all-gather of three scalars a rank. The draws are the
+    Per step: an agreement on reading the micro-batch, one small all-reduce (the tokens, who ran
+    out of data, who is out of time), the forward on every rank and an agreement on it (did any
+    forward fail?), the backward through DDP (the hook reads the bucket), one all-gather of
+    three scalars a rank. The draws are the
     same on every rank, so every rank stops at the same step.
     """
 
@@ -177,11 +180,21 @@ class DDPNoise:
         self.ddp, self.hook, self.micro_batch_of, self.world = ddp, hook, micro_batch_of, world
         self.k, self.max_k = k, max_k
 
-    def _micro_batch(self, i: int) -> Any:
+    def _prepare(self, i: int) -> tuple[Any, dict[str, Any], int]:
+        """Micro-batch i, its model inputs and its scored tokens (counted on the host)."""
         try:
-            return self.micro_batch_of(i)
+            mb = self.micro_batch_of(i)
         except IndexError:
-            return None
+            mb = None
+        if mb is None:
+            return None, {}, 0
+        kwargs, t_r = _batch_of(mb, i)
+        if t_r is None:
+            labels = kwargs.get("labels")
+            if labels is None:
+                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not scored) or scored_tokens")
+            t_r = int((labels[..., 1:] != -100).sum())
+        return mb, kwargs, int(t_r)
 
     def measure(self, budget_s: float | None = None) -> NoiseScale:
         import torch
@@ -207,11 +220,7 @@ class DDPNoise:
                     stopped = "k" if self.k is not None else "max_k"
                     break
                 i = step * n_w + rank
-                mb = self._micro_batch(i)
-                kwargs, t_r = ({}, 0) if mb is None else _batch_of(mb, i)
-                if mb is not None and t_r is None:
-                    labels = kwargs.get("labels")
-                    t_r = int((labels[..., 1:] != -100).sum()) if labels is not None else 0
+                mb, kwargs, t_r = agreed(world, lambda i=i: self._prepare(i), f"the noise scale's micro-batch {i}")
                 elapsed = _clock() - start
                 late = budget_s is not None and step > 0 and elapsed + elapsed / step > budget_s
                 total, missing, out_of_time, empty = world.all_reduce(

@@ -16,8 +16,11 @@ the module inside the caller's DDP, is never given a hook it keeps), registers t
   list and every paired test decides the same way.
 
 It also checks, before anything runs, that every rank holds the same trained weights and the
-same tokenized rows (sha256, one all-gather each): two ranks that disagree there would derive
-two plans.
+same tokenized rows (sha256, one all-gather each). Rows that differ are refused with one
+sentence (two ranks on different data would derive two plans); trained weights that differ
+(an adapter initialised without a common seed) are replaced by rank 0's for the derive, as
+DDP's first broadcast would replace them for training, and put back on close. The frozen
+weights are taken to be the same checkpoint on every rank: they are not hashed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ def unwrap(model: Any) -> Any:
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _no_buffer_sync() -> dict[str, bool]:
+    """DDP's switch for not broadcasting buffers each forward, under its name in this torch."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    names = inspect.signature(DistributedDataParallel.__init__).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in names else {"broadcast_buffers": False}
 
 
 def rows_digest(rows: Any, order: Any) -> str:
@@ -72,16 +85,33 @@ class WorldTask:
         from leadline._phases import tensors_digest
 
         self.task, self.params, self.world = task, params, world
-        check_same_everywhere(world, "the trained weights", tensors_digest(params),
-                              "seed the adapter's initialisation the same on every rank (torch.manual_seed before get_peft_model) or load the same checkpoint")
+        self.notes: list[str] = []
+        self._own: list[Any] | None = None
+        digests = world.gather_object(tensors_digest(params))
+        if any(d != digests[0] for d in digests):
+            self._take_rank0_weights(digests)
         check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
                               "give every rank the same data file, tokenizer and seed")
         dev = torch.device(task.device)
         self.hook = NoiseHook(carry_mean=True)
         self.ddp = DistributedDataParallel(task.model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                           broadcast_buffers=False, init_sync=False)
-        self.ddp.register_comm_hook(None, self.hook)
+                                           init_sync=False, **_no_buffer_sync())
+        self.ddp.register_comm_hook(None, self.hook.communicate)
         self.hook.active = False
+
+    def _take_rank0_weights(self, digests: list[str]) -> None:
+        """The ranks' trained weights differ (an adapter initialised without a common seed):
+        derive with rank 0's, as DDP would train, and put this rank's own back in :meth:`close`."""
+        import torch
+        import torch.distributed as dist
+
+        odd = [r for r, d in enumerate(digests) if d != digests[0]]
+        self._own = [p.detach().to("cpu", copy=True) for p in self.params]
+        with torch.no_grad():
+            for p in self.params:
+                dist.broadcast(p.data, src=0, group=self.world.group)
+        self.notes.append(f"the trained weights differed between ranks (rank {odd[0]} against rank 0): derive used rank 0's, "
+                          "as DDP's first broadcast would train them; seed the adapter's initialisation the same on every rank to avoid it")
 
     # ---- the noise ------------------------------------------------------------------------
     def grad_fn(self) -> DDPNoise:
@@ -100,7 +130,8 @@ class WorldTask:
         def train_step(step: int) -> float:
             start = (step * per_step) % max(1, len(order))
             idx = [order[(start + j) % len(order)] for j in range(per_step)]
-            mine = [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch]) for k in range(grad_accum)]
+            mine = agreed(world, lambda: [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch])
+                                          for k in range(grad_accum)], f"step {step}'s micro-batches")
             total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
             loss_sum = 0.0
             for k, m in enumerate(mine):
@@ -149,3 +180,10 @@ class WorldTask:
         self.hook.release()
         self.ddp = None  # type: ignore[assignment]
         gc.collect()
+        if self._own is not None:
+            import torch
+
+            with torch.no_grad():
+                for p, own in zip(self.params, self._own):
+                    p.copy_(own.to(p.device))
+            self._own = None

@@ -29,7 +29,7 @@ def disagreements(decisions: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def broadcast_plan(world: Any, plan: Plan, ranks: list[dict[str, Any]] | None = None) -> Plan:
+def broadcast_plan(world: Any, plan: Plan) -> Plan:
     """Rank 0's plan on every rank, checked by hash.
 
     Every rank's own decisions (:data:`DECISIONS`) are gathered first; where a rank decided
@@ -39,15 +39,19 @@ def broadcast_plan(world: Any, plan: Plan, ranks: list[dict[str, Any]] | None = 
     plan it parses against the text (a round trip to the same bytes), and the ranks agree on
     the check: any mismatch raises the same sentence everywhere.
 
+    Rank 0's ``plan.machine["world"]`` records the world size, the backend and every rank's
+    device.
+
     Args:
         world: the :class:`~leadline.distributed.World`.
         plan: this rank's plan.
-        ranks: per-rank records to put in ``plan.machine["world"]["ranks"]`` (rank 0's list).
     """
-    decisions = world.gather_object({n: plan.get(n) for n in DECISIONS})
+    mine = ({n: plan.get(n) for n in DECISIONS},
+            {"rank": world.rank, **{k: plan.machine.get(k) for k in ("device", "device_name", "device_memory_bytes") if k in plan.machine}})
+    got = world.gather_object(mine)
     if world.is_main:
-        plan.notes.extend(disagreements(decisions))
-        plan.machine["world"] = {"world_size": world.world_size, "backend": world.backend, "ranks": ranks or []}
+        plan.notes.extend(disagreements([g[0] for g in got]))
+        plan.machine["world"] = {"world_size": world.world_size, "backend": world.backend, "ranks": [g[1] for g in got]}
         text: str | None = plan.to_json()
         sent = (text, plan_digest(text))
     else:

@@ -1,0 +1,61 @@
+"""Several GPUs: derive() inside a torch.distributed job, the noise scale from DDP's own
+all-reduce, and how far data parallelism pays.
+
+- :class:`World` / :func:`current_world` / :func:`job_from_env` — this process's place in the
+  job, and the collectives on host numbers and objects leadline uses.
+- :func:`agreed` / :class:`RankFailed` — did anyone fail? A failure on one rank becomes the
+  same sentence on every rank (an out-of-memory stays one), never a collective that hangs.
+- :func:`broadcast_plan` / :func:`plan_digest` — every rank ends with rank 0's plan, checked by
+  its sha256.
+- :class:`NoiseHook` / :class:`DDPNoise` — a DDP communication hook that reads the noise scale
+  (McCandlish et al. 2018) from each rank's local bucket against the all-reduced one, and
+  derive()'s noise phase built on it; :func:`world_draws` the math, pure.
+- :func:`scale_out` / :class:`ScaleOut` — from a plan: the global batch, steps, tokens and wall
+  time to the same loss at 1, 2, 4, ... GPUs, and where adding GPUs stops paying.
+- :class:`AgreedPhaseRunner`, :func:`world_memory`, :func:`world_step`, :class:`WorldTask` — what
+  derive() and derive_for() use inside a job.
+
+``import leadline.distributed`` loads no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, str] = {
+    "World": "leadline.distributed.world",
+    "current_world": "leadline.distributed.world",
+    "job_from_env": "leadline.distributed.world",
+    "launched_by_torchrun": "leadline.distributed.world",
+    "agreed": "leadline.distributed.agree",
+    "RankFailed": "leadline.distributed.agree",
+    "broadcast_plan": "leadline.distributed.sync",
+    "plan_digest": "leadline.distributed.sync",
+    "NoiseHook": "leadline.distributed.hook",
+    "DDPNoise": "leadline.distributed.hook",
+    "world_draws": "leadline.distributed.noise_math",
+    "scale_out": "leadline.distributed.scale_out",
+    "scale_out_table": "leadline.distributed.scale_out",
+    "ScaleOut": "leadline.distributed.scale_out",
+    "ScaleRow": "leadline.distributed.scale_out",
+    "AgreedPhaseRunner": "leadline.distributed.phases",
+    "world_memory": "leadline.distributed.phases",
+    "world_step": "leadline.distributed.phases",
+    "WorldTask": "leadline.distributed.job",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'leadline.distributed' has no attribute {name!r}")
+    obj = getattr(importlib.import_module(module), name)
+    globals()[name] = obj
+    return obj
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

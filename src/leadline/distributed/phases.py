@@ -1,0 +1,222 @@
+"""derive()'s phases inside a job: the runner that keeps the ranks in step, the memory phase
+that takes the least card, and the step that counts the whole world.
+
+- :class:`AgreedPhaseRunner` — :class:`~leadline._phases.PhaseRunner` whose every phase ends in
+  an agreement (:func:`~leadline.distributed.agree.agreed`), whose time budget is the least
+  left on any rank (so every rank skips the same phases), and whose resume file is rank 0's
+  (read by rank 0 and broadcast; written by rank 0 only).
+- :func:`world_memory` — every rank ramps its own card; the plan takes the least micro-batch
+  (an all-gather), the ranks that kept more re-time at that shape, and the timings are the
+  slowest rank's; the all-reduce of the trained gradients is timed as DDP sends it.
+- :func:`world_step` — B* with the world's micro-batch: a step of B tokens on W GPUs costs
+  (B / (W m)) t_micro + t_step + t_allreduce, so B* = sqrt(B_noise × W m × (t_step +
+  t_allreduce) / t_micro) (McCandlish et al. 2018, the seed's B* with W micro-batches in
+  parallel); the micro-batch is per GPU and tokens per step count micro × accum × W.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leadline._phases import PhaseRunner
+from leadline.distributed.agree import agreed
+from leadline.errors import InputError
+from leadline.plan import Plan, Value
+
+BUCKET_BYTES = 25 * 1024 * 1024
+"""DDP's default bucket (``bucket_cap_mb=25``): the all-reduce is timed in buckets of this size."""
+
+
+@dataclass
+class AgreedPhaseRunner(PhaseRunner):
+    """A :class:`~leadline._phases.PhaseRunner` for a job (see the module)."""
+
+    world: Any = None
+
+    def __post_init__(self) -> None:
+        if self.world is None:
+            raise InputError("AgreedPhaseRunner needs world=, the job's World")
+        path = self.resume_path
+        self.resume_path = None
+        super().__post_init__()
+        self.resume_path = Path(path) if path is not None else None
+        state: Any = None
+        if self.world.is_main and self.resume_path is not None and self.resume_path.exists():
+            try:
+                self._load()
+                state = ("ok", self.finished, self.plan.to_dict(), self.extra)
+            except InputError as e:
+                state = ("error", str(e))
+        state = self.world.broadcast_object(state)
+        if state is None:
+            return
+        if state[0] == "error":
+            raise InputError(state[1])
+        if not self.world.is_main:
+            saved = Plan.from_dict(state[2], origin=str(self.resume_path))
+            for name, v in saved.values.items():
+                self.plan.set(name, v)
+            self.plan.held_out = saved.held_out or self.plan.held_out
+            self.restored, self.finished, self.extra = list(state[1]), list(state[1]), dict(state[3])
+
+    def seconds_left(self) -> float | None:
+        if self.max_seconds is None:
+            return None
+        return self.world.all_min(self.max_seconds - self.elapsed())
+
+    def _save(self) -> None:
+        if self.world.is_main:
+            super()._save()
+
+    def done(self) -> None:
+        if self.world.is_main:
+            super().done()
+
+    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = ()) -> bool:
+        return super().run(name, lambda: agreed(self.world, fn, f"derive's {name} phase"), needs=needs)
+
+
+# ---- the memory phase ---------------------------------------------------------------------
+def allreduce_seconds(world: Any, params: Sequence[Any], repeats: int = 5) -> dict[str, Any]:
+    """Time the all-reduce of the trained gradients as DDP sends it: buckets of
+    :data:`BUCKET_BYTES`, synchronized, ``repeats`` times; per repeat the slowest rank's time,
+    and their median. Returns the measurement as data (``seconds`` the median)."""
+    import torch
+    import torch.distributed as dist
+
+    numel = int(sum(p.numel() for p in params))
+    if numel == 0:
+        raise InputError("timing the all-reduce needs the trained tensors; none were given")
+    dtype = params[0].dtype
+    elem = torch.empty(0, dtype=dtype).element_size()
+    bucket = max(1, min(numel, BUCKET_BYTES // elem))
+    n_buckets = -(-numel // bucket)
+    buf = agreed(world, lambda: torch.zeros(bucket, dtype=dtype, device=world.device), "the all-reduce timing's buffer")
+    dist.all_reduce(buf, group=world.group)  # the first call sets up the channels: not timed
+    mine = []
+    for _ in range(repeats):
+        world.barrier()
+        world.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n_buckets):
+            dist.all_reduce(buf, group=world.group)
+        world.synchronize()
+        mine.append(time.perf_counter() - t0)
+    del buf
+    per_rank = world.all_gather(mine)
+    slowest = [max(r[i] for r in per_rank) for i in range(repeats)]
+    return {"seconds": statistics.median(slowest), "repeats_seconds": slowest, "bytes": numel * elem,
+            "buckets": n_buckets, "bucket_bytes": bucket * elem, "dtype": str(dtype).replace("torch.", ""),
+            "world_size": world.world_size, "backend": world.backend}
+
+
+def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any, params: Sequence[Any]) -> tuple[Any, dict[str, Value]]:
+    """The memory phase in a job: this rank's ramp (``run_ramp()``, agreed: a rank on which not
+    even one row fits stops every rank with its sentence), the least kept micro-batch over the
+    ranks, the timings at that shape from the slowest rank, and the all-reduce's time.
+
+    Returns this rank's :class:`~leadline.memory.RampResult` and the plan's values
+    ``rows_fit``, ``t_micro_seconds``, ``t_step_seconds``, ``t_allreduce_seconds``.
+    """
+    res = agreed(world, run_ramp, "the memory ramp")
+    kept = [int(g[0]) for g in world.all_gather([float(res.micro_batch)])]
+    rows = min(kept)
+
+    def timing() -> tuple[float, float, list[float], list[float]]:
+        if res.micro_batch == rows and res.t_micro_seconds is not None:
+            return res.t_micro_seconds, res.t_step_seconds or 0.0, list(res.micro_seconds), list(res.step_seconds)
+        t = step_fn(rows, res.length, 3)
+        return t.t_micro_seconds, t.t_step_seconds, list(t.micro_seconds), list(t.step_seconds)
+
+    t_micro, t_step, micro_reps, step_reps = agreed(world, timing, f"the timing at {rows} rows")
+    times = world.all_gather([t_micro, t_step])
+    slow_micro = max(range(world.world_size), key=lambda r: times[r][0])
+    slow_step = max(range(world.world_size), key=lambda r: times[r][1])
+    ar = allreduce_seconds(world, params)
+    ranks = [{"rank": r, "rows_kept": kept[r], "t_micro_seconds": times[r][0], "t_step_seconds": times[r][1]} for r in range(world.world_size)]
+    per_rank = ", ".join(f"rank {r}: {k}" for r, k in enumerate(kept))
+    shape = f"{rows} rows x {res.length} tokens"
+    ev = {**res.evidence(), "ranks": ranks, "world_size": world.world_size}
+    values = {
+        "rows_fit": Value(rows, "measured", f"the least of {world.world_size} ranks' ramps, each on its own card ({per_rank}); rank {world.rank}'s: {res.source()}",
+                          ev, res.seconds, "rows"),
+        "t_micro_seconds": Value(times[slow_micro][0], "measured", f"the slowest of {world.world_size} ranks (rank {slow_micro}): median of 3 synchronized forward+backward passes of {shape}",
+                                 {"ranks": ranks, "repeats_seconds": micro_reps}, 0.0, "s"),
+        "t_step_seconds": Value(times[slow_step][1], "measured", f"the slowest of {world.world_size} ranks (rank {slow_step}): median of 3 synchronized optimizer updates after {shape}",
+                                {"ranks": ranks, "repeats_seconds": step_reps}, 0.0, "s"),
+        "t_allreduce_seconds": Value(ar["seconds"], "measured",
+                                     f"median of {len(ar['repeats_seconds'])} synchronized all-reduces of the trained gradients ({ar['bytes']:,} bytes {ar['dtype']}, "
+                                     f"{ar['buckets']} bucket(s) as DDP sends them) over {world.world_size} ranks ({world.backend}), the slowest rank's; "
+                                     "DDP overlaps it with the backward, so as a per-step cost it is an upper bound",
+                                     ar, 0.0, "s"),
+    }
+    return res, values
+
+
+# ---- the step ---------------------------------------------------------------------------
+def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: float, t_step_seconds: float,
+               t_micro_seconds: float, t_allreduce_seconds: float = 0.0,
+               corpus_scored_tokens: float | None = None) -> dict[str, Value]:
+    """Tokens per step over W GPUs, the micro-batch per GPU and grad_accum (pure math).
+
+    B* = sqrt(B_noise × W m × (t_step + t_allreduce) / t_micro), m = rows_fit × tokens a row,
+    clamped as :func:`~leadline.noise.tokens_per_step` clamps it; rows a step are spread over
+    the W GPUs (at least one row each): grad_accum = ceil(rows a step / (W rows_fit)),
+    micro_batch = ceil(rows a step / (W grad_accum)); a step is micro_batch × grad_accum × W
+    rows.
+
+    Returns the plan's ``tokens_per_step`` (the world's), ``micro_batch`` (per GPU),
+    ``grad_accum`` and ``world_size``.
+
+    References:
+        McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11.
+    """
+    from leadline.noise import tokens_per_step
+    from leadline.noise.step import _tok
+
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise InputError(f"world_step(world_size={world_size!r}) needs the whole number of GPUs, >= 1")
+    w = world_size
+    m = rows_fit * float(tokens_per_row)
+    sp = tokens_per_step(noise, rows_fit=w * rows_fit, tokens_per_micro_batch=w * m,
+                         t_step_seconds=float(t_step_seconds) + float(t_allreduce_seconds), t_micro_seconds=t_micro_seconds,
+                         corpus_scored_tokens=corpus_scored_tokens)
+    accum = sp.grad_accum
+    wanted = max(w, sp.inputs["rows_wanted"])
+    micro = min(rows_fit, max(1, -(-wanted // (w * accum))))
+    rows_step = micro * accum * w
+    clamp = f", clamped to {sp.clamped_by}" if sp.clamped_by else ""
+    ev = {**sp.inputs, "b_star_tokens": sp.b_star_tokens, "clamped_by": sp.clamped_by, "world_size": w,
+          "rows_fit_per_gpu": rows_fit, "tokens_per_micro_batch_per_gpu": m, "t_optimizer_seconds": float(t_step_seconds),
+          "t_allreduce_seconds": float(t_allreduce_seconds), "rows_per_step": rows_step,
+          "scored_tokens_per_step": rows_step * float(tokens_per_row)}
+    b = sp.inputs["b_noise_tokens"]
+    return {
+        "tokens_per_step": Value(
+            sp.tokens_per_step, "derived",
+            f"B* = sqrt(B_noise {_tok(b)} × {w} GPUs × {_tok(m)} tokens a micro-batch × (t_step {float(t_step_seconds):.4g} s + all-reduce "
+            f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = {_tok(sp.b_star_tokens)}{clamp}: the world's step "
+            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, {_tok(rows_step * float(tokens_per_row))} tokens",
+            evidence=ev, unit="scored tokens"),
+        "micro_batch": Value(
+            micro, "derived",
+            f"per GPU: the step's {wanted} rows over {w} GPUs in {accum} micro-batch{'es' if accum > 1 else ''} each, "
+            f"{micro} rows of the {rows_fit} that fit on the smallest card" + (" (cut)" if micro < rows_fit else ""),
+            evidence=ev, unit="rows"),
+        "grad_accum": Value(
+            accum, "derived",
+            f"ceil({wanted} rows a step / ({w} GPUs x {rows_fit} that fit)) = {accum} micro-batch{'es' if accum > 1 else ''} a GPU a step",
+            evidence=ev),
+        "world_size": Value(w, "measured", "torch.distributed's world size: the GPUs the data-parallel step is spread over", unit="GPUs"),
+    }
+
+
+def rows_needed_per_rank(rows_needed: int | None, world_size: int) -> int | None:
+    """The ramp's upper limit on one of W cards: the step's rows over the W GPUs."""
+    return None if rows_needed is None else max(1, math.ceil(rows_needed / world_size))

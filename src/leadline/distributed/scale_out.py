@@ -1,0 +1,286 @@
+"""How far data parallelism pays: the global batch, steps, tokens and wall time per GPU count.
+
+McCandlish et al. (2018, eq. 2.11): at a batch of B tokens, reaching a given loss takes
+
+    S(B) = S_min (1 + B_noise / B) steps   and   E(B) = E_min (1 + B / B_noise) tokens,
+    E_min = S_min B_noise.
+
+On n GPUs that each run micro-batches of m scored tokens in t_micro seconds, a step of B
+tokens costs (the seed's cost model, the one B* comes from, with n micro-batches in parallel)
+
+    T(B, n) = (B / (n m)) t_micro + t_step + t_comm(n)
+
+seconds, so the wall time to the loss, S(B) T(B, n), is least at
+
+    B*_n = sqrt(B_noise × n m × (t_step + t_comm(n)) / t_micro),
+
+clamped as the plan clamps its step: never past B_noise (beyond the knee a token buys less
+than a step saves), never below one row per GPU. Past the GPU count where one row per GPU is
+already B_noise, more GPUs make the step bigger than the noise and buy almost no steps.
+
+S_min comes from the plan: its run of ``total_steps`` at ``tokens_per_step`` reaches some loss;
+the same loss at B takes S(B) steps with S_min = total_steps / (1 + B_noise / tokens_per_step).
+Without ``total_steps`` every count is in units of S_min.
+
+The communication: t_comm(1) = 0; a ring all-reduce moves 2 (n - 1)/n of the gradient per
+GPU, so a time measured on W GPUs is scaled by (2(n-1)/n) / (2(W-1)/W). Unmeasured (a plan
+derived on one GPU), it is taken as free and every wall time is a lower bound — the table says
+so. Adding GPUs "stops paying" at the first count whose efficiency, speed-up / n (the share of
+the GPU time that shortens the run), falls below ``min_efficiency`` (one half: past it, the
+GPU-hours to the loss more than double).
+
+References:
+    McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training",
+    arXiv:1812.06162 (2018), §2.2, eq. 2.11.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Plan, Value
+
+DEFAULT_GPUS = (1, 2, 4, 8, 16, 32, 64)
+MIN_EFFICIENCY = 0.5
+
+
+def ring_factor(n: int) -> float:
+    """The share of the gradient a ring all-reduce moves through each GPU: 2 (n - 1) / n."""
+    return 2.0 * (n - 1) / n
+
+
+def comm_seconds(n: int, measured_seconds: float | None, measured_world: int | None) -> float:
+    """t_comm(n): 0 on one GPU or unmeasured; else the measured time scaled by the ring factor."""
+    if n <= 1 or measured_seconds is None or measured_world is None or measured_world < 2:
+        return 0.0
+    return float(measured_seconds) * ring_factor(n) / ring_factor(measured_world)
+
+
+@dataclass(frozen=True)
+class ScaleRow:
+    """One GPU count: the batch, the steps and tokens to the loss, the time.
+
+    Attributes:
+        gpus: n.
+        batch_tokens: the global step B in scored tokens (B*_n after its clamps).
+        b_star_tokens: B*_n before the clamps.
+        clamped_by: "noise scale", "a row per GPU" or None.
+        grad_accum: micro-batches a GPU a step, ceil(B / (n m)).
+        steps: S(B) = S_min (1 + B_noise / B).
+        tokens: E(B) = S(B) B.
+        seconds_per_step: T(B, n).
+        comm_seconds: t_comm(n), inside ``seconds_per_step``.
+        wall_seconds: S(B) T(B, n).
+        speedup: wall on one GPU / wall on n.
+        efficiency: speedup / n.
+    """
+
+    gpus: int
+    batch_tokens: float
+    b_star_tokens: float
+    clamped_by: str | None
+    grad_accum: int
+    steps: float
+    tokens: float
+    seconds_per_step: float
+    comm_seconds: float
+    wall_seconds: float
+    speedup: float
+    efficiency: float
+
+
+def _row(n: int, b_noise: float, m: float, per_row: float, t_micro: float, t_step: float, comm: float, s_min: float) -> dict[str, Any]:
+    c = t_step + comm
+    b_star = math.sqrt(b_noise * n * m * c / t_micro)
+    target, clamped = b_star, None
+    if target > b_noise:
+        target, clamped = b_noise, "noise scale"
+    if target < n * per_row:
+        target, clamped = n * per_row, "a row per GPU"
+    sec = target / (n * m) * t_micro + c
+    steps = s_min * (1.0 + b_noise / target)
+    return {"gpus": n, "batch_tokens": target, "b_star_tokens": b_star, "clamped_by": clamped,
+            "grad_accum": max(1, math.ceil(target / (n * m) - 1e-9)), "steps": steps, "tokens": steps * target,
+            "seconds_per_step": sec, "comm_seconds": comm, "wall_seconds": steps * sec}
+
+
+@dataclass
+class ScaleOut:
+    """The scale-out table and what it rests on. ``table()`` is the text, ``as_values()`` the
+    plan's ``scale_out_gpus`` with everything as evidence."""
+
+    rows: list[ScaleRow]
+    b_noise_tokens: float
+    tokens_per_micro_batch: float
+    tokens_per_row: float
+    t_micro_seconds: float
+    t_step_seconds: float
+    s_min: float
+    absolute: bool
+    knee_gpus: float
+    pays_up_to: int
+    stops_paying_at: int | None
+    min_efficiency: float
+    comm: dict[str, Any]
+    assumptions: list[str] = field(default_factory=list)
+
+    def row(self, gpus: int) -> ScaleRow:
+        for r in self.rows:
+            if r.gpus == gpus:
+                return r
+        raise InputError(f"the scale-out table has no row for {gpus} GPUs; it has {', '.join(str(r.gpus) for r in self.rows)}")
+
+    def sentence(self) -> str:
+        stop = (f"at {self.stops_paying_at} GPUs the efficiency falls below {self.min_efficiency:.0%}"
+                if self.stops_paying_at is not None else f"no count up to {self.rows[-1].gpus} falls below {self.min_efficiency:.0%} efficiency")
+        return (f"data parallelism pays up to {self.pays_up_to} GPUs ({stop}); one micro-batch a GPU reaches B_noise "
+                f"{_num(self.b_noise_tokens)} tokens at {self.knee_gpus:.3g} GPUs (McCandlish et al. 2018: S_min(1+B_noise/B), E_min(1+B/B_noise))")
+
+    def table(self) -> str:
+        unit = "s" if self.absolute else "s x S_min"
+        head = (f"scale-out: B_noise {_num(self.b_noise_tokens)} tokens, {_num(self.tokens_per_micro_batch)} tokens a micro-batch a GPU "
+                f"at t_micro {self.t_micro_seconds:.4g} s, t_step {self.t_step_seconds:.4g} s, {self.comm['text']}")
+        cols = f"{'GPUs':>5} {'step tokens':>12} {'accum':>6} {'steps':>9} {'tokens':>12} {'s/step':>9} {'wall (' + unit + ')':>14} {'speed-up':>9} {'eff.':>6}"
+        lines = [head, cols]
+        for r in self.rows:
+            mark = {"noise scale": " (B_noise)", "a row per GPU": " (1 row/GPU)"}.get(r.clamped_by or "", "")
+            lines.append(f"{r.gpus:>5} {_num(r.batch_tokens):>12} {r.grad_accum:>6} {r.steps:>9.4g} {_num(r.tokens):>12} "
+                         f"{r.seconds_per_step:>9.4g} {r.wall_seconds:>14.4g} {r.speedup:>8.3g}x {r.efficiency:>6.0%}{mark}")
+        lines.append(self.sentence())
+        lines.extend(f"- {a}" for a in self.assumptions)
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rows"] = [asdict(r) for r in self.rows]
+        return d
+
+    def as_values(self) -> dict[str, Value]:
+        return {"scale_out_gpus": Value(self.pays_up_to, "derived", self.sentence(), evidence=self.as_dict(), unit="GPUs")}
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _positive(name: str, v: Any, zero_ok: bool = False) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and (v >= 0 if zero_ok else v > 0)
+    if not ok:
+        raise InputError(f"scale-out needs {name} {'>= 0' if zero_ok else '> 0'} and finite, got {v!r}")
+    return float(v)
+
+
+def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens_per_row: float, t_micro_seconds: float,
+                    t_step_seconds: float, *, gpus: Sequence[int] = DEFAULT_GPUS, comm_seconds_measured: float | None = None,
+                    comm_world_size: int | None = None, s_min: float = 1.0, absolute: bool = False,
+                    min_efficiency: float = MIN_EFFICIENCY, assumptions: Sequence[str] = ()) -> ScaleOut:
+    """The table from the numbers (pure math; see the module for every formula).
+
+    Args:
+        b_noise_tokens: B_noise in scored tokens.
+        tokens_per_micro_batch: m, the scored tokens of the micro-batch t_micro was measured at.
+        tokens_per_row: scored tokens a row (the least step is a row per GPU).
+        t_micro_seconds, t_step_seconds: one forward+backward at m; the optimizer update.
+        gpus: the counts, whole and >= 1 (one GPU is always computed, for the speed-up).
+        comm_seconds_measured / comm_world_size: an all-reduce of the trained gradients timed on
+            that many GPUs (None: unmeasured, taken as free).
+        s_min: S_min in steps (1: everything in units of S_min); absolute: S_min came from a run.
+        min_efficiency: the efficiency below which adding GPUs stops paying.
+    """
+    b = _positive("B_noise", b_noise_tokens)
+    m = _positive("tokens a micro-batch", tokens_per_micro_batch)
+    per_row = _positive("tokens a row", tokens_per_row)
+    t_micro = _positive("t_micro_seconds", t_micro_seconds)
+    t_step = _positive("t_step_seconds", t_step_seconds, zero_ok=True)
+    s_min = _positive("S_min", s_min)
+    if not 0 < min_efficiency <= 1:
+        raise InputError(f"scale-out's min_efficiency must be in (0, 1], got {min_efficiency!r}")
+    counts = []
+    for n in gpus:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InputError(f"scale_out(gpus=...) needs whole GPU counts >= 1, got {n!r}")
+        if n not in counts:
+            counts.append(n)
+    counts.sort()
+    if not counts:
+        raise InputError("scale_out(gpus=...) needs at least one GPU count")
+    one = _row(1, b, m, per_row, t_micro, t_step, 0.0, s_min)
+    rows = []
+    for n in counts:
+        r = _row(n, b, m, per_row, t_micro, t_step, comm_seconds(n, comm_seconds_measured, comm_world_size), s_min)
+        speedup = one["wall_seconds"] / r["wall_seconds"]
+        rows.append(ScaleRow(**r, speedup=speedup, efficiency=speedup / n))
+    paying = [r.gpus for r in rows if r.efficiency >= min_efficiency]
+    stops = next((r.gpus for r in rows if r.efficiency < min_efficiency), None)
+    pays_up_to = max((g for g in paying if stops is None or g < stops), default=1)
+    if comm_seconds_measured is None or comm_world_size is None or comm_world_size < 2:
+        comm = {"measured_seconds": None, "world_size": None, "text": "communication unmeasured (taken as free)"}
+    else:
+        comm = {"measured_seconds": float(comm_seconds_measured), "world_size": int(comm_world_size),
+                "text": f"all-reduce {float(comm_seconds_measured):.4g} s measured on {comm_world_size} GPUs, scaled by the ring's 2(n-1)/n"}
+    return ScaleOut(rows=rows, b_noise_tokens=b, tokens_per_micro_batch=m, tokens_per_row=per_row, t_micro_seconds=t_micro,
+                    t_step_seconds=t_step, s_min=s_min, absolute=absolute, knee_gpus=b / m, pays_up_to=pays_up_to,
+                    stops_paying_at=stops, min_efficiency=min_efficiency, comm=comm, assumptions=list(assumptions))
+
+
+def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency: float = MIN_EFFICIENCY) -> ScaleOut:
+    """The scale-out table of a derived plan: from its measured B_noise, micro-batch, t_micro,
+    t_step (and, for a plan derived in a job, its measured all-reduce), at each GPU count.
+
+    Args:
+        plan: a :class:`~leadline.plan.Plan` with ``noise_scale_tokens``, ``rows_fit``,
+            ``scored_tokens_per_row``, ``t_micro_seconds`` and ``t_step_seconds`` (a derive
+            with a model and data); ``total_steps`` and ``tokens_per_step`` make the steps and
+            times absolute.
+        gpus: the GPU counts (default 1, 2, 4, ..., 64).
+        min_efficiency: below this efficiency adding GPUs stops paying (default 0.5).
+
+    Returns:
+        :class:`ScaleOut`; ``.table()`` prints it, ``.as_values()`` is the plan's entry.
+
+    Raises:
+        InputError: the plan lacks a value the table needs, naming it.
+    """
+    need = ("noise_scale_tokens", "rows_fit", "scored_tokens_per_row", "t_micro_seconds", "t_step_seconds")
+    missing = [n for n in need if not isinstance(plan.get(n), (int, float)) or isinstance(plan.get(n), bool)]
+    if missing:
+        raise InputError(f"the scale-out table needs the plan's {', '.join(missing)}; derive the plan with a model and data (`leadline derive --model ... --data ...`)")
+    b = float(plan.get("noise_scale_tokens"))
+    per_row = float(plan.get("scored_tokens_per_row"))
+    m = int(plan.get("rows_fit")) * per_row
+    notes = []
+    ev = plan["noise_scale_tokens"].evidence if isinstance(plan["noise_scale_tokens"].evidence, dict) else {}
+    if ev.get("lower_bound"):
+        notes.append("B_noise is a lower bound (|G|² did not resolve): the knee lies further out and the table is pessimistic about many GPUs")
+    elif ev.get("upper_bound"):
+        notes.append("B_noise is an upper bound (S did not resolve): the knee may lie closer and the table is optimistic about many GPUs")
+    elif ev and not ev.get("settled", True):
+        notes.append("the noise probe did not settle (coarse B_noise): read the knee with its standard error")
+    comm_s = plan.get("t_allreduce_seconds")
+    comm_w = None
+    if isinstance(comm_s, (int, float)):
+        cev = plan["t_allreduce_seconds"].evidence if isinstance(plan["t_allreduce_seconds"].evidence, dict) else {}
+        comm_w = int(cev.get("world_size") or plan.get("world_size") or 0) or None
+        notes.append(f"communication measured on {comm_w} GPUs of one host and scaled by the ring's 2(n-1)/n, counted whole per step "
+                     "(DDP overlaps it with the backward: an upper bound); across hosts the bandwidth is lower and these times optimistic")
+    else:
+        comm_s = None
+        notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU is a lower bound; "
+                     "derive under torchrun to measure the all-reduce")
+    notes.append("a step's compute is taken as proportional to its tokens (t_micro / m per token, the cost model B* comes from): "
+                 "micro-batches smaller than the measured one run less efficiently than that")
+    total, step = plan.get("total_steps"), plan.get("tokens_per_step")
+    if isinstance(total, (int, float)) and isinstance(step, (int, float)) and step > 0 and total > 0:
+        s_min, absolute = float(total) / (1.0 + b / float(step)), True
+        notes.append(f"S_min = total_steps {total:,} / (1 + B_noise / tokens_per_step {_num(float(step))}) = {s_min:.4g}: "
+                     "the steps to the loss the plan's run reaches")
+    else:
+        s_min, absolute = 1.0, False
+        notes.append("the plan has no total_steps: steps, tokens and wall times are in units of S_min")
+    return scale_out_table(b, m, per_row, float(plan.get("t_micro_seconds")), float(plan.get("t_step_seconds")), gpus=gpus,
+                           comm_seconds_measured=comm_s, comm_world_size=comm_w, s_min=s_min, absolute=absolute,
+                           min_efficiency=min_efficiency, assumptions=notes)

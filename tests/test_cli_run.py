@@ -1,0 +1,79 @@
+"""leadline derive and leadline train from the shell, on the tiny model saved as a folder."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from helpers import DATA, save_model_dir
+from leadline import Plan
+from leadline.cli import main
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_model_dir(tmp_path_factory.mktemp("m") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def derived(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    rc = main(["derive", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+               "--steps", "6", "--out", str(out), "--html", str(out.with_suffix(".html")), "--device", "cpu"])
+    return rc, out
+
+
+def test_derive_writes_a_plan_and_report(derived, capsys):
+    rc, out = derived
+    assert rc == 0
+    plan = Plan.from_json(out)
+    assert plan.total_steps == 6 and plan.micro_batch >= 1 and "lr" in plan
+    assert out.with_suffix(".html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_train_with_the_plan_saves_the_adapter_and_the_curve(derived, model_dir, tmp_path):
+    _, plan_path = derived
+    run = tmp_path / "run"
+    rc = main(["train", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+               "--plan", str(plan_path), "--out", str(run), "--device", "cpu"])
+    assert rc == 0
+    res = json.loads((run / "run.json").read_text())
+    assert res["steps"] == 6 and len(res["curve"]) == 6 and res["schedule"]["checks"]
+    assert (run / "adapter_config.json").exists()
+    assert "test_loss_after" in res
+
+
+def test_recipe_arm_runs_by_the_same_path(derived, model_dir, tmp_path):
+    _, plan_path = derived
+    run = tmp_path / "recipe"
+    rc = main(["train", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+               "--plan", str(plan_path), "--out", str(run), "--device", "cpu", "--recipe", "--batch", "4", "--steps", "5"])
+    assert rc == 0
+    curve = json.loads((run / "run.json").read_text())["curve"]
+    lrs = [c["lr"] for c in curve]
+    assert lrs[0] == pytest.approx(2e-4) and lrs[-1] < lrs[0]  # warmup of one step, then linear decay
+
+
+def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
+    _, plan_path = derived
+    other = tmp_path / "other.jsonl"
+    shutil.copy(DATA / "prompt_completion.jsonl", other)
+    with other.open("a") as f:
+        f.write(json.dumps({"prompt": "x", "completion": " y"}) + "\n")
+    args = ["--model", str(model_dir), "--lora-rank", "4", "--device", "cpu"]
+    cases = [
+        (["derive", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "0", "--out", str(tmp_path / "p.json")], "--steps 0"),
+        (["derive", *args, "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "p.json")], "does not exist"),
+        (["derive", "--model", str(tmp_path / "nomodel"), "--data", str(DATA / "text.jsonl"), "--out", str(tmp_path / "p.json")], "does not exist"),
+        (["train", *args, "--data", str(other), "--plan", str(plan_path), "--out", str(tmp_path / "r")], "other data"),
+        (["train", "--model", str(model_dir), "--lora-rank", "8", "--device", "cpu", "--data", str(DATA / "prompt_completion.jsonl"),
+          "--plan", str(plan_path), "--out", str(tmp_path / "r2")], "trained parameters"),
+    ]
+    for argv, needle in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
+        assert len(err) == 1 and needle in err[0], err  # one sentence (a loader's progress bar may precede it)
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()

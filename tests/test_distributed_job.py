@@ -1,0 +1,283 @@
+"""derive() in a 2-process job (gloo, CPU): identical plans, the noise from DDP's all-reduce
+against the single-process probe on the same rows, and failures (an injected OOM, an error)
+agreed on by both ranks instead of a hang.
+
+One spawned job runs every scenario (starting two Python processes with torch costs more than
+the scenarios do); each rank writes what it saw to a JSON file the tests read. The job has a
+hard deadline, and every collective a 60 s timeout, so a hang fails the tests instead of
+blocking CI.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import DATA
+
+WORLD = 2
+DEADLINE_S = 150.0
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _lora_model(tok: Any, adapter_seed: int = 0) -> Any:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from helpers import make_model
+
+    base = make_model(vocab_size=len(tok))  # seeded: the same base on every rank
+    torch.manual_seed(adapter_seed)
+    return get_peft_model(base,
+                          LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+
+def _derive(model: Any, tok: Any) -> Any:
+    from leadline.hf import derive_for
+
+    return derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="quick")
+
+
+def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
+    """A: derive_for on the tiny LoRA Llama; then the single-process probe on the same rows."""
+    import torch
+
+    from leadline._phases import tensors_digest
+    from leadline.distributed import plan_digest
+    from leadline.hf import prepare, trained_named_weights
+    from leadline.noise import ModelGradFn, measure_noise_scale
+
+    model = _lora_model(tok, adapter_seed=rank)  # different adapters: derive must use rank 0's
+    before = tensors_digest(list(model.parameters()))
+    t0 = time.perf_counter()
+    plan = _derive(model, tok)
+    seconds = time.perf_counter() - t0
+    after = tensors_digest(list(model.parameters()))
+    # the probe, alone on this process, on the micro-batches derive drew, in the same order,
+    # at the weights derive used (rank 0's)
+    import torch.distributed as dist
+
+    named = trained_named_weights(model)
+    with torch.no_grad():
+        for _, p in named:
+            dist.broadcast(p.data, src=0)
+    task, _ = prepare(model, tok, str(DATA / "prompt_completion.jsonl"))
+    ev = plan["noise_scale_tokens"].evidence
+    probe = measure_noise_scale(ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]), k=len(ev["micro_tokens"]))
+    return {"plan": plan.to_json(), "digest": plan_digest(plan), "seconds": seconds, "weights_kept": before == after,
+            "grads_none": all(p.grad is None for p in model.parameters()),
+            "probe": {"b": probe.b_noise_tokens, "se": probe.se_tokens, "micro_tokens": probe.micro_tokens}}
+
+
+def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
+    """B: rank 1's card refuses 2 rows in the ramp (an injected OOM): a measurement on both."""
+    import torch
+
+    import leadline.hf as hf
+
+    real = hf.Task.loss_of
+
+    def loss_of(self: Any, b: int, length: int) -> Any:
+        if rank == 1 and b >= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank 1)")
+        return real(self, b, length)
+
+    hf.Task.loss_of = loss_of  # type: ignore[method-assign]
+    try:
+        plan = _derive(_lora_model(tok), tok)
+    finally:
+        hf.Task.loss_of = real  # type: ignore[method-assign]
+    return {"plan": plan.to_json(), "rows_fit": plan.rows_fit, "ranks": plan["rows_fit"].evidence["ranks"]}
+
+
+def _failure(rank: int, tok: Any, inject: Any) -> dict[str, Any]:
+    import torch
+
+    from leadline._phases import tensors_digest
+
+    model = _lora_model(tok)
+    before = tensors_digest(list(model.parameters()))
+    remove = inject(model)
+    t0 = time.perf_counter()
+    try:
+        _derive(model, tok)
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None)}
+    finally:
+        remove()
+    out["seconds"] = time.perf_counter() - t0
+    out["weights_kept"] = tensors_digest(list(model.parameters())) == before
+    return out
+
+
+def _scenario_forward_oom(rank: int, tok: Any) -> dict[str, Any]:
+    """C: rank 1 runs out of memory in the noise phase's second forward."""
+    import torch
+
+    def inject(model: Any) -> Any:
+        calls = {"n": 0}
+
+        def pre(module: Any, args: Any, kwargs: Any) -> None:
+            calls["n"] += 1
+            if rank == 1 and calls["n"] == 2:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB (injected on rank 1)")
+
+        h = model.get_base_model().register_forward_pre_hook(pre, with_kwargs=True)
+        return h.remove
+
+    return _failure(rank, tok, inject)
+
+
+def _scenario_held_out_error(rank: int, tok: Any) -> dict[str, Any]:
+    """D: rank 0 raises an ordinary error while reading the held-out rows."""
+    import leadline.corpus.losses as losses
+
+    real = losses.row_losses
+
+    def inject(model: Any) -> Any:
+        def broken(*a: Any, **k: Any) -> Any:
+            if rank == 0:
+                raise ValueError("a held-out row is broken (injected on rank 0)")
+            return real(*a, **k)
+
+        losses.row_losses = broken
+
+        def remove() -> None:
+            losses.row_losses = real
+
+        return remove
+
+    return _failure(rank, tok, inject)
+
+
+SCENARIOS = {"plan": _scenario_plan, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
+             "held_out_error": _scenario_held_out_error}
+
+
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    from helpers import make_tokenizer
+
+    tok = make_tokenizer()
+    results: dict[str, Any] = {}
+    for name, fn in SCENARIOS.items():
+        try:
+            results[name] = fn(rank, tok)
+        except Exception:
+            results[name] = {"error": traceback.format_exc()}
+        dist.barrier()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    import gc
+
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    out = tmp_path_factory.mktemp("job")
+    ctx = mp.start_processes(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
+    deadline = time.monotonic() + DEADLINE_S
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"the 2-process job did not finish within {DEADLINE_S:.0f} s: a collective hung")
+    finally:
+        for p in ctx.processes:
+            if p.is_alive():
+                p.kill()
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+
+
+def _ok(job: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    got = [r[name] for r in job]
+    for r, g in enumerate(got):
+        assert "error" not in g, f"rank {r}, scenario {name}:\n{g['error']}"
+    return got
+
+
+def test_every_rank_ends_with_the_same_plan(job):
+    from leadline import Plan
+
+    a, b = _ok(job, "plan")
+    assert a["digest"] == b["digest"] and a["plan"] == b["plan"]
+    plan = Plan.from_json(a["plan"])
+    assert plan.world_size == 2 and plan.machine["world"]["world_size"] == 2
+    assert [r["rank"] for r in plan.machine["world"]["ranks"]] == [0, 1]
+    for name in ("noise_scale_tokens", "rows_fit", "t_allreduce_seconds", "tokens_per_step", "micro_batch", "grad_accum", "alpha1", "lr"):
+        assert name in plan, name
+    # tokens per step count the whole world: micro x accum x world size rows
+    ev = plan["tokens_per_step"].evidence
+    assert ev["rows_per_step"] == plan.micro_batch * plan.grad_accum * 2
+    assert plan.micro_batch <= plan.rows_fit
+    assert any("derive used rank 0's" in n for n in plan.notes)  # the ranks' adapters differed
+    assert a["weights_kept"] and b["weights_kept"], "each rank's own weights must come back"
+    assert a["grads_none"] and b["grads_none"]
+
+
+def test_the_noise_from_the_all_reduce_is_the_single_process_probe(job):
+    """On 2 ranks the hook's draws are the probe's draws on the same micro-batches in the same
+    order, so the estimates agree within float rounding — far inside one standard error."""
+    from leadline import Plan
+
+    a, _ = _ok(job, "plan")
+    plan = Plan.from_json(a["plan"])
+    ddp = plan["noise_scale_tokens"]
+    assert ddp.evidence["via"] == "ddp_hook" and "DDP's all-reduce on 2 ranks" in ddp.source
+    for rank in job:
+        probe = rank["plan"]["probe"]
+        assert probe["micro_tokens"] == ddp.evidence["micro_tokens"]
+        assert abs(ddp.value - probe["b"]) <= probe["se"], "outside one standard error"
+        assert ddp.value == pytest.approx(probe["b"], rel=1e-4)
+        assert ddp.evidence["se_tokens"] == pytest.approx(probe["se"], rel=1e-3)
+
+
+def test_an_oom_in_one_ranks_ramp_is_a_measurement_on_both(job):
+    a, b = _ok(job, "ramp_oom")
+    assert a["plan"] == b["plan"]
+    assert a["rows_fit"] == 1 == b["rows_fit"]
+    kept = {r["rank"]: r["rows_kept"] for r in a["ranks"]}
+    assert kept[1] == 1 and kept[0] >= 1
+
+
+def test_an_oom_in_one_ranks_forward_is_the_same_sentence_on_both(job):
+    a, b = _ok(job, "forward_oom")
+    assert a["raised"] == "RankFailed" == b["raised"]
+    assert a["sentence"] == b["sentence"]
+    assert "ran out of memory on rank 1 of 2" in a["sentence"] and "injected on rank 1" in a["sentence"]
+    assert a["oom"] is True and b["oom"] is True
+    assert a["weights_kept"] and b["weights_kept"]
+
+
+def test_an_error_on_one_rank_stops_both_with_its_sentence(job):
+    a, b = _ok(job, "held_out_error")
+    assert a["raised"] == "RankFailed" == b["raised"]
+    assert a["sentence"] == b["sentence"]
+    assert "failed on rank 0 of 2" in a["sentence"] and "a held-out row is broken" in a["sentence"]
+    assert a["oom"] is False
+    assert a["weights_kept"] and b["weights_kept"]

@@ -1,0 +1,65 @@
+"""The plan inside Hugging Face Trainer: the schedule sets the rate and checks, the cap is lifted."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import DATA, make_model, make_tokenizer
+
+
+def _lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+
+@pytest.fixture(scope="module")
+def setup():
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    from leadline.hf import derive_for
+
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    return tok, model, plan
+
+
+def test_trainer_runs_the_schedule(setup, tmp_path):
+    import torch
+    from torch.nn.modules import module as m
+    from transformers import Trainer, TrainingArguments
+
+    from leadline.corpus import collate, tokenize_rows
+    from leadline.hf_callback import LeadlineCallback
+
+    tok, model, plan = setup
+    rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
+    ds = [{"input_ids": r.input_ids, "labels": r.labels} for r in rows]
+
+    def collator(feats):
+        from leadline.corpus import TokenizedRow
+
+        mb = collate([TokenizedRow.from_labels(f["input_ids"], f["labels"]) for f in feats], tok.pad_token_id)
+        return mb.model_inputs()
+
+    args = plan.training_arguments(TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
+                                                     save_strategy="no", use_cpu=True, remove_unused_columns=False),
+                                   max_steps=8)
+    assert args.learning_rate == plan.lr and args.lr_scheduler_type == "constant_with_warmup"
+    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"))
+    hooks_before = len(m._global_forward_pre_hooks)
+    seen: list[float] = []
+
+    class Spy(LeadlineCallback.__mro__[1]):  # a TrainerCallback reading the rate each step
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb, Spy()])
+    trainer.train()
+    ev = cb.evidence()
+    assert ev is not None and ev["checks"], "the schedule never checked"
+    assert ev["checks"][0]["step"] == 0
+    assert "ending" in ev and ev["ending"] is not None
+    # the warmup rises from alpha1 toward the plan's rate: the schedule, not Trainer's scheduler, set it
+    assert seen and seen[0] == pytest.approx(cb.schedule.lr_at(0), rel=1e-6)
+    assert len(m._global_forward_pre_hooks) == hooks_before
+    assert all(torch.isfinite(p).all() for p in model.parameters())
