@@ -217,7 +217,7 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, max_seconds=0.2)
     assert any("rate: not reached within max_seconds" in n for n in plan.notes)
-    assert plan["lr"].kind == "constant"  # the anchor stands in, listed as a constant
+    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1  # alpha1 stands in for the rate not reached
 
 
 def test_bad_arguments_are_one_sentence():
@@ -231,3 +231,46 @@ def test_bad_arguments_are_one_sentence():
         derive(total_steps=3, epochs=1)
     with pytest.raises(InputError, match="max_seconds"):
         derive(max_seconds=0)
+
+
+def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
+    import time
+
+    import torch
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    digest = tensors_digest([w])
+
+    def slow_step_of(mb, accum):
+        inner = train_step_of(mb, accum)
+
+        def step(t):
+            time.sleep(0.01)
+            return inner(t)
+
+        return step
+
+    t0 = time.monotonic()
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
+                    held_out_losses=held_out, total_steps=400, effort="full", max_seconds=1.5)
+    took = time.monotonic() - t0
+    assert took < 2.5, f"max_seconds=1.5 was not a bound: derive took {took:.1f} s"
+    assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
+    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1
+    assert tensors_digest([w]) == digest and not opt.state
+    assert torch.isfinite(torch.tensor(plan.lr))
+
+
+def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):
+    import time
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    real = d._first_step
+    monkeypatch.setattr(d, "_first_step", lambda *a, **k: (time.sleep(0.3), real(*a, **k))[1])
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                    held_out_losses=held_out, total_steps=20, max_seconds=0.1)
+    assert "warmup_steps" in plan and "weight_decay" in plan

@@ -4,7 +4,7 @@ agreed on by both ranks instead of a hang.
 
 One spawned job runs every scenario (starting two Python processes with torch costs more than
 the scenarios do); each rank writes what it saw to a JSON file the tests read. The job has a
-hard deadline, and every collective a 60 s timeout, so a hang fails the tests instead of
+hard deadline, and every collective a 30 s timeout, so a hang fails the tests instead of
 blocking CI.
 """
 
@@ -23,7 +23,7 @@ import pytest
 from helpers import DATA
 
 WORLD = 2
-DEADLINE_S = 150.0
+DEADLINE_S = 120.0
 
 
 def _free_port() -> int:
@@ -49,7 +49,7 @@ def _lora_model(tok: Any, adapter_seed: int = 0) -> Any:
 def _derive(model: Any, tok: Any) -> Any:
     from leadline.hf import derive_for
 
-    return derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="quick")
+    return derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=12, effort="quick")
 
 
 def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
@@ -75,7 +75,7 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     with torch.no_grad():
         for _, p in named:
             dist.broadcast(p.data, src=0)
-    task, _ = prepare(model, tok, str(DATA / "prompt_completion.jsonl"))
+    task, _ = prepare(model, tok, str(DATA / "text.jsonl"))
     ev = plan["noise_scale_tokens"].evidence
     probe = measure_noise_scale(ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]), k=len(ev["micro_tokens"]))
     return {"plan": plan.to_json(), "digest": plan_digest(plan), "seconds": seconds, "weights_kept": before == after,
@@ -105,7 +105,6 @@ def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
 
 
 def _failure(rank: int, tok: Any, inject: Any) -> dict[str, Any]:
-    import torch
 
     from leadline._phases import tensors_digest
 
@@ -177,7 +176,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
     from helpers import make_tokenizer
 
     tok = make_tokenizer()

@@ -113,8 +113,8 @@ def test_scale_out_by_hand():
     assert sixteen.wall_seconds == pytest.approx(0.1225) and sixteen.efficiency == pytest.approx(1.21 / 0.1225 / 16)
     assert thirty_two.batch_tokens == pytest.approx(math.sqrt(32e6))
     assert thirty_two.wall_seconds == pytest.approx((1 + 1e4 / math.sqrt(32e6)) * (math.sqrt(32e6) / 32_000 * 0.1 + 0.01))
-    assert (big.batch_tokens, big.clamped_by, big.steps, big.seconds_per_step) == pytest.approx((10_000, "noise scale", 2, 0.0178125)) or False
-    assert big.clamped_by == "noise scale" and big.steps == pytest.approx(2.0)
+    assert (big.batch_tokens, big.steps, big.seconds_per_step) == pytest.approx((10_000, 2, 0.0178125))
+    assert big.clamped_by == "noise scale"
     assert (bigger.batch_tokens, bigger.clamped_by, bigger.steps) == (12_800, "a row per GPU", pytest.approx(1.78125))
     assert (t.pays_up_to, t.stops_paying_at, t.knee_gpus) == (16, 32, 10.0)
     assert "pays up to 16 GPUs" in t.table() and "communication unmeasured" in t.table()
@@ -208,7 +208,7 @@ def test_this_ranks_failure_becomes_the_sentence_and_an_agreed_one_passes_throug
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
 
     w = FakeWorld(1, [0, 0], [None, None])
-    with pytest.raises(RankFailed, match="the ramp ran out of memory on rank 1 of 2: CUDA out of memory") as e:
+    with pytest.raises(RankFailed, match="the ramp ran out of memory on rank 1 of 2: OutOfMemoryError: CUDA out of memory") as e:
         agreed(w, oom, "the ramp")
     assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
     w2 = FakeWorld(1, [0, 0], [None, None])

@@ -22,6 +22,11 @@ ProgressFn = Callable[[dict[str, Any]], None]
 RESUME_FORMAT = 1
 
 
+class OutOfTime(Exception):
+    """Raised inside a phase (from its progress callback) when derive's max_seconds is spent;
+    the phase's own guard restores what it touched, and the runner records the cut."""
+
+
 @dataclass
 class PhaseRunner:
     """Runs derive()'s phases in order under one time budget, reports progress, and keeps
@@ -81,13 +86,21 @@ class PhaseRunner:
     def seconds_left(self) -> float | None:
         return None if self.max_seconds is None else self.max_seconds - self.elapsed()
 
+    def check_time(self, *_: Any) -> None:
+        """Raise :class:`OutOfTime` when the budget is spent (a phase's progress callback)."""
+        left = self.seconds_left()
+        if left is not None and left <= 0:
+            raise OutOfTime
+
     def progress(self, phase: str, status: str, **info: Any) -> None:
         if self.on_progress is not None:
             self.on_progress({"phase": phase, "status": status, "elapsed_s": self.elapsed(), **info})
 
-    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = ()) -> bool:
+    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = (),
+            always: bool = False) -> bool:
         """Run one phase unless it finished in a resumed derive, the budget is spent, or a
-        value it needs is missing. Returns True when the phase's values are in the plan."""
+        value it needs is missing. Returns True when the phase's values are in the plan.
+        ``always``: arithmetic on numbers already measured, run whatever the budget says."""
         if name in self.restored:
             self.progress(name, "resumed")
             return True
@@ -98,14 +111,21 @@ class PhaseRunner:
             self.progress(name, "skipped", reason=f"needs {', '.join(missing)}")
             return False
         left = self.seconds_left()
-        if left is not None and left <= 0:
+        if left is not None and left <= 0 and not always:
             self.skipped.append(name)
             self.plan.notes.append(f"{name}: not reached within max_seconds={self.max_seconds:g}")
             self.progress(name, "skipped", reason="max_seconds")
             return False
         self.progress(name, "start")
         t0 = time.monotonic()
-        values = fn() or {}
+        try:
+            values = fn() or {}
+        except OutOfTime:
+            self.skipped.append(name)
+            took = time.monotonic() - t0
+            self.plan.notes.append(f"{name}: cut by max_seconds={self.max_seconds:g} after {took:.1f} s of it; its state was restored")
+            self.progress(name, "skipped", reason="cut by max_seconds")
+            return False
         for n, v in values.items():
             self.plan.set(n, v)
         self.finished.append(name)

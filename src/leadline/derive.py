@@ -149,14 +149,15 @@ def derive(
             runner.run("anchor", lambda: _anchor(named, trained_as, plan))
         rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
         if total_steps is None and epochs is not None:
-            runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"))
+            runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"), always=True)
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
             runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held_out_losses, plan, ctx))
-            runner.run("rate", lambda: _rate(params, optimizer, train_step_of, held_out_losses, plan, effort, prior, ctx),
+            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.check_time), held_out_losses, plan,
+                                             effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
-        runner.run("warmup", lambda: _warmup(plan, optimizer))
+        runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)
     runner.done()
     _pick_rate(plan)
     if world is not None:
@@ -164,6 +165,22 @@ def derive(
 
         plan = broadcast_plan(world, plan)  # every rank ends with rank 0's plan, checked by its sha256
     return plan
+
+
+def _timed(train_step_of: Callable[[int, int], Callable[[int], Any]], check: Callable[[], None]) -> Callable[[int, int], Callable[[int], Any]]:
+    """train_step_of whose steps first check derive's time budget: max_seconds bounds a running
+    look-ahead to within one optimizer step."""
+
+    def of(micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
+        inner = train_step_of(micro_batch, grad_accum)
+
+        def step(t: int) -> Any:
+            check()
+            return inner(t)
+
+        return step
+
+    return of
 
 
 # ---- the phases -------------------------------------------------------------------------
@@ -272,7 +289,8 @@ def _first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
 
 
 def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
-          plan: Plan, effort: str, prior: Plan | None, ctx: dict[str, Any]) -> dict[str, Value]:
+          plan: Plan, effort: str, prior: Plan | None, ctx: dict[str, Any],
+          check_time: Callable[..., None] | None = None) -> dict[str, Value]:
     from leadline.rate import lookahead_lr
 
     alpha1 = float(plan.get("alpha1"))
@@ -285,7 +303,7 @@ def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
     mb, accum = _batch_of(plan)
     total = int(plan.get("total_steps") or 100)
     la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, ctx.get("first_step", alpha1),
-                      total_steps=total, effort=effort)
+                      total_steps=total, effort=effort, on_progress=check_time)
     ctx["lookahead"] = la
     return la.as_values()
 
@@ -310,7 +328,13 @@ def _length(plan: Plan, epochs: float) -> dict[str, Value]:
 
 
 def _pick_rate(plan: Plan) -> None:
-    """Where nothing could run, the anchor is the rate — a constant, listed as one."""
+    """Where the look-ahead did not finish, alpha1 (measured) is the rate; where nothing could
+    run, the anchor is — a constant, listed as one."""
+    if "lr" not in plan and "alpha1" in plan:
+        a = plan["alpha1"]
+        plan.set("lr", Value(a.value, "measured", f"alpha1, the first safe step (the look-ahead did not finish within max_seconds): {a.source}",
+                             a.evidence, 0.0, a.unit))
+        return
     if "lr" not in plan and "lr_anchor" in plan:
         a = plan["lr_anchor"]
         plan.set("lr", Value(a.value, a.kind, f"the anchor (nothing could be run for the rate): {a.source}", a.evidence, 0.0, a.unit))
