@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--work", default="/tmp/e2e_debian")
     ap.add_argument("--max-chars", type=int, default=600)
-    ap.add_argument("--arms", default="quick,full,recipe")
+    ap.add_argument("--arms", default="quick,full,train_quick,train_full,recipe")
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if plan.exists():
             result["arms"][f"derive_{effort}"]["plan"] = json.loads(plan.read_text())
         save()
-        if r["rc"] == 0:
+        if r["rc"] == 0 and f"train_{effort}" in arms:
             run_dir = work / f"run_{effort}"
             t = cli(["train", *common, "--plan", str(plan), "--out", str(run_dir)], work / f"train_{effort}.log", args.timeout)
             result["arms"][f"train_{effort}"] = t

@@ -88,3 +88,24 @@ def test_read_without_a_backward_says_so(group):
         hook.read()
     with pytest.raises(InputError, match="positive multiplier"):
         hook.begin(scale=0.0, weight=1.0)
+
+
+def test_an_fsdp_model_is_refused_with_one_sentence_before_any_collective(group):
+    import torch
+    from torch.distributed.fsdp import fully_shard
+
+    from leadline.distributed.job import WorldTask, is_sharded
+    from leadline.errors import InputError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    assert not is_sharded(model)
+    fully_shard(model)
+    assert is_sharded(model)
+
+    class Task:  # only what WorldTask reads before it refuses
+        pass
+
+    task = Task()
+    task.model = model
+    with pytest.raises(InputError, match=r"sharded by FSDP.*derive on one GPU or under DDP"):
+        WorldTask(task, list(model.parameters()), world=None)

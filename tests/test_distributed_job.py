@@ -67,6 +67,12 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     plan = _derive(model, tok)
     seconds = time.perf_counter() - t0
     after = tensors_digest(list(model.parameters()))
+    import gc
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    gc.collect()
+    ddp_left = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
     # the probe, alone on this process, on the micro-batches derive drew, in the same order,
     # at the weights derive used (rank 0's)
     import torch.distributed as dist
@@ -79,7 +85,7 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     ev = plan["noise_scale_tokens"].evidence
     probe = measure_noise_scale(ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]), k=len(ev["micro_tokens"]))
     return {"plan": plan.to_json(), "digest": plan_digest(plan), "seconds": seconds, "weights_kept": before == after,
-            "grads_none": all(p.grad is None for p in model.parameters()),
+            "grads_none": all(p.grad is None for p in model.parameters()), "ddp_left": ddp_left,
             "probe": {"b": probe.b_noise_tokens, "se": probe.se_tokens, "micro_tokens": probe.micro_tokens}}
 
 
@@ -164,8 +170,42 @@ def _scenario_held_out_error(rank: int, tok: Any) -> dict[str, Any]:
     return _failure(rank, tok, inject)
 
 
+def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
+    """E: a tight max_seconds, and rank 1's derive clock starting 2 s after rank 0's: by its own
+    clock rank 0 would skip phases rank 1 runs, and the job would hang. The budget left is the
+    least on any rank, so both skip the same phases."""
+    import leadline.derive as d
+    from leadline.hf import derive_for
+
+    real = d.describe_data
+
+    def late(*a: Any, **k: Any) -> Any:  # runs after the last collective, before the runner starts
+        if rank == 1:
+            time.sleep(2.0)
+        return real(*a, **k)
+
+    d.describe_data = late
+    try:
+        plan = derive_for(_lora_model(tok), tok, str(DATA / "text.jsonl"), total_steps=12, effort="full", max_seconds=1.5)
+    finally:
+        d.describe_data = real
+    return {"plan": plan.to_json(), "notes": plan.notes}
+
+
+def _scenario_data_differs(rank: int, tok: Any) -> dict[str, Any]:
+    """F: the ranks were given different data: refused on both with one sentence."""
+    from leadline.hf import derive_for
+
+    data = DATA / ("text.jsonl" if rank == 0 else "prompt_completion.jsonl")
+    try:
+        derive_for(_lora_model(tok), tok, str(data), total_steps=12)
+        return {"raised": None}
+    except Exception as e:
+        return {"raised": type(e).__name__, "sentence": str(e)}
+
+
 SCENARIOS = {"plan": _scenario_plan, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
-             "held_out_error": _scenario_held_out_error}
+             "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -237,6 +277,7 @@ def test_every_rank_ends_with_the_same_plan(job):
     assert any("derive used rank 0's" in n for n in plan.notes)  # the ranks' adapters differed
     assert a["weights_kept"] and b["weights_kept"], "each rank's own weights must come back"
     assert a["grads_none"] and b["grads_none"]
+    assert a["ddp_left"] == 0 == b["ddp_left"], "derive_for's DDP wrapper outlived it"
 
 
 def test_the_noise_from_the_all_reduce_is_the_single_process_probe(job):
@@ -280,3 +321,15 @@ def test_an_error_on_one_rank_stops_both_with_its_sentence(job):
     assert "failed on rank 0 of 2" in a["sentence"] and "a held-out row is broken" in a["sentence"]
     assert a["oom"] is False
     assert a["weights_kept"] and b["weights_kept"]
+
+
+def test_a_time_budget_skips_the_same_phases_on_every_rank(job):
+    a, b = _ok(job, "budget")
+    assert a["plan"] == b["plan"]
+    assert any("max_seconds" in n for n in a["notes"]), a["notes"]
+
+
+def test_ranks_given_different_data_are_refused_on_both(job):
+    a, b = _ok(job, "data_differs")
+    assert a["raised"] == "InputError" == b["raised"] and a["sentence"] == b["sentence"]
+    assert "the tokenized training rows differ between ranks" in a["sentence"]

@@ -228,3 +228,65 @@ def test_plan_digest_and_disagreements():
     assert plan_digest(again) != plan_digest(p)
     said = disagreements([{"lr": 1e-4, "micro_batch": 4}, {"lr": 2e-4, "micro_batch": 4}])
     assert said == ["rank 1 derived lr=0.0002 where rank 0 derived 0.0001; rank 0's plan stands"]
+
+
+class FakeRank:
+    """Rank ``rank`` of two, whose collectives answer from what rank 0 would send (no processes)."""
+
+    def __init__(self, rank, from_rank0=None, other_left=None):
+        self.rank, self.world_size, self.is_main = rank, 2, rank == 0
+        self.from_rank0, self.other_left, self.calls = from_rank0, other_left, []
+
+    def broadcast_object(self, obj, src=0):
+        self.calls.append("broadcast_object")
+        return obj if self.rank == src else self.from_rank0
+
+    def all_min(self, value):
+        self.calls.append("all_min")
+        return min(value, self.other_left)
+
+    def all_gather(self, values):
+        return [list(values), list(values)]
+
+
+def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_path):
+    from leadline._phases import PhaseRunner
+    from leadline.distributed.phases import AgreedPhaseRunner
+
+    resume = tmp_path / "derive.json"
+    done = Plan()
+    writer = PhaseRunner(done, resume_path=resume)
+    writer.run("noise", lambda: {"noise_scale_tokens": Value(123.0, "measured", "the probe")})
+    main = AgreedPhaseRunner(Plan(), resume_path=resume, world=FakeRank(0))
+    assert main.restored == ["noise"] and main.plan.get("noise_scale_tokens") == 123.0
+    sent = ("ok", main.finished, main.plan.to_dict(), main.extra)
+    other_dir = tmp_path / "rank1"
+    other_dir.mkdir()
+    other = AgreedPhaseRunner(Plan(), resume_path=other_dir / "derive.json", world=FakeRank(1, from_rank0=sent))
+    assert other.restored == ["noise"] and other.plan.get("noise_scale_tokens") == 123.0
+    other.run("step", lambda: {"tokens_per_step": Value(10.0, "derived", "B*")})
+    assert not (other_dir / "derive.json").exists(), "only rank 0 writes the resume file"
+    with pytest.raises(InputError, match="not a leadline resume file"):
+        AgreedPhaseRunner(Plan(), resume_path=resume, world=FakeRank(1, from_rank0=("error", f"resume file {resume} is not a leadline resume file")))
+
+
+def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
+    from leadline.distributed.phases import AgreedPhaseRunner
+
+    r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=FakeRank(1, other_left=-1.0))
+    assert r.seconds_left() == -1.0  # the other rank is out of time: so is this one
+    assert not r.run("anchor", lambda: {"x": Value(1, "derived", "x")})
+    assert any("not reached within max_seconds" in n for n in r.plan.notes)
+    unbounded = AgreedPhaseRunner(Plan(), world=FakeRank(1))
+    assert unbounded.seconds_left() is None and "all_min" not in unbounded.world.calls
+
+
+def test_plan_scale_out_method_matches_the_function():
+    from leadline import Plan, Value
+    from leadline.distributed.scale_out import scale_out
+
+    p = Plan()
+    for n, v in {"noise_scale_tokens": 4000.0, "micro_batch": 4, "grad_accum": 2, "t_micro_seconds": 0.05,
+                 "t_step_seconds": 0.01, "scored_tokens_per_row": 100.0, "tokens_per_step": 800.0, "rows_fit": 8}.items():
+        p.set(n, Value(v, "measured", "test"))
+    assert p.scale_out().table() == scale_out(p).table()

@@ -134,3 +134,21 @@ def test_no_fall_is_reported_not_invented():
     fs = measure_first_step(toy.params, toy.opt, toy.train_step, toy.held_out, start=1e-4, max_lr=1e-1)
     assert not fs.found and fs.alpha1 is None
     assert "not found" in fs.as_values()["alpha1"].source
+
+
+def test_walk_does_not_read_rounding_as_a_fall():
+    """A loss flat to bf16's grain at small steps, falling for real later: the walk passes the
+    rounding (14.13 -> 14.1299 -> 14.1301) and brackets the real minimum near 1e-2."""
+    import math
+
+    from leadline.rate.first_step import walk
+
+    def f(lr):
+        if lr < 1e-5:
+            return 14.13 + (1e-4 if int(-math.log10(lr) * 10) % 2 else -1e-4)
+        return 14.13 - 5 * math.exp(-((math.log10(lr) + 2) ** 2))
+
+    from leadline.rate.first_step import BF16_RESOLUTION
+
+    w = walk(f, 14.13, resolution=BF16_RESOLUTION)
+    assert w.bracket is not None and 1e-3 < w.bracket[1] < 1e-1

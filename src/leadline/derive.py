@@ -72,6 +72,7 @@ def derive(
     lengths: Sequence[int] | None = None,
     held_out: dict[str, Any] | None = None,
     profile: Any = None,
+    loss_resolution: float | None = None,
     model_info: dict[str, Any] | None = None,
     device: Any = None,
 ) -> Plan:
@@ -105,6 +106,9 @@ def derive(
         held_out: the split derive's callers made (``plan.held_out``).
         profile: a corpus profile already made (:func:`~leadline.corpus.profile_corpus`) for
             the same rows; the corpus phase then reads it instead of tokenizing again.
+        loss_resolution: the share of the held-out loss below which a change is rounding, not a
+            fall (default: float32's; pass ``leadline.rate.first_step.BF16_RESOLUTION`` for a
+            bf16 forward).
         model_info: the model's record for the plan.
         device: the accelerator (default: the step's).
 
@@ -153,8 +157,9 @@ def derive(
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
-            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held_out_losses, plan, ctx))
-            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.check_time), held_out_losses, plan,
+            held = _timed_held(held_out_losses, runner.check_time)
+            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
+            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.check_time), held, plan,
                                              effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
         runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)
@@ -181,6 +186,16 @@ def _timed(train_step_of: Callable[[int, int], Callable[[int], Any]], check: Cal
         return step
 
     return of
+
+
+def _timed_held(held_out: Callable[[], Sequence[float]], check: Callable[[], None]) -> Callable[[], Sequence[float]]:
+    """The held-out reader, checking derive's time budget before each read."""
+
+    def read() -> Sequence[float]:
+        check()
+        return held_out()
+
+    return read
 
 
 # ---- the phases -------------------------------------------------------------------------
@@ -279,11 +294,12 @@ def _batch_of(plan: Plan) -> tuple[int, int]:
 
 
 def _first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
-                plan: Plan, ctx: dict[str, Any]) -> dict[str, Value]:
+                plan: Plan, ctx: dict[str, Any], resolution: float | None = None) -> dict[str, Value]:
     from leadline.rate import measure_first_step
 
     mb, accum = _batch_of(plan)
-    fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out)
+    kw = {} if resolution is None else {"resolution": resolution}
+    fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out, **kw)
     ctx["first_step"] = fs
     return fs.as_values()
 
@@ -293,6 +309,8 @@ def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
           check_time: Callable[..., None] | None = None) -> dict[str, Value]:
     from leadline.rate import lookahead_lr
 
+    if not isinstance(plan.get("alpha1"), (int, float)):
+        return {}
     alpha1 = float(plan.get("alpha1"))
     if prior is not None and isinstance(prior.get("lr"), (int, float)) and isinstance(prior.get("alpha1"), (int, float)):
         ratio = alpha1 / float(prior.get("alpha1"))
@@ -330,7 +348,8 @@ def _length(plan: Plan, epochs: float) -> dict[str, Value]:
 def _pick_rate(plan: Plan) -> None:
     """Where the look-ahead did not finish, alpha1 (measured) is the rate; where nothing could
     run, the anchor is — a constant, listed as one."""
-    if "lr" not in plan and "alpha1" in plan:
+    alpha1 = plan.get("alpha1")
+    if "lr" not in plan and isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0:
         a = plan["alpha1"]
         plan.set("lr", Value(a.value, "measured", f"alpha1, the first safe step (the look-ahead did not finish within max_seconds): {a.source}",
                              a.evidence, 0.0, a.unit))

@@ -22,6 +22,10 @@ from leadline.plan import Plan
 
 __all__ = ["Task", "derive_for", "prepare", "training_arguments"]
 
+MAX_HELD_OUT_ROWS = 256
+"""The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
+comparison reads all of them (468 rows made one derive on SmolLM2 spend minutes reading)."""
+
 
 def _rows_of(train_dataset: Any) -> Any:
     """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list."""
@@ -74,10 +78,18 @@ class Task:
         return collate([self.rows[i] for i in idx], self.pad_id, pad_to=pad_to)
 
     def loss_of(self, b: int, length: int) -> Any:
-        """The loss of ``b`` of the longest training rows padded to ``length`` (the ramp)."""
-        longest = sorted(self.split.train, key=lambda i: -len(self.rows[i].input_ids))
-        idx = [longest[j % len(longest)] for j in range(b)]
-        mb = self.batch(idx, pad_to=length).to(self.device)
+        """The loss of ``b`` of the longest training rows at ``length`` tokens — cut to it when
+        longer (a length of the corpus's mix), padded to it when shorter (the ramp)."""
+        from leadline.corpus import collate
+
+        fitting = [i for i in self.split.train if len(self.rows[i].input_ids) <= length]
+        if fitting:  # the longest rows that fit, padded to the length (a length of the corpus's mix)
+            pick = sorted(fitting, key=lambda i: -len(self.rows[i].input_ids))
+            rows = [self.rows[pick[j % len(pick)]] for j in range(b)]
+        else:  # shorter than every row: cut the shortest, its scored tail kept where it can be
+            short = min(self.split.train, key=lambda i: len(self.rows[i].input_ids))
+            rows = [self.rows[short].truncated(length)] * b
+        mb = collate(rows, self.pad_id, pad_to=length).to(self.device)
         return self.model(**mb.model_inputs()).loss
 
     def micro_batch_of(self, i: int) -> Any:
@@ -129,6 +141,8 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     rows = [r for r in rows if r.scored_tokens > 0]
     if len(rows) < 8:
         raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive needs at least 8")
+    if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
+        held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
     order = list(split.train)
     random.Random(seed).shuffle(order)
@@ -155,14 +169,14 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     tokenized corpus, in file order).
     """
     from leadline.derive import derive
-    from leadline.distributed.world import current_world
+    from leadline.distributed.world import join_job
     from leadline.memory import TrainingStep
     from leadline.noise import ModelGradFn
     from leadline.provenance import describe_model
 
     if total_steps is None and epochs is None:
         epochs = 1.0
-    world = current_world()  # inside a torchrun job: DDP pieces below, the plan agreed by every rank
+    world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP pieces below, the plan agreed by every rank
     if world is not None:
         from leadline.distributed.job import unwrap
 
@@ -194,6 +208,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             on_progress=on_progress, resume=resume, prior=prior,
             lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
             held_out=task.split.as_dict(), model_info=describe_model(model, trained_as=kind),
+            loss_resolution=_loss_resolution(model),
             device=task.device,
         )
     finally:
@@ -204,6 +219,16 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     if job is not None:
         plan.notes.extend(job.notes)
     return plan
+
+
+def _loss_resolution(model: Any) -> float:
+    """The grain of the held-out loss: bf16/fp16 forwards round it at ~1e-3 of its size."""
+    import torch
+
+    from leadline.rate.first_step import BF16_RESOLUTION, RESOLUTION
+
+    dtype = getattr(model, "dtype", None)
+    return BF16_RESOLUTION if dtype in (torch.bfloat16, torch.float16) else RESOLUTION
 
 
 def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:

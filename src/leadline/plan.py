@@ -274,6 +274,13 @@ class Plan:
 
         return training_arguments(self, args, **overrides)
 
+    def scale_out(self, gpus: Any = (1, 2, 4, 8, 16, 32, 64), **kw: Any) -> Any:
+        """How far data parallelism pays for this plan: global batch, steps and tokens to the
+        same loss, and predicted wall time per GPU count (see :mod:`leadline.distributed`)."""
+        from leadline.distributed.scale_out import scale_out
+
+        return scale_out(self, gpus, **kw)
+
     # ---- the page -----------------------------------------------------------------------
     def html(self, path: str | os.PathLike[str]) -> Path:
         """Write a self-contained HTML report (inline SVG plots) to ``path`` atomically."""

@@ -17,7 +17,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
     g.add_argument("--lora-rank", type=int, default=16, metavar="R", help="train LoRA adapters of rank R on every linear layer (default 16)")
     g.add_argument("--full", action="store_true", help="train every weight (a full fine-tune)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
-    p.add_argument("--seed", type=int, default=0, help="the seed of the split and the row order (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of the split, the row order and the adapter's init (default 0)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="the model's dtype (default float32: a bf16 forward rounds the held-out loss the rate is read from)")
 
 
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -26,8 +28,11 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
 
     if not args.full and args.lora_rank is not None and args.lora_rank < 1:
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 1; or pass --full")
+    import torch
+
     tok = load_tokenizer(args.model)
-    model = load_model(args.model, device=args.device)
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    torch.manual_seed(args.seed)  # the adapter's init: the same command gives the same plan
     if args.full:
         for p in model.parameters():
             p.requires_grad_(True)

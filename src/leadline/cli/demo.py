@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo on the CPU (no CUDA device): SmolLM2-135M-Instruct, LoRA r16, cut to fit ten minutes on two cores: "
               f"{CPU_ROWS} rows, the length that keeps {CPU_SEQ_QUANTILE:.0%} of rows whole, derive bounded at {CPU_MAX_SECONDS:.0f} s, quick effort, no training run")
     tok = load_tokenizer(model_path)
-    model = load_model(model_path, device="cuda" if on_gpu else "cpu")
+    model = load_model(model_path, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
+    torch.manual_seed(0)
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))

@@ -28,6 +28,7 @@ _LAZY: dict[str, str] = {
     "current_world": "leadline.distributed.world",
     "job_from_env": "leadline.distributed.world",
     "launched_by_torchrun": "leadline.distributed.world",
+    "join_job": "leadline.distributed.world",
     "agreed": "leadline.distributed.agree",
     "RankFailed": "leadline.distributed.agree",
     "broadcast_plan": "leadline.distributed.sync",

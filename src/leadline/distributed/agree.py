@@ -61,7 +61,7 @@ def status_of(exc: BaseException | None) -> int:
     return OUT_OF_MEMORY if is_oom(exc) else FAILED
 
 
-def agreed(world: Any, fn: Callable[[], T], what: str) -> T:
+def agreed(world: Any, fn: Callable[[], T], what: str, passthrough: tuple[type[BaseException], ...] = ()) -> T:
     """Run ``fn()`` on this rank, then agree with every rank on how it went.
 
     Returns ``fn()``'s result when it returned on every rank. Otherwise every rank raises the
@@ -70,7 +70,9 @@ def agreed(world: Any, fn: Callable[[], T], what: str) -> T:
     most: a status all-gather, and the sentences only when something failed.
 
     A :class:`RankFailed` raised inside ``fn`` (an inner agreement: every rank raised one) passes
-    through unchanged and without a collective.
+    through unchanged and without a collective, and so do the ``passthrough`` exceptions: those
+    every rank raises at the same point by construction (derive's ``OutOfTime``, read from a
+    clock the ranks agreed on).
 
     Args:
         world: the :class:`~leadline.distributed.World`.
@@ -82,6 +84,8 @@ def agreed(world: Any, fn: Callable[[], T], what: str) -> T:
     try:
         result = fn()
     except RankFailed:
+        raise
+    except passthrough:
         raise
     except Exception as e:  # every failure is agreed on; KeyboardInterrupt ends the job anyway
         error = e

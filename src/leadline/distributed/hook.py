@@ -196,7 +196,36 @@ class DDPNoise:
             t_r = int((labels[..., 1:] != -100).sum())
         return mb, kwargs, int(t_r)
 
+    def _step(self, i: int, batch: dict[str, Any], t_r: int, total: float, prev_t: float, prev_sq: float,
+              params: list[Any], per_rank: bool) -> list[Draw]:
+        """One step: the forward (agreed), the backward through DDP with this rank's loss scaled
+        by W t_r / T (so the all-reduce is the token-weighted mean), the hook's scalars
+        all-gathered, the draws."""
+        import torch
+
+        world, hook = self.world, self.hook
+
+        def forward() -> Any:
+            with torch.enable_grad():
+                loss = self.ddp(**batch).loss
+            if loss is None or not bool(torch.isfinite(loss.detach())):
+                raise InputError(f"the loss of micro-batch {i} is {None if loss is None else float(loss.detach())} (noise-scale probe under DDP); check these rows and the model's dtype")
+            return loss
+
+        loss = agreed(world, forward, f"the noise scale's forward of micro-batch {i}")
+        scale = world.world_size * t_r / total
+        hook.begin(scale=scale, weight=total / (prev_t + total))
+        (loss * scale).backward()
+        del loss
+        r, x, dd = hook.read()
+        for p in params:
+            p.grad = None
+        got = world.all_gather([float(t_r), r, x])
+        return world_draws(prev_t, prev_sq, [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], dd, per_rank=per_rank)
+
     def measure(self, budget_s: float | None = None) -> NoiseScale:
+        """Draw until the estimate settles (or k, max_k, the data, the time): the probe's rule
+        (:func:`~leadline.noise.measure_noise_scale`), decided on draws every rank shares."""
         import torch
 
         world, hook = self.world, self.hook
@@ -235,26 +264,8 @@ class DDPNoise:
                 if empty:  # a rank's micro-batch scores nothing: the step is skipped on every rank
                     skipped += n_w
                     continue
-                batch = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
-
-                def forward(batch: dict[str, Any] = batch, i: int = i) -> Any:
-                    with torch.enable_grad():
-                        loss = self.ddp(**batch).loss
-                    if loss is None or not bool(torch.isfinite(loss.detach())):
-                        raise InputError(f"the loss of micro-batch {i} is {None if loss is None else float(loss.detach())} (noise-scale probe under DDP); check these rows and the model's dtype")
-                    return loss
-
-                loss = forward()
-                scale = n_w * t_r / total
-                hook.begin(scale=scale, weight=total / (prev_t + total))
-                (loss * scale).backward()
-                del loss
-                r, x, dd = hook.read()
-                for p in params:
-                    p.grad = None
-                got = world.all_gather([float(t_r), r, x])
-                new = world_draws(prev_t, prev_sq, [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], dd,
-                                  per_rank=per_rank)
+                new = self._step(i, {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()},
+                                 t_r, total, prev_t, prev_sq, params, per_rank)
                 for d in new:
                     sums.add(d)
                     records.append(d)

@@ -42,6 +42,32 @@ def unwrap(model: Any) -> Any:
     return model.module if isinstance(model, DistributedDataParallel) else model
 
 
+def is_sharded(model: Any) -> bool:
+    """True when any part of ``model`` is sharded by FSDP (``FullyShardedDataParallel`` or
+    ``fully_shard``'s ``FSDPModule``)."""
+    kinds = []
+    try:
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        kinds.append(FullyShardedDataParallel)
+    except ImportError:  # pragma: no cover - torch without FSDP
+        pass
+    try:
+        from torch.distributed.fsdp import FSDPModule  # type: ignore[attr-defined]
+
+        kinds.append(FSDPModule)
+    except ImportError:  # pragma: no cover - torch before FSDP2
+        pass
+    return any(isinstance(m, tuple(kinds)) for m in model.modules()) if kinds else False
+
+
+FSDP_SENTENCE = (
+    "the model is sharded by FSDP, and leadline reads the noise from DDP's all-reduce and ramps each card alone; "
+    "derive on one GPU or under DDP with the unsharded model (its micro-batch is a safe bound for FSDP, which holds less a card), "
+    "or call leadline.derive() with a grad_fn and a step of your own"
+)
+
+
 def _no_buffer_sync() -> dict[str, bool]:
     """DDP's switch for not broadcasting buffers each forward, under its name in this torch."""
     import inspect
@@ -84,20 +110,33 @@ class WorldTask:
 
         from leadline._phases import tensors_digest
 
+        if is_sharded(task.model):
+            raise InputError(FSDP_SENTENCE)
         self.task, self.params, self.world = task, params, world
+        self._device_before: int | None = None
+        dev = torch.device(task.device)
+        if dev.type == "cuda" and dev.index is not None and torch.cuda.current_device() != dev.index:
+            # NCCL's object collectives use the current device: make it this rank's, until close()
+            self._device_before = torch.cuda.current_device()
+            torch.cuda.set_device(dev.index)
         self.notes: list[str] = []
         self._own: list[Any] | None = None
-        digests = world.gather_object(tensors_digest(params))
-        if any(d != digests[0] for d in digests):
-            self._take_rank0_weights(digests)
-        check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
-                              "give every rank the same data file, tokenizer and seed")
-        dev = torch.device(task.device)
+        self._noise: DDPNoise | None = None
         self.hook = NoiseHook(carry_mean=True)
-        self.ddp = DistributedDataParallel(task.model, device_ids=[dev.index] if dev.type == "cuda" else None,
-                                           init_sync=False, **_no_buffer_sync())
-        self.ddp.register_comm_hook(None, self.hook.communicate)
-        self.hook.active = False
+        self.ddp: Any = None
+        try:
+            check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
+                                  "give every rank the same data file, tokenizer and seed")
+            digests = world.gather_object(tensors_digest(params))
+            if any(d != digests[0] for d in digests):
+                self._take_rank0_weights(digests)
+            self.ddp = DistributedDataParallel(task.model, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                               init_sync=False, **_no_buffer_sync())
+            self.ddp.register_comm_hook(None, self.hook.communicate)
+            self.hook.active = False
+        except BaseException:
+            self.close()
+            raise
 
     def _take_rank0_weights(self, digests: list[str]) -> None:
         """The ranks' trained weights differ (an adapter initialised without a common seed):
@@ -115,7 +154,8 @@ class WorldTask:
 
     # ---- the noise ------------------------------------------------------------------------
     def grad_fn(self) -> DDPNoise:
-        return DDPNoise(self.ddp, self.hook, self.task.micro_batch_of, self.world)
+        self._noise = DDPNoise(self.ddp, self.hook, self.task.micro_batch_of, self.world)
+        return self._noise
 
     # ---- the rate phases --------------------------------------------------------------------
     def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], float]:
@@ -123,7 +163,7 @@ class WorldTask:
         world's token-weighted mean loss (the same on every rank)."""
         import torch
 
-        task, world, ddp = self.task, self.world, self.ddp
+        task, world = self.task, self.world
         order, n_w, rank = task.order, world.world_size, world.rank
         per_step = micro_batch * grad_accum * n_w
 
@@ -134,6 +174,7 @@ class WorldTask:
                                           for k in range(grad_accum)], f"step {step}'s micro-batches")
             total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
             loss_sum = 0.0
+            ddp = self.ddp  # read per step: close() drops it, and no closure keeps it alive
             for k, m in enumerate(mine):
                 sync = k == grad_accum - 1
                 with contextlib.nullcontext() if sync else ddp.no_sync():
@@ -178,12 +219,17 @@ class WorldTask:
         import gc
 
         self.hook.release()
+        if getattr(self, "_noise", None) is not None:
+            self._noise.ddp = None
         self.ddp = None  # type: ignore[assignment]
-        gc.collect()
-        if self._own is not None:
-            import torch
+        gc.collect()  # DDP's reducer removes its autograd hooks when the wrapper goes
+        import torch
 
+        if self._own is not None:
             with torch.no_grad():
                 for p, own in zip(self.params, self._own):
                     p.copy_(own.to(p.device))
             self._own = None
+        if self._device_before is not None:
+            torch.cuda.set_device(self._device_before)
+            self._device_before = None

@@ -3,7 +3,8 @@ that takes the least card, and the step that counts the whole world.
 
 - :class:`AgreedPhaseRunner` — :class:`~leadline._phases.PhaseRunner` whose every phase ends in
   an agreement (:func:`~leadline.distributed.agree.agreed`), whose time budget is the least
-  left on any rank (so every rank skips the same phases), and whose resume file is rank 0's
+  left on any rank (so every rank skips the same phases, and a look-ahead cut by
+  ``max_seconds`` is cut at the same step on every rank), and whose resume file is rank 0's
   (read by rank 0 and broadcast; written by rank 0 only).
 - :func:`world_memory` — every rank ramps its own card; the plan takes the least micro-batch
   (an all-gather), the ranks that kept more re-time at that shape, and the timings are the
@@ -78,8 +79,11 @@ class AgreedPhaseRunner(PhaseRunner):
         if self.world.is_main:
             super().done()
 
-    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = ()) -> bool:
-        return super().run(name, lambda: agreed(self.world, fn, f"derive's {name} phase"), needs=needs)
+    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = (), **kw: Any) -> bool:
+        from leadline._phases import OutOfTime
+
+        return super().run(name, lambda: agreed(self.world, fn, f"derive's {name} phase", passthrough=(OutOfTime,)),
+                           needs=needs, **kw)
 
 
 # ---- the memory phase ---------------------------------------------------------------------

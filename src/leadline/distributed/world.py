@@ -132,7 +132,7 @@ def current_world() -> World | None:
     backend = str(dist.get_backend())
     local = int(os.environ.get("LOCAL_RANK", dist.get_rank() % max(1, torch.cuda.device_count() or 1)))
     if "nccl" in backend and torch.cuda.is_available():
-        device = f"cuda:{torch.cuda.current_device()}"
+        device = f"cuda:{local if 'LOCAL_RANK' in os.environ else torch.cuda.current_device()}"
     else:
         device = "cpu"
     return World(rank=dist.get_rank(), world_size=size, local_rank=local, backend=backend, device=device)
@@ -144,6 +144,27 @@ def launched_by_torchrun() -> bool:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
         return False
+
+
+def join_job(device: Any = None, timeout_s: float = 1800.0) -> World | None:
+    """The job this process is in: :func:`current_world`, or — when torchrun's environment says
+    the process is one of several but no process group runs yet — the group started here from
+    that environment (NCCL on ``device`` when it is a GPU, gloo otherwise) and left running for
+    the training that follows, as ``TrainingArguments`` would start it. None for a lone process.
+    """
+    world = current_world()
+    if world is not None or not launched_by_torchrun():
+        return world
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev.index if dev.index is not None else int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return current_world()
 
 
 @contextlib.contextmanager

@@ -38,28 +38,42 @@ class Walk:
     """Some step lowered the loss below the base."""
 
 
-def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0) -> Walk:
+RESOLUTION = 1e-6
+"""A fall or a rise smaller than this share of the base loss is not read as one (float32's grain
+on a mean loss)."""
+
+BF16_RESOLUTION = 1e-3
+"""The same for a model whose forward runs in bfloat16/float16: it rounds the loss at about this
+grain, and a walk that read rounding as a fall stopped at 3e-7 on SmolLM2 in bf16
+(benchmarks/results/e2e_debian_quick_plan_bf16.json)."""
+
+
+def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0,
+         resolution: float = RESOLUTION) -> Walk:
     """Walk lr = start * factor^k upward until the loss, having fallen below ``base``, rises.
 
-    A non-finite loss counts as +inf (a rise). Returns the points and the bracket
-    (previous, lowest, first rise); the first point's lower side is ``start / factor``.
+    A fall counts when the loss is below ``base`` by more than ``resolution x |base|``, a rise
+    when it is above the previous point by more than that. A non-finite loss counts as +inf (a
+    rise). Returns the points and the bracket (previous, lowest, first rise); the first point's
+    lower side is ``start / factor``.
     """
     if not (0 < start < max_lr) or factor <= 1.0:
         raise InputError(f"the walk needs 0 < start < max_lr and factor > 1, got start={start}, max_lr={max_lr}, factor={factor}")
     w = Walk()
     lr = start
+    grain = resolution * abs(base) if math.isfinite(base) else 0.0
     while lr <= max_lr * (1 + 1e-12):
         loss = f(lr)
         loss = loss if math.isfinite(loss) else math.inf
         w.points.append((lr, loss))
         if len(w.points) >= 2:
             (lr_prev, loss_prev) = w.points[-2]
-            if loss > loss_prev and loss_prev < base:
+            if loss > loss_prev + grain and loss_prev < base - grain:
                 lo = w.points[-3][0] if len(w.points) >= 3 else lr_prev / factor
                 w.bracket = (lo, lr_prev, lr)
                 w.fell = True
                 return w
-        if loss < base:
+        if loss < base - grain:
             w.fell = True
         lr *= factor
     return w
@@ -142,7 +156,7 @@ class FirstStep:
 def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                        held_out_losses_per_row: Callable[[], Sequence[float]], *, step: int = 0,
                        start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0, rel_tol: float = 0.05,
-                       place: str = "auto") -> FirstStep:
+                       place: str = "auto", resolution: float = RESOLUTION) -> FirstStep:
     """Measure alpha1: walk the trained tensors along the optimizer's own first update.
 
     Args:
@@ -191,7 +205,7 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
             rows_at[lr] = rows
             return math.fsum(rows) / len(rows) if finite(rows) else math.inf
 
-        w = walk(loss_at, base, start=start, factor=factor, max_lr=max_lr)
+        w = walk(loss_at, base, start=start, factor=factor, max_lr=max_lr, resolution=resolution)
         points = list(w.points)
         if w.bracket is not None:
             points += golden_section_log(loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol)
