@@ -75,6 +75,6 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
 
 
 def plan_scale_out_table(plan: Plan) -> str:
-    from leadline.distributed import scale_out
+    from leadline.distributed.scale_out import scale_out
 
     return scale_out(plan).table()
