@@ -190,6 +190,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     assert saved["finished"] == ["anchor", "first_step"]
     monkeypatch.setattr(d, "_rate", real)
     calls = []
+    real_first = d._first_step
     monkeypatch.setattr(d, "_first_step", lambda *a, **k: calls.append(1) or {})
     events: list[dict] = []
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
@@ -198,6 +199,12 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     assert {"phase": "first_step", "status": "resumed"}.items() <= next(e for e in events if e["phase"] == "first_step").items()
     assert "alpha1" in plan and "lr" in plan
     assert not resume.exists()
+    # the resumed plan is the uninterrupted one: same numbers, phase by phase (the toy is deterministic)
+    monkeypatch.setattr(d, "_first_step", real_first)
+    w2, opt2, step_of2, held2 = _toy()
+    whole = d.derive(named_weights=[("w", w2)], trained_as="weights", optimizer=opt2, train_step_of=step_of2,
+                     held_out_losses=held2, total_steps=20)
+    assert {n: plan[n].value for n in plan} == {n: whole[n].value for n in whole}
 
 
 def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
@@ -274,3 +281,48 @@ def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, max_seconds=0.1)
     assert "warmup_steps" in plan and "weight_decay" in plan
+
+
+def test_killed_inside_the_lookahead_resumes_to_the_uninterrupted_plan(tmp_path):
+    from leadline.derive import derive
+
+    def run(resume=None, kill_at=None):
+        w, opt, step_of, held = _toy()
+        calls = {"n": 0}
+
+        def killing_step_of(mb, accum):
+            inner = step_of(mb, accum)
+
+            def step(t):
+                calls["n"] += 1
+                if kill_at is not None and calls["n"] == kill_at:
+                    raise KeyboardInterrupt
+                return inner(t)
+
+            return step
+
+        return derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=killing_step_of,
+                      held_out_losses=held, total_steps=40, effort="full", resume=resume), calls["n"]
+
+    whole, n_calls = run()
+    assert n_calls > 10, "the look-ahead ran too few steps for the test to kill it inside"
+    resume = tmp_path / "derive.json"
+    with pytest.raises(KeyboardInterrupt):
+        run(resume=resume, kill_at=n_calls - 3)  # late: inside the look-ahead
+    assert "rate" not in json.loads(resume.read_text())["finished"]
+    resumed, _ = run(resume=resume)
+    assert {n: resumed[n].value for n in resumed} == {n: whole[n].value for n in whole}
+    assert resumed["lr"].evidence == whole["lr"].evidence
+
+
+def test_full_effort_on_the_tiny_model_runs_the_lookahead():
+    from helpers import make_model, make_tokenizer
+    from leadline.hf import derive_for
+
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    digest = tensors_digest(list(model.parameters()))
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=16, effort="full")
+    assert plan["lr"].kind == "measured" and plan["lr"].source.startswith("look-ahead:")
+    assert plan["lr"].evidence["plot"] == "lookahead" and plan["lr"].evidence["horizons"]
+    assert tensors_digest(list(model.parameters())) == digest

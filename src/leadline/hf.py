@@ -20,7 +20,7 @@ from leadline.errors import InputError
 from leadline.hf_args import training_arguments
 from leadline.plan import Plan
 
-__all__ = ["Task", "derive_for", "prepare", "training_arguments"]
+__all__ = ["Task", "derive_for", "prepare", "training_arguments"]  # and LeadlineCallback, loaded on first use
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
@@ -233,3 +233,12 @@ def _loss_resolution(model: Any) -> float:
 
 def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:
     return max(1, math.ceil(tokens / tokens_per_step))
+
+
+def __getattr__(name: str) -> Any:
+    # LeadlineCallback lives in its own module (it imports transformers' TrainerCallback).
+    if name == "LeadlineCallback":
+        from leadline.hf_callback import LeadlineCallback
+
+        return LeadlineCallback
+    raise AttributeError(f"module 'leadline.hf' has no attribute {name!r}")

@@ -77,6 +77,10 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.rate import LookaheadSchedule, lookahead_from
 
     _need(plan, "micro_batch", "lr")
+    world = plan.machine.get("world") if isinstance(plan.machine.get("world"), dict) else {}
+    if int(world.get("world_size") or 1) > 1:
+        raise InputError(f"the plan was derived for {world['world_size']} GPUs (its tokens per step count every rank); "
+                         "train it under torchrun with as many processes, or derive a plan on one GPU")
     steps = int(total_steps or plan.get("total_steps") or 0)
     if steps < 1 and plan.get("ending") == "linear":
         steps = -1  # one pass over the training rows, counted once the rows are split
