@@ -21,7 +21,7 @@ def model_dir(tmp_path_factory):
 def derived(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("plan") / "plan.json"
     rc = main(["derive", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
-               "--steps", "6", "--out", str(out), "--html", str(out.with_suffix(".html")), "--device", "cpu"])
+               "--steps", "6", "--effort", "full", "--out", str(out), "--html", str(out.with_suffix(".html")), "--device", "cpu"])
     return rc, out
 
 
@@ -77,3 +77,20 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
         assert len(err) == 1 and needle in err[0], err  # one sentence (a loader's progress bar may precede it)
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()
+
+
+def test_a_quick_plan_races_its_rates_inside_the_run(model_dir):
+    from leadline.hf import derive_for
+    from leadline.loading import load_model, load_tokenizer
+    from leadline.run import train_with_plan
+    from peft import LoraConfig, get_peft_model
+
+    tok = load_tokenizer(model_dir)
+    model = get_peft_model(load_model(model_dir, device="cpu"),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+    data = str(DATA / "prompt_completion.jsonl")
+    plan = derive_for(model, tok, data, total_steps=8, effort="quick")
+    assert plan.race_rates and "lookahead_horizon_steps" not in plan
+    res = train_with_plan(model, tok, data, plan)
+    assert res["race"]["horizons"] and res["race"]["chosen_lr"] in plan.race_rates
+    assert res["schedule"] is None

@@ -68,7 +68,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     held-out rows; the test rows are read before and after, never during. With ``out_dir``,
     the adapter (PEFT) or the weights are saved there and ``run.json`` beside them.
     A plan whose ``ending`` is ``linear`` (:func:`recipe_plan`) runs without the schedule:
-    warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero.
+    warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero. A quick plan
+    (alpha1 and ``race_rates``, no look-ahead) races its rates inside the run with
+    :func:`~leadline.rate.race` instead of the schedule.
     """
     import torch
 
@@ -108,10 +110,18 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     before = test() if test else None
     model.train()
     curve: list[dict[str, Any]] = []
-    sched = LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan), total_steps=steps) if schedule else None
+    racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan), total_steps=steps)
+             if schedule and not racing else None)
     t0 = time.monotonic()
+    race_result = None
     with forbid_spill(task.device):
-        for step in range(steps):
+        if racing:  # a quick plan: its grid raced inside the run (race() is the run)
+            from leadline.rate import race
+
+            race_result = race(params, opt, train_step, held, list(plan.race_rates), steps,
+                               alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"))
+        for step in range(0 if racing else steps):
             if sched is not None:
                 sched.before(step)
             elif linear:
@@ -132,6 +142,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     result: dict[str, Any] = {
         "steps": steps, "seconds": time.monotonic() - t0, "curve": curve,
         "schedule": sched.evidence() if sched is not None else None, "ending": ending,
+        "race": race_result.evidence() if race_result is not None else None,
         "test_rows": len(task.split.test),
     }
     if before is not None and after is not None:
