@@ -80,10 +80,11 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
 
 
 def test_a_quick_plan_races_its_rates_inside_the_run(model_dir):
+    from peft import LoraConfig, get_peft_model
+
     from leadline.hf import derive_for
     from leadline.loading import load_model, load_tokenizer
     from leadline.run import train_with_plan
-    from peft import LoraConfig, get_peft_model
 
     tok = load_tokenizer(model_dir)
     model = get_peft_model(load_model(model_dir, device="cpu"),
