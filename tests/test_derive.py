@@ -326,3 +326,31 @@ def test_full_effort_on_the_tiny_model_runs_the_lookahead():
     assert plan["lr"].kind == "measured" and plan["lr"].source.startswith("look-ahead:")
     assert plan["lr"].evidence["plot"] == "lookahead" and plan["lr"].evidence["horizons"]
     assert tensors_digest(list(model.parameters())) == digest
+
+
+def test_a_resume_file_from_another_run_is_refused(tmp_path, monkeypatch):
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    resume = tmp_path / "derive.json"
+    monkeypatch.setattr(d, "_rate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                 held_out_losses=held_out, total_steps=20, resume=resume)
+    saved = resume.read_text()
+    with pytest.raises(InputError, match=r"different run \(total_steps differ\)"):
+        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                 held_out_losses=held_out, total_steps=30, resume=resume)
+    assert resume.read_text() == saved  # refused before anything was written
+
+
+def test_prior_plan_is_checked_not_rederived():
+    from leadline.derive import derive
+
+    w, opt, train_step_of, held_out = _toy()
+    first = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                   held_out_losses=held_out, total_steps=20, effort="full")
+    again = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                   held_out_losses=held_out, total_steps=20, effort="full", prior=first)
+    assert again.lr == first.lr and "prior plan's rate, kept" in again["lr"].source
+    assert again["alpha1"].kind == "measured"

@@ -40,6 +40,7 @@ class PhaseRunner:
     max_seconds: float | None = None
     on_progress: ProgressFn | None = None
     resume_path: Path | None = None
+    fingerprint: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     finished: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
@@ -64,6 +65,10 @@ class PhaseRunner:
             saved = Plan.from_dict(d["plan"], origin=str(self.resume_path))
         except (OSError, ValueError, KeyError, TypeError):
             raise InputError(f"resume file {self.resume_path} is not a leadline resume file; delete it or pass another path") from None
+        theirs = d.get("fingerprint", {})
+        differ = sorted(k for k in set(theirs) | set(self.fingerprint) if theirs.get(k) != self.fingerprint.get(k))
+        if differ:
+            raise InputError(f"resume file {self.resume_path} is from a different run ({', '.join(differ)} differ); delete it or pass another path")
         for name, v in saved.values.items():
             self.plan.set(name, v)
         self.plan.held_out = saved.held_out or self.plan.held_out
@@ -76,7 +81,8 @@ class PhaseRunner:
             return
         from leadline._io import write_atomic
 
-        d = {"leadline_resume": RESUME_FORMAT, "finished": self.finished, "plan": self.plan.to_dict(), "extra": self.extra}
+        d = {"leadline_resume": RESUME_FORMAT, "finished": self.finished, "plan": self.plan.to_dict(), "extra": self.extra,
+             "fingerprint": self.fingerprint}
         write_atomic(self.resume_path, json.dumps(d, allow_nan=True))
 
     # ---- budget and progress ------------------------------------------------------------

@@ -132,8 +132,11 @@ def derive(
     runner_kind: Any = PhaseRunner
     if world is not None:
         from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
+    fingerprint = {"data": plan.data.get("sha256"), "trained_parameters": plan.model.get("trained_parameters"),
+                   "trained_as": trained_as, "effort": effort, "total_steps": total_steps, "epochs": epochs,
+                   "seq_len": seq_len, "quantile": quantile}
     runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
-                         resume_path=Path(resume) if resume is not None else None,
+                         resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                          **({"world": world} if world is not None else {}))
     optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
     ctx: dict[str, Any] = {}
