@@ -77,3 +77,14 @@ def save_model_dir(path: Path) -> Path:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def free_port() -> int:
+    """A TCP port free on localhost now (for a test's torch.distributed rendezvous)."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port

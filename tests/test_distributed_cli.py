@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from helpers import DATA, save_model_dir
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from helpers import DATA, free_port, save_model_dir
 
 
 def test_derive_under_torchrun_writes_once_and_prints_the_scale_out(tmp_path):
     model = save_model_dir(tmp_path / "model")
     out = tmp_path / "plan.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "leadline", "derive", "--model", str(model), "--data", str(DATA / "prompt_completion.jsonl"),
            "--steps", "12", "--device", "cpu", "--out", str(out), "--scale-out"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
@@ -79,7 +70,7 @@ def test_derive_for_then_trainer_under_torchrun(tmp_path):
 
     script = tmp_path / "job.py"
     script.write_text(TRAINER_SCRIPT)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            str(script), str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(Path(helpers.__file__).parent), os.environ.get("PYTHONPATH", "")])}
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 import traceback
 from pathlib import Path
@@ -20,18 +19,12 @@ from typing import Any
 
 import pytest
 
-from helpers import DATA
+from helpers import DATA, free_port
 
 WORLD = 2
 DEADLINE_S = 120.0
 
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _lora_model(tok: Any, adapter_seed: int = 0) -> Any:
@@ -240,7 +233,7 @@ def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("job")
-    ctx = mp.start_processes(_worker, args=(WORLD, _free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
+    ctx = mp.start_processes(_worker, args=(WORLD, free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not ctx.join(timeout=1.0):

@@ -63,3 +63,22 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
     assert seen and seen[0] == pytest.approx(cb.schedule.lr_at(0), rel=1e-6)
     assert len(m._global_forward_pre_hooks) == hooks_before
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_the_cap_is_lifted_when_training_raises(setup):
+    """Trainer skips on_train_end on an exception: `with cb:` lifts the cap anyway."""
+    from leadline.hf_callback import LeadlineCallback
+
+    plan = setup[2]
+    cb = LeadlineCallback(plan, lambda: [1.0, 1.0], lambda step: 0.0)
+
+    class Handle:
+        lifted = False
+
+        def lift(self):
+            Handle.lifted = True
+
+    cb._cap_handle = Handle()
+    with pytest.raises(RuntimeError), cb:
+        raise RuntimeError("training failed")
+    assert Handle.lifted and cb._cap_handle is None

@@ -101,9 +101,20 @@ class LeadlineCallback(TrainerCallback):
             if self.schedule is not None:
                 self.ending = self.schedule.finish()
         finally:
-            if self._cap_handle is not None:
-                self._cap_handle.lift()
-                self._cap_handle = None
+            self.close()
+
+    def close(self) -> None:
+        """Lift the cap this callback set. ``on_train_end`` does it, but Trainer does not call
+        that when training raises: run ``with cb: trainer.train()`` to lift it on every exit."""
+        if self._cap_handle is not None:
+            self._cap_handle.lift()
+            self._cap_handle = None
+
+    def __enter__(self) -> LeadlineCallback:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
     def evidence(self) -> dict[str, Any] | None:
         """The schedule's checks and rollbacks, and the ending it kept."""
