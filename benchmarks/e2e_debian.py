@@ -22,8 +22,9 @@ Decision rules, written before the run:
   R1  the full plan + schedule loses nothing to the recipe: its accuracy is not lower with
       McNemar p < 0.05 (a loss is a lower accuracy at p < 0.05);
   R2  no class predicted for more than 80% of test rows (no collapse) for either plan;
-  R3  derive --effort full --max-seconds 110 finishes within 110 s + one look-ahead horizon
-      (max_seconds is a real bound), wall time of the whole command minus model loading;
+  R3  derive --effort full --max-seconds 110 finishes within 110 s (max_seconds is a real
+      bound): derive's own wall time as the CLI records it in the plan's notes ("derive took
+      X s"), model loading not counted (the issue's bound: a full derive in at most 110 s);
   R4  both plans beat the untrained model (higher accuracy, McNemar p < 0.05).
 The peer on this protocol (pichak 0.4.1): untrained 0.822, recipe 0.956, quick + race 0.853,
 full + schedule 0.954 after a 436 s derive.
@@ -104,6 +105,17 @@ def predictions(model: Any, tok: Any, rows: list[dict[str, Any]], max_chars: int
         sc = scores[4 * k:4 * k + 4]
         preds.append(LABELS[max(range(4), key=lambda x: sc[x])])
     return preds
+
+
+def derive_seconds(plan: dict[str, Any] | None) -> float | None:
+    """derive's own wall time from the note the CLI writes into the plan."""
+    import re
+
+    for note in (plan or {}).get("notes", []):
+        m = re.match(r"derive took ([0-9.]+) s", note)
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def judge(preds: list[str], gold: list[str]) -> dict[str, Any]:
@@ -207,7 +219,9 @@ def main(argv: list[str] | None = None) -> int:
             rules["R1"] = not (verdict["full"]["accuracy"] < verdict["recipe"]["accuracy"] and vr["p_value"] < 0.05)
         rules["R2"] = all(verdict[k]["top_class_share"] <= 0.8 for k in ("quick", "full") if k in verdict)
         if "derive_full" in result["arms"]:
-            rules["R3_derive_full_seconds"] = result["arms"]["derive_full"]["seconds"]
+            took = derive_seconds(result["arms"]["derive_full"].get("plan"))
+            rules["R3_derive_full_seconds"] = took
+            rules["R3"] = took is not None and took <= 110.0
         rules["R4"] = all(verdict[k]["accuracy"] > verdict["untrained"]["accuracy"] and verdict[k]["vs_untrained"]["p_value"] < 0.05
                           for k in ("quick", "full") if k in verdict)
         result["rules_outcome"] = rules

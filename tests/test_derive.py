@@ -69,6 +69,7 @@ def test_plan_has_every_phase(derived):
     assert plan["rate_divisor"].kind == "constant" and "rate_divisor" in plan.constants()
     done = [e["phase"] for e in events if e["status"] == "done"]
     assert done[:3] == ["corpus", "noise", "memory"]
+    assert "past_format" in done and "noise_scale_past_format_tokens" in plan
     assert plan.model["trained_as"] == "factors" and plan.model["trained_parameters"] > 0
     assert plan.data["sha256"] and plan.machine["torch"]
 
@@ -187,7 +188,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
         d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                  held_out_losses=held_out, total_steps=20, resume=resume)
     saved = json.loads(resume.read_text())
-    assert saved["finished"] == ["anchor", "first_step"]
+    assert saved["finished"] == ["first_step", "anchor"]
     monkeypatch.setattr(d, "_rate", real)
     calls = []
     real_first = d._first_step
@@ -264,10 +265,33 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
                     held_out_losses=held_out, total_steps=400, effort="full", max_seconds=1.5)
     took = time.monotonic() - t0
     assert took < 2.5, f"max_seconds=1.5 was not a bound: derive took {took:.1f} s"
-    assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
-    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1
+    # the look-ahead read at least its first horizon, and keeps what it read rather than falling back to alpha1
+    assert "max_seconds: cut inside" in plan["lr"].source, plan["lr"].source
+    assert plan["lr"].kind == "measured" and plan["lr"].evidence["horizons"]
     assert tensors_digest([w]) == digest and not opt.state
     assert torch.isfinite(torch.tensor(plan.lr))
+
+
+def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_alpha1(monkeypatch):
+    import time
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+
+    def slow_step_of(mb, accum):
+        inner = train_step_of(mb, accum)
+
+        def step(t):
+            time.sleep(0.05)
+            return inner(t)
+
+        return step
+
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
+                    held_out_losses=held_out, total_steps=400, effort="full", max_seconds=0.6)
+    assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
+    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1
 
 
 def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):

@@ -87,6 +87,23 @@ def test_alpha1_is_the_line_minimum_and_nothing_changed():
     assert v.kind == "measured" and v.value == fs.alpha1 and "stops falling" in v.source
 
 
+def test_at_alpha1_reads_with_the_weights_at_alpha1_then_restores():
+    from leadline.rate import measure_first_step
+
+    toy = Regression(seed=1, dim=32)
+    before = toy.state()
+    seen = []
+
+    def read():
+        seen.append((float(sum(toy.held_out()) / len(toy.held_out())), torch.is_grad_enabled()))
+        return "read"
+
+    fs = measure_first_step(toy.params, toy.opt, toy.train_step, toy.held_out, at_alpha1=read)
+    toy.assert_state(before)
+    assert fs.at_alpha1 == "read" and len(seen) == 1
+    assert seen[0][0] == pytest.approx(fs.loss, rel=1e-6) and seen[0][1]
+
+
 def test_an_adamw_first_step_includes_its_decoupled_decay():
     from leadline.rate import measure_first_step
 

@@ -150,18 +150,23 @@ def derive(
         if step_fn is not None:
             runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params), needs=())
         if step_fn is not None and grad_fn is not None:
-            runner.run("step", lambda: _step(plan, ctx, world),
+            runner.run("step", lambda: _step(plan, ctx, world, step_fn=step_fn if world is None else None),
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
+        rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
+        if rate_ready:
+            held = _timed_held(held_out_losses, runner.check_time)
+            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
+            if grad_fn is not None and step_fn is not None and world is None:
+                runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
+                                                               lengths, runner),
+                           needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
         if named:
             runner.run("anchor", lambda: _anchor(named, trained_as, plan))
-        rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
         if total_steps is None and epochs is not None:
             runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"), always=True)
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
-            held = _timed_held(held_out_losses, runner.check_time)
-            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
             runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.check_time), held, plan,
                                              effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
@@ -227,14 +232,20 @@ def _noise(grad_fn: Any, runner: PhaseRunner, ctx: dict[str, Any], world: Any = 
 
 
 def _rows_needed(plan: Plan) -> int | None:
-    """The rows the target step can need: B_noise's upper edge over the scored tokens per row."""
+    """The ramp's upper limit: the rows the target step can need (B_noise's upper edge over the
+    scored tokens per row), and at least the rows the probe drew — the batch whose gradient it
+    has seen, which the first step and the burn-in past the format train at (at step 0 the
+    noise reads the format's few tokens, and a one-row burn-in learns the format slowly: on
+    debian_sections, 30 one-row steps left the noise at 2.5 tokens)."""
     b = plan.get("noise_scale_tokens")
     per_row = plan.get("scored_tokens_per_row")
     if not isinstance(b, (int, float)) or not isinstance(per_row, (int, float)) or per_row <= 0 or not math.isfinite(b):
         return None
-    se = plan["noise_scale_tokens"].evidence.get("se_tokens", 0) if isinstance(plan["noise_scale_tokens"].evidence, dict) else 0
+    ev = plan["noise_scale_tokens"].evidence if isinstance(plan["noise_scale_tokens"].evidence, dict) else {}
+    se = ev.get("se_tokens", 0)
     upper = b + (se if isinstance(se, (int, float)) and math.isfinite(se) else 0)
-    return max(1, math.ceil(upper / per_row))
+    drawn = sum(t for t in ev.get("micro_tokens") or [] if isinstance(t, (int, float)))
+    return max(1, math.ceil(upper / per_row), math.floor(drawn / per_row))
 
 
 def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any],
@@ -265,23 +276,79 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
     return out
 
 
-def _step(plan: Plan, ctx: dict[str, Any], world: Any = None) -> dict[str, Value]:
+def _step(plan: Plan, ctx: dict[str, Any], world: Any = None, step_fn: Any = None, noise: Any = None) -> dict[str, Value]:
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    noise = ctx.get("noise", plan.get("noise_scale_tokens"))
+    if noise is None:
+        noise = ctx.get("noise", plan.get("noise_scale_tokens"))
     if world is not None:  # the step over the whole world: micro x accum x world size
         from leadline.distributed.phases import world_step
 
         return world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
                           t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
                           t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0), corpus_scored_tokens=plan.get("scored_tokens"))
+    one_row = None
+    if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch (noise/step.py)
+        one_row = list(step_fn(1, int(plan.get("seq_len")), repeats=3).micro_seconds)
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                          t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
-                         corpus_scored_tokens=plan.get("scored_tokens"))
+                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row)
     ctx["step"] = sp
     return sp.as_values()
+
+
+def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
+                 plan: Plan, ctx: dict[str, Any], lengths: Sequence[int] | None, runner: PhaseRunner) -> dict[str, Value]:
+    """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
+    rows it needs and take the step from it (noise/past_format.py)."""
+    from types import SimpleNamespace
+
+    from leadline.memory import ramp
+    from leadline.noise.past_format import noise_past_format
+    from leadline.rate.warmup import warmup_steps_for
+
+    nv = plan["noise_scale_tokens"]
+    se0 = nv.evidence.get("se_tokens") if isinstance(nv.evidence, dict) else None
+    step0 = ctx.get("noise") or SimpleNamespace(b_noise_tokens=nv.value, se_tokens=se0 or 0.0)
+    if not isinstance(getattr(step0, "b_noise_tokens", None), (int, float)):
+        return {}
+    mb, accum = _burn_in_batch(plan)
+    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
+    rows_per_draw = getattr(grad_fn, "rows_per_draw", None)
+    if not rows_per_draw:
+        micro = getattr(step0, "micro_tokens", None) or []
+        rows_per_draw = max(1, round((sum(micro) / len(micro)) / per_row)) if micro else 1
+    betas = opt.param_groups[0].get("betas") if opt.param_groups else None
+    w = warmup_steps_for(float(betas[0]) if betas else 0.9)
+    def probe_start(steps: int) -> int:  # the first draw past every row the burn-in trained
+        return math.ceil(steps * mb * accum / rows_per_draw)
+
+    rows = plan.get("rows")
+    held = plan.held_out.get("train") if isinstance(plan.held_out.get("train"), list) else None
+    train_rows = len(held) if held is not None else (rows if isinstance(rows, int) else None)
+    max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
+    left = runner.seconds_left()
+    pf = noise_past_format(params, opt, train_step_of(mb, accum), grad_fn, float(plan.get("alpha1")), step0,
+                           rows_per_step=mb * accum, probe_start=probe_start, round_steps=w, max_steps=max_steps,
+                           budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
+    ctx["past_format"] = pf
+    out = pf.as_values()
+    if not pf.grew or pf.noise is None:
+        return out
+    need = max(1, math.ceil((pf.b_noise_tokens + (pf.se_tokens or 0.0)) / per_row))
+    rows_fit = int(plan.get("rows_fit"))
+    ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
+    capped = str(ev.get("stopped_because", "")).startswith("reached the upper limit")
+    if need > rows_fit and capped:  # the first ramp stopped at the rows the step-0 noise needed: go on from there
+        result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit)
+        ctx["ramp"] = result
+        for n, v in result.as_values().items():
+            out["rows_fit" if n == "micro_batch" else n] = v
+            plan.set("rows_fit" if n == "micro_batch" else n, v)
+    out.update(_step(plan, ctx, step_fn=step_fn, noise=pf.noise))
+    return out
 
 
 def _anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan) -> dict[str, Value]:
@@ -296,15 +363,26 @@ def _batch_of(plan: Plan) -> tuple[int, int]:
     return int(plan.get("micro_batch", plan.get("rows_fit", 1)) or 1), int(plan.get("grad_accum", 1) or 1)
 
 
+def _burn_in_batch(plan: Plan) -> tuple[int, int]:
+    """The first step and the burn-in past the format train at the most rows the ramp kept (its
+    limit was at least the probe's rows), one micro-batch a step; without a ramp, the plan's batch."""
+    if isinstance(plan.get("rows_fit"), int):
+        return int(plan.get("rows_fit")), 1
+    return _batch_of(plan)
+
+
 def _first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
                 plan: Plan, ctx: dict[str, Any], resolution: float | None = None) -> dict[str, Value]:
     from leadline.rate import measure_first_step
 
-    mb, accum = _batch_of(plan)
+    mb, accum = _burn_in_batch(plan)
     kw = {} if resolution is None else {"resolution": resolution}
     fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out, **kw)
     ctx["first_step"] = fs
-    return fs.as_values()
+    out = fs.as_values()
+    a = out["alpha1"]
+    out["alpha1"] = Value(a.value, a.kind, f"{a.source}; the first update from a step of {mb * accum} rows", a.evidence, a.seconds, a.unit)
+    return out
 
 
 def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],

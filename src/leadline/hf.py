@@ -171,7 +171,6 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     from leadline.derive import derive
     from leadline.distributed.world import join_job
     from leadline.memory import TrainingStep
-    from leadline.noise import ModelGradFn
     from leadline.provenance import describe_model
 
     if total_steps is None and epochs is None:
@@ -201,7 +200,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             rows=None if isinstance(train_dataset, (str, os.PathLike)) else _rows_of(train_dataset),
             tokenizer=tokenizer, seq_len=task.seq_len, profile=prof,
             step_fn=TrainingStep(task.loss_of, task.optimizer),
-            grad_fn=grad_fn or ModelGradFn(model, task.micro_batch_of, params=[p for _, p in named]),
+            grad_fn=grad_fn or _probe(model, task, [p for _, p in named]),
             named_weights=named, trained_as=kind, optimizer=task.optimizer,
             train_step_of=train_step_of, held_out_losses=held_out_losses or task.held_out_losses(),
             total_steps=total_steps, epochs=epochs, effort=effort, max_seconds=max_seconds,
@@ -219,6 +218,15 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     if job is not None:
         plan.notes.extend(job.notes)
     return plan
+
+
+def _probe(model: Any, task: Task, params: list[Any]) -> Any:
+    """The probe's grad_fn over the task's rows, telling derive how many rows a draw reads."""
+    from leadline.noise import ModelGradFn
+
+    fn = ModelGradFn(model, task.micro_batch_of, params=params)
+    fn.rows_per_draw = task.probe_rows
+    return fn
 
 
 def _loss_resolution(model: Any) -> float:

@@ -48,7 +48,7 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
 class Progress:
     """A progress bar over derive()'s phases (tqdm on a terminal, lines otherwise)."""
 
-    def __init__(self, phases: int = 9) -> None:
+    def __init__(self, phases: int = 10) -> None:
         self.bar: Any = None
         try:
             from tqdm import tqdm

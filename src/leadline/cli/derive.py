@@ -47,12 +47,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
+    import time
+
     from leadline.cli._common import Progress, load_for_training
 
+    t_load = time.perf_counter()
     model, tok = load_for_training(args)
     from leadline.hf import derive_for
 
     bar = Progress() if main else None
+    t0 = time.perf_counter()
     try:
         plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
                           seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
@@ -60,6 +64,9 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
     finally:
         if bar is not None:
             bar.close()
+    took, loading = time.perf_counter() - t0, t0 - t_load
+    bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
+    plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
     plan.model["name"] = str(args.model)
     if not main:
         return 0  # every rank holds the plan; rank 0 writes and prints it

@@ -11,6 +11,15 @@ loss, S_min (1 + B_noise/B)(B t_micro/m + t_step), is least at
 B* is clamped to [one row, B_noise] (past the knee a token buys less than a step saves, and
 a step is never smaller than a row) and to the corpus; then the micro-batch is CUT to the step
 when the card fits more rows than the step needs, and grad_accum follows.
+
+That formula assumes a micro-batch costs in proportion to its tokens. A small model on a big
+card is bound by kernel launches instead: on the H200, SmolLM2-135M LoRA took 0.14 s for 3 rows
+and about as long for 1 (benchmarks/results/e2e_debian_failed_bf16.json, the ramp's rungs in
+memory_ramp_lora16_6gb_seq512.json). Given the forward+backward at ONE row as well,
+t(r) = a + c r is fitted through the two shapes (a: the fixed cost of a micro-batch), a step of
+r rows costs ceil(r / rows_fit) a + c r + t_step, and the step is the whole number of rows that
+minimizes (1 + B_noise/B) x that time over [one row, B_noise] — the same least-time rule, with
+the fixed cost counted.
 """
 
 from __future__ import annotations
@@ -71,6 +80,30 @@ def scale_out(b_noise_tokens: float, tokens_per_gpu_step: float, gpus: Sequence[
     return rows
 
 
+def _fixed_cost(t_one: float, t_fit: float, rows_fit: int) -> dict[str, Any]:
+    """t(r) = a + c r through (1, t_one) and (rows_fit, t_fit); a >= 0 and c > 0 (a line that
+    would fall with rows is read as all fixed cost, the least per-row cost kept)."""
+    c = (t_fit - t_one) / (rows_fit - 1)
+    c = max(c, 1e-3 * t_fit / rows_fit)
+    a = max(0.0, t_fit - c * rows_fit)
+    return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit}
+
+
+def _least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
+                     corpus: float | None) -> int:
+    """The whole rows r in [1, B_noise/per_row] minimizing (1 + B_noise/(r per_row)) x
+    (ceil(r/rows_fit) a + c r + t_step); ties to the smaller r."""
+    top = max(1, math.floor(b_noise / per_row))
+    if corpus is not None:
+        top = max(1, min(top, math.floor(corpus / per_row)))
+    best, best_t = 1, math.inf
+    for r in range(1, top + 1):
+        t = (1.0 + b_noise / (r * per_row)) * (-(-r // rows_fit) * a + c * r + t_step)
+        if t < best_t * (1 - 1e-12):
+            best, best_t = r, t
+    return best
+
+
 def _seconds(name: str, v: float | Sequence[float]) -> tuple[float, list[float]]:
     """A time given as one number or as repeats (their median), and the repeats recorded."""
     xs = [float(v)] if isinstance(v, (int, float)) else [float(x) for x in v]
@@ -103,19 +136,25 @@ class StepPlan:
     cut: bool
     inputs: dict[str, Any]
 
+    def _step_source(self, clamp: str) -> str:
+        i = self.inputs
+        f = i.get("fixed_cost")
+        if f:
+            return (f"the whole rows minimizing (1 + B_noise {_tok(i['b_noise_tokens'])}/B) x (micro-batches x {f['a_seconds']:.4g} s fixed"
+                    f" + {f['c_seconds_per_row']:.4g} s a row + t_step {i['t_step_seconds']:.4g} s), the fixed cost from t_micro"
+                    f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at {i['rows_fit']}:"
+                    f" {_tok(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. 2018)")
+        return (f"B* = sqrt(B_noise {_tok(i['b_noise_tokens'])} × {_tok(i['tokens_per_micro_batch'])} tokens a micro-batch"
+                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {_tok(self.b_star_tokens)}{clamp}"
+                " (the least time to a loss, McCandlish et al. 2018)")
+
     def as_values(self) -> dict[str, Value]:
         """The plan's ``tokens_per_step``, ``micro_batch`` and ``grad_accum`` (all derived)."""
         i = self.inputs
         clamp = f", clamped to {self.clamped_by}" if self.clamped_by else ""
         ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut}
         return {
-            "tokens_per_step": Value(
-                self.tokens_per_step, "derived",
-                f"B* = sqrt(B_noise {_tok(i['b_noise_tokens'])} × {_tok(i['tokens_per_micro_batch'])} tokens a micro-batch"
-                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {_tok(self.b_star_tokens)}{clamp}"
-                " (the least time to a loss, McCandlish et al. 2018)",
-                evidence=ev, unit="scored tokens",
-            ),
+            "tokens_per_step": Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev, unit="scored tokens"),
             "micro_batch": Value(
                 self.micro_batch, "derived",
                 (f"cut from the {i['rows_fit']} rows that fit to the step's {self.rows_per_step}" if self.cut
@@ -139,6 +178,7 @@ def tokens_per_step(
     t_step_seconds: float | Sequence[float],
     t_micro_seconds: float | Sequence[float],
     corpus_scored_tokens: float | None = None,
+    t_micro_one_row_seconds: float | Sequence[float] | None = None,
 ) -> StepPlan:
     """The optimizer step in scored tokens, and the micro-batch and grad_accum that make it.
 
@@ -150,6 +190,9 @@ def tokens_per_step(
         t_step_seconds, t_micro_seconds: the optimizer update and one forward+backward at that
             shape, each one number or its repeats (their median is used).
         corpus_scored_tokens: what the corpus holds; a step is never more.
+        t_micro_one_row_seconds: one forward+backward of ONE row at the same length (one
+            number or its repeats). With it, the fixed cost of a micro-batch is counted (see
+            the module docstring) and the step is the least-time whole number of rows.
 
     Returns:
         :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
@@ -174,6 +217,13 @@ def tokens_per_step(
     b_noise, m = float(b_noise), float(tokens_per_micro_batch)
     b_star = time_optimal_tokens(b_noise, m, t_step, t_micro)
     per_row = m / rows_fit
+    fixed = None
+    if t_micro_one_row_seconds is not None and rows_fit > 1:
+        t_one, one_repeats = _seconds("t_micro_one_row_seconds", t_micro_one_row_seconds)
+        fixed = _fixed_cost(t_one, t_micro, rows_fit)
+        fixed["t_micro_one_row_repeats"] = one_repeats
+        b_star = _least_time_rows(b_noise, per_row, rows_fit, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
+                                  corpus_scored_tokens) * per_row
     target, clamped = b_star, None
     if target > b_noise:
         target, clamped = b_noise, "noise scale"
@@ -195,6 +245,7 @@ def tokens_per_step(
         "t_micro_repeats": micro_repeats,
         "corpus_scored_tokens": corpus_scored_tokens,
         "rows_wanted": rows_step,
+        "fixed_cost": fixed,
     }
     return StepPlan(
         tokens_per_step=target, b_star_tokens=b_star, clamped_by=clamped, micro_batch=micro,

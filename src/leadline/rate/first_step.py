@@ -136,6 +136,9 @@ class FirstStep:
     versus_base: dict[str, Any]
     stopped_because: str
     seconds: float
+    at_alpha1: Any = None
+    """What ``at_alpha1=`` returned, read with the weights at alpha1 (e.g. the noise scale past
+    the answer's format); None when not asked or not found."""
 
     def evidence(self) -> dict[str, Any]:
         return {"plot": "first_step", "walk": self.walk, "base_loss": self.base_loss, "alpha1": self.alpha1,
@@ -156,7 +159,8 @@ class FirstStep:
 def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                        held_out_losses_per_row: Callable[[], Sequence[float]], *, step: int = 0,
                        start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0, rel_tol: float = 0.05,
-                       place: str = "auto", resolution: float = RESOLUTION) -> FirstStep:
+                       place: str = "auto", resolution: float = RESOLUTION,
+                       at_alpha1: Callable[[], Any] | None = None) -> FirstStep:
     """Measure alpha1: walk the trained tensors along the optimizer's own first update.
 
     Args:
@@ -170,6 +174,11 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
         start, factor, max_lr: the ladder lr = start * factor^k, up to max_lr.
         rel_tol: the refinement stops when the bracket is narrower than this ratio.
         place: where the copies live (``"auto"``: on the card when there is room).
+        resolution: the share of the base loss below which a change is rounding.
+        at_alpha1: called (with gradients enabled) while the weights sit at alpha1, before
+            they are restored; its result is ``FirstStep.at_alpha1``. derive() reads the noise
+            scale there: at step 0 every row agrees on the answer's format, and the first
+            step is the one that learns it.
 
     Returns:
         :class:`FirstStep`. Weights, optimizer state, learning rates, gradients and RNG states
@@ -214,8 +223,15 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
             why = f"the loss still fell at max_lr = {max_lr:g}: alpha1 is the largest step walked"
         else:
             why = f"no step from {start:g} to {max_lr:g} lowered the held-out loss"
-    best_lr, best_loss = min(points, key=lambda p: (p[1], p[0]))
-    found = w.fell and best_loss < base
+        best_lr, best_loss = min(points, key=lambda p: (p[1], p[0]))
+        found = w.fell and best_loss < base
+        extra = None
+        if found and at_alpha1 is not None:
+            for p, w0, u in zip(params, origin.params, direction):
+                p.copy_(torch.add(w0.to(p.device), u.to(p.device), alpha=-best_lr))
+            del direction
+            with torch.enable_grad():
+                extra = at_alpha1()
     versus: dict[str, Any] = {}
     if found:
         from leadline import stats
@@ -224,5 +240,5 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
     return FirstStep(
         alpha1=best_lr if found else None, found=found, base_loss=base, loss=best_loss if found else base,
         walk=[{"lr": lr, "loss": loss} for lr, loss in points], held_out_rows=len(base_rows),
-        versus_base=versus, stopped_because=why, seconds=time.perf_counter() - t0,
+        versus_base=versus, stopped_because=why, seconds=time.perf_counter() - t0, at_alpha1=extra,
     )

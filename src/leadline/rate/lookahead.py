@@ -182,6 +182,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     if effort == "quick":
         return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0)
 
+    from leadline._phases import OutOfTime
     from leadline.rate._run import Candidate
     from leadline.rate._state import check_params, group_ratios, no_trace, read_held_out
 
@@ -210,63 +211,69 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         base = read_held_out(held_out_losses_per_row)
         rows = len(base)
         for look, n in enumerate(horizons, 1):
-            alive = [c for c in cands.values() if c.status == "running"]
-            cost = sum(n - c.done for c in alive)
-            if used + cost > budget and evidence:  # narrow to the best and its neighbours
-                keep = [c for c in alive if abs(c.key - last_best) <= 1]
-                if used + sum(n - c.done for c in keep) <= budget:
-                    for c in alive:
-                        if c not in keep:
-                            c.stop("out of budget")
-                    alive, cost = keep, sum(n - c.done for c in keep)
-            if used + cost > budget:
-                stopped = f"budget: horizon {n} needed {cost} more steps, {budget - used} left"
+            try:
+                alive = [c for c in cands.values() if c.status == "running"]
+                cost = sum(n - c.done for c in alive)
+                if used + cost > budget and evidence:  # narrow to the best and its neighbours
+                    keep = [c for c in alive if abs(c.key - last_best) <= 1]
+                    if used + sum(n - c.done for c in keep) <= budget:
+                        for c in alive:
+                            if c not in keep:
+                                c.stop("out of budget")
+                        alive, cost = keep, sum(n - c.done for c in keep)
+                if used + cost > budget:
+                    stopped = f"budget: horizon {n} needed {cost} more steps, {budget - used} left"
+                    break
+                for c in alive:
+                    c.readings.setdefault(0, base)
+                    prev = max(k for k in c.readings if k < n)
+                    used += n - c.done
+                    c.advance(n, params, opt, train_step, held_out_losses_per_row, origin, ratios, rows, place)
+                    if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look, max_looks=len(horizons)).worse:
+                        for other in cands.values():
+                            if other.lr >= c.lr and other.status == "running":
+                                other.stop("unstable")
+                    if c.snapshot is not None:
+                        snaps = c.snapshot.evidence()
+                running = {j: c for j, c in cands.items() if c.status == "running" and n in c.readings}
+                if not running:
+                    stopped = "every rate diverged or was unstable"
+                    evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
+                    break
+                best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look, max_looks=len(horizons))
+                for j, v in verdicts.items():
+                    if v.worse and (j > best + keep_above or (j < best - keep_below and n >= w)):
+                        cands[j].stop("dropped")
+                est, refined = _estimate(cands, best, n, rows)
+                if n >= w:  # a horizon inside the warmup says little about the rate itself
+                    estimates.append(est)
+                    read_at.append(n)
+                    sharp.append(refined)
+                slope = trend_slope(read_at, estimates, settle)
+                evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined, "trend_slope": slope, "candidates": [
+                    c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j, c in sorted(cands.items()) if n in c.readings]})
+                last_read, last_estimate, last_best = n, est, best
+                if on_progress is not None:
+                    on_progress(evidence[-1])
+                if n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None and abs(slope) <= settle_slope:
+                    stopped = f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the last {n} steps"
+                    break
+                if n == total_steps:
+                    stopped = "reached the run's length"
+                    break
+                if n < w:
+                    continue  # no extension on a reading inside the warmup
+                blocked = any(c.status in ("unstable", "diverged") for c in cands.values())
+                run_js = sorted(j for j, c in cands.items() if c.status == "running")
+                if best == run_js[-1] and best + 1 not in cands and best + 1 <= hi_j and not blocked:
+                    cands[best + 1] = make(best + 1)
+                if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands or cands[best - 1].status == "dropped"):
+                    cands[best - 1] = make(best - 1)  # (re)started from the origin: short horizons undersell low rates
+            except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
+                if not evidence:
+                    raise
+                stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
                 break
-            for c in alive:
-                c.readings.setdefault(0, base)
-                prev = max(k for k in c.readings if k < n)
-                used += n - c.done
-                c.advance(n, params, opt, train_step, held_out_losses_per_row, origin, ratios, rows, place)
-                if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look, max_looks=len(horizons)).worse:
-                    for other in cands.values():
-                        if other.lr >= c.lr and other.status == "running":
-                            other.stop("unstable")
-                if c.snapshot is not None:
-                    snaps = c.snapshot.evidence()
-            running = {j: c for j, c in cands.items() if c.status == "running" and n in c.readings}
-            if not running:
-                stopped = "every rate diverged or was unstable"
-                evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
-                break
-            best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look, max_looks=len(horizons))
-            for j, v in verdicts.items():
-                if v.worse and (j > best + keep_above or (j < best - keep_below and n >= w)):
-                    cands[j].stop("dropped")
-            est, refined = _estimate(cands, best, n, rows)
-            if n >= w:  # a horizon inside the warmup says little about the rate itself
-                estimates.append(est)
-                read_at.append(n)
-                sharp.append(refined)
-            slope = trend_slope(read_at, estimates, settle)
-            evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined, "trend_slope": slope, "candidates": [
-                c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j, c in sorted(cands.items()) if n in c.readings]})
-            last_read, last_estimate, last_best = n, est, best
-            if on_progress is not None:
-                on_progress(evidence[-1])
-            if n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None and abs(slope) <= settle_slope:
-                stopped = f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the last {n} steps"
-                break
-            if n == total_steps:
-                stopped = "reached the run's length"
-                break
-            if n < w:
-                continue  # no extension on a reading inside the warmup
-            blocked = any(c.status in ("unstable", "diverged") for c in cands.values())
-            run_js = sorted(j for j, c in cands.items() if c.status == "running")
-            if best == run_js[-1] and best + 1 not in cands and best + 1 <= hi_j and not blocked:
-                cands[best + 1] = make(best + 1)
-            if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands or cands[best - 1].status == "dropped"):
-                cands[best - 1] = make(best - 1)  # (re)started from the origin: short horizons undersell low rates
     if not evidence:
         raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
     last, lr = last_read, last_estimate
