@@ -28,7 +28,8 @@ R3 a second process (its CUDA context alive from the start, as another program's
    a real card could not give more than its free memory.)
 R4 the watch's cost: interleaved blocks of ``--block`` (10) steps, unwatched (cap set once) and
    watched, 3 each; ratio = median watched step / median unwatched step; PASS <= 1.01.
-R5 measure_fit at b_ramp says fits and at the first rung the ramp refused says refused; its
+R5 measure_fit (given the corpus's lengths, as ``leadline fit --data`` does) at b_ramp says fits
+   and at the first rung the ramp refused says refused; its
    peak at b_ramp against the R2 run's peak allocated: PASS when probe / real >= 1.0 (the probe
    may be conservative, never low).
 
@@ -285,8 +286,9 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
         case["overhead"] = overhead(trained, b, mix, args, mem)
         case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
         step = ModelStep(trained)
-        at = measure_fit(step, b, seq, memory=mem, suggest=False)
-        over = measure_fit(step, refused[0], seq, memory=mem, suggest=False) if refused else None
+        # the pre-flight through the same length mix the ramp confirmed with (leadline fit --data)
+        at = measure_fit(step, b, seq, memory=mem, suggest=False, lengths=mix)
+        over = measure_fit(step, refused[0], seq, memory=mem, suggest=False, lengths=mix) if refused else None
         del step
         ratio = (at.peak_bytes or 0) / max(1, case["run"]["peak_allocated_bytes"])
         case["fit"] = {"at_kept": at.as_dict(), "at_refused_rung": over.as_dict() if over else None,

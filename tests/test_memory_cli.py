@@ -51,3 +51,16 @@ def test_importing_the_memory_package_loads_no_torch():
             "print('HEAVY', [m for m in ('torch', 'transformers') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_fit_with_data_reads_the_length_mix_and_names_a_missing_file(model_dir, tmp_path, capsys):
+    rc = main(["fit", "--model", str(model_dir), "--seq-len", "16", "--batch", "1", "--data", str(tmp_path / "nope.jsonl")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "--data" in err[0] and "no such file" in err[0]
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"text": "a b c"}\n{"text": "a b c d e f g h i j k l m n o p q r s t"}\n')
+    rc = main(["fit", "--model", str(model_dir), "--full", "--seq-len", "16", "--batch", "2", "--device", "cpu",
+               "--data", str(data), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["fits"]  # off CUDA the mix is not run (the RAM has no allocator to fragment)
+    assert not [g for g in out["rungs"] if g["phase"] == "mix"]

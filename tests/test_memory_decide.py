@@ -130,13 +130,30 @@ def test_throughput_rule_upper_limit():
     assert tried == [1, 2, 4, 6] and s.kept == 6
 
 
-def test_confirmation_lengths():
+def test_confirmation_lengths_longest_first_each_followed_by_the_full_length():
     assert confirmation_lengths(512, None) == []
-    assert confirmation_lengths(512, [100, 900, 300]) == [100, 512, 300, 512]
-    mix = list(range(1, 101))
-    got = confirmation_lengths(512, mix, mix_steps=4)
-    assert got == [1, 34, 67, 100, 512]
-    assert confirmation_lengths(512, mix, mix_steps=1) == [51, 512]
+    assert confirmation_lengths(512, [100, 300], mix_steps=0) == []
+    # lengths at the full length or over are not picked: the interleaved steps run it already
+    assert confirmation_lengths(512, [100, 900, 300]) == [300, 512, 100, 512]
+    assert confirmation_lengths(512, [512, 100, 512]) == [100, 512]
+    assert confirmation_lengths(512, [512, 700]) == []
+    mix = list(range(100, 0, -1)) + list(range(1, 101))  # the picks go by rank, not by position
+    assert confirmation_lengths(512, mix, mix_steps=8) == [100, 512, 67, 512, 34, 512, 1, 512]
+    assert confirmation_lengths(512, mix, mix_steps=9) == [100, 512, 67, 512, 34, 512, 1, 512]
+    assert confirmation_lengths(512, mix, mix_steps=1) == [100, 512]  # one pair at least: the longest
+    assert confirmation_lengths(512, mix, mix_steps=2) == [100, 512]
+
+
+def test_confirmation_lengths_default_is_sixteen_steps_on_the_h200_mix():
+    # the corpus lengths the H200 ramp ran (benchmarks/results/memory_ramp_lora16_6gb_seq512.json)
+    h200 = [112, 136, 107, 52, 106, 253, 49, 212]
+    got = confirmation_lengths(512, h200)
+    assert got == [253, 512, 212, 512, 136, 512, 112, 512, 107, 512, 106, 512, 52, 512, 49, 512]
+    long_corpus = [16 + (i * 37) % 600 for i in range(4096)]
+    got = confirmation_lengths(512, long_corpus)
+    assert len(got) == 16
+    assert got[1::2] == [512] * 8 and got[0::2] == sorted(got[0::2], reverse=True)
+    assert got[0] == 511 and got[-2] == 16  # the longest below the full length first, the shortest last
 
 
 def test_largest_passing_and_length_grid():

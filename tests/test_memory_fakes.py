@@ -5,6 +5,8 @@ enough for the ramp's decisions: a step whose peak exceeds the limit (the cap, o
 card has left) raises ``torch.OutOfMemoryError``; a step that fits only when the cache is
 emptied first (its reserved need, with the fragmentation a dirty cache adds, exceeds the
 limit) increments ``num_alloc_retries``; after a step the cache holds its blocks (dirty).
+``since_empty`` lists the lengths whose blocks the cache holds (the steps since it was last
+emptied, by ``empty_cache``, an OOM or a retry), for fragmentation that depends on them.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class FakeAllocator(DeviceMemory):
         self.total, self.resident, self.other = total, resident, other
         self.cached = 0
         self.dirty_length: int | None = None
+        self.since_empty: list[int] = []
         self.cap: int | None = None
         self.retries = 0
         self.peak = resident
@@ -65,6 +68,7 @@ class FakeAllocator(DeviceMemory):
     def empty_cache(self):
         self.cached = 0
         self.dirty_length = None
+        self.since_empty = []
         self.empties += 1
 
     def get_cap(self):
@@ -89,6 +93,7 @@ class FakeAllocator(DeviceMemory):
             self.peak = max(self.peak, limit)
             self.cached = 0
             self.dirty_length = None
+            self.since_empty = []
             self.steps.append((need, length, "oom"))
             raise torch.OutOfMemoryError(f"fake: tried to allocate {need} with limit {limit}")
         extra = frag if self.dirty_length is not None else 0
@@ -98,10 +103,12 @@ class FakeAllocator(DeviceMemory):
             self.retries += 1  # emptied the cache and retried
             reserved_need = need
             verdict = "squeezed"
+            self.since_empty = []
         self.peak = max(self.peak, need)
         self.peak_res = max(self.peak_res, reserved_need)
         self.cached = reserved_need - self.resident
         self.dirty_length = length
+        self.since_empty.append(length)
         self.steps.append((need, length, verdict))
         return verdict
 

@@ -61,9 +61,156 @@ def test_the_length_mix_fragments_the_cache_and_lowers_the_batch():
     mixed = run([5, 10, 3])
     # back at 10 tokens after 3, a fragmented cache adds 200: 100 + 50 r + 200 <= 1000 -> 14
     assert mixed.micro_batch == 14
-    assert mixed.lengths_mix == [5, 10, 3]
+    assert mixed.lengths_mix == [5, 3]  # 10 is the full length: it runs after each of them
     kept_mix = [(g.length, g.verdict) for g in mixed.rungs if g.rows == 14 and g.phase == "mix"]
     assert kept_mix == [(5, "fits"), (10, "fits"), (3, "fits"), (10, "fits")]
+
+
+# The H200 case (benchmarks/results/memory_ramp_lora16_6gb_seq512.json), scaled onto the fake:
+# 100 + rows x length bytes against 2400, so 4 rows fit at 512 (2148) and 5 do not (2660).
+H200_MIX = [112, 136, 107, 52, 106, 253, 49, 212]  # the corpus lengths the ramp ran there
+OLD_CONFIRMATION = [*H200_MIX, 512]  # what it ran after its repeats: 4 rows passed, 50 real steps did not
+# the padded lengths of the real run's first 18 micro-batches at 4 rows; on the H200 the allocator
+# retried at the 18th (512, its first full-length step), on a cache laid out by the 489 before
+RUN_START = [124, 489, 318, 257, 260, 226, 208, 248, 382, 161, 294, 134, 105, 217, 361, 256, 215, 512]
+
+
+def fragmenting(frag: int, short_below: int = 128, oom: bool = False) -> tuple[FakeAllocator, FakeStep]:
+    """A 512-token step right after one shorter than ``short_below`` needs ``frag`` more
+    reserved (a retry), or with ``oom`` that much more allocated (an OOM)."""
+    mem = FakeAllocator(total=2400, resident=100)
+
+    def after_short(n: int) -> bool:
+        return n == 512 and mem.dirty_length is not None and mem.dirty_length < short_below
+
+    def peak_of(r: int, n: int) -> int:
+        return 100 + r * n + (frag if oom and after_short(n) else 0)
+
+    def frag_of(r: int, n: int) -> int:
+        return frag if not oom and after_short(n) else 0
+
+    return mem, FakeStep(mem, per_token=1, peak_of=peak_of, frag_of=frag_of)
+
+
+def growing(frag: int = 400) -> tuple[FakeAllocator, FakeStep]:
+    """What the H200 showed: a 512-token step needs ``frag`` more reserved when the cache holds
+    the blocks of a step within 10% below 512 and none of a 512-token step (from an emptied
+    cache, 489 then 512 retried at 4 rows; 3 steps at 512 first, then the run's lengths, did not)."""
+    mem = FakeAllocator(total=2400, resident=100)
+
+    def frag_of(r: int, n: int) -> int:
+        held = mem.since_empty
+        return frag if n == 512 and held and 512 not in held and max(held) >= 0.9 * 512 else 0
+
+    return mem, FakeStep(mem, per_token=1, frag_of=frag_of)
+
+
+def replay(step: FakeStep, rows: int, lengths: list[int], repeats_first: int = 0) -> list[str]:
+    """The verdicts of ``lengths`` run at ``rows`` from an emptied cache (after ``repeats_first``
+    steps at 512), the way the old confirmation or a run would run them."""
+    step.mem.empty_cache()
+    if repeats_first:
+        step(rows, 512, repeats_first)
+    n0 = len(step.mem.steps)
+    for n in lengths:
+        step(rows, n, 1)
+    return [v for _, _, v in step.mem.steps[n0:]]
+
+
+def confirmation_calls(step: FakeStep, rows: int) -> list[tuple[int, int]]:
+    """(length, repeats) of every call at ``rows`` after its search step: what the confirmation ran."""
+    calls = [(n, k) for r, n, k in step.calls if r == rows]
+    return calls[1:] if calls and calls[0] == (512, 1) else calls
+
+
+def interleaved(mix: list[int]) -> list[tuple[int, int]]:
+    """The repeats, then each mix length followed by the full length."""
+    return [(512, 3)] + [c for n in mix for c in ((n, 1), (512, 1))]
+
+
+def test_the_long_step_after_a_short_one_is_confirmed_and_lowers_the_batch_to_three():
+    # the old confirmation on this fake: 4 rows pass it (212, before its one 512, is not short)
+    _, step = fragmenting(frag=400)
+    assert replay(step, 4, OLD_CONFIRMATION, repeats_first=3) == ["fits"] * 9
+
+    # the new one, longest first: the 512-token step after 112 retries at 4 rows
+    # (2148 + 400 > 2400), not at 3 rows (1636 + 400 <= 2400)
+    mem, step = fragmenting(frag=400)
+    r = ramp(step, 512, lengths=H200_MIX, memory=mem)
+    assert r.micro_batch == 3
+    assert search_rows(r) == [1, 2, 4, 8, 6, 5, 3]
+    longest_first = [253, 212, 136, 112, 107, 106, 52, 49]
+    assert confirmation_calls(step, 4) == interleaved([253, 212, 136, 112])  # stopped at the retry
+    assert confirmation_calls(step, 3) == interleaved(longest_first)
+    mix4 = [(g.length, g.verdict, g.retries) for g in r.rungs if g.rows == 4 and g.phase == "mix"]
+    assert mix4[-2:] == [(112, "fits", 0), (512, "squeezed", 1)]
+    mix3 = [(g.length, g.verdict) for g in r.rungs if g.rows == 3 and g.phase == "mix"]
+    assert mix3 == [(n, "fits") for m in longest_first for n in (m, 512)]
+    assert r.lengths_mix == longest_first
+    assert "longest first, with the full length after each" in r.source()
+
+
+def test_a_full_length_step_on_a_cache_laid_out_by_a_slightly_shorter_one_lowers_the_batch():
+    _, step = growing()
+    # the fake does what the H200 did: the run's own start retries at its first 512 at 4 rows
+    assert replay(step, 4, RUN_START) == ["fits"] * 17 + ["squeezed"]
+    assert replay(step, 3, RUN_START) == ["fits"] * 18
+    # and the confirmations that missed it on the card miss it here: the old one (a 512-token
+    # layout from the repeats first), and short-then-long pairs in the corpus's own order
+    assert "squeezed" not in replay(step, 4, RUN_START, repeats_first=3)
+    assert "squeezed" not in replay(step, 4, [n for m in RUN_START[:8] for n in (m, 512)])
+
+    mem, step = growing()
+    r = ramp(step, 512, lengths=RUN_START, memory=mem)
+    assert r.micro_batch == 3
+    # the cache is emptied after the repeats, then the longest length below 512 goes first
+    assert confirmation_calls(step, 4) == [(512, 3), (489, 1), (512, 1)]
+    assert [(g.length, g.verdict) for g in r.rungs if g.rows == 4 and g.phase == "mix"] == [(489, "fits"), (512, "squeezed")]
+    assert r.lengths_mix == [489, 361, 260, 256, 226, 215, 134, 105]
+    assert confirmation_calls(step, 3) == interleaved(r.lengths_mix)
+
+
+def test_a_failed_confirmation_steps_down_and_the_lower_rung_runs_the_whole_confirmation():
+    # only the step after 49 (the last of the 8 mix lengths) fragments, by 1000: 4 and 3 rows
+    # retry there (2148 + 1000, 1636 + 1000 > 2400), 2 rows do not (1124 + 1000)
+    mem, step = fragmenting(frag=1000, short_below=50)
+    r = ramp(step, 512, lengths=H200_MIX, memory=mem)
+    assert r.micro_batch == 2
+    confirms = [(g.rows, g.verdict) for g in r.rungs if g.phase == "confirm"]
+    assert confirms == [(4, "fits"), (3, "fits"), (2, "fits")]  # the repeats alone pass them all
+    longest_first = sorted(H200_MIX, reverse=True)
+    for rows in (4, 3, 2):  # every candidate ran every step, to the last
+        assert confirmation_calls(step, rows) == interleaved(longest_first)
+    last = {rows: [g for g in r.rungs if g.rows == rows and g.phase == "mix"][-1] for rows in (4, 3, 2)}
+    assert (last[4].length, last[4].verdict) == (last[3].length, last[3].verdict) == (512, "squeezed")
+    assert (last[2].length, last[2].verdict) == (512, "fits")
+    assert mem.cap is None
+
+
+def test_an_oom_at_the_interleaved_long_step_fails_the_rung():
+    mem, step = fragmenting(frag=400, oom=True)  # 2148 + 400 allocated > 2400: refused at 4 rows
+    r = ramp(step, 512, lengths=H200_MIX, memory=mem)
+    assert r.micro_batch == 3
+    mix4 = [(g.length, g.verdict) for g in r.rungs if g.rows == 4 and g.phase == "mix"]
+    assert mix4[-2:] == [(112, "fits"), (512, "oom")]
+    assert confirmation_calls(step, 3) == interleaved(sorted(H200_MIX, reverse=True))
+
+
+def test_the_confirmation_stays_bounded_on_a_long_corpus():
+    corpus = [16 + (i * 37) % 600 for i in range(4096)]  # 4096 rows, some over 512 (not picked)
+    mem = FakeAllocator(total=2400, resident=100)
+    step = FakeStep(mem, per_token=1)
+    r = ramp(step, 512, lengths=corpus, memory=mem)
+    assert r.micro_batch == 4
+    real_steps = sum(k for _, _, k in step.calls)
+    assert real_steps == len(search_rows(r)) + 3 + 16  # one step a search rung, 3 repeats, 16 mix steps
+    mix = [g.length for g in r.rungs if g.phase == "mix"]
+    assert len(mix) == 16 and mix[1::2] == [512] * 8
+    assert mix[0::2] == sorted(mix[0::2], reverse=True) and mix[0] == 511 and mix[-2] == 16
+    assert r.lengths_mix == mix[0::2]
+    mem = FakeAllocator(total=2400, resident=100)
+    r = ramp(FakeStep(mem, per_token=1), 512, lengths=corpus, memory=mem, mix_steps=4)
+    assert [g.length for g in r.rungs if g.phase == "mix"] == [511, 512, 16, 512]
 
 
 def test_memory_outside_the_allocator_growing_lowers_the_cap():
@@ -157,3 +304,20 @@ def test_bad_arguments_are_one_sentence():
         ramp(FakeStep(mem), 0, memory=mem)
     with pytest.raises(ValueError, match="max_rows"):
         ramp(FakeStep(mem), 8, memory=mem, max_rows=0)
+
+
+def test_the_fit_preflight_runs_the_same_confirmation_and_refuses_what_the_run_would_retry():
+    from leadline.memory import measure_fit
+
+    # two steps at 512 let 4 rows through (what the H200 benchmark's R5 found); through the mix they retry
+    mem, step = growing()
+    plain = measure_fit(step, 4, 512, memory=mem, suggest=False)
+    assert plain.fits
+    mem, step = growing()
+    mixed = measure_fit(step, 4, 512, memory=mem, suggest=False, lengths=RUN_START)
+    assert mixed.verdict == "squeezed" and mixed.retries >= 1
+    assert [(g.length, g.verdict) for g in mixed.rungs if g.phase == "mix"] == [(489, "fits"), (512, "squeezed")]
+    assert "through the corpus's length mix" in mixed.sentence and "at a step of 512 tokens" in mixed.sentence
+    mem, step = growing()
+    assert measure_fit(step, 3, 512, memory=mem, suggest=False, lengths=RUN_START).fits
+    assert mem.cap is None

@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--full", action="store_true", help="a full fine-tune: every weight trained")
     p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row")
     p.add_argument("--batch", type=int, required=True, metavar="B", help="rows per micro-batch")
+    p.add_argument("--data", metavar="FILE", help="the training jsonl: on a GPU the step is also run through its length mix "
+                   "(longest first, the full length after each), as derive's ramp confirms a batch")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
     p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
     p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
@@ -54,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         _positive(name, getattr(args, name[2:].replace("-", "_")))
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
     path = args.model or default_model_path()
+    lengths = _lengths(args.data, path, args.seq_len) if args.data else None  # bad data fails before the model loads
     model = load_model(path, device=args.device)
     card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
     trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
@@ -61,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gradient_checkpointing:
         _checkpointing(model, True)
     step = ModelStep(model)
-    result = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes,
+    result = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, lengths=lengths,
                          estimate=lambda r, n: estimate_step_bytes(model, r, n), suggest=not args.no_suggest)
     if not result.fits and not args.no_suggest:
         if not args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
@@ -93,6 +96,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"leadline fit: {path}, {trained_as}, {args.batch} rows x {args.seq_len} tokens on {result.device}")
         print(result.sentence)
     return 0 if result.fits else 1
+
+
+def _lengths(data: str, model_path: str, seq_len: int) -> list[int]:
+    """The rows' lengths in tokens as the loader reads them, cut at the configured length."""
+    from pathlib import Path
+
+    from leadline.corpus import tokenize_rows
+    from leadline.errors import InputError
+    from leadline.loading import load_tokenizer
+
+    if not Path(data).is_file():
+        raise InputError(f"--data {data}: no such file; pass the training jsonl whose length mix the step runs through")
+    tok = load_tokenizer(model_path)
+    return [min(seq_len, len(r.input_ids)) for r in tokenize_rows(data, tok)]
 
 
 def _gb(n: int | None) -> str:

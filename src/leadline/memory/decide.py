@@ -7,8 +7,10 @@ a fragmented cache turns into an OOM); it is *oom* when the allocator refused. R
 from ``start_rows`` until a rung does not fit or ``max_rows`` is reached, then bisect between
 the largest rows that fit and the smallest that did not, to one row. The candidate must then
 pass the confirmation (the driver runs it at least twice in a row without emptying the cache,
-then through the corpus's length mix, then at the full length again); a candidate that fails
-it becomes the new upper end and the search goes on below it.
+then, from an emptied cache, through the corpus's length mix, longest first, with the full
+length after each of the mix's lengths: :func:`confirmation_lengths`); a candidate that fails
+any of its steps becomes the new upper end and the search goes on below it, down to a
+candidate that passes all of them.
 
 Off CUDA (:class:`ThroughputSearch`): nothing refuses a batch, so the rule is speed. Rows
 double from 1; each rung measures rows per second = rows / t_micro (the median of synchronized
@@ -176,20 +178,36 @@ class ThroughputSearch:
         self.points.append((int(rows), float(rows_per_second), int(peak_bytes)))
 
 
-def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_steps: int = 8) -> list[int]:
-    """The lengths the kept batch runs after its repeats at ``length``: up to ``mix_steps``
-    lengths spread evenly through ``lengths`` (in their own order, each clipped to
-    ``length``), then ``length`` once more on the cache the mix left behind. Empty without a mix.
+def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_steps: int = 16) -> list[int]:
+    """The lengths the candidate runs after its repeats at ``length``, in order, from an
+    emptied cache: up to ``mix_steps // 2`` (at least one) of the corpus's ``lengths`` shorter
+    than ``length``, picked at evenly spaced ranks from the shortest to the longest of them,
+    longest first, each followed by ``length``: ``l1, L, l2, L, ..., ln, L`` with
+    ``l1 >= l2 >= ... >= ln``; at most ``mix_steps`` steps (2 when ``mix_steps`` is 1).
+
+    Why this order (measured on the H200, SmolLM2-135M LoRA r16, seq 512, a 6 GB card;
+    benchmarks/results/memory_ramp_lora16_6gb_seq512.json and docs/memory.md): the allocator
+    retries on a full-length step whose cache was laid out by a step a little shorter (489
+    then 512 tokens at 4 rows, from an emptied cache, retried; at 3 rows it did not), which
+    is how a run starts and how its cache is after every retry. A cache that already holds a
+    full-length layout hides it: 3 steps at 512 first, then the same 18 lengths, ran clean.
+    So the longest length below ``length`` goes first, straight after the emptied cache; the
+    shorter ones follow, each with its own full-length step after it (a long step on a cache
+    that short steps cut up). Lengths at ``length`` or over are not picked: the interleaved
+    steps run it. Empty without a mix, or when no length is shorter than ``length``.
     """
     if not lengths or mix_steps <= 0:
         return []
-    mix = [max(1, min(int(n), length)) for n in lengths]
-    if len(mix) > mix_steps:
-        if mix_steps == 1:
-            mix = [mix[len(mix) // 2]]
+    short = sorted((max(1, int(n)) for n in lengths if int(n) < length), reverse=True)
+    if not short:
+        return []
+    pairs = max(1, mix_steps // 2)
+    if len(short) > pairs:
+        if pairs == 1:
+            short = short[:1]
         else:
-            mix = [mix[round(i * (len(mix) - 1) / (mix_steps - 1))] for i in range(mix_steps)]
-    return [*mix, length]
+            short = [short[round(i * (len(short) - 1) / (pairs - 1))] for i in range(pairs)]
+    return [n for s in short for n in (s, length)]
 
 
 def largest_passing(candidates: Sequence[int], passes: Callable[[int], bool]) -> tuple[int | None, list[tuple[int, bool]]]:

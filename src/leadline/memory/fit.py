@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.memory.decide import largest_passing, length_candidates
+from leadline.memory.decide import confirmation_lengths, largest_passing, length_candidates
 from leadline.memory.ramp import Rung, probe
 from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
 from leadline.plan import Value
@@ -111,7 +111,13 @@ def fit_sentence(r: FitResult) -> str:
         measured = f"measured a peak resident set of {format_bytes(r.peak_bytes)}"
     if r.verdict == "fits":
         return f"fits: a training step of {shape} {measured} against {room} of room on {r.device}"
-    if r.verdict == "too_large" and r.device.startswith("cuda"):
+    mixed = next((g for g in r.rungs if g.phase == "mix" and g.verdict != "fits"), None)
+    if mixed is not None:
+        what = "ran out of memory" if mixed.verdict == "oom" else "ran only because the allocator emptied its cache and retried"
+        head = (f"refused: a training step of {shape} ran twice at {r.length} tokens, then, through the corpus's length mix, "
+                f"{what} at a step of {mixed.length} tokens ({r.retries} allocator retr{'y' if r.retries == 1 else 'ies'}, "
+                f"peak {format_bytes(r.peak_bytes)} allocated) against {room} of room on {r.device}")
+    elif r.verdict == "too_large" and r.device.startswith("cuda"):
         head = (f"refused before touching the card: a training step of {shape} would need an estimated "
                 f"{format_bytes(r.estimate_bytes)}, more than {r.max_over:g}x the {room} of room on {r.device}")
     elif r.verdict == "too_large":
@@ -170,6 +176,8 @@ def measure_fit(
     suggest: bool = True,
     repeats: int = 2,
     max_over: float = 4.0,
+    lengths: Sequence[int] | None = None,
+    mix_steps: int = 16,
 ) -> FitResult:
     """Measure whether a training step of ``rows`` x ``length`` fits, and what would if not.
 
@@ -184,6 +192,13 @@ def measure_fit(
         suggest: when it does not fit, measure the most rows at that length and the longest
             length at those rows (bisection, each candidate ``repeats`` steps in a row).
         repeats: steps in a row at the shape (>= 2: the steady state every later step sees).
+        lengths: the corpus's row lengths. On CUDA a shape that ran its repeats then runs the
+            ramp's confirmation (:func:`~leadline.memory.decide.confirmation_lengths`): from an
+            emptied cache, the mix's lengths longest first, each followed by ``length``. Two
+            steps at the length alone let 4 rows through on a 6 GB card where a run over the
+            mix retried (benchmarks/results/memory_ramp_lora16_6gb_seq512_longest_first.json);
+            the verdict is then that of the first step that retried or ran out.
+        mix_steps: the most steps the mix runs.
 
     Returns:
         :class:`FitResult`; ``.sentence`` is the verdict in one sentence.
@@ -211,6 +226,8 @@ def measure_fit(
                 rung = _run(result, step, mem, rows, length, repeats, "fit")
                 result.peak_bytes, result.reserved_bytes, result.retries = rung.peak_bytes, rung.reserved_bytes, rung.retries
                 result.verdict = rung.verdict
+                if rung.verdict == "fits" and mem.on_cuda:
+                    _confirm_mix(result, step, mem, rows, length, confirmation_lengths(length, lengths, mix_steps))
                 if rung.verdict == "fits" and not mem.on_cuda and (rung.peak_bytes or 0) > room:
                     result.verdict = "over"
             else:
@@ -265,6 +282,23 @@ class _Guard:
                 return rungs
         self.line = (base, max(0.0, p1 - base), length)
         return rungs
+
+
+def _confirm_mix(result: FitResult, step: Any, mem: DeviceMemory, rows: int, length: int, mix: Sequence[int]) -> None:
+    """The ramp's confirmation through the length mix, from an emptied cache: the first step
+    that retries or runs out sets the verdict; the peak is the highest any step reached."""
+    if not mix:
+        return
+    mem.empty_cache()
+    for n in mix:
+        rung, _ = probe(step, mem, rows, n, 1, "mix", False)
+        result.rungs.append(rung)
+        result.peak_bytes = max(result.peak_bytes or 0, rung.peak_bytes or 0)
+        result.reserved_bytes = max(result.reserved_bytes or 0, rung.reserved_bytes or 0)
+        result.retries += rung.retries
+        if rung.verdict != "fits":
+            result.verdict = rung.verdict
+            return
 
 
 def _run(result: FitResult, step: Any, mem: DeviceMemory, rows: int, length: int, repeats: int, phase: str) -> Rung:

@@ -3,11 +3,15 @@
 The driver feeds :mod:`leadline.memory.decide` with measurements and nothing else. On CUDA it
 runs under the spill cap (it sets one if nothing has, and lifts what it set): each search rung
 is one real step from an emptied cache; the candidate is confirmed by ``repeats`` (>= 2) steps
-in a row without emptying the cache, then the corpus's length mix, then the full length
-again; the watch re-reads the card after every rung, so memory that grew outside the allocator
-(the CUDA context loading kernels, other processes) lowers the cap the later rungs meet. An
-OOM is a measurement: a rung with verdict ``oom``, never an exception out of the ramp. Off
-CUDA the rows where rows per second stop improving, within the RAM room.
+in a row without emptying the cache, then, from an emptied cache, the corpus's length mix,
+longest first, with the full length after each of its lengths (the allocator retries on a
+full-length step whose cache a shorter step laid out; see
+:func:`~leadline.memory.decide.confirmation_lengths`). A candidate that fails any of those
+steps is not kept; the search confirms the rung below it the same way. The watch re-reads the
+card after every rung, so memory that grew outside the allocator (the CUDA context loading
+kernels, other processes) lowers the cap the later rungs meet. An OOM is a measurement: a
+rung with verdict ``oom``, never an exception out of the ramp. Off CUDA the rows where rows
+per second stop improving, within the RAM room.
 """
 
 from __future__ import annotations
@@ -102,13 +106,16 @@ class RampResult:
         micro_batch: the rows kept (the plan's micro-batch before the target step cuts it).
         length: the length every search rung ran at (the run's longest).
         t_micro_seconds, t_step_seconds: medians of synchronized repeats at the kept shape.
-        rungs: every step, in order (search, confirm, mix).
+        rungs: every step, in order (search, confirm, mix; a mix rung at ``length`` is the
+            full-length step after a shorter one).
         rule: ``allocator`` (CUDA) or ``throughput`` (off CUDA).
         budget_bytes: the least room (free + held, under any earlier cap) the ramp met on CUDA;
             the RAM room off CUDA.
         start_room_bytes, outside_growth_bytes: the room at the start, and how much it shrank
             while the ramp ran (memory outside the allocator: the CUDA context, other programs).
         cap_moves: the watch's cap moves during the ramp.
+        lengths_mix: the corpus's lengths the confirmation ran, in order, longest first (each
+            was followed by a step at ``length``, not listed here).
     """
 
     micro_batch: int
@@ -143,7 +150,8 @@ class RampResult:
         if self.rule == "throughput":
             return (f"measured on the {self.device}: {self.micro_batch} rows at {self.length} tokens, where rows per "
                     f"second stopped improving ({self.stopped_because})")
-        mix = " and through the length mix" if self.lengths_mix else ""
+        mix = (", then from an emptied cache through the length mix, longest first, with the full length after each "
+               "of its lengths" if self.lengths_mix else "")
         return (f"measured on {self.device}: the most rows at {self.length} tokens whose real training step ran "
                 f"without an allocator retry, twice in a row{mix}, under a cap of "
                 f"{format_bytes(self.budget_bytes)} ({self.stopped_because})")
@@ -177,7 +185,7 @@ def ramp(
     max_rows: int | None = None,
     start_rows: int = 1,
     repeats: int = 3,
-    mix_steps: int = 8,
+    mix_steps: int = 16,
     memory: DeviceMemory | None = None,
     card_bytes: int | None = None,
     min_gain: float = 0.05,
@@ -189,8 +197,11 @@ def ramp(
         step: a :class:`~leadline.memory.step.TrainingStep` (any ``step(rows, length, repeats)``
             with a ``device``).
         length: the run's longest length; every search rung runs at it.
-        lengths: the corpus's own lengths, in its order; the kept batch runs through up to
-            ``mix_steps`` of them (spread evenly), then at ``length`` once more.
+        lengths: the corpus's own lengths; after its repeats the candidate runs, from an
+            emptied cache, up to ``mix_steps // 2`` of those shorter than ``length`` (evenly
+            spaced ranks, longest first), each followed by a step at ``length``, without
+            emptying the cache between them: ``l1, L, l2, L, ...``.
+        mix_steps: the most steps that mix runs per candidate (16: 8 lengths, 8 long steps).
         max_rows: the upper limit (the rows the target step needs): never ramp past it.
         start_rows: the first rung.
         repeats: steps in the kept batch's timed run (at least 2 on CUDA: twice in a row).
@@ -254,9 +265,15 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
             if kind == "try":
                 search.record("try", rows, run(rows, length, 1, "search", True)[0].verdict == "fits")
                 continue
-            mem.empty_cache()  # once, then never between the confirmation's steps
+            mem.empty_cache()  # the repeats from an emptied cache, never emptied between them
             rung, timing = run(rows, length, repeats, "confirm", False)
             ok = rung.verdict == "fits"
+            if ok and mix:
+                # the repeats left a full-length layout in the cache, which hides the retry a
+                # run meets from an empty cache (its start, and after every retry it pays)
+                mem.empty_cache()
+            # l1, L, l2, L, ...: any retry or OOM, at a mix length or at the long step after
+            # one, fails the candidate; the search then confirms the rung below the same way
             for n in mix if ok else []:
                 if run(rows, n, 1, "mix", False)[0].verdict != "fits":
                     ok = False
@@ -274,7 +291,7 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
         rungs=rungs, device=mem.device, rule="allocator", stopped_because=search.stopped_because,
         budget_bytes=least_room, start_room_bytes=start_room,
         outside_growth_bytes=max(0, start_room - least_space),
-        cap_moves=moves, max_rows=max_rows, lengths_mix=mix[:-1],
+        cap_moves=moves, max_rows=max_rows, lengths_mix=mix[0::2],
         micro_seconds=list(getattr(kept_timing, "micro_seconds", [])),
         step_seconds=list(getattr(kept_timing, "step_seconds", [])),
         seconds=time.perf_counter() - t0,
