@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--at", default="4,8,16,32", help="steps at which the probe reads again")
     ap.add_argument("--budget-s", type=float, default=60.0, help="each probe's time bound")
     ap.add_argument("--held-out", type=int, default=64, help="held-out rows for the first-step walk")
+    ap.add_argument("--burn-in", action="store_true",
+                    help="instead of the fixed schedule: derive()'s own burn-in (leadline.noise.past_format) at --rows rows "
+                         "a step and alpha1/2, alpha1 measured at that batch")
+    ap.add_argument("--burn-rate", type=float, default=None, help="the burn-in's rate (default alpha1/2)")
+    ap.add_argument("--max-steps", type=int, default=None, help="the burn-in's bound in steps (derive: a quarter of the run's rows)")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
@@ -96,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
     train_step = task.train_step_of(a.rows, 1)
+    if a.burn_in:
+        return burn_in(a, model, task, params, opt, train_step, prof, read)
     at = sorted(int(x) for x in a.at.split(","))
     t0 = time.perf_counter()
     readings, losses = [read(0)], []
@@ -128,6 +135,36 @@ def main(argv: list[str] | None = None) -> int:
            "train_losses": losses, "verdict": verdict, "seconds": time.perf_counter() - t0}
     Path(a.out).write_text(json.dumps(out, indent=1))
     print(json.dumps(verdict))
+    return 0
+
+
+def burn_in(a: Any, model: Any, task: Any, params: Any, opt: Any, train_step: Any, prof: Any, read: Any) -> int:
+    """derive()'s path: step-0 probe, alpha1 at --rows rows, the burn-in, one late reading."""
+    import torch
+
+    from leadline.noise import ModelGradFn, measure_noise_scale
+    from leadline.noise.past_format import noise_past_format
+    from leadline.rate import measure_first_step
+
+    t0 = time.perf_counter()
+    model.train()
+    step0 = measure_noise_scale(ModelGradFn(model, task.micro_batch_of, params=params), budget_s=a.budget_s)
+    print(json.dumps({"step0": step0.b_noise_tokens, "se": step0.se_tokens, "k": step0.k}), flush=True)
+    fs = measure_first_step(params, opt, train_step, task.held_out_losses())
+    print(json.dumps({"alpha1": fs.alpha1, "base_loss": fs.base_loss, "loss": fs.loss}), flush=True)
+    pf = noise_past_format(params, opt, train_step, ModelGradFn(model, task.micro_batch_of, params=params), fs.alpha1, step0,
+                           rows_per_step=a.rows, probe_start=lambda steps: -(-steps * a.rows // task.probe_rows),
+                           budget_s=None, rate=a.burn_rate, max_steps=a.max_steps)
+    print(json.dumps({"rounds": pf.rounds, "readings": pf.readings, "grew": pf.grew, "stopped": pf.stopped_because}), flush=True)
+    out = {"benchmark": "noise_past_format", "mode": "burn_in", "command": sys.argv, "args": vars(a), "device": str(task.device),
+           "device_name": torch.cuda.get_device_name(0) if str(task.device).startswith("cuda") else platform.processor(),
+           "versions": {"python": platform.python_version(), "torch": torch.__version__},
+           "scored_tokens_per_row": prof.scored_tokens / max(1, prof.rows),
+           "step0": {"b_noise_tokens": step0.b_noise_tokens, "se_tokens": step0.se_tokens, "k": step0.k},
+           "alpha1": {"alpha1": fs.alpha1, "base_loss": fs.base_loss, "loss": fs.loss, "held_out_rows": fs.held_out_rows},
+           "past_format": pf.evidence(), "b_noise_tokens": pf.b_noise_tokens, "se_tokens": pf.se_tokens,
+           "seconds": time.perf_counter() - t0}
+    Path(a.out).write_text(json.dumps(out, indent=1))
     return 0
 
 

@@ -127,3 +127,18 @@ def test_a_launch_bound_card_takes_the_step_the_noise_allows():
     plain = tokens_per_step(4000, rows_fit=8, tokens_per_micro_batch=800, t_step_seconds=0.01, t_micro_seconds=0.8)
     assert linear.rows_per_step == plain.rows_per_step == 2
     assert "fixed" in linear.as_values()["tokens_per_step"].source
+
+
+def test_a_lower_bound_counts_when_the_bound_itself_is_above_step0():
+    from types import SimpleNamespace
+
+    from leadline.noise.past_format import _above
+
+    bound = SimpleNamespace(b_noise_tokens=40.0, se_tokens=None, resolved=False, lower_bound=True)
+    assert _above(bound, 3.4, 0.6)
+    assert not _above(SimpleNamespace(b_noise_tokens=3.5, se_tokens=None, resolved=False, lower_bound=True), 3.4, 0.6)
+    # an unresolved reading that is not a lower bound says nothing
+    assert not _above(SimpleNamespace(b_noise_tokens=40.0, se_tokens=None, resolved=False, lower_bound=False), 3.4, 0.6)
+    # a resolved one must clear both errors
+    assert not _above(SimpleNamespace(b_noise_tokens=5.0, se_tokens=1.0, resolved=True, lower_bound=False), 3.4, 0.6)
+    assert _above(SimpleNamespace(b_noise_tokens=6.0, se_tokens=1.0, resolved=True, lower_bound=False), 3.4, 0.6)

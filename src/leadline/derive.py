@@ -158,7 +158,7 @@ def derive(
             runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
             if grad_fn is not None and step_fn is not None and world is None:
                 runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
-                                                               lengths, runner),
+                                                               lengths, runner, named, trained_as),
                            needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
         if named:
             runner.run("anchor", lambda: _anchor(named, trained_as, plan))
@@ -300,7 +300,8 @@ def _step(plan: Plan, ctx: dict[str, Any], world: Any = None, step_fn: Any = Non
 
 
 def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
-                 plan: Plan, ctx: dict[str, Any], lengths: Sequence[int] | None, runner: PhaseRunner) -> dict[str, Value]:
+                 plan: Plan, ctx: dict[str, Any], lengths: Sequence[int] | None, runner: PhaseRunner,
+                 named: list[tuple[str, Any]] = (), trained_as: str = "factors") -> dict[str, Value]:
     """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
     rows it needs and take the step from it (noise/past_format.py)."""
     from types import SimpleNamespace
@@ -330,7 +331,13 @@ def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int]
     train_rows = len(held) if held is not None else (rows if isinstance(rows, int) else None)
     max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
     left = runner.seconds_left()
-    pf = noise_past_format(params, opt, train_step_of(mb, accum), grad_fn, float(plan.get("alpha1")), step0,
+    alpha1 = float(plan.get("alpha1"))
+    rate = alpha1 / 2
+    if named:  # never above the anchor: alpha1/2 made the 16-row burn-in's loss rise on debian_sections
+        from leadline.rate import anchor_rate
+
+        rate = min(rate, float(anchor_rate(named, trained_as=trained_as).lr))
+    pf = noise_past_format(params, opt, train_step_of(mb, accum), grad_fn, alpha1, step0, rate=rate,
                            rows_per_step=mb * accum, probe_start=probe_start, round_steps=w, max_steps=max_steps,
                            budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
     ctx["past_format"] = pf

@@ -8,17 +8,23 @@ only until the format is learned. On debian_sections with SmolLM2-135M LoRA r16 
 (benchmarks/noise_past_format.py).
 
 :func:`noise_past_format` trains from the plan's weights in rounds of w, 2w, 4w, ... optimizer
-steps (w = 1/(1 - beta1), Adam's first-moment horizon; doubling, so a noisy one-row step still
-gets a round long enough to read a fall) at the plan's batch and half the first safe step (alpha1 / 2: the lowest rate of the look-ahead's
-grid, below the largest single step the walk found safe). The format is what the loss learns
-first and fastest, so the burn-in goes on while the training loss (free: the steps return it)
-still falls significantly from one round to the next — a one-sided Welch t-test at 5% on the
-rounds' per-step losses — and stops at the first round that does not, or at ``max_rounds``, or
-when its time runs out. Then the probe reads the noise once, on rows no round trained on, with
-``LATE_DRAWS`` draws (more than the step-0 probe's stopping rule takes: the reading is compared
-with the step-0 one, and its error must be small enough for that). A reading above the step-0 one by more than both standard errors replaces it for the step.
-Everything is undone afterwards: weights, optimizer state, rates, gradients and RNG states come
-back bit-identical, also when a step raises.
+steps (w = 1/(1 - beta1), Adam's first-moment horizon; doubling, so a noisy step still gets a
+round long enough to read a fall) at the plan's batch and ``rate`` (default alpha1/2; derive
+passes the lower of alpha1/2 and the anchor: on 1,200 debian_sections rows at 16 rows a step,
+alpha1/2 = 5.8e-3 made the training loss rise from round 1 to round 2 (2.43 -> 3.38 a token)
+and the reading fell to 1.1 tokens, while the anchor 4.6e-4 took it 4.88 -> 0.27 -> 0.11 in 58
+steps, past the format and the labels, CPU, benchmarks/results/noise_past_format_cpu_burnin16_*.json).
+The format is what the loss learns first and fastest, so the burn-in goes on while the training
+loss (free: the steps return it) still falls significantly from one round to the next — a
+one-sided Welch t-test at 5% on the rounds' per-step losses — and stops at the first round that
+does not, at ``max_rounds`` or ``max_steps``, or when its time runs out. Then the probe reads
+the noise once, on rows no round trained on, by its own stopping rule (at least ``LATE_DRAWS``
+draws when that rule settles sooner). Past the format the mean gradient can be lost in the
+noise (|G|² not above zero by one SE: 32 draws of 2 rows after those 58 steps): the reading is
+then a lower bound, and it counts when the bound itself is above the step-0 reading. A reading
+above the step-0 one by more than both standard errors replaces it for the step. Everything is
+undone afterwards: weights, optimizer state, rates, gradients and RNG states come back
+bit-identical, also when a step raises.
 """
 
 from __future__ import annotations
@@ -37,7 +43,8 @@ MAX_ROUNDS = 6
 """Rounds at most (w + 2w + ... + 32w = 630 steps at beta1 0.9); the time budget binds first."""
 
 LATE_DRAWS = 32
-"""Draws of the reading past the format (unless the rows or the time run out first)."""
+"""The fewest draws of the reading past the format when the probe's own rule settles sooner
+(unless the rows or the time run out first): its error must be small enough to compare."""
 
 
 @dataclass
@@ -78,18 +85,24 @@ class PastFormat:
             src = f"no reading resolved past the format ({self.stopped_because}); the step-0 noise scale stands"
             return {"noise_scale_past_format_tokens": Value(None, "measured", src, evidence=self.evidence(), seconds=self.seconds, unit="scored tokens")}
         steps = self.readings[-1]["steps"] if self.readings else 0
-        src = (f"B_noise read again after {steps} steps of {self.rows_per_step} rows at alpha1/2 = {self.rate:.3g} "
+        bound = getattr(self.noise, "lower_bound", False)
+        src = (f"B_noise read again after {steps} steps of {self.rows_per_step} rows at {self.rate:.3g} "
                f"(rounds of {self.round_steps}, {2 * self.round_steps}, ... steps until the training loss stopped falling: {self.stopped_because}), on rows no step trained on: "
-               f"{self.b_noise_tokens:,.3g} ± {self.se_tokens or 0:,.2g} tokens against {self.step0_tokens:,.3g} ± {self.step0_se:,.2g} at step 0"
+               f"{('at least ' + format(self.b_noise_tokens, ',.3g') + ' (|G|² not above zero by one SE: the mean gradient is lost in the noise)') if bound else format(self.b_noise_tokens, ',.3g') + ' ± ' + format(self.se_tokens or 0, ',.2g')} tokens against {self.step0_tokens:,.3g} ± {self.step0_se:,.2g} at step 0"
                f" ({'grown: the step is taken from this reading' if self.grew else 'not grown beyond both errors: the step-0 reading stands'})")
         return {"noise_scale_past_format_tokens": Value(self.b_noise_tokens, "measured", src, evidence=self.evidence(),
                                                         seconds=self.seconds, unit="scored tokens")}
 
 
 def _above(new: Any, old_b: float, old_se: float) -> bool:
-    """``new`` reading is above ``old`` by more than both standard errors."""
+    """``new`` reading is above ``old`` by more than both standard errors; a lower bound (|G|²
+    not resolved: the mean gradient is lost in the noise) counts when the bound itself is."""
     b, se = getattr(new, "b_noise_tokens", None), getattr(new, "se_tokens", None)
-    if not isinstance(b, (int, float)) or not math.isfinite(b) or not getattr(new, "resolved", False):
+    if not isinstance(b, (int, float)) or not math.isfinite(b):
+        return False
+    if getattr(new, "lower_bound", False):
+        return b > old_b + old_se
+    if not getattr(new, "resolved", False):
         return False
     return b - (se or 0.0) > old_b + old_se
 
@@ -97,7 +110,8 @@ def _above(new: Any, old_b: float, old_se: float) -> bool:
 def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any], grad_fn: Callable[[int], Any],
                       alpha1: float, step0: Any, *, rows_per_step: int, probe_start: int | Callable[[int], int], round_steps: int | None = None,
                       max_rounds: int = MAX_ROUNDS, max_steps: int | None = None, budget_s: float | None = None,
-                      check_time: Callable[[], None] | None = None, place: str = "auto") -> PastFormat:
+                      check_time: Callable[[], None] | None = None, place: str = "auto",
+                      rate: float | None = None) -> PastFormat:
     """Burn in past the format and read the noise scale again (see the module docstring).
 
     Args:
@@ -116,6 +130,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         budget_s: a bound on the whole burn-in; each reading gets what is left over the rounds left.
         check_time: called before each step and reading (derive's max_seconds); may raise.
         place: where the snapshot lives.
+        rate: the burn-in's rate (default alpha1 / 2).
     """
     from leadline.noise.probe import measure_noise_scale
     from leadline.rate._state import check_params, group_ratios, no_trace, set_lr
@@ -131,7 +146,9 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     params = check_params(params, opt)
     betas = opt.param_groups[0].get("betas") if opt.param_groups else None
     w = int(round_steps) if round_steps is not None else warmup_steps_for(float(betas[0]) if betas else 0.9)
-    rate = alpha1 / 2.0
+    rate = alpha1 / 2.0 if rate is None else float(rate)
+    if not (math.isfinite(rate) and rate > 0):
+        raise InputError(f"noise_past_format(rate=...) must be a positive rate, got {rate!r}")
     readings: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
     last = None
@@ -187,11 +204,13 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
                 check_time()
             left = None if budget_s is None else max(1.0, budget_s - (time.perf_counter() - t0))
             first_draw[0] = int(probe_start(done)) if callable(probe_start) else int(probe_start)
-            ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=left)
+            ns = measure_noise_scale(probe, budget_s=left)
+            if ns.k < LATE_DRAWS and ns.stopped_because == "settled":  # the step-0 rule settles fast on the format's few tokens
+                ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=left)
             readings.append({"steps": done, "first_draw": first_draw[0], "b_noise_tokens": ns.b_noise_tokens, "se_tokens": ns.se_tokens,
                              "k": ns.k, "resolved": ns.resolved, "stopped_because": ns.stopped_because, "seconds": ns.seconds})
-            if ns.resolved and ns.b_noise_tokens is not None:
-                last = ns
+            if ns.b_noise_tokens is not None and (ns.resolved or ns.lower_bound):
+                last = ns  # a lower bound still says how large the noise is at least
             else:
                 stopped += f"; the reading did not resolve ({ns.stopped_because})"
     b = getattr(last, "b_noise_tokens", None)
