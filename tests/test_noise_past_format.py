@@ -142,3 +142,14 @@ def test_a_lower_bound_counts_when_the_bound_itself_is_above_step0():
     # a resolved one must clear both errors
     assert not _above(SimpleNamespace(b_noise_tokens=5.0, se_tokens=1.0, resolved=True, lower_bound=False), 3.4, 0.6)
     assert _above(SimpleNamespace(b_noise_tokens=6.0, se_tokens=1.0, resolved=True, lower_bound=False), 3.4, 0.6)
+
+
+def test_the_late_reading_is_bounded_when_the_mean_gradient_stays_lost(monkeypatch):
+    import leadline.noise.past_format as pfm
+
+    monkeypatch.setattr(pfm, "MAX_LATE_DRAWS", 12)
+    w, opt, train_step, _ = _toy()
+    g = torch.Generator().manual_seed(1)
+    noise_only = lambda i: ([torch.randn(D, generator=g)], 2)  # noqa: E731  (no mean: |G|² never resolves)
+    pf = noise_past_format([w], opt, train_step, noise_only, alpha1=0.6, step0=0.1, rows_per_step=4, probe_start=0)
+    assert pf.readings[0]["k"] == 12

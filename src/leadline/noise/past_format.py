@@ -46,6 +46,10 @@ LATE_DRAWS = 32
 """The fewest draws of the reading past the format when the probe's own rule settles sooner
 (unless the rows or the time run out first): its error must be small enough to compare."""
 
+MAX_LATE_DRAWS = 128
+"""The most draws of that reading: past the format the mean gradient can stay lost in the noise
+for as long as the probe draws, and the reading is then a lower bound however long it runs."""
+
 
 @dataclass
 class PastFormat:
@@ -204,7 +208,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
                 check_time()
             left = None if budget_s is None else max(1.0, budget_s - (time.perf_counter() - t0))
             first_draw[0] = int(probe_start(done)) if callable(probe_start) else int(probe_start)
-            ns = measure_noise_scale(probe, budget_s=left)
+            ns = measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=left)
             if ns.k < LATE_DRAWS and ns.stopped_because == "settled":  # the step-0 rule settles fast on the format's few tokens
                 ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=left)
             readings.append({"steps": done, "first_draw": first_draw[0], "b_noise_tokens": ns.b_noise_tokens, "se_tokens": ns.se_tokens,
