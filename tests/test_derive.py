@@ -99,7 +99,10 @@ def test_plan_round_trips_and_reports(derived, tmp_path):
     plan.to_json(tmp_path / "p.json")
     assert Plan.from_json(tmp_path / "p.json") == plan
     page = plan.html(tmp_path / "r.html").read_text()
-    assert page.count("<svg") >= 3  # ramp, noise probe, first step
+    assert page.count("<svg") >= 4  # ramp, noise probe, first step, past the format
+    from leadline.report.plots import render_svg
+
+    assert "<svg" in (render_svg(plan["noise_scale_past_format_tokens"].evidence) or "")
 
 
 # ---- the guard, phase by phase, on a cheap generic derive ------------------------------

@@ -140,3 +140,22 @@ def _schedule(ev: dict[str, Any], ax: Any) -> None:
     ax.set_xlabel("step")
     ax.set_ylabel("held-out loss")
     ax.set_title("schedule: checks (red: rolled back, rate halved)")
+
+
+@register_plot("past_format")
+def _past_format(ev: dict[str, Any], ax: Any) -> None:
+    """The burn-in's mean training loss per round, and the noise at step 0 against after it."""
+    rounds = [r for r in ev.get("rounds", []) if r.get("mean_loss") is not None]
+    xs = [r["steps"] for r in rounds]
+    ax.errorbar(xs, [r["mean_loss"] for r in rounds], yerr=[r.get("se_loss") or 0 for r in rounds],
+                marker="o", color="tab:blue", label="training loss a round (±1 SE)")
+    ax.set_xlabel("burn-in steps")
+    ax.set_ylabel("training loss", color="tab:blue")
+    nx = ax.twinx()
+    nx.errorbar([0], [ev.get("step0_tokens")], yerr=[ev.get("step0_se") or 0], marker="s", color="tab:red", label="B_noise")
+    for r in ev.get("readings", []):
+        if r.get("b_noise_tokens") is not None:
+            nx.errorbar([r["steps"]], [r["b_noise_tokens"]], yerr=[r.get("se_tokens") or 0], marker="s", color="tab:red")
+    nx.set_ylabel("B_noise (scored tokens)", color="tab:red")
+    ax.set_title("past the format: the burn-in's loss, and the noise before and after")
+    ax.legend(fontsize=8, loc="upper center")
