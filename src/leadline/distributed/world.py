@@ -150,7 +150,8 @@ def join_job(device: Any = None, timeout_s: float = 1800.0) -> World | None:
     """The job this process is in: :func:`current_world`, or — when torchrun's environment says
     the process is one of several but no process group runs yet — the group started here from
     that environment (NCCL on ``device`` when it is a GPU, gloo otherwise) and left running for
-    the training that follows, as ``TrainingArguments`` would start it. None for a lone process.
+    the training that follows, as ``TrainingArguments`` would start it, and destroyed at the
+    process's exit if the script did not. None for a lone process.
     """
     world = current_world()
     if world is not None or not launched_by_torchrun():
@@ -164,7 +165,23 @@ def join_job(device: Any = None, timeout_s: float = 1800.0) -> World | None:
     if dev.type == "cuda":
         torch.cuda.set_device(dev.index if dev.index is not None else int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    import atexit
+
+    atexit.register(_destroy_at_exit)
     return current_world()
+
+
+def _destroy_at_exit() -> None:
+    """The group join_job started, destroyed before the interpreter shuts down (unless the
+    script did it): a gloo group left running aborted one rank at exit ("terminate called
+    without an active exception", SIGABRT) in a clean-clone CI run of the torchrun test."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # at exit, a group already torn down by its backend is not an error
+            pass
 
 
 @contextlib.contextmanager
