@@ -244,6 +244,22 @@ def test_bad_arguments_are_one_sentence():
         derive(max_seconds=0)
 
 
+def _slowed(train_step_of, seconds):
+    """train_step_of whose every step first sleeps ``seconds`` (a slow card, for max_seconds)."""
+    import time
+
+    def of(mb, accum):
+        inner = train_step_of(mb, accum)
+
+        def step(t):
+            time.sleep(seconds)
+            return inner(t)
+
+        return step
+
+    return of
+
+
 def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
     import time
 
@@ -254,15 +270,7 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
     w, opt, train_step_of, held_out = _toy()
     digest = tensors_digest([w])
 
-    def slow_step_of(mb, accum):
-        inner = train_step_of(mb, accum)
-
-        def step(t):
-            time.sleep(0.01)
-            return inner(t)
-
-        return step
-
+    slow_step_of = _slowed(train_step_of, 0.01)
     t0 = time.monotonic()
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
                     held_out_losses=held_out, total_steps=400, effort="full", max_seconds=1.5)
@@ -276,21 +284,12 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
 
 
 def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_alpha1(monkeypatch):
-    import time
 
     import leadline.derive as d
 
     w, opt, train_step_of, held_out = _toy()
 
-    def slow_step_of(mb, accum):
-        inner = train_step_of(mb, accum)
-
-        def step(t):
-            time.sleep(0.05)
-            return inner(t)
-
-        return step
-
+    slow_step_of = _slowed(train_step_of, 0.05)
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
                     held_out_losses=held_out, total_steps=400, effort="full", max_seconds=0.6)
     assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
