@@ -62,8 +62,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burn-rate", type=float, default=None, help="the burn-in's rate (default alpha1/2)")
     ap.add_argument("--max-steps", type=int, default=None, help="the burn-in's bound in steps (derive: a quarter of the run's rows)")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--write-rows", metavar="PATH", help="only write --rows-total rows in the task's prompt/completion format "
+                    "to PATH (the data `leadline derive --data` read for the plans in benchmarks/results/derive_cpu_*.json) and stop")
+    ap.add_argument("--out")
     a = ap.parse_args(argv)
+    if a.write_rows:
+        rows = rows_of(a.task, Path(a.data_dir) / f"{a.task}_train.jsonl", a.rows_total, a.max_chars)
+        Path(a.write_rows).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
+    if not a.out:
+        ap.error("--out is required (unless --write-rows)")
 
     import torch
     from peft import LoraConfig, get_peft_model
