@@ -182,3 +182,64 @@ def test_split_reader_reads_the_held_out_rows(tiny_model, rows):
     losses = read()
     assert len(losses) == 2
     assert losses == pytest.approx(row_losses(tiny_model, [rows[i] for i in s.held_out]), rel=1e-6)
+
+
+def _one_by_one(model, rows):
+    import torch
+
+    model.eval()
+    with torch.no_grad():
+        return [model(input_ids=torch.tensor([r.input_ids]), labels=torch.tensor([r.labels])).loss.item() for r in rows]
+
+
+def test_row_losses_in_forwards_of_max_tokens_match_row_by_row(tiny_model, rows):
+    want = _one_by_one(tiny_model, rows)
+    longest = max(len(r.input_ids) for r in rows)
+    for budget in (1, longest, 2 * longest, 10**6):  # one row a forward ... every row in one
+        assert row_losses(tiny_model, rows, max_tokens=budget) == pytest.approx(want, rel=1e-4)
+    with pytest.raises(InputError, match="max_tokens an int >= 1"):
+        row_losses(tiny_model, rows, max_tokens=0)
+
+
+class _NoKeep:
+    """The tiny model behind a forward that does not take logits_to_keep (the full-logits path),
+    counting its forwards and the rows each held; ``fail_above`` rows raise an OOM."""
+
+    def __init__(self, model, fail_above=None):
+        self.model, self.fail_above, self.calls = model, fail_above, []
+        self.training = model.training
+
+    def parameters(self):
+        return self.model.parameters()
+
+    def eval(self):
+        self.training = False
+        self.model.eval()
+
+    def train(self, mode=True):
+        self.training = mode
+        self.model.train(mode)
+
+    def __call__(self, input_ids, attention_mask):
+        import torch
+
+        self.calls.append(int(input_ids.shape[0]))
+        if self.fail_above is not None and input_ids.shape[0] > self.fail_above:
+            raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+        return self.model(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_row_losses_without_logits_to_keep_and_after_an_oom_halve_the_forward(tiny_model, rows):
+    want = _one_by_one(tiny_model, rows)
+    plain = _NoKeep(tiny_model)
+    assert row_losses(plain, rows) == pytest.approx(want, rel=1e-4)
+    assert plain.calls == [len(rows)]  # the default budget holds these rows in one forward
+    tight = _NoKeep(tiny_model, fail_above=2)
+    tight.train()
+    assert row_losses(tight, rows) == pytest.approx(want, rel=1e-4)
+    assert tight.calls == [6, 3, 1, 2, 3, 1, 2] and tight.training  # 6 -> 3 + 3, each 3 -> 1 + 2
+    one = _NoKeep(tiny_model, fail_above=0)  # not even one row fits: the OOM is the caller's
+    import torch
+
+    with pytest.raises(torch.OutOfMemoryError):
+        row_losses(one, rows)

@@ -65,7 +65,13 @@ def test_plan_has_every_phase(derived):
                  "tokens_per_step", "micro_batch", "grad_accum", "alpha1", "lr", "warmup_steps", "weight_decay", "total_steps"):
         assert name in plan, f"{name} missing from the plan: {list(plan)}"
     assert plan.micro_batch <= plan.rows_fit
-    assert plan["lr"].kind in ("measured", "derived")
+    # quick effort: the anchor where it is below alpha1 (a constant, and listed as one), raced inside the run
+    alpha1 = plan.alpha1
+    if plan.lr < alpha1:
+        assert plan.lr == plan.lr_anchor and plan["lr"].source.startswith("the anchor") and "lr" in plan.constants()
+        assert min(plan.race_rates) < plan.lr < max(plan.race_rates) <= alpha1 * (1 + 1e-9)
+    else:
+        assert plan["lr"].kind in ("measured", "derived")
     assert plan["rate_divisor"].kind == "constant" and "rate_divisor" in plan.constants()
     done = [e["phase"] for e in events if e["status"] == "done"]
     assert done[:3] == ["corpus", "noise", "memory"]
@@ -283,7 +289,7 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
     assert torch.isfinite(torch.tensor(plan.lr))
 
 
-def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_alpha1(monkeypatch):
+def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alpha1_and_the_anchor(monkeypatch):
 
     import leadline.derive as d
 
@@ -293,7 +299,11 @@ def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_alpha1(monkeypat
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
                     held_out_losses=held_out, total_steps=400, effort="full", max_seconds=0.6)
     assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
-    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1
+    assert plan.lr == min(plan.alpha1, plan.lr_anchor)
+    if plan.lr_anchor < plan.alpha1:  # alpha1 is the best single step, not a rate to hold
+        assert plan["lr"].kind == "constant" and "the look-ahead did not finish" in plan["lr"].source
+    else:
+        assert plan["lr"].kind == "measured"
 
 
 def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):
@@ -380,3 +390,24 @@ def test_prior_plan_is_checked_not_rederived():
                    held_out_losses=held_out, total_steps=20, effort="full", prior=first)
     assert again.lr == first.lr and "prior plan's rate, kept" in again["lr"].source
     assert again["alpha1"].kind == "measured"
+
+
+def test_max_seconds_stops_before_a_read_that_would_not_fit():
+    """A held-out read that takes 0.3 s: derive does not start one it has no time left for, so
+    it ends within max_seconds (before the fix it overran by up to one read)."""
+    import time
+
+    from leadline.derive import derive
+
+    w, opt, train_step_of, held_out = _toy()
+
+    def slow_read():
+        time.sleep(0.3)
+        return held_out()
+
+    t0 = time.perf_counter()
+    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                  held_out_losses=slow_read, total_steps=400, effort="full", max_seconds=1.0)
+    took = time.perf_counter() - t0
+    assert took < 1.0 + 0.15, f"derive took {took:.2f} s against max_seconds 1.0"
+    assert any("max_seconds" in n for n in plan.notes), plan.notes

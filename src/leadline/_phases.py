@@ -98,6 +98,13 @@ class PhaseRunner:
         if left is not None and left <= 0:
             raise OutOfTime
 
+    def ensure(self, seconds: float) -> None:
+        """Raise :class:`OutOfTime` unless ``seconds`` (what the next piece of work took last
+        time) still fit in the budget: max_seconds bounds derive, not just where it checks."""
+        left = self.seconds_left()
+        if left is not None and left <= max(0.0, seconds):
+            raise OutOfTime
+
     def progress(self, phase: str, status: str, **info: Any) -> None:
         if self.on_progress is not None:
             self.on_progress({"phase": phase, "status": status, "elapsed_s": self.elapsed(), **info})

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ def derive(
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
         rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
         if rate_ready:
-            held = _timed_held(held_out_losses, runner.check_time)
+            held = _timed_held(held_out_losses, runner.ensure)
             runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
             if grad_fn is not None and step_fn is not None and world is None:
                 runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
@@ -167,7 +168,7 @@ def derive(
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
-            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.check_time), held, plan,
+            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.ensure), held, plan,
                                              effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
         runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)
@@ -180,28 +181,39 @@ def derive(
     return plan
 
 
-def _timed(train_step_of: Callable[[int, int], Callable[[int], Any]], check: Callable[[], None]) -> Callable[[int, int], Callable[[int], Any]]:
-    """train_step_of whose steps first check derive's time budget: max_seconds bounds a running
-    look-ahead to within one optimizer step."""
+def _timed(train_step_of: Callable[[int, int], Callable[[int], Any]], ensure: Callable[[float], None]) -> Callable[[int, int], Callable[[int], Any]]:
+    """train_step_of whose steps first check that one more step, as long as the last one took,
+    fits in derive's time budget: max_seconds bounds a running look-ahead."""
+    last = [0.0]
 
     def of(micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
         inner = train_step_of(micro_batch, grad_accum)
 
         def step(t: int) -> Any:
-            check()
-            return inner(t)
+            ensure(last[0])
+            t0 = time.perf_counter()
+            try:
+                return inner(t)
+            finally:
+                last[0] = time.perf_counter() - t0
 
         return step
 
     return of
 
 
-def _timed_held(held_out: Callable[[], Sequence[float]], check: Callable[[], None]) -> Callable[[], Sequence[float]]:
-    """The held-out reader, checking derive's time budget before each read."""
+def _timed_held(held_out: Callable[[], Sequence[float]], ensure: Callable[[float], None]) -> Callable[[], Sequence[float]]:
+    """The held-out reader, checking before each read that one more read, as long as the last
+    one took, fits in derive's time budget."""
+    last = [0.0]
 
     def read() -> Sequence[float]:
-        check()
-        return held_out()
+        ensure(last[0])
+        t0 = time.perf_counter()
+        try:
+            return held_out()
+        finally:
+            last[0] = time.perf_counter() - t0
 
     return read
 
@@ -411,7 +423,27 @@ def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
     la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, ctx.get("first_step", alpha1),
                       total_steps=total, effort=effort, on_progress=check_time)
     ctx["lookahead"] = la
-    return la.as_values()
+    out = la.as_values()
+    if effort == "quick":
+        out.update(_quick_rate(plan, alpha1))
+    return out
+
+
+def _quick_rate(plan: Plan, alpha1: float) -> dict[str, Value]:
+    """The quick effort runs no look-ahead: its rate is the anchor where that is below alpha1.
+    alpha1 is the best single step, not a rate to hold: on debian_sections the look-ahead's
+    rate landed at alpha1/12 (benchmarks/results/rate_e11.json), and a run at alpha1 stayed at
+    chance (benchmarks/results/e2e_debian.json, session 3's first run)."""
+    anchor = plan.get("lr_anchor")
+    if not isinstance(anchor, (int, float)) or not math.isfinite(anchor) or anchor <= 0 or anchor >= alpha1:
+        return {}
+    a = plan["lr_anchor"]
+    rates = [anchor * 2.0**j for j in range(-1, 8) if anchor * 2.0**j <= alpha1 * (1 + 1e-9)]
+    return {
+        "lr": Value(anchor, a.kind, f"the anchor, {alpha1 / anchor:.3g}x below alpha1 {alpha1:.3g} (quick effort: no look-ahead run; alpha1 is the best single step, not a rate to hold): {a.source}",
+                    a.evidence, 0.0, a.unit),
+        "race_rates": Value(rates, "derived", f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}, for race() inside the run (quick effort)"),
+    }
 
 
 def _warmup(plan: Plan, opt: Any) -> dict[str, Value]:
@@ -437,7 +469,14 @@ def _pick_rate(plan: Plan) -> None:
     """Where the look-ahead did not finish, alpha1 (measured) is the rate; where nothing could
     run, the anchor is — a constant, listed as one."""
     alpha1 = plan.get("alpha1")
+    anchor = plan.get("lr_anchor")
+    has_anchor = isinstance(anchor, (int, float)) and math.isfinite(anchor) and anchor > 0
     if "lr" not in plan and isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0:
+        if has_anchor and anchor < alpha1:  # alpha1 is the best single step, not a rate to hold (_quick_rate)
+            a = plan["lr_anchor"]
+            plan.set("lr", Value(a.value, a.kind, f"the anchor, below alpha1 {alpha1:.3g} (the look-ahead did not finish within max_seconds; "
+                                 f"alpha1 is the best single step, not a rate to hold): {a.source}", a.evidence, 0.0, a.unit))
+            return
         a = plan["alpha1"]
         plan.set("lr", Value(a.value, "measured", f"alpha1, the first safe step (the look-ahead did not finish within max_seconds): {a.source}",
                              a.evidence, 0.0, a.unit))

@@ -121,7 +121,7 @@ class Task:
         return train_step
 
     def held_out_losses(self) -> Callable[[], list[float]]:
-        return self.split.reader(self.model, self.rows, "held_out", micro_batch=8, device=self.device, pad_id=self.pad_id)
+        return self.split.reader(self.model, self.rows, "held_out", device=self.device, pad_id=self.pad_id)
 
 
 def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None, quantile: float | None = None,

@@ -105,7 +105,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         schedule = False
         warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
     held = task.held_out_losses()
-    test = task.split.reader(model, task.rows, "test", micro_batch=8, device=task.device, pad_id=task.pad_id) if task.split.test else None
+    test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id) if task.split.test else None
 
     before = test() if test else None
     model.train()

@@ -1,11 +1,14 @@
 """row_losses: the held-out reader, one mean loss per row over its scored tokens.
 
 The one place leadline reads per-row losses (the look-ahead, the schedule's checks and the
-user's test verdict all read through it).
+user's test verdict all read through it). It runs many times inside derive() (every walk point
+of the first step, every look-ahead check), so it is built for speed: few large forwards, and
+the vocabulary projection only at the positions the loss scores.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,46 +16,118 @@ from leadline.corpus.collate import collate
 from leadline.corpus.tokenize import TokenizedRow
 from leadline.errors import InputError
 
+MAX_TOKENS = 16384
+"""Padded tokens a forward of the reader holds when no ``micro_batch`` is given. On the H200 a
+forward of SmolLM2-135M with LoRA cost about the same at 1 row as at 16 (t_micro 0.18 s and
+0.20 s, benchmarks/results/e2e_debian.json): the reader's cost is its number of forwards, and
+256 held-out rows in forwards of 8 took about 3.5 s a read. Without gradients a forward keeps
+one layer's activations, far less than the training step the card was measured for; an OOM
+halves the forward and goes on."""
 
-def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int = 8, device: Any = None, *, pad_id: int = 0) -> list[float]:
+
+def _accepts_logits_to_keep(model: Any) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    try:
+        return "logits_to_keep" in inspect.signature(getattr(base, "forward", base)).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _chunks(order: list[int], lengths: list[int], micro_batch: int | None, max_tokens: int) -> list[list[int]]:
+    """Consecutive runs of ``order`` (rows sorted by length): ``micro_batch`` rows each, or as
+    many as keep rows x the longest length within ``max_tokens`` (at least one row)."""
+    if micro_batch is not None:
+        return [order[s:s + micro_batch] for s in range(0, len(order), micro_batch)]
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * max(lengths[i], lengths[cur[-1]]) > max_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _oom_types() -> tuple[type[BaseException], ...]:
+    import torch
+
+    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+
+
+def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None = None, device: Any = None, *, pad_id: int = 0,
+               max_tokens: int = MAX_TOKENS) -> list[float]:
     """Per-row mean cross-entropy over each row's scored tokens, in the order of ``rows``.
 
     loss_i = (1 / s_i) * sum over scored positions p of -log softmax(logits[p-1])[labels[p]],
     with ``s_i`` the row's scored tokens (the labels after the causal shift).
 
     Runs in eval mode under ``torch.no_grad()`` and puts ``model.training`` back as it was,
-    on every exit path. Rows go through in micro-batches of ``micro_batch``, sorted by length
-    so that little padding is added (padding moves a row's numbers at ~1e-5, seed E12); the
-    result is in the order given. ``device``: where the batches go (default: the model's).
+    on every exit path. Rows go through sorted by length so that little padding is added
+    (padding moves a row's numbers at ~1e-5, seed E12), in forwards of ``micro_batch`` rows, or
+    (default) of as many rows as keep the padded tokens within ``max_tokens``; a forward that
+    runs out of memory is split in two and read again. The logits are computed only at the
+    positions some row of the forward scores (``logits_to_keep``, where the model takes it).
+    The result is in the order given. ``device``: where the batches go (default: the model's).
 
     Raises:
-        InputError: a row with no scored token (its mean is undefined), or ``micro_batch < 1``.
+        InputError: a row with no scored token (its mean is undefined), ``micro_batch < 1`` or
+            ``max_tokens < 1``.
     """
     import torch
     import torch.nn.functional as F
 
-    if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
-        raise InputError(f"row_losses needs micro_batch an int >= 1, got {micro_batch!r}")
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
+        raise InputError(f"row_losses needs micro_batch an int >= 1 (or None for forwards of up to max_tokens), got {micro_batch!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise InputError(f"row_losses needs max_tokens an int >= 1, got {max_tokens!r}")
     for i, r in enumerate(rows):
         if r.scored_tokens < 1:
             raise InputError(f"row {i} ({r.where or 'in memory'}) has no scored token, so it has no mean loss; drop it from the held-out rows")
     if device is None:
         device = next(model.parameters()).device
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i].input_ids))
+    lengths = [len(r.input_ids) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: lengths[i])
+    pending = _chunks(order, lengths, micro_batch, max_tokens)
+    keep = _accepts_logits_to_keep(model)
+    oom = _oom_types()
     out = [0.0] * len(rows)
     was_training = model.training
     model.eval()
+
+    def read(chunk: list[int]) -> None:
+        counts = [rows[i].scored_tokens for i in chunk]
+        mb = collate([rows[i] for i in chunk], pad_id)
+        shifted = mb.labels[:, 1:]
+        cols = (shifted != -100).any(dim=0).nonzero().flatten()  # the positions some row scores
+        mb = mb.to(device)
+        targets = shifted.index_select(1, cols).to(device)
+        if keep:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=cols.to(device)).logits
+        else:
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits.index_select(1, cols.to(device))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="none")
+        sums = ce.view(len(chunk), -1).sum(dim=1).tolist()
+        for i, s, c in zip(chunk, sums, counts):
+            out[i] = s / c
+
     try:
         with torch.no_grad():
-            for start in range(0, len(order), micro_batch):
-                chunk = order[start:start + micro_batch]
-                counts = [rows[i].scored_tokens for i in chunk]
-                mb = collate([rows[i] for i in chunk], pad_id).to(device)
-                logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits
-                ce = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), mb.labels[:, 1:], ignore_index=-100, reduction="none")
-                sums = ce.sum(dim=1).tolist()
-                for i, s, c in zip(chunk, sums, counts):
-                    out[i] = s / c
+            while pending:
+                chunk = pending.pop(0)
+                failed = False
+                try:
+                    read(chunk)
+                except oom:
+                    if len(chunk) == 1:
+                        raise
+                    failed = True
+                if failed:  # outside the handler, so the failed forward's tensors are freed first
+                    if str(device).startswith("cuda"):
+                        torch.cuda.empty_cache()
+                    half = len(chunk) // 2
+                    pending[:0] = [chunk[:half], chunk[half:]]
     finally:
         model.train(was_training)
     return out

@@ -28,7 +28,7 @@ class Split:
         """The form ``plan.held_out`` stores."""
         return {"train": list(self.train), "held_out": list(self.held_out), "test": list(self.test), "seed": self.seed}
 
-    def reader(self, model: Any, rows: Sequence[Any], part: str = "held_out", *, micro_batch: int = 8,
+    def reader(self, model: Any, rows: Sequence[Any], part: str = "held_out", *, micro_batch: int | None = None,
                device: Any = None, pad_id: int = 0) -> Callable[[], list[float]]:
         """A function returning the per-row mean losses of ``part``'s rows under ``model`` as it is
         when called (what ``LookaheadSchedule(held_out_losses_per_row=...)`` takes)."""

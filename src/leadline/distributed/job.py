@@ -204,7 +204,7 @@ class WorldTask:
         mine = rows[world.rank::world.world_size]
 
         def losses() -> list[float]:
-            local = agreed(world, lambda: row_losses(task.model, mine, 8, task.device, pad_id=task.pad_id) if mine else [],
+            local = agreed(world, lambda: row_losses(task.model, mine, None, task.device, pad_id=task.pad_id) if mine else [],
                            "the held-out read")
             parts = world.gather_object([float(x) for x in local])
             out: list[float] = [0.0] * len(rows)

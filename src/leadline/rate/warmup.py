@@ -60,10 +60,13 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
     w = warmup_steps_for(b1)
     start = f"from alpha1 = {alpha1:.3g}" if isinstance(alpha1, (int, float)) and math.isfinite(alpha1) else "from the rate (no alpha1 measured)"
     to = f"to the rate {lr:.3g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else "to the chosen rate"
+    how = f"the rate rises {start} {to} over the steps Adam's first moment averages"
+    if isinstance(alpha1, (int, float)) and isinstance(lr, (int, float)) and math.isfinite(alpha1) and lr <= alpha1:
+        how = f"the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, so the run starts at the rate: nothing to warm over these steps"
     return {
         "warmup_steps": Value(
             w, "derived",
-            f"round(1/(1 - beta1)) with the optimizer's beta1 = {b1:g}: the rate rises {start} {to} over the steps Adam's first moment averages",
+            f"round(1/(1 - beta1)) with the optimizer's beta1 = {b1:g}: {how}",
             evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr},
             unit="steps",
         ),
