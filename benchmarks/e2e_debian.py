@@ -65,11 +65,15 @@ def cli(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     t = time.perf_counter()
     with log_path.open("w") as f:
-        p = subprocess.run([sys.executable, "-m", "leadline", *args], stdout=f, stderr=subprocess.STDOUT, env=env, timeout=timeout)
+        try:
+            rc: int | str = subprocess.run([sys.executable, "-m", "leadline", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
+                                           timeout=timeout).returncode
+        except subprocess.TimeoutExpired:  # recorded as the arm's outcome; the verdict still runs on the others
+            rc = f"timeout after {timeout:g} s"
     secs = time.perf_counter() - t
     tail = log_path.read_text()[-3000:]
-    log(" ".join(args[:2]), f"rc={p.returncode}", f"{secs:.1f}s")
-    return {"argv": ["leadline", *args], "rc": p.returncode, "seconds": secs, "output_tail": tail}
+    log(" ".join(args[:2]), f"rc={rc}", f"{secs:.1f}s")
+    return {"argv": ["leadline", *args], "rc": rc, "seconds": secs, "output_tail": tail}
 
 
 def predictions(model: Any, tok: Any, rows: list[dict[str, Any]], max_chars: int, batch: int = 64) -> list[str]:

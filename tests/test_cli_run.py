@@ -95,3 +95,13 @@ def test_a_quick_plan_races_its_rates_inside_the_run(model_dir):
     res = train_with_plan(model, tok, data, plan)
     assert res["race"]["horizons"] and res["race"]["chosen_lr"] in plan.race_rates
     assert res["schedule"] is None
+
+
+def test_the_recipe_trains_at_the_rows_the_card_fits_not_the_plans_cut_micro_batch():
+    from leadline.cli.train import recipe_micro_batch
+
+    assert recipe_micro_batch(16, 16) == 16
+    assert recipe_micro_batch(16, 12) == 8  # the most rows dividing the step within the fit
+    assert recipe_micro_batch(16, 1) == 1
+    assert recipe_micro_batch(16, 300) == 16
+    assert recipe_micro_batch(12, None) == 12

@@ -75,3 +75,13 @@ def test_mean_se_and_median():
     m, se = stats.mean_se([1.0, 2.0, 3.0, 4.0])
     assert m == 2.5 and se == pytest.approx(math.sqrt(1.6666666666666667 / 4))
     assert stats.median([3, 1, 2]) == 2 and stats.median([4, 1, 2, 3]) == 2.5
+
+
+def test_sequential_bar_at_the_first_of_many_looks_is_finite_and_high():
+    # 3,959 steps checked every 80: 49 looks; the first spends less than 1e-16 (the H200 run's crash)
+    from leadline import stats
+
+    for df in (None, 255):
+        first = stats.sequential_bar(1, 49, 0.05, df=df)
+        assert math.isfinite(first) and first > 7.0
+        assert first >= stats.sequential_bar(2, 49, 0.05, df=df) > stats.sequential_bar(49, 49, 0.05, df=df)

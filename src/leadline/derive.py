@@ -329,6 +329,12 @@ def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int]
         return {}
     mb, accum = _burn_in_batch(plan)
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
+    if callable(getattr(grad_fn, "with_rows", None)) and mb * accum > int(getattr(grad_fn, "rows_per_draw", 1) or 1):
+        # the late reading draws a training step's rows at a time: past the format B_noise is tens
+        # of tokens, and draws of the probe's 2 rows left it unresolved (64.9 +- 68 tokens after
+        # 32 draws on the H200, benchmarks/results/e2e_debian_h200_s3_run2.json) at the same cost
+        # a draw of 16 rows has on a card whose forward is launch-bound (t_micro 0.21 s at 1 row, 0.19 s at 16)
+        grad_fn = grad_fn.with_rows(mb * accum)
     rows_per_draw = getattr(grad_fn, "rows_per_draw", None)
     if not rows_per_draw:
         micro = getattr(step0, "micro_tokens", None) or []
@@ -354,6 +360,9 @@ def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int]
                            budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
     ctx["past_format"] = pf
     out = pf.as_values()
+    v = out["noise_scale_past_format_tokens"]
+    out["noise_scale_past_format_tokens"] = Value(v.value, v.kind, f"{v.source}; the reading in draws of {rows_per_draw} rows",
+                                                  {**v.evidence, "rows_per_draw": rows_per_draw}, v.seconds, v.unit)
     if not pf.grew or pf.noise is None:
         return out
     need = max(1, math.ceil((pf.b_noise_tokens + (pf.se_tokens or 0.0)) / per_row))

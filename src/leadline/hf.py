@@ -94,10 +94,19 @@ class Task:
 
     def micro_batch_of(self, i: int) -> Any:
         """The probe's i-th micro-batch of ``probe_rows`` rows, None when the rows run out."""
-        lo = i * self.probe_rows
-        if lo + self.probe_rows > len(self.order):
-            return None
-        return self.batch(self.order[lo:lo + self.probe_rows])
+        return self.draws_of(self.probe_rows)(i)
+
+    def draws_of(self, rows: int) -> Callable[[int], Any]:
+        """``micro_batch_of`` for draws of ``rows`` rows: the i-th draw reads rows
+        ``order[i*rows : (i+1)*rows]``, None when the rows run out."""
+
+        def of(i: int) -> Any:
+            lo = i * rows
+            if lo + rows > len(self.order):
+                return None
+            return self.batch(self.order[lo:lo + rows])
+
+        return of
 
     def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
         """``train_step(step)``: the forward+backward of step ``step`` — ``grad_accum``
@@ -226,6 +235,13 @@ def _probe(model: Any, task: Task, params: list[Any]) -> Any:
 
     fn = ModelGradFn(model, task.micro_batch_of, params=params)
     fn.rows_per_draw = task.probe_rows
+
+    def with_rows(rows: int) -> Any:  # the same probe over draws of ``rows`` rows (the late reading past the format)
+        g = ModelGradFn(model, task.draws_of(rows), params=params)
+        g.rows_per_draw = rows
+        return g
+
+    fn.with_rows = with_rows
     return fn
 
 

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
         derived = plan
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
-                           micro_batch=min(args.batch, int(derived.get("micro_batch") or args.batch)) if args.batch % int(derived.get("micro_batch") or args.batch) == 0 else args.batch,
+                           micro_batch=recipe_micro_batch(args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data} does not exist; pass the jsonl the plan was derived on")
@@ -67,3 +67,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, {a['mean']:.4f} ± {a['se']:.4f} after")
     print(f"saved to {args.out}")
     return 0
+
+
+def recipe_micro_batch(rows_per_step: int, rows_fit: int | None) -> int:
+    """The recipe's micro-batch: the most rows, dividing its step, that the plan measured the card
+    fits (its ``rows_fit``, not the plan's own micro-batch, which is cut to the plan's step: a
+    16-row recipe step in 16 one-row micro-batches took about 2.7 s on the H200, where t_micro of one
+    16-row micro-batch was 0.19 s: benchmarks/results/e2e_debian_h200_s3_run2.json)."""
+    if not isinstance(rows_fit, int) or rows_fit < 1:
+        return rows_per_step
+    return max(d for d in range(1, min(rows_per_step, rows_fit) + 1) if rows_per_step % d == 0)
+
