@@ -26,6 +26,11 @@ Decision rules, written before the run:
       bound): derive's own wall time as the CLI records it in the plan's notes ("derive took
       X s"), model loading not counted (the issue's bound: a full derive in at most 110 s);
   R4  both plans beat the untrained model (higher accuracy, McNemar p < 0.05).
+  R5  (arm `bound`) derive --effort full --max-seconds 40 finishes within 40 s of its own time.
+  R6  (`--card-gb 6`: a second process holds all but 6 GB of the card for every arm, as a
+      smaller card's program would see it) the rules above hold there too; the peer's quick
+      plan + race reached 0.973 on that card and its full plan collapsed to 0.366: the full
+      plan's accuracy is reported against 0.973 as a difference, won or lost.
 The peer on this protocol (pichak 0.4.1): untrained 0.822, recipe 0.956, quick + race 0.853,
 full + schedule 0.954 after a 436 s derive.
 
@@ -59,6 +64,24 @@ def to_pc(src: Path, dst: Path, max_chars: int) -> list[dict[str, Any]]:
     out = [{"prompt": r["text"][:max_chars] + "\nSection:", "completion": " " + r["label"]} for r in rows]
     dst.write_text("".join(json.dumps(r) + "\n" for r in out))
     return rows
+
+
+HOLDER = r"""
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+keep = int(float(sys.argv[1]) * 2**30)
+block = torch.empty(max(0, free - keep), dtype=torch.uint8, device="cuda")
+print(f"held {block.numel() / 2**30:.2f} GiB of {total / 2**30:.2f}; {(free - block.numel()) / 2**30:.2f} GiB left", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_card(keep_gb: float) -> tuple[subprocess.Popen, str]:
+    """A second process holding all but ``keep_gb`` of the card until its stdin closes."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(keep_gb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = child.stdout.readline().strip() if child.stdout else ""
+    log("holder:", line)
+    return child, line
 
 
 def cli(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
@@ -139,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-chars", type=int, default=600)
     ap.add_argument("--arms", default="quick,full,train_quick,train_full,recipe")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--card-gb", type=float, default=0.0, help="a second process holds all but this many GB of the card during the arms (0: none)")
+    ap.add_argument("--bound-seconds", type=float, default=40.0, help="arm `bound`: derive --effort full with this --max-seconds")
     args = ap.parse_args(argv)
     out = Path(args.out)
     work = Path(args.work)
@@ -162,6 +187,18 @@ def main(argv: list[str] | None = None) -> int:
     common = ["--model", args.model, "--data", str(train), "--lora-rank", "16"]
     arms = args.arms.split(",")
     runs: dict[str, Path] = {}
+    holder = None
+    if args.card_gb > 0:
+        holder, line = hold_card(args.card_gb)
+        result["card"] = {"keep_gb": args.card_gb, "holder": line}
+    if "bound" in arms:
+        plan = work / "bound.json"
+        r = cli(["derive", *common, "--effort", "full", "--epochs", "1", "--max-seconds", f"{args.bound_seconds:g}", "--out", str(plan)],
+                work / "derive_bound.log", args.timeout)
+        if plan.exists():
+            r["plan"] = json.loads(plan.read_text())
+        result["arms"]["derive_bound"] = r
+        save()
     for effort in ("quick", "full"):
         if effort not in arms:
             continue
@@ -192,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
             runs["recipe"] = run_dir
         save()
 
+    if holder is not None:  # the verdict reads on the whole card
+        holder.stdin.close()
+        holder.wait(timeout=30)
     # the verdict on the 842 test rows
     try:
         from peft import PeftModel
@@ -209,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         verdict: dict[str, Any] = {}
         for name, p in preds.items():
             v = judge(p, gold)
+            v["predictions"] = p  # per row, so a later run's arm can be paired with this one (McNemar)
             right = [a == g for a, g in zip(p, gold)]
             if "recipe" in preds and name != "recipe":
                 v["vs_recipe"] = stats.mcnemar(right, [a == g for a, g in zip(preds["recipe"], gold)]).as_dict()
@@ -228,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
             rules["R3"] = took is not None and took <= 110.0
         rules["R4"] = all(verdict[k]["accuracy"] > verdict["untrained"]["accuracy"] and verdict[k]["vs_untrained"]["p_value"] < 0.05
                           for k in ("quick", "full") if k in verdict)
+        if "derive_bound" in result["arms"]:
+            took = derive_seconds(result["arms"]["derive_bound"].get("plan"))
+            rules["R5_derive_bound_seconds"] = took
+            rules["R5"] = took is not None and took <= args.bound_seconds
+        if args.card_gb > 0 and "full" in verdict:
+            rules["R6_full_minus_peer_0973"] = verdict["full"]["accuracy"] - 0.973
         result["rules_outcome"] = rules
     except Exception:  # recorded, never hidden
         result["failures"].append(traceback.format_exc())

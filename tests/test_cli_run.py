@@ -79,7 +79,7 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()
 
 
-def test_a_quick_plan_races_its_rates_inside_the_run(model_dir):
+def test_a_quick_plan_races_its_rates_inside_the_run(model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from leadline.hf import derive_for
@@ -92,9 +92,14 @@ def test_a_quick_plan_races_its_rates_inside_the_run(model_dir):
     data = str(DATA / "prompt_completion.jsonl")
     plan = derive_for(model, tok, data, total_steps=8, effort="quick")
     assert plan.race_rates and "lookahead_horizon_steps" not in plan
-    res = train_with_plan(model, tok, data, plan)
+    out = tmp_path / "run"
+    res = train_with_plan(model, tok, data, plan, out_dir=out)
     assert res["race"]["horizons"] and res["race"]["chosen_lr"] in plan.race_rates
     assert res["schedule"] is None
+    import json
+
+    written = json.loads((out / "run.json").read_text())  # the race as data, not its repr (the H200 run wrote a string)
+    assert isinstance(written["race"], dict) and written["race"]["chosen_lr"] == res["race"]["chosen_lr"]
 
 
 def test_the_recipe_trains_at_the_rows_the_card_fits_not_the_plans_cut_micro_batch():
