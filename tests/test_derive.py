@@ -413,3 +413,56 @@ def test_max_seconds_stops_before_a_read_that_would_not_fit():
     took = time.perf_counter() - t0
     assert took < 1.0 + 0.15, f"derive took {took:.2f} s against max_seconds 1.0"
     assert any("max_seconds" in n for n in plan.notes), plan.notes
+
+
+def _grown_past_format(monkeypatch, rung_seconds):
+    """_past_format with a reading that grew to 200 tokens, a first ramp that stopped at its
+    upper limit of 4 rows, and a fake ramp whose every rung takes ``rung_seconds``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import leadline.derive as d
+    import leadline.memory as memory
+    import leadline.noise.past_format as pfm
+    from leadline._phases import PhaseRunner
+    from leadline.plan import Plan, Value
+
+    plan = Plan()
+    plan.set("noise_scale_tokens", Value(3.0, "measured", "step 0", {"se_tokens": 0.5}, unit="scored tokens"))
+    plan.set("rows_fit", Value(4, "measured", "ramp", {"stopped_because": "reached the upper limit of 4 rows"}, unit="rows"))
+    for name, v in (("scored_tokens_per_row", 2.0), ("alpha1", 0.01), ("seq_len", 32), ("rows", 400),
+                    ("t_micro_seconds", 0.2), ("t_step_seconds", 0.01), ("scored_tokens", 800)):
+        plan.set(name, Value(v, "measured", "given here"))
+    pf = SimpleNamespace(grew=True, noise=200.0, b_noise_tokens=200.0, se_tokens=20.0,
+                         as_values=lambda: {"noise_scale_past_format_tokens": Value(200.0, "measured", "read", {"plot": "past_format"})})
+    monkeypatch.setattr(pfm, "noise_past_format", lambda *a, **k: pf)
+    ramps = []
+
+    def fake_ramp(step, length, *, lengths=None, max_rows=None, start_rows=1, on_rung=None, **kw):
+        ramps.append((start_rows, max_rows))
+        if on_rung is not None:
+            on_rung(SimpleNamespace(seconds=rung_seconds))
+        return SimpleNamespace(as_values=lambda: {"micro_batch": Value(max_rows, "measured", "fake ramp", unit="rows")})
+
+    monkeypatch.setattr(memory, "ramp", fake_ramp)
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w])
+    step_fn = lambda rows, length, repeats=3: SimpleNamespace(micro_seconds=[0.19] * repeats)  # noqa: E731
+    runner = PhaseRunner(plan, max_seconds=30.0)
+    out = d._past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, {}, None, runner)
+    return plan, out, ramps
+
+
+def test_a_grown_reading_ramps_on_and_the_step_follows(monkeypatch):
+    plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=0.01)
+    assert ramps == [(4, 110)]  # from the rows kept to ceil((200 + 20) / 2) rows
+    assert out["rows_fit"].value == 110 and plan.rows_fit == 110
+    assert out["tokens_per_step"].value > 3.0 * 2  # taken from the grown reading, not step 0's
+
+
+def test_a_reramp_cut_by_max_seconds_keeps_the_rows_it_had(monkeypatch):
+    plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=1e6)  # no second rung of that length fits in 30 s
+    assert ramps == [(4, 110)] and "rows_fit" not in out and plan.rows_fit == 4
+    assert any("cut by max_seconds" in n and "the 4 rows kept" in n for n in plan.notes), plan.notes
+    assert out["micro_batch"].value <= 4 and "tokens_per_step" in out  # grad_accum makes up the step

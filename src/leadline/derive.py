@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from leadline._phases import PhaseRunner, ProgressFn, leave_no_trace
+from leadline._phases import OutOfTime, PhaseRunner, ProgressFn, leave_no_trace
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
@@ -370,11 +370,17 @@ def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int]
     ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
     capped = str(ev.get("stopped_because", "")).startswith("reached the upper limit")
     if need > rows_fit and capped:  # the first ramp stopped at the rows the step-0 noise needed: go on from there
-        result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit)
-        ctx["ramp"] = result
-        for n, v in result.as_values().items():
-            out["rows_fit" if n == "micro_batch" else n] = v
-            plan.set("rows_fit" if n == "micro_batch" else n, v)
+        try:  # each rung must fit in max_seconds; cut, the step is taken at the rows already kept (grad_accum makes up the rest)
+            result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit,
+                          on_rung=lambda r: runner.ensure(r.seconds))
+        except OutOfTime:
+            plan.notes.append(f"past_format: the ramp from {rows_fit} toward {need} rows was cut by max_seconds; the step uses the {rows_fit} rows kept")
+            result = None
+        if result is not None:
+            ctx["ramp"] = result
+            for n, v in result.as_values().items():
+                out["rows_fit" if n == "micro_batch" else n] = v
+                plan.set("rows_fit" if n == "micro_batch" else n, v)
     out.update(_step(plan, ctx, step_fn=step_fn, noise=pf.noise))
     return out
 
