@@ -111,7 +111,7 @@ def fresh_model(path: str, device: str) -> tuple[Any, list[Any]]:
     from leadline.loading import load_model
 
     if path not in _BASE:
-        _BASE[path] = load_model(path, device=device)
+        _BASE[path] = load_model(path, device=device, dtype=torch.float32)  # as `leadline derive` measures (its default dtype)
     torch.manual_seed(0)
     model = get_peft_model(copy.deepcopy(_BASE[path]), LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, task_type="CAUSAL_LM"))
     model.train()
