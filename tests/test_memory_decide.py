@@ -169,3 +169,34 @@ def test_largest_passing_and_length_grid():
     assert best is None and tried[-1] == (4, False)
     assert length_candidates(64) == list(range(2, 64, 2))
     assert length_candidates(10, resolution=4) == [4, 8]
+
+
+def test_a_hurried_search_confirms_the_most_rows_a_try_fitted():
+    s = RampSearch()
+    moves = []
+    while (move := s.next()) is not None:
+        kind, rows = move
+        ok = rows <= 18 if kind == "try" else rows <= 4
+        moves.append((kind, rows))
+        s.record(kind, rows, ok)
+        if (kind, rows) == ("try", 8):
+            s.hurry("max_seconds")  # after 1, 2, 4, 8 fitted: confirm 8, not bisect toward 18
+    assert moves == [("try", 1), ("try", 2), ("try", 4), ("try", 8), ("confirm", 8), ("confirm", 4)]
+    assert s.kept == 4 and s.stopped_because.startswith("max_seconds: the most rows a step fitted so far")
+
+
+def test_a_search_hurried_before_anything_fitted_goes_on_until_something_does():
+    s = RampSearch(start_rows=4)
+    s.hurry("max_seconds")
+    moves = drive(s, lambda r: r <= 2)
+    assert [(k, r) for k, r, _ in moves] == [("try", 4), ("try", 2), ("try", 3), ("confirm", 2)]
+    assert s.kept == 2
+
+
+def test_a_hurried_throughput_search_keeps_the_best_rows_per_second_so_far():
+    s = ThroughputSearch()
+    for rows, rps in ((1, 10.0), (2, 18.0), (4, 17.0)):
+        assert s.next() == rows
+        s.record(rows, rps, 0)
+    s.hurry("max_seconds")
+    assert s.next() is None and s.kept == 2 and s.stopped_because.startswith("max_seconds")

@@ -321,3 +321,16 @@ def test_the_fit_preflight_runs_the_same_confirmation_and_refuses_what_the_run_w
     mem, step = growing()
     assert measure_fit(step, 3, 512, memory=mem, suggest=False, lengths=RUN_START).fits
     assert mem.cap is None
+
+
+def test_should_stop_ends_the_search_and_keeps_what_it_confirmed():
+    mem = FakeAllocator(total=1000, resident=100)
+    step = FakeStep(mem, per_token=5)  # 18 rows is the truth
+    r = ramp(step, 10, memory=mem, should_stop=lambda rung: rung.rows >= 4)
+    assert r.micro_batch == 4 and search_rows(r) == [1, 2, 4]
+    assert r.stopped_because.startswith("max_seconds")
+    assert [g.rows for g in r.rungs if g.phase == "confirm"] == [4] and mem.cap is None
+    host = FakeHost(room=10**9)
+    hstep = FakeHostStep(host, seconds_of=lambda rows: 0.1 + 0.01 * rows)
+    h = ramp(hstep, 16, memory=host, should_stop=lambda rung: rung.rows >= 8)
+    assert h.micro_batch == 8 and hstep.calls == [1, 1, 2, 4, 8] and h.stopped_because.startswith("max_seconds")

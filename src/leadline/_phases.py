@@ -98,14 +98,18 @@ class PhaseRunner:
         if left is not None and left <= 0:
             raise OutOfTime
 
+    def would_overrun(self, seconds: float) -> bool:
+        """True when one more piece of work that took ``seconds`` last time would not fit in
+        the budget: half again what it took (reads and steps vary) and 1% of the budget kept for
+        what follows a cut (the state restored, the closing phases) — on the H200 a derive whose
+        next read had to fit still ended 1.2 s past max_seconds=110 without them."""
+        left = self.seconds_left()
+        return left is not None and left <= 1.5 * max(0.0, seconds) + 0.01 * (self.max_seconds or 0.0)
+
     def ensure(self, seconds: float) -> None:
         """Raise :class:`OutOfTime` unless ``seconds`` (what the next piece of work took last
         time) still fit in the budget: max_seconds bounds derive, not just where it checks."""
-        left = self.seconds_left()
-        # half again what it took last time (reads and steps vary), and 1% of the budget kept for
-        # what follows a cut (the state restored, the closing phases): on the H200 a derive whose
-        # next read had to fit still ended 1.2 s past max_seconds=110 without them
-        if left is not None and left <= 1.5 * max(0.0, seconds) + 0.01 * (self.max_seconds or 0.0):
+        if self.would_overrun(seconds):
             raise OutOfTime
 
     def progress(self, phase: str, status: str, **info: Any) -> None:

@@ -149,7 +149,7 @@ def derive(
         if grad_fn is not None:
             runner.run("noise", lambda: _noise(grad_fn, runner, ctx, world))
         if step_fn is not None:
-            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params), needs=())
+            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params, runner.would_overrun), needs=())
         if step_fn is not None and grad_fn is not None:
             runner.run("step", lambda: _step(plan, ctx, world, step_fn=step_fn if world is None else None),
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
@@ -261,7 +261,7 @@ def _rows_needed(plan: Plan) -> int | None:
 
 
 def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any],
-            world: Any = None, params: Sequence[Any] = ()) -> dict[str, Value]:
+            world: Any = None, params: Sequence[Any] = (), would_overrun: Callable[[float], bool] | None = None) -> dict[str, Value]:
     from leadline.memory import ramp
 
     length = plan.get("seq_len")
@@ -272,16 +272,20 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
         from leadline.distributed.phases import rows_needed_per_rank
 
         max_rows = rows_needed_per_rank(max_rows, world.world_size)
+    # max_seconds: the search stops when one more rung as long as the last would not fit, and
+    # keeps what it confirmed (the phases after it need a micro-batch more than a larger one)
+    stop = None if would_overrun is None else (lambda rung: would_overrun(rung.seconds))
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
     if world is not None:  # every rank ramps its own card; the plan takes the least
         from leadline.distributed.phases import world_memory
 
-        ctx["ramp"], values = world_memory(world, lambda: ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start),
+        ctx["ramp"], values = world_memory(world, lambda: ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start,
+                                                               should_stop=stop),
                                            step_fn, params or step_fn.params())
         return values
-    result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start)
+    result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start, should_stop=stop)
     ctx["ramp"] = result
     values = result.as_values()
     out = {("rows_fit" if n == "micro_batch" else n): v for n, v in values.items()}

@@ -55,6 +55,16 @@ class RampSearch:
     fits: list[int] = field(default_factory=list)
     failed_confirmation: list[int] = field(default_factory=list)
     stopped_because: str = ""
+    hurried: str = ""
+    """Why the search was told to stop (:meth:`hurry`); empty while it searches freely."""
+
+    def hurry(self, reason: str) -> None:
+        """Stop searching: confirm the most rows a try fitted so far (after a failed
+        confirmation, the next below it) instead of bisecting on. Before any try fitted it has
+        nothing to confirm and goes on until one does."""
+        self.hurried = reason
+        if self.lo > 0 and self.kept is None:
+            self.hi = self.lo + 1
 
     def __post_init__(self) -> None:
         if self.start_rows < 1:
@@ -94,7 +104,9 @@ class RampSearch:
             raise ValueError(f"kind must be 'try' or 'confirm', got {kind!r}")
         if ok:
             self.kept = rows
-            if self.max_rows is not None and rows >= self.max_rows:
+            if self.hurried:
+                self.stopped_because = f"{self.hurried}: the most rows a step fitted so far, confirmed"
+            elif self.max_rows is not None and rows >= self.max_rows:
                 self.stopped_because = f"reached the upper limit of {self.max_rows} rows"
             else:
                 self.stopped_because = f"{self.hi} rows did not fit"
@@ -102,6 +114,8 @@ class RampSearch:
         self.failed_confirmation.append(rows)
         self.hi = rows
         self.lo = max((r for r in self.fits if r < rows), default=0)
+        if self.hurried:
+            self.hurry(self.hurried)
 
 
 def extrapolate_peak(points: Sequence[tuple[int, int]], rows: int, baseline_bytes: int | None = None) -> float:
@@ -137,6 +151,12 @@ class ThroughputSearch:
     points: list[tuple[int, float, int]] = field(default_factory=list)
     kept: int | None = None
     stopped_because: str = ""
+
+    def hurry(self, reason: str) -> None:
+        """Stop searching: keep the rows with the most rows per second measured so far."""
+        if self.kept is None and self.points:
+            self.kept = max(self.points, key=lambda p: (p[1], -p[0]))[0]
+            self.stopped_because = f"{reason}: the rows with the most rows per second measured so far"
 
     def next(self) -> int | None:
         if self.kept is not None:

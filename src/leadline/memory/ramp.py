@@ -190,6 +190,7 @@ def ramp(
     card_bytes: int | None = None,
     min_gain: float = 0.05,
     on_rung: Callable[[Rung], None] | None = None,
+    should_stop: Callable[[Rung], bool] | None = None,
 ) -> RampResult:
     """The micro-batch a training run fits at ``length`` tokens, from real steps.
 
@@ -208,6 +209,9 @@ def ramp(
         memory: the readings (default: the step's device); card_bytes: a smaller card.
         min_gain: off CUDA, the rows-per-second gain a doubling must bring to go on.
         on_rung: called with every rung as it is measured (progress).
+        should_stop: called with every rung; once it returns True (a time budget running
+            out) the search stops and keeps what it has: on CUDA the most rows a step fitted
+            so far, confirmed the same way; off CUDA the rows with the most rows per second.
 
     Returns:
         :class:`RampResult`. On CUDA: the most rows that fit (see :mod:`leadline.memory.decide`);
@@ -227,12 +231,13 @@ def ramp(
         raise InputError(f"ramp's repeats must be >= 1, got {repeats}")
     mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
     if mem.on_cuda:
-        return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung)
-    return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung)
+        return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung, should_stop)
+    return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung, should_stop)
 
 
 def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: int | None, start_rows: int,
-               repeats: int, mix_steps: int, mem: DeviceMemory, on_rung: Callable[[Rung], None] | None) -> RampResult:
+               repeats: int, mix_steps: int, mem: DeviceMemory, on_rung: Callable[[Rung], None] | None,
+               should_stop: Callable[[Rung], bool] | None = None) -> RampResult:
     from leadline.memory.cap import forbid_spill
 
     t0 = time.perf_counter()
@@ -257,6 +262,8 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
         rungs.append(rung)
         if on_rung is not None:
             on_rung(rung)
+        if should_stop is not None and not search.hurried and should_stop(rung):
+            search.hurry("max_seconds")
         return rung, timing
 
     try:
@@ -302,7 +309,7 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
 
 
 def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: DeviceMemory, min_gain: float,
-               on_rung: Callable[[Rung], None] | None) -> RampResult:
+               on_rung: Callable[[Rung], None] | None, should_stop: Callable[[Rung], bool] | None = None) -> RampResult:
     t0 = time.perf_counter()
     warm, _ = probe(step, mem, 1, length, 1, "warmup", False)  # lazy initialisation, not timed
     rungs: list[Rung] = [warm]
@@ -322,6 +329,8 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
             break
         timings[rows] = timing
         search.record(rows, rung.rows_per_second, rung.peak_bytes or 0)
+        if should_stop is not None and should_stop(rung):
+            search.hurry("max_seconds")
     kept = search.kept or 0
     timing = timings.get(kept)
     result = RampResult(
