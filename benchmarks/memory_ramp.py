@@ -278,13 +278,17 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
         case["truth"] = truth(trained, b, mix, args, mem)
         bt = case["truth"]["b_true"]
         case["R1"] = "PASS" if bt - 1 <= b <= bt else "FAIL"
+        if "R2" not in args.checks:
+            case["seconds"] = time.perf_counter() - t0
+            return case
         with forbid_spill(memory=mem) as cap:
             case["run"] = train_steps(trained, b, batch_lengths(mix, b, args.run_steps * args.accum, seed=5),
                                       args.run_steps, args.accum, mem)
             case["run"]["watch"] = cap.watch.report().as_dict()
         case["R2"] = "PASS" if case["run"]["error"] is None and case["run"]["retries"] == 0 else "FAIL"
-        case["overhead"] = overhead(trained, b, mix, args, mem)
-        case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
+        if "R4" in args.checks:
+            case["overhead"] = overhead(trained, b, mix, args, mem)
+            case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
         step = ModelStep(trained)
         # the pre-flight through the same length mix the ramp confirmed with (leadline fit --data)
         at = measure_fit(step, b, seq, memory=mem, suggest=False, lengths=mix)
@@ -294,7 +298,7 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
         case["fit"] = {"at_kept": at.as_dict(), "at_refused_rung": over.as_dict() if over else None,
                        "probe_over_real_peak": ratio}
         case["R5"] = "PASS" if at.fits and (over is None or not over.fits) and ratio >= 1.0 else "FAIL"
-        if child is not None and child.poll() is None and not args.no_second_process:
+        if child is not None and child.poll() is None and not args.no_second_process and "R3" in args.checks:
             case["second_process"] = second_process(trained, b, mix, args, mem, child)
             sp = case["second_process"]
             stopped_ok = sp["error"] is None or sp["error"].startswith("RoomShrank")
@@ -339,8 +343,12 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--no-second-process", action="store_true")
+    ap.add_argument("--checks", default="R1,R2,R3,R4,R5",
+                    help="the rules to run per case (R1 always: the ramp against the truth; R5 needs R2's run): "
+                         "the whole set took 254-358 s a case on the H200 in session 2, its 300-step run (R2) 154 s of that")
     ap.add_argument("--out", required=True, help="the JSON file (or a folder for memory_ramp.json)")
     args = ap.parse_args()
+    args.checks = {c.strip().upper() for c in args.checks.split(",") if c.strip()}
 
     import torch
 
