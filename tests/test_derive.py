@@ -236,7 +236,8 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, max_seconds=0.2)
     assert any("rate: not reached within max_seconds" in n for n in plan.notes)
-    assert plan["lr"].kind == "measured" and plan.lr == plan.alpha1  # alpha1 stands in for the rate not reached
+    # the anchor is arithmetic and runs past the budget; the lower of alpha1 and it stands in for the rate not reached
+    assert "lr_anchor" in plan and plan.lr == min(plan.alpha1, plan.lr_anchor)
 
 
 def test_bad_arguments_are_one_sentence():
@@ -466,3 +467,30 @@ def test_a_reramp_cut_by_max_seconds_keeps_the_rows_it_had(monkeypatch):
     assert ramps == [(4, 110)] and "rows_fit" not in out and plan.rows_fit == 4
     assert any("cut by max_seconds" in n and "the 4 rows kept" in n for n in plan.notes), plan.notes
     assert out["micro_batch"].value <= 4 and "tokens_per_step" in out  # grad_accum makes up the step
+
+
+def test_under_max_seconds_the_ramp_leaves_time_for_the_phases_after_it():
+    """A slow card: every ramp rung takes 0.15 s and rows per second keep improving. Under
+    max_seconds=3 the ramp stops within its share of the time (0.3 of what is left) and keeps
+    what it measured, and the phases after it still run (before the share, a CPU derive's ramp
+    took the whole budget)."""
+    import time
+
+    from leadline.derive import derive
+    from test_memory_fakes import FakeHost, FakeHostStep
+
+    w, opt, train_step_of, held_out = _toy()
+    fake = FakeHostStep(FakeHost(room=10**12), seconds_of=lambda r: 0.1 + 0.001 * r)  # rows/s improve to ~1000 rows
+
+    def slow(rows, length, repeats=1):
+        time.sleep(0.15)
+        return fake(rows, length, repeats=repeats)
+
+    slow.device = "cpu"
+    t0 = time.perf_counter()
+    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                  held_out_losses=held_out, step_fn=slow, seq_len=16, total_steps=50, max_seconds=3.0)
+    assert plan["rows_fit"].evidence["stopped_because"].startswith("max_seconds")
+    assert 1 < plan.rows_fit < 1024 and len(fake.calls) <= 1 + 0.3 * 3.0 / 0.15 + 1
+    assert "alpha1" in plan and "lr" in plan  # the phases after the ramp ran
+    assert time.perf_counter() - t0 < 3.0 + 0.2

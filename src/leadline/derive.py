@@ -146,10 +146,12 @@ def derive(
             runner.run("corpus", lambda: (ctx.__setitem__("profile", profile), profile.as_values())[1])
         elif data is not None or rows is not None:
             runner.run("corpus", lambda: _corpus(data if data is not None else rows, tokenizer, seq_len, quantile, ctx))
+        if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
+            plan.set("seq_len", Value(int(seq_len), "given", "the run's length, given by the caller (no corpus was profiled)", unit="tokens"))
         if grad_fn is not None:
             runner.run("noise", lambda: _noise(grad_fn, runner, ctx, world))
         if step_fn is not None:
-            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params, runner.would_overrun), needs=())
+            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params, runner), needs=())
         if step_fn is not None and grad_fn is not None:
             runner.run("step", lambda: _step(plan, ctx, world, step_fn=step_fn if world is None else None),
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
@@ -161,8 +163,8 @@ def derive(
                 runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
                                                                lengths, runner, named, trained_as),
                            needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
-        if named:
-            runner.run("anchor", lambda: _anchor(named, trained_as, plan))
+        if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
+            runner.run("anchor", lambda: _anchor(named, trained_as, plan), always=True)
         if total_steps is None and epochs is not None:
             runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"), always=True)
         elif total_steps is not None:
@@ -243,6 +245,11 @@ def _noise(grad_fn: Any, runner: PhaseRunner, ctx: dict[str, Any], world: Any = 
     return noise.as_values()
 
 
+MEMORY_SHARE = 0.3
+"""The share of the time left that the memory ramp may take under ``max_seconds`` (the noise
+probe's is the same): the first step, the burn-in and the rate come after it."""
+
+
 def _rows_needed(plan: Plan) -> int | None:
     """The ramp's upper limit: the rows the target step can need (B_noise's upper edge over the
     scored tokens per row), and at least the rows the probe drew — the batch whose gradient it
@@ -261,7 +268,7 @@ def _rows_needed(plan: Plan) -> int | None:
 
 
 def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any],
-            world: Any = None, params: Sequence[Any] = (), would_overrun: Callable[[float], bool] | None = None) -> dict[str, Value]:
+            world: Any = None, params: Sequence[Any] = (), runner: PhaseRunner | None = None) -> dict[str, Value]:
     from leadline.memory import ramp
 
     length = plan.get("seq_len")
@@ -272,9 +279,17 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
         from leadline.distributed.phases import rows_needed_per_rank
 
         max_rows = rows_needed_per_rank(max_rows, world.world_size)
-    # max_seconds: the search stops when one more rung as long as the last would not fit, and
-    # keeps what it confirmed (the phases after it need a micro-batch more than a larger one)
-    stop = None if would_overrun is None else (lambda rung: would_overrun(rung.seconds))
+    # max_seconds: the search stops when one more rung as long as the last would pass
+    # MEMORY_SHARE of the time left at its start (or the budget), and keeps what it confirmed:
+    # the phases after it need a micro-batch more than a larger one (a CPU derive under 60 s
+    # whose ramp could take all of it reached no phase after it)
+    stop = None
+    left = runner.seconds_left() if runner is not None else None
+    if runner is not None and left is not None:
+        t_start, share = time.perf_counter(), MEMORY_SHARE * left
+
+        def stop(rung: Any) -> bool:
+            return runner.would_overrun(rung.seconds) or time.perf_counter() - t_start + 1.5 * rung.seconds > share
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
