@@ -101,8 +101,7 @@ class PhaseRunner:
     def would_overrun(self, seconds: float) -> bool:
         """True when one more piece of work that took ``seconds`` last time would not fit in
         the budget: half again what it took (reads and steps vary) and 1% of the budget kept for
-        what follows a cut (the state restored, the closing phases) — on the H200 a derive whose
-        next read had to fit still ended 1.2 s past max_seconds=110 without them."""
+        what follows a cut (the state restored, the closing phases)."""
         left = self.seconds_left()
         return left is not None and left <= 1.5 * max(0.0, seconds) + 0.01 * (self.max_seconds or 0.0)
 

@@ -211,7 +211,7 @@ def sequential_bar(look: int, max_looks: int, alpha: float = 0.05, df: float | N
     spent_now = obrien_fleming_spent(look / max_looks, alpha)
     spent_before = obrien_fleming_spent((look - 1) / max_looks, alpha) if look > 1 else 0.0
     # an early look of many spends less than a double can hold below 1 (1 - 1e-300 == 1.0): its
-    # bar is read at 1e-15, about 8 standard errors, which no early reading of a sane run clears
+    # bar is read at 1e-15, about 8 standard errors
     increment = max(spent_now - spent_before, 1e-15)
     if df is None:
         return normal_quantile(1.0 - increment)

@@ -71,9 +71,8 @@ def run(args: argparse.Namespace) -> int:
 
 def recipe_micro_batch(rows_per_step: int, rows_fit: int | None) -> int:
     """The recipe's micro-batch: the most rows, dividing its step, that the plan measured the card
-    fits (its ``rows_fit``, not the plan's own micro-batch, which is cut to the plan's step: a
-    16-row recipe step in 16 one-row micro-batches took about 2.7 s on the H200, where t_micro of one
-    16-row micro-batch was 0.19 s: benchmarks/results/e2e_debian_h200_s3_run2.json)."""
+    fits (its ``rows_fit``; the plan's own micro-batch is cut to the plan's step, which can be
+    far below what the card holds)."""
     if not isinstance(rows_fit, int) or rows_fit < 1:
         return rows_per_step
     return max(d for d in range(1, min(rows_per_step, rows_fit) + 1) if rows_per_step % d == 0)

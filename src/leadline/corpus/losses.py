@@ -17,12 +17,10 @@ from leadline.corpus.tokenize import TokenizedRow
 from leadline.errors import InputError
 
 MAX_TOKENS = 16384
-"""Padded tokens a forward of the reader holds when no ``micro_batch`` is given. On the H200 a
-forward of SmolLM2-135M with LoRA cost about the same at 1 row as at 16 (t_micro 0.18 s and
-0.20 s, benchmarks/results/e2e_debian.json): the reader's cost is its number of forwards, and
-256 held-out rows in forwards of 8 took about 3.5 s a read. Without gradients a forward keeps
-one layer's activations, far less than the training step the card was measured for; an OOM
-halves the forward and goes on."""
+"""Padded tokens a forward of the reader holds when no ``micro_batch`` is given. On a
+launch-bound card a forward costs nearly the same at 1 row as at many, so the reader's cost is
+its number of forwards (docs/corpus.md has the measurement). Without gradients a forward keeps
+one layer's activations; an OOM halves the forward and goes on."""
 
 
 def _accepts_logits_to_keep(model: Any) -> bool:
