@@ -455,6 +455,9 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, s.device)
 
+    if args.e11_arms:  # a subset, by name prefix (the others measured in an earlier run)
+        want = [a.strip() for a in args.e11_arms.split(",") if a.strip()]
+        plan = [(n, f) for n, f in plan if any(n.startswith(w) for w in want)]
     for name, fn in plan:
         if time.perf_counter() - T0 > args.max_seconds:
             arms[name] = {"skipped": "past --max-seconds"}
@@ -509,6 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-prompt", type=int, default=256, help="prompt tokens kept (the start of the prompt)")
     ap.add_argument("--cap-gb", type=float, default=6.0, help="E11 arm (f): the plan + schedule under this cap; 0 skips it")
+    ap.add_argument("--e11-arms", default="", help="E11: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
+                                                   "plan_schedule, quick_race, plan_schedule_cap); default all")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny random Llama, a few rows")
     args = ap.parse_args(argv)
