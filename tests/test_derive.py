@@ -240,6 +240,19 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
     assert "lr_anchor" in plan and plan.lr == min(plan.alpha1, plan.lr_anchor)
 
 
+def test_max_seconds_counts_from_started_when_given():
+    import time
+
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    # a wrapper's set-up already spent the budget: no timed phase starts, the arithmetic still runs
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                    held_out_losses=held_out, total_steps=20, max_seconds=5, started=time.monotonic() - 6)
+    assert any("first_step: not reached within max_seconds" in n for n in plan.notes)
+    assert "alpha1" not in plan and "lr_anchor" in plan
+
+
 def test_bad_arguments_are_one_sentence():
     from leadline.derive import derive
 

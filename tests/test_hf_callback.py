@@ -82,3 +82,21 @@ def test_the_cap_is_lifted_when_training_raises(setup):
     with pytest.raises(RuntimeError), cb:
         raise RuntimeError("training failed")
     assert Handle.lifted and cb._cap_handle is None
+
+
+def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
+    import time
+
+    import leadline.hf as hf
+
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    real = hf.prepare
+
+    def slow_prepare(*a, **k):  # a set-up that takes the whole budget
+        time.sleep(1.2)
+        return real(*a, **k)
+
+    monkeypatch.setattr(hf, "prepare", slow_prepare)
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick", max_seconds=1.0)
+    assert any("not reached within max_seconds" in n for n in plan.notes), plan.notes

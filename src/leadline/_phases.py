@@ -93,17 +93,22 @@ class PhaseRunner:
         return None if self.max_seconds is None else self.max_seconds - self.elapsed()
 
     def check_time(self, *_: Any) -> None:
-        """Raise :class:`OutOfTime` when the budget is spent (a phase's progress callback)."""
+        """Raise :class:`OutOfTime` when the budget is spent (a phase's progress callback),
+        keeping 1% of it for what follows a cut (the state restored, the closing phases)."""
         left = self.seconds_left()
-        if left is not None and left <= 0:
+        if left is not None and left <= self.reserve():
             raise OutOfTime
+
+    def reserve(self) -> float:
+        """The seconds kept back from the phases for the work after a cut: 1% of max_seconds."""
+        return 0.01 * (self.max_seconds or 0.0)
 
     def would_overrun(self, seconds: float) -> bool:
         """True when one more piece of work that took ``seconds`` last time would not fit in
         the budget: half again what it took (reads and steps vary) and 1% of the budget kept for
         what follows a cut (the state restored, the closing phases)."""
         left = self.seconds_left()
-        return left is not None and left <= 1.5 * max(0.0, seconds) + 0.01 * (self.max_seconds or 0.0)
+        return left is not None and left <= 1.5 * max(0.0, seconds) + self.reserve()
 
     def ensure(self, seconds: float) -> None:
         """Raise :class:`OutOfTime` unless ``seconds`` (what the next piece of work took last

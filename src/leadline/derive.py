@@ -92,6 +92,7 @@ def derive(
     loss_resolution: float | None = None,
     model_info: dict[str, Any] | None = None,
     device: Any = None,
+    started: float | None = None,
 ) -> Plan:
     """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
     runs when what it needs is given, and a plan with three derived values and an honest gap
@@ -114,6 +115,9 @@ def derive(
         effort: ``"quick"`` (alpha1 and a grid for race()) or ``"full"`` (the look-ahead).
         max_seconds: a bound on the whole derive; phases it does not reach are listed in
             ``plan.notes``.
+        started: the ``time.monotonic()`` at which max_seconds began (default: now); a
+            wrapper that prepares the pieces first (``leadline.hf.derive_for``) passes its own
+            start, so its set-up counts against the bound too.
         on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase.
         resume: a file a killed derive continues from (written atomically after each phase,
             removed when derive finishes).
@@ -154,6 +158,7 @@ def derive(
                    "seq_len": seq_len, "quantile": quantile}
     runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
                          resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
+                         **({"started": started} if started is not None else {}),
                          **({"world": world} if world is not None else {}))
     optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
     ctx: dict[str, Any] = {}

@@ -177,11 +177,14 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
     tokenized corpus, in file order).
     """
+    import time
+
     from leadline.derive import derive
     from leadline.distributed.world import join_job
     from leadline.memory import TrainingStep
     from leadline.provenance import describe_model
 
+    started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     if total_steps is None and epochs is None:
         epochs = 1.0
     world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP pieces below, the plan agreed by every rank
@@ -217,7 +220,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
             held_out=task.split.as_dict(), model_info=describe_model(model, trained_as=kind),
             loss_resolution=_loss_resolution(model),
-            device=task.device,
+            device=task.device, started=started,
         )
     finally:
         if job is not None:
