@@ -40,6 +40,8 @@ from leadline._derive_phases import (  # noqa: F401 (re-exported: the phases are
     _timed,
     _timed_held,
     _warmup,
+    held_estimate,
+    step_estimate,
 )
 from leadline._phases import PhaseRunner, ProgressFn, leave_no_trace
 from leadline.distributed.world import current_world
@@ -178,8 +180,9 @@ def derive(
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
         rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
         if rate_ready:
-            held = _timed_held(held_out_losses, runner.ensure)
-            runner.run("first_step", lambda: _first_step(params, optimizer, train_step_of, held, plan, ctx, loss_resolution))
+            held = _timed_held(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
+            timed_steps = _timed(train_step_of, runner.ensure, step_estimate(plan))
+            runner.run("first_step", lambda: _first_step(params, optimizer, timed_steps, held, plan, ctx, loss_resolution))
             if grad_fn is not None and step_fn is not None and world is None:
                 runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
                                                                lengths, runner, named, trained_as),
@@ -191,7 +194,7 @@ def derive(
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
-            runner.run("rate", lambda: _rate(params, optimizer, _timed(train_step_of, runner.ensure), held, plan,
+            runner.run("rate", lambda: _rate(params, optimizer, timed_steps, held, plan,
                                              effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
         runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)

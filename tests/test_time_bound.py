@@ -1,0 +1,71 @@
+"""max_seconds before the first read or step: the memory phase's timings stand in for the
+work not yet done, so derive does not start a first held-out read that cannot fit."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from leadline._derive_phases import _timed, _timed_held, held_estimate, step_estimate
+from leadline._phases import OutOfTime, PhaseRunner
+from leadline.corpus.splits import split_rows
+from leadline.plan import Plan, Value
+
+
+def _plan(t_micro: float = 2.0, rows_fit: int = 4, t_step: float = 0.5) -> Plan:
+    plan = Plan()
+    plan.set("t_micro_seconds", Value(t_micro, "measured", "memory phase", unit="s"))
+    plan.set("rows_fit", Value(rows_fit, "measured", "memory phase", unit="rows"))
+    plan.set("t_step_seconds", Value(t_step, "measured", "memory phase", unit="s"))
+    return plan
+
+
+def _reader(rows: int, calls: list[int]):
+    def read():
+        calls.append(1)
+        return [1.0] * rows
+
+    read.rows = rows
+    return read
+
+
+def test_the_first_read_is_estimated_from_the_memory_phase():
+    # 2 s for 4 rows forward+backward: 0.5 s a row, a forward half that: 40 rows read in 10 s
+    assert held_estimate(_plan(), _reader(40, []))() == pytest.approx(10.0)
+    assert step_estimate(_plan())(4, 3) == pytest.approx(0.5 * 12 + 0.5)
+    # nothing timed, or a reader that does not say its rows: no estimate, as before
+    assert held_estimate(Plan(), _reader(40, []))() == 0.0
+    assert held_estimate(_plan(), lambda: [1.0])() == 0.0
+
+
+def test_a_first_read_that_cannot_fit_is_not_started():
+    runner = PhaseRunner(Plan(), max_seconds=20.0, started=time.monotonic() - 8.0)  # 12 s left
+    calls: list[int] = []
+    reader = _reader(40, calls)
+    held = _timed_held(reader, runner.ensure, held_estimate(_plan(), reader))  # 10 s estimated, 15 with the margin
+    with pytest.raises(OutOfTime):
+        held()
+    assert calls == []
+    # the same read with the budget to spare runs
+    roomy = PhaseRunner(Plan(), max_seconds=100.0)
+    assert len(_timed_held(reader, roomy.ensure, held_estimate(_plan(), reader))()) == 40 and calls == [1]
+
+
+def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart():
+    runner = PhaseRunner(Plan(), max_seconds=20.0, started=time.monotonic() - 8.0)
+    taken: list[tuple[int, int]] = []
+
+    def train_step_of(mb, accum):
+        return lambda t: taken.append((mb, accum))
+
+    of = _timed(train_step_of, runner.ensure, step_estimate(_plan()))
+    of(1, 1)(0)  # 0.5 + 0.5 s estimated: runs
+    with pytest.raises(OutOfTime):
+        of(8, 2)(0)  # 16 rows: 8.5 s estimated, 12.75 with the margin, against 12 left: not started
+    assert taken == [(1, 1)]
+
+
+def test_split_reader_says_its_rows():
+    split = split_rows(50, held_out=7, test=5, seed=0)
+    assert split.reader(object(), list(range(50)), "held_out").rows == 7
