@@ -5,9 +5,12 @@ projections, dropout 0, adapters fp32 on a bf16 base; rows as prompt + completio
 leadline.corpus, truncated to --seq-len, micro-batches of --rows rows):
 
 A. Two independent draws: the training rows shuffled (seed 0) and cut into two disjoint
-   halves; measure_noise_scale on each with ModelGradFn (its own stopping rule).
+   halves; measure_noise_scale on each with ModelGradFn (its own stopping rule, and
+   rel_se=--rel-se (0.035): past settled it draws on until its standard error is at most 3.5%
+   of the estimate, so that two draws can agree within 10%; the estimate where the default rule
+   would have stopped is kept beside it).
 B. Brute force: the estimator over every micro-batch of --big-rows (64) rows the training
-   rows hold, no stopping rule; beside it the equal-token shortcut (the published 0.2.0
+   rows hold, in the same shuffled order (the file keeps runs of one label), no stopping rule; beside it the equal-token shortcut (the published 0.2.0
    estimator: every micro-batch taken as the mean size) on the same draws.
 C. B* and grad_accum: the ramp (leadline.memory.ramp, max_rows 256 — pichak kept 242 on
    debian_sections) gives the rows that fit; t_micro and t_step are then measured by
@@ -162,8 +165,9 @@ def section_draws(model: Any, rows: list[Any], pad: int, args: Any) -> dict[str,
     out: dict[str, Any] = {}
     for name, idx in (("draw_1", order[:half]), ("draw_2", order[half:])):
         mbs = micro_batches([rows[i] for i in idx], args.rows, pad)
-        r = probe(model, mbs)
+        r = probe(model, mbs, rel_se=args.rel_se)
         out[name] = summary(r)
+        out[name]["at_default_stop"] = default_stop(r)
         log(f"  {name}: {r.sentence()}")
     b1, b2 = out["draw_1"]["b_noise_tokens"], out["draw_2"]["b_noise_tokens"]
     rel = abs(b1 - b2) / ((b1 + b2) / 2) if b1 and b2 else None
@@ -172,8 +176,23 @@ def section_draws(model: Any, rows: list[Any], pad: int, args: Any) -> dict[str,
     return out
 
 
+def default_stop(r: Any) -> dict[str, Any] | None:
+    """The estimate where the probe's default rule (settled, at least MIN_DRAWS) would have
+    stopped: the first draw whose |G|² and S are above zero by one SE and whose tokens cover
+    B_noise + SE (one SE taken as 1.0 here; the probe's Student-t factor is 1.07 at 8 draws)."""
+    from leadline.noise.probe import MIN_DRAWS
+
+    for d in r.draws:
+        b, se = d["estimate"], d["se"]
+        if d["k"] >= MIN_DRAWS and b is not None and se is not None and d["tokens"] >= b + se:
+            return {"k": d["k"], "tokens": d["tokens"], "b_noise_tokens": b, "se_tokens": se}
+    return None
+
+
 def section_truth(model: Any, rows: list[Any], pad: int, args: Any, draws: dict[str, Any]) -> dict[str, Any]:
-    mbs = micro_batches(rows, args.big_rows, pad)
+    order = list(range(len(rows)))
+    random.Random(0).shuffle(order)
+    mbs = micro_batches([rows[i] for i in order], args.big_rows, pad)
     r = probe(model, mbs, k=len(mbs))
     out = {"truth": summary(r), "micro_rows": args.big_rows, "equal_token_shortcut": equal_token_shortcut(r.records)}
     log(f"  brute force over {len(mbs)} micro-batches of {args.big_rows} rows: {r.sentence()}")
@@ -219,14 +238,23 @@ def section_step(model: Any, params: list[Any], rows: list[Any], pad: int, noise
     out: dict[str, Any] = {}
     try:
         rr = ramp(TrainingStep(loss_of, opt), longest, max_rows=args.max_rows, lengths=[len(r.input_ids) for r in rows[:64]])
-        rows_fit = rr.micro_batch
-        out["ramp"] = {"micro_batch": rr.micro_batch, "length": rr.length, "t_micro_seconds": rr.t_micro_seconds,
-                       "t_step_seconds": rr.t_step_seconds, "stopped_because": rr.stopped_because, "rule": rr.rule}
-    except Exception as e:  # the ramp is another phase: record it and time at max_rows
-        rows_fit = args.max_rows
+    except Exception as e:  # recorded, and nothing timed at a batch no ramp kept
         out["ramp_error"] = f"{type(e).__name__}: {e}"
+        out["ramp_traceback"] = traceback.format_exc()[-3000:]
+        return out
+    rows_fit = rr.micro_batch
+    out["ramp"] = {"micro_batch": rr.micro_batch, "length": rr.length, "t_micro_seconds": rr.t_micro_seconds,
+                   "t_step_seconds": rr.t_step_seconds, "stopped_because": rr.stopped_because, "rule": rr.rule}
+    log(f"  ramp: {rr.micro_batch} rows at {rr.length} tokens ({rr.stopped_because})")
+    del opt
+    torch.cuda.empty_cache() if str(args.device).startswith("cuda") else None
     mbs = micro_batches(rows, rows_fit, pad)
-    timing = timed_real_steps(model, params, mbs, rows_fit, args.device)
+    try:
+        timing = timed_real_steps(model, params, mbs, rows_fit, args.device)
+    except Exception as e:  # the ramp's kept batch failed on the corpus's own micro-batches: that is the finding
+        out["timing_error"] = f"{type(e).__name__}: {e}"
+        out["timing_traceback"] = traceback.format_exc()[-3000:]
+        return out
     m = sum(mb.scored_tokens for mb in mbs) / len(mbs)
     plan = tokens_per_step(noise_b, rows_fit=rows_fit, tokens_per_micro_batch=m, t_step_seconds=timing.step_seconds,
                            t_micro_seconds=timing.micro_seconds, corpus_scored_tokens=sum(r.scored_tokens for r in rows))
@@ -383,6 +411,7 @@ def main() -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--rows", type=int, default=8, help="rows a micro-batch for the probes and the loops")
     ap.add_argument("--big-rows", type=int, default=64, help="rows a micro-batch for the brute-force truth")
+    ap.add_argument("--rel-se", type=float, default=0.035, help="the draws' precision: SE at most this share of the estimate")
     ap.add_argument("--max-rows", type=int, default=256, help="the ramp's upper limit")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=60)

@@ -122,3 +122,15 @@ def test_evidence_follows_the_noise_probe_shape_and_round_trips_in_a_plan():
     again = Plan.from_json(plan.to_json())
     assert again == plan and json.loads(plan.to_json())
     assert "McCandlish" in again["noise_scale_tokens"].source
+
+
+def test_rel_se_draws_on_to_the_precision_asked_and_two_draws_then_agree():
+    loose = measure_noise_scale(KnownNoise(2_000, dim=256, tokens=(200, 2000), seed=3))
+    assert loose.se_tokens > 0.05 * loose.b_noise_tokens  # the default stop is coarser than 5%
+    tight = [measure_noise_scale(KnownNoise(2_000, dim=256, tokens=(200, 2000), seed=s), rel_se=0.03) for s in (3, 4)]
+    for r in tight:
+        assert r.stopped_because == "settled" and r.se_tokens <= 0.03 * r.b_noise_tokens and r.k > loose.k
+    a, b = (r.b_noise_tokens for r in tight)
+    assert abs(a - b) / ((a + b) / 2) <= 0.10
+    with pytest.raises(InputError, match="rel_se"):
+        measure_noise_scale(KnownNoise(2_000, dim=256, seed=3), rel_se=1.5)

@@ -164,6 +164,7 @@ def measure_noise_scale(
     max_k: int | None = None,
     max_tokens: float | None = None,
     budget_s: float | None = None,
+    rel_se: float | None = None,
 ) -> NoiseScale:
     """Measure the gradient noise scale B_noise = tr(Σ)/|G|² (McCandlish et al., 2018).
 
@@ -177,6 +178,9 @@ def measure_noise_scale(
         max_k: at most this many draws (default ``DEFAULT_MAX_K`` when ``k`` is None too).
         max_tokens: stop once this many scored tokens are drawn.
         budget_s: stop before a draw that, at the mean draw time so far, would pass this.
+        rel_se: a precision to reach: past settled, keep drawing until the standard error is at
+            most this share of the estimate (0.035: two independent probes then agree within
+            10% about 19 times in 20). The other limits still stop it; ``stopped_because`` says which.
 
     Returns:
         :class:`NoiseScale`, with ``stopped_because`` one of settled/k/max_k/data/tokens/time.
@@ -192,6 +196,8 @@ def measure_noise_scale(
     _check_count("max_k", max_k)
     _check_count("max_tokens", max_tokens, lo=1e-300)
     _check_count("budget_s", budget_s, lo=0)
+    if rel_se is not None and (isinstance(rel_se, bool) or not isinstance(rel_se, (int, float)) or not 0 < rel_se < 1):
+        raise InputError(f"measure_noise_scale(rel_se={rel_se!r}): give the standard error's share of the estimate, between 0 and 1 (0.035 for two probes within 10%)")
     if k is not None and int(k) != k:
         raise InputError(f"measure_noise_scale(k={k!r}): k must be a whole number of micro-batches")
     limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
@@ -246,7 +252,7 @@ def measure_noise_scale(
             "estimate": est.b_noise_tokens if est.resolved else None, "se": est.se_tokens,
             "g2": est.g2, "s": est.s,
         })
-        if k is None and len(micro_tokens) >= MIN_DRAWS and est.settled:
+        if k is None and len(micro_tokens) >= MIN_DRAWS and est.settled and _precise(est, rel_se):
             stopped = "settled"
     seconds = _clock() - start
     b = est.b_noise_tokens
@@ -267,6 +273,14 @@ def measure_noise_scale(
         seconds=max(seconds, 0.0),
         records=records,
     )
+
+
+def _precise(est: Any, rel_se: float | None) -> bool:
+    """The estimate's standard error is within ``rel_se`` of it (always, when none is asked)."""
+    if rel_se is None:
+        return True
+    b, se = est.b_noise_tokens, est.se_tokens
+    return b is not None and se is not None and b > 0 and se <= rel_se * b
 
 
 def _unpack(out: Any, i: int) -> tuple[Any, int]:
