@@ -389,6 +389,9 @@ def run_task(task: str, tok: Any, args: Any) -> dict[str, Any]:
             res[name] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             log(f"  {name} FAILED: {type(e).__name__}: {e}")
             return None
+        finally:
+            if getattr(args, "save", None):  # after each section: a timeout keeps what ran
+                args.save(task, res)
 
     draws = guarded("draws", lambda: section_draws(model, rows, pad, args))
     if draws:
@@ -434,11 +437,18 @@ def main() -> int:
             versions[mod] = f"unavailable: {e}"
     result: dict[str, Any] = {
         "benchmark": "noise_probe", "command": " ".join(sys.argv), "machine": describe_machine(args.device),
-        "versions": versions, "args": vars(args), "rules": __doc__.split("Decision rules, written before the run:")[1].split("Run (")[0].strip(),
+        "versions": versions, "args": dict(vars(args)), "rules": __doc__.split("Decision rules, written before the run:")[1].split("Run (")[0].strip(),
         "tasks": {},
     }
     tok = load_tokenizer(args.model)
     started = time.perf_counter()
+
+    def save(task: str, res: dict[str, Any]) -> None:
+        result["tasks"][task] = res
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1, default=str))
+
+    args.save = save
     for task in (TASKS if args.task == "all" else [args.task]):
         result["tasks"][task] = run_task(task, tok, args)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -21,6 +21,10 @@ Decision rules (per mode), written before the run:
   E8-R2  its 90-step judged loss is no worse than the sweep's second best (means);
   E8-R3  its optimizer steps (lookahead_lr.steps_used) <= 40% of the sweep's (0.4 x 540 = 216).
   A sweep whose best rate sits at an edge of its grid is flagged (R1 is then weaker).
+  Beside the rules (no pass/fail, added after session 6's first E8 run missed R2 in the full
+  mode at a rate 1.15x the sweep's best): the sweep's best rate run again from the same start
+  ("replay_best": how far two runs at one rate land apart on this card, TF32 and atomics
+  included), and the look-ahead's rate constant with no warmup ("lookahead_constant").
 
 E11 — the run on debian_sections (prompt text + "\\nSection:", completion " label"; LoRA r16,
 alpha 32, all seven projections; 16 rows a step, one pass over 3,104 training rows, T = 194).
@@ -243,7 +247,7 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
         "judge": [enc(r) for r in read_jsonl(Path(args.data_dir) / "gsm_symbolic_test.jsonl")[:n_judge]],
     }
     out = result.setdefault("e8", {"steps": steps, "rows_per_step": per_step, "decision_rows": n_dec, "judge_rows": n_judge})
-    for mode in ("full", "lora"):
+    for mode in args.modes.split(","):
         if time.perf_counter() - T0 > args.max_seconds:
             out[mode] = {"skipped": "past --max-seconds"}
             continue
@@ -312,6 +316,17 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         "sweep_best_at_edge": best["lr"] in (SWEEP[mode][0], SWEEP[mode][-1]),
     }
     log(f"E8 {mode}: alpha1={fs.alpha1} look-ahead lr={la.lr:.3g} ({la.stopped_because}) loss={m['lookahead']['loss']['mean']:.4f}; {m['rules']}")
+    save()
+    for name, lr, lr_at in (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr)):
+        t1 = time.perf_counter()
+        opt = s.opt(fresh())
+        train(opt, ts, steps, lr_at)
+        again = judged()
+        m[name] = {"lr": lr, "loss": mean_se(again), "seconds": time.perf_counter() - t1,
+                   "versus_best": paired_difference(again, best["rows"]).as_dict(),
+                   "versus_lookahead": paired_difference(again, losses).as_dict()}
+        log(f"E8 {mode} {name} lr={lr:.3g} loss={m[name]['loss']['mean']:.4f} (best {best['loss']['mean']:.4f}, look-ahead {m['lookahead']['loss']['mean']:.4f})")
+        save()
 
 
 # ---- E11 -----------------------------------------------------------------------------------
@@ -507,6 +522,7 @@ def versions() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", choices=("e8", "e11", "all"), default="all")
+    ap.add_argument("--modes", default="full,lora", help="E8's modes, in order (full, lora)")
     ap.add_argument("--model", default="/root/assets/smol.gguf")
     ap.add_argument("--data-dir", default="/root/assets/data")
     ap.add_argument("--out", required=True)
