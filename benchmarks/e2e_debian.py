@@ -27,6 +27,9 @@ Decision rules, written before the run:
       X s"), model loading not counted (the issue's bound: a full derive in at most 110 s);
   R4  both plans beat the untrained model (higher accuracy, McNemar p < 0.05).
   R5  (arm `bound`) derive --effort full --max-seconds 40 finishes within 40 s of its own time.
+  R7  (arms `bound,train_bound,recipe`, added in session 6 before any run of it) the plan cut
+      by --max-seconds 40 and trained loses nothing to the recipe (McNemar, as R1) and does not
+      collapse (no class above 80%): what a tight bound costs the run.
   R6  (`--card-gb 6`: a second process holds all but 6 GB of the card for every arm, as a
       smaller card's program would see it) the rules above hold there too; the peer's quick
       plan + race reached 0.973 on that card and its full plan collapsed to 0.366: the full
@@ -199,6 +202,13 @@ def main(argv: list[str] | None = None) -> int:
             r["plan"] = json.loads(plan.read_text())
         result["arms"]["derive_bound"] = r
         save()
+        if r["rc"] == 0 and "train_bound" in arms:  # the cut plan trained: what the bound costs
+            run_dir = work / "run_bound"
+            t = cli(["train", *common, "--plan", str(plan), "--out", str(run_dir)], work / "train_bound.log", args.timeout)
+            result["arms"]["train_bound"] = t
+            if (run_dir / "run.json").exists():
+                runs["bound"] = run_dir
+            save()
     for effort in ("quick", "full"):
         if effort not in arms:
             continue
@@ -273,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
             took = derive_seconds(result["arms"]["derive_bound"].get("plan"))
             rules["R5_derive_bound_seconds"] = took
             rules["R5"] = took is not None and took <= args.bound_seconds
+        if "bound" in verdict:
+            vb = verdict["bound"]
+            rules["R7"] = vb["top_class_share"] <= 0.8 and not ("recipe" in verdict and vb["accuracy"] < verdict["recipe"]["accuracy"]
+                                                                and vb["vs_recipe"]["p_value"] < 0.05)
         if args.card_gb > 0 and "full" in verdict:
             rules["R6_full_minus_peer_0973"] = verdict["full"]["accuracy"] - 0.973
         result["rules_outcome"] = rules

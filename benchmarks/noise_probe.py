@@ -232,7 +232,10 @@ def section_step(model: Any, params: list[Any], rows: list[Any], pad: int, noise
     opt = torch.optim.AdamW(params, lr=2e-4)
 
     def loss_of(b: int, length: int) -> Any:
-        batch = collate([by_len[i % len(by_len)] for i in range(b)], pad, pad_to=length)
+        """b of the longest rows that fit ``length`` (the ramp asks for its top length and then
+        for lengths of the corpus's mix), as leadline.hf's loss_of does."""
+        fitting = [r for r in by_len if len(r.input_ids) <= length] or [by_len[-1].truncated(length)]
+        batch = collate([fitting[i % len(fitting)] for i in range(b)], pad, pad_to=length)
         return model(**inputs(batch, args.device)).loss
 
     out: dict[str, Any] = {}
@@ -399,7 +402,7 @@ def run_task(task: str, tok: Any, args: Any) -> dict[str, Any]:
         guarded("brute_force", lambda: section_truth(model, rows, pad, args, draws))
         b = draws["draw_1"]["b_noise_tokens"]
         step = guarded("tokens_per_step", lambda: section_step(model, params, rows, pad, b, args)) if b else None
-        sizes = [args.rows] + ([step["micro_batch"]] if step else [])
+        sizes = [args.rows] + ([step["micro_batch"]] if step and step.get("micro_batch") else [])
         guarded("monitor_overhead", lambda: section_overhead(model, params, rows, pad, sizes, args))
         model, params = fresh_model(args.model, args.device)  # the drift run starts from the base again
         guarded("monitor_after_steps", lambda: section_drift(model, params, rows, pad, halves, args))
