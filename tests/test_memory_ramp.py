@@ -334,3 +334,31 @@ def test_should_stop_ends_the_search_and_keeps_what_it_confirmed():
     hstep = FakeHostStep(host, seconds_of=lambda rows: 0.1 + 0.01 * rows)
     h = ramp(hstep, 16, memory=host, should_stop=lambda rung: rung.rows >= 8)
     assert h.micro_batch == 8 and hstep.calls == [1, 1, 2, 4, 8] and h.stopped_because.startswith("max_seconds")
+
+
+def test_too_long_does_not_start_a_host_rung_that_cannot_finish(monkeypatch):
+    import sys
+    import types
+
+    ramp_mod = sys.modules["leadline.memory.ramp"]  # the module: leadline.memory.ramp is also the function
+
+    clock = [0.0]  # the ramp's clock, moved by the fake step as long as its repeats take
+    monkeypatch.setattr(ramp_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    class Timed(FakeHostStep):
+        def __call__(self, rows, length, repeats=1):
+            t = super().__call__(rows, length, repeats)
+            clock[0] += repeats * (t.t_micro_seconds + t.t_step_seconds)
+            return t
+
+    host = FakeHost(room=10**9)
+    hstep = Timed(host, seconds_of=lambda rows: 0.5 + 1.0 * rows)  # 2 rows beat 1 in rows per second
+    asked: list[float] = []
+
+    def too_long(seconds):
+        asked.append(seconds)
+        return seconds > 12.0  # 2 rows take 7.5 s (3 repeats): 4 rows projected 15 s
+
+    h = ramp(hstep, 16, memory=host, too_long=too_long)
+    assert hstep.calls == [1, 1, 2] and h.micro_batch == 2 and h.stopped_because.startswith("max_seconds")
+    assert asked[-1] > 12.0

@@ -69,3 +69,33 @@ def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart(
 def test_split_reader_says_its_rows():
     split = split_rows(50, held_out=7, test=5, seed=0)
     assert split.reader(object(), list(range(50)), "held_out").rows == 7
+
+
+def test_a_ramp_that_cannot_end_is_not_started():
+    from types import SimpleNamespace
+
+    from leadline._derive_phases import _memory
+
+    plan = Plan()
+    plan.set("seq_len", Value(32, "measured", "corpus", unit="tokens"))
+    calls: list[tuple] = []
+
+    def step_fn(rows, length, repeats=1):
+        calls.append((rows, length))
+        raise AssertionError("the ramp must not start")
+
+    step_fn.device = "cpu"
+    ctx = {"noise": SimpleNamespace(k=2, seconds=20.0)}  # 10 s a draw: the least ramp about 20 s
+    runner = PhaseRunner(plan, max_seconds=40.0, started=time.monotonic() - 15.0)  # 25 s left, 30 needed with the margin
+    with pytest.raises(OutOfTime):
+        _memory(step_fn, plan, None, None, ctx, runner=runner)
+    assert calls == []
+
+
+def test_a_phase_that_needs_an_unresolved_value_is_skipped_with_a_note():
+    plan = Plan()
+    plan.set("noise_scale_tokens", Value(None, "measured", "the noise scale did not resolve (stopped: time)", unit="scored tokens"))
+    runner = PhaseRunner(plan, max_seconds=100.0)
+    ran: list[int] = []
+    assert not runner.run("step", lambda: ran.append(1) or {}, needs=("noise_scale_tokens",))
+    assert ran == [] and any("step: not run, it needs noise_scale_tokens" in n for n in plan.notes)

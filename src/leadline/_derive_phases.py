@@ -130,6 +130,12 @@ def _rows_needed(plan: Plan) -> int | None:
     return max(1, math.ceil(upper / per_row), math.floor(drawn / per_row))
 
 
+def _draw_seconds(noise: Any) -> float:
+    """The mean seconds of one noise-probe draw (a forward+backward of its rows), 0 when unknown."""
+    k, seconds = getattr(noise, "k", 0) or 0, getattr(noise, "seconds", None)
+    return float(seconds) / k if k and isinstance(seconds, (int, float)) else 0.0
+
+
 def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, ctx: dict[str, Any],
             world: Any = None, params: Sequence[Any] = (), runner: PhaseRunner | None = None) -> dict[str, Value]:
     from leadline.memory import ramp
@@ -145,13 +151,20 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
     # max_seconds: the search stops when one more rung as long as the last would pass
     # MEMORY_SHARE of the time left at its start (or the budget), and keeps what it confirmed:
     # the phases after it need a micro-batch more than a larger one
-    stop = None
+    if runner is not None and world is None:
+        # the least ramp (a warm-up row, then one row three times) is about four one-row steps:
+        # two of derive_for's 2-row noise draws; max_seconds must not start a ramp it cannot end
+        runner.ensure(2.0 * _draw_seconds(ctx.get("noise")))
+    stop = too_long = None
     left = runner.seconds_left() if runner is not None else None
     if runner is not None and left is not None:
         t_start, share = time.perf_counter(), MEMORY_SHARE * left
 
+        def too_long(seconds: float) -> bool:
+            return runner.would_overrun(seconds) or time.perf_counter() - t_start + 1.5 * seconds > share
+
         def stop(rung: Any) -> bool:
-            return runner.would_overrun(rung.seconds) or time.perf_counter() - t_start + 1.5 * rung.seconds > share
+            return too_long(rung.seconds)
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
@@ -162,7 +175,7 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
                                                                should_stop=stop),
                                            step_fn, params or step_fn.params())
         return values
-    result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start, should_stop=stop)
+    result = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start, should_stop=stop, too_long=too_long)
     ctx["ramp"] = result
     values = result.as_values()
     out = {("rows_fit" if n == "micro_batch" else n): v for n, v in values.items()}

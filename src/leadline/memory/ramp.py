@@ -191,6 +191,7 @@ def ramp(
     min_gain: float = 0.05,
     on_rung: Callable[[Rung], None] | None = None,
     should_stop: Callable[[Rung], bool] | None = None,
+    too_long: Callable[[float], bool] | None = None,
 ) -> RampResult:
     """The micro-batch a training run fits at ``length`` tokens, from real steps.
 
@@ -212,6 +213,10 @@ def ramp(
         should_stop: called with every rung; once it returns True (a time budget running
             out) the search stops and keeps what it has: on CUDA the most rows a step fitted
             so far, confirmed the same way; off CUDA the rows with the most rows per second.
+        too_long: off CUDA, called before each search rung with the seconds it should take
+            (the last rung's seconds per row x its rows); True ends the search there, as
+            ``should_stop`` does (host rungs take seconds: max_seconds must not start one it
+            cannot finish).
 
     Returns:
         :class:`RampResult`. On CUDA: the most rows that fit (see :mod:`leadline.memory.decide`);
@@ -232,7 +237,7 @@ def ramp(
     mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
     if mem.on_cuda:
         return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung, should_stop)
-    return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung, should_stop)
+    return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung, should_stop, too_long)
 
 
 def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: int | None, start_rows: int,
@@ -309,7 +314,8 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
 
 
 def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: DeviceMemory, min_gain: float,
-               on_rung: Callable[[Rung], None] | None, should_stop: Callable[[Rung], bool] | None = None) -> RampResult:
+               on_rung: Callable[[Rung], None] | None, should_stop: Callable[[Rung], bool] | None = None,
+               too_long: Callable[[float], bool] | None = None) -> RampResult:
     t0 = time.perf_counter()
     warm, _ = probe(step, mem, 1, length, 1, "warmup", False)  # lazy initialisation, not timed
     rungs: list[Rung] = [warm]
@@ -319,6 +325,10 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
     search = ThroughputSearch(room_bytes=room, max_rows=max_rows, min_gain=min_gain, baseline_bytes=mem.reserved())
     timings: dict[int, Any] = {}
     while (rows := search.next()) is not None:
+        last = rungs[-1]
+        if too_long is not None and search.points and last.seconds and too_long(last.seconds * rows / max(1, last.rows)):
+            search.hurry("max_seconds")  # the next rung, at the last one's seconds a row, would not fit
+            continue
         rung, timing = probe(step, mem, rows, length, repeats, "search", False)
         rungs.append(rung)
         if on_rung is not None:

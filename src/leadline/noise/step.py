@@ -158,7 +158,7 @@ class StepPlan:
             "micro_batch": Value(
                 self.micro_batch, "derived",
                 (f"cut from the {i['rows_fit']} rows that fit to the step's {self.rows_per_step}" if self.cut
-                 else f"the {i['rows_fit']} rows that fit; the step takes {self.grad_accum} of them"),
+                 else f"the {i['rows_fit']} rows that fit, a micro-batch of them {self.grad_accum} time{'s' if self.grad_accum > 1 else ''} a step"),
                 evidence=ev, unit="rows",
             ),
             "grad_accum": Value(
