@@ -31,7 +31,10 @@ R4 the watch's cost: interleaved blocks of ``--block`` (10) steps, unwatched (ca
 R5 measure_fit (given the corpus's lengths, as ``leadline fit --data`` does) at b_ramp says fits
    and at the first rung the ramp refused says refused; its
    peak at b_ramp against the R2 run's peak allocated: PASS when probe / real >= 1.0 (the probe
-   may be conservative, never low).
+   may be conservative, never low). From session 6 "the probe's peak" is what it tells a run to
+   plan on, ``run_peak_bytes`` (the measured peak + LONG_RUN_DRIFT, 2%); the measured peak's ratio
+   is still recorded. The 2% was set from the three cases measured before it (0.9988, 0.998,
+   0.992: low every time), so only the cases run after it test it.
 
     PYTHONPATH=src python3 benchmarks/memory_ramp.py --model /root/assets/smol.gguf --out $OUT/memory_ramp.json
     PYTHONPATH=src python3 benchmarks/memory_ramp.py --tiny --cards 1 --out $OUT/memory_ramp_tiny.json
@@ -294,9 +297,10 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
         at = measure_fit(step, b, seq, memory=mem, suggest=False, lengths=mix)
         over = measure_fit(step, refused[0], seq, memory=mem, suggest=False, lengths=mix) if refused else None
         del step
-        ratio = (at.peak_bytes or 0) / max(1, case["run"]["peak_allocated_bytes"])
+        real = max(1, case["run"]["peak_allocated_bytes"])
+        ratio = (at.run_peak_bytes or 0) / real
         case["fit"] = {"at_kept": at.as_dict(), "at_refused_rung": over.as_dict() if over else None,
-                       "probe_over_real_peak": ratio}
+                       "probe_over_real_peak": ratio, "measured_peak_over_real_peak": (at.peak_bytes or 0) / real}
         case["R5"] = "PASS" if at.fits and (over is None or not over.fits) and ratio >= 1.0 else "FAIL"
         if child is not None and child.poll() is None and not args.no_second_process and "R3" in args.checks:
             case["second_process"] = second_process(trained, b, mix, args, mem, child)

@@ -21,7 +21,10 @@ def test_a_shape_that_fits():
     r = measure_fit(step, 8, 2048, memory=mem)
     assert r.fits and r.verdict == "fits" and r.peak_bytes == 1 * GB + 8 * 512_000_000
     assert r.sentence == ("fits: a training step of 8 rows x 2048 tokens measured a peak of 5.10 GB allocated "
-                          "(5.10 GB reserved, 0 allocator retries) against 6.00 GB of room on cuda:0")
+                          "(5.10 GB reserved, 0 allocator retries) against 6.00 GB of room on cuda:0; "
+                          "a long run should plan on 5.20 GB (+2%, the allocator's drift)")
+    assert r.run_peak_bytes == -(-r.peak_bytes * 102 // 100)  # the measured peak plus LONG_RUN_DRIFT
+    assert r.as_values()["fit_run_peak_bytes"].value == r.run_peak_bytes
     assert step.calls == [(8, 2048, 2)]  # two steps in a row
     assert mem.cap is None
 
