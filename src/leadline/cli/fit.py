@@ -43,7 +43,7 @@ def _positive(name: str, value: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from leadline.loading import default_model_path, load_model
-    from leadline.memory.fit import estimate_step_bytes, measure_fit, rank_to_fit
+    from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
     from leadline.memory.model_step import (
         ModelStep,
         add_lora,

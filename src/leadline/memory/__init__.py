@@ -24,8 +24,9 @@ from leadline.memory.cap import (
     lift_cap,
     watched,
 )
-from leadline.memory.fit import FitResult, RankFit, estimate_step_bytes, measure_fit, rank_to_fit
+from leadline.memory.fit import FitResult, estimate_step_bytes, measure_fit
 from leadline.memory.ramp import RampResult, Rung, WontFit, ramp
+from leadline.memory.rank import RankFit, rank_to_fit
 from leadline.memory.step import StepTiming, TrainingStep
 
 __all__ = [

@@ -31,13 +31,11 @@ from leadline.plan import Value
 FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")
 
 LONG_RUN_DRIFT = 0.02
-"""How far a long run's peak allocated bytes may rise above the pre-flight's, as a share: the
-caching allocator hands a reused block out whole when the remainder is too small to split, so
-the allocated total of the same tensors creeps up as a run's lengths vary. A constant, not
-measured per run: on the H200 (SmolLM2-135M, seq 512, 300 steps over the length mix) the run's
-peak stood 0.12% (LoRA r16, 6 GB), 0.17% (full, 24 GB) and 0.83% (full, 6 GB) above the
-pre-flight's; 2% covers them with room. The verdict does not use it (a CUDA verdict is a step
-that ran); ``run_peak_bytes`` does, for the bytes a run should plan on."""
+"""How far a long run's peak allocated bytes may rise above the pre-flight's, as a share (a
+constant, not measured per run): the caching allocator hands a reused block out whole when the
+remainder is too small to split, so the same tensors' allocated total creeps up as a run's
+lengths vary. Its source, the H200 runs it was set from: docs/memory.md. The verdict does not
+use it (on CUDA a verdict is a step that ran); ``run_peak_bytes`` does."""
 
 
 @dataclass
@@ -395,67 +393,3 @@ def estimate_step_bytes(model: Any, rows: int, length: int, *, optimizer_states:
     activations = layers * 17 * elem * tokens * hidden
     logits = tokens * vocab * (elem + 8)
     return int(weights + trained * (1 + optimizer_states) + activations + logits)
-
-
-# ---- the rank the memory holds ------------------------------------------------------------
-@dataclass
-class RankFit:
-    """The largest LoRA rank whose real step fits at ``rows`` x ``length``, and every rank tried."""
-
-    rank: int | None
-    rows: int
-    length: int
-    device: str
-    tried: list[dict[str, Any]] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def as_values(self) -> dict[str, Value]:
-        if self.rank is None:
-            source = f"no LoRA rank tried fits a training step of {_shape(self.rows, self.length)} on {self.device}"
-        else:
-            source = (f"the largest LoRA rank whose real training step of {_shape(self.rows, self.length)} fits on "
-                      f"{self.device}, by bisection over the ranks tried")
-        return {"lora_rank": Value(self.rank, "measured", source, {"tried": self.tried}, self.seconds)}
-
-
-def rank_to_fit(
-    step_at_rank: Callable[[int], Any],
-    rows: int,
-    length: int,
-    *,
-    ranks: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-    memory: DeviceMemory | None = None,
-    card_bytes: int | None = None,
-) -> RankFit:
-    """The largest rank in ``ranks`` whose real training step fits (``measure_fit`` verdict
-    ``fits``), by bisection (memory grows with the rank).
-
-    ``step_at_rank(r)`` builds the run's :class:`~leadline.memory.step.TrainingStep` at rank r
-    (the adapters and a fresh optimizer); when the object it returns has ``close()``, that is
-    called after the measurement (remove the adapters there).
-    """
-    if not ranks:
-        raise InputError("rank_to_fit needs at least one rank to try; pass ranks=(4, 8, 16, ...)")
-    t0 = time.perf_counter()
-    tried: list[dict[str, Any]] = []
-    device = "unknown"
-
-    def passes(r: int) -> bool:
-        nonlocal device
-        step = step_at_rank(r)
-        try:
-            mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
-            device = mem.device
-            res = measure_fit(step, rows, length, memory=mem, suggest=False)
-        finally:
-            close = getattr(step, "close", None)
-            if callable(close):
-                close()
-            del step
-            gc.collect()
-        tried.append({"rank": r, "verdict": res.verdict, "peak_bytes": res.peak_bytes, "seconds": res.seconds})
-        mem.empty_cache()
-        return res.fits
-
-    best, _ = largest_passing(ranks, passes)
-    return RankFit(best, rows, length, device, tried, time.perf_counter() - t0)

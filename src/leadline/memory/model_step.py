@@ -38,7 +38,7 @@ def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
 class ModelStep(TrainingStep):
     """A :class:`TrainingStep` over a causal LM's trained parameters on synthetic ids, with
     AdamW (the usual optimizer; its two states per parameter are in the peak). ``close()``
-    removes LoRA adapters this step added (used by :func:`~leadline.memory.fit.rank_to_fit`)."""
+    removes LoRA adapters this step added (used by :func:`~leadline.memory.rank.rank_to_fit`)."""
 
     def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0, on_close: Callable[[], Any] | None = None) -> None:
         import torch
@@ -88,7 +88,7 @@ def full_finetune(model: Any) -> Any:
 
 
 def lora_step_factory(base: Any, **step_kw: Any) -> Callable[[int], ModelStep]:
-    """``step_at_rank(r)`` for :func:`~leadline.memory.fit.rank_to_fit`: adapters of rank r on
+    """``step_at_rank(r)`` for :func:`~leadline.memory.rank.rank_to_fit`: adapters of rank r on
     ``base`` and a fresh optimizer; the step's ``close()`` removes the adapters."""
 
     def step_at_rank(rank: int) -> ModelStep:
