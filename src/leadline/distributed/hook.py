@@ -36,7 +36,8 @@ from leadline.distributed.agree import agreed
 from leadline.distributed.noise_math import world_draws
 from leadline.errors import InputError
 from leadline.noise.estimator import Draw, NoiseSums
-from leadline.noise.probe import DEFAULT_MAX_K, MIN_DRAWS, NoiseScale, _batch_of
+from leadline.noise.gradfn import _batch_of
+from leadline.noise.probe import DEFAULT_MAX_K, MIN_DRAWS, NoiseScale
 
 _clock: Callable[[], float] = time.perf_counter
 

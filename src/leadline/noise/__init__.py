@@ -21,8 +21,9 @@ from leadline.noise.estimator import (
     mccandlish_two_batch,
     noise_scale_from_draws,
 )
+from leadline.noise.gradfn import ModelGradFn
 from leadline.noise.monitor import Controller, NoiseMonitor, Suggestion
-from leadline.noise.probe import ModelGradFn, NoiseScale, measure_noise_scale
+from leadline.noise.probe import NoiseScale, measure_noise_scale
 from leadline.noise.step import (
     StepPlan,
     scale_out,

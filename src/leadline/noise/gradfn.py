@@ -1,0 +1,136 @@
+"""The probe's ``grad_fn`` for a model: the gradient of the mean loss over one micro-batch's
+scored tokens, the model's ``.grad`` and weights left as they were (:class:`ModelGradFn`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+_BATCH_KEYS = ("input_ids", "attention_mask", "labels")
+
+
+def _batch_of(mb: Any, i: int) -> tuple[dict[str, Any], int | None]:
+    """Model kwargs and the host-side scored-token count (None when not given)."""
+    if isinstance(mb, Mapping):
+        kwargs = dict(mb)
+        scored = kwargs.pop("scored_tokens", None)
+    elif all(hasattr(mb, k) for k in ("input_ids", "labels")):
+        kwargs = {k: getattr(mb, k) for k in _BATCH_KEYS if getattr(mb, k, None) is not None}
+        scored = getattr(mb, "scored_tokens", None)
+    else:
+        raise InputError(
+            f"micro_batch_of({i}) returned {type(mb).__name__}; return a dict of model inputs "
+            "(input_ids, attention_mask, labels) or an object with those attributes and scored_tokens"
+        )
+    if scored is not None and hasattr(scored, "item"):
+        scored = int(scored.item())
+    return kwargs, scored
+
+
+class ModelGradFn:
+    """``grad_fn`` for :func:`measure_noise_scale` from a model and its micro-batches.
+
+    Args:
+        model: a torch module; ``model(**batch).loss`` is the mean loss over the batch's
+            scored tokens (Hugging Face causal LMs with ``labels``), unless ``row_losses``.
+        micro_batch_of: ``micro_batch_of(i)`` returns micro-batch i as a dict of model inputs
+            (``input_ids``, ``attention_mask``, ``labels`` as CPU tensors, optionally
+            ``scored_tokens``) or an object with those attributes (e.g. the corpus's
+            ``MicroBatch``); None or IndexError when the data runs out. Without
+            ``scored_tokens`` they are counted on the host as (labels[..., 1:] != -100).sum()
+            before the batch moves to the device.
+        params: the trained tensors (default: every parameter with ``requires_grad``).
+        row_losses: optional ``row_losses(model, batch) -> Tensor[rows]``, each row's loss
+            SUMMED over its scored tokens; the gradient is then of their sum / scored tokens.
+
+    ``grad_fn(i)`` returns ``(gradients, scored_tokens)`` — one tensor per trained param, in
+    the param's dtype — or None when the data ran out; a micro-batch that scores nothing
+    returns ``([], 0)`` without running the model. The gradients come from
+    ``torch.autograd.grad``, so the params' ``.grad`` (None, zero or a half-accumulated step)
+    and the weights are as they were; under re-entrant gradient checkpointing, which
+    autograd.grad cannot run through, ``.grad`` is set aside, backward run, and put back.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        micro_batch_of: Callable[[int], Any],
+        params: Iterable[torch.Tensor] | None = None,
+        row_losses: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None,
+    ) -> None:
+        if not callable(micro_batch_of):
+            raise InputError(f"ModelGradFn(micro_batch_of=...) must be callable i -> micro-batch, got {type(micro_batch_of).__name__}")
+        self.model = model
+        self.micro_batch_of = micro_batch_of
+        self.params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
+        if not self.params:
+            raise InputError("ModelGradFn found no trained tensors (none with requires_grad); pass params= or unfreeze the adapter")
+        self.row_losses = row_losses
+        self.via_backward = False
+
+    def __call__(self, i: int) -> tuple[list[torch.Tensor], int] | None:
+        import torch
+
+        try:
+            mb = self.micro_batch_of(i)
+        except IndexError:
+            return None
+        if mb is None:
+            return None
+        kwargs, scored = _batch_of(mb, i)
+        if scored is None:
+            labels = kwargs.get("labels")
+            if labels is None:
+                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not scored) or scored_tokens")
+            scored = int((labels[..., 1:] != -100).sum())
+        if scored == 0:
+            return [], 0
+        device = self.params[0].device
+        batch = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+
+        def mean_loss() -> torch.Tensor:
+            with torch.enable_grad():
+                if self.row_losses is not None:
+                    loss = self.row_losses(self.model, batch).sum() / scored
+                else:
+                    loss = self.model(**batch).loss
+            if loss is None:
+                raise InputError(f"the model returned no loss for micro-batch {i}; pass labels in the batch or row_losses=")
+            if not bool(torch.isfinite(loss.detach())):
+                raise InputError(f"the loss of micro-batch {i} is {float(loss.detach())} (noise-scale probe); check these rows and the model's dtype")
+            return loss
+
+        return self._grads(mean_loss), scored
+
+    def _grads(self, mean_loss: Callable[[], torch.Tensor]) -> list[torch.Tensor]:
+        import torch
+
+        if not self.via_backward:
+            loss = mean_loss()
+            try:
+                got = torch.autograd.grad(loss, self.params, allow_unused=True)
+                return [g if g is not None else torch.zeros_like(p) for g, p in zip(got, self.params)]
+            except RuntimeError as e:
+                if "checkpoint" not in str(e).lower():
+                    raise
+                self.via_backward = True  # and run the forward again: the failed call freed the graph
+        # re-entrant checkpointing: set every .grad aside, backward, take ours, put them back
+        trained = [p for p in self.model.parameters() if p.requires_grad]
+        seen = {id(p) for p in trained}
+        trained += [p for p in self.params if id(p) not in seen]
+        saved = [p.grad for p in trained]
+        try:
+            for p in trained:
+                p.grad = None
+            with torch.enable_grad():
+                mean_loss().backward()
+            return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        finally:
+            for p, g in zip(trained, saved):
+                p.grad = g
