@@ -299,9 +299,17 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
                     held_out_losses=held_out, total_steps=400, effort="full", max_seconds=1.5)
     took = time.monotonic() - t0
     assert took < 2.5, f"max_seconds=1.5 was not a bound: derive took {took:.1f} s"
-    # the look-ahead read at least its first horizon, and keeps what it read rather than falling back to alpha1
+    # the look-ahead read at least its first horizon, short of its 50-step minimum (400 / 8): the
+    # rate is the lower of what it read and the anchor, and the plan keeps what it read either way
     assert "max_seconds: cut inside" in plan["lr"].source, plan["lr"].source
-    assert plan["lr"].kind == "measured" and plan["lr"].evidence["horizons"]
+    read = plan["lookahead_horizon_steps"].value
+    assert read < 50
+    la = plan["lr"].evidence.get("lookahead", plan["lr"].evidence)
+    assert la["horizons"] and plan.lr == min(la["chosen_lr"], plan.lr_anchor)
+    if plan.lr == plan.lr_anchor:
+        assert plan["lr"].kind == "constant" and f"at {read} steps, before its 50-step minimum horizon" in plan["lr"].source
+    else:
+        assert plan["lr"].kind == "measured"
     assert tensors_digest([w]) == digest and not opt.state
     assert torch.isfinite(torch.tensor(plan.lr))
 

@@ -130,6 +130,12 @@ def horizon_ladder(first: int, total_steps: int) -> list[int]:
     return [*out, total_steps]
 
 
+def default_min_horizon(total_steps: int) -> int:
+    """The shortest horizon a settled answer may end on: max(16, T/8) steps, at most T (read
+    past the answer's format; see the module's docstring)."""
+    return min(int(total_steps), max(16, math.ceil(total_steps / 8)))
+
+
 def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                  held_out_losses_per_row: Callable[[], Sequence[float]], alpha1: float | FirstStep, *,
                  total_steps: int, effort: str = "full", grid: Sequence[int] = DEFAULT_GRID,
@@ -192,7 +198,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     if short:  # a run too short for the budget to cover the warmup at every rate: start sooner
         first = max(1, budget // len(set(grid)))
     horizons = horizon_ladder(first, total_steps)
-    min_h = min(total_steps, max(16, math.ceil(total_steps / 8))) if min_horizon is None else min(total_steps, int(min_horizon))
+    min_h = default_min_horizon(total_steps) if min_horizon is None else min(total_steps, int(min_horizon))
     lo_j, hi_j = min(grid) - max_extend, max(grid) + max_extend
 
     def make(j: int) -> Candidate:
