@@ -19,7 +19,8 @@ C. B* and grad_accum: the ramp (leadline.memory.ramp, max_rows 256 — pichak ke
 D. The monitor's cost: the same accumulating loop (AdamW at lr 0, grad_accum 4) with and without
    NoiseMonitor.micro()/step(), at --rows rows and at the plan's micro-batch; blocks of about
    2 s (at most 40 micro-batches) interleaved (ABBA), 6 blocks an arm, the ratio of the medians
-   of the per-micro-batch times; and micro() alone (synchronized before and after).
+   of the per-micro-batch times; and micro() alone (synchronized before and after), its share
+   of a plain micro-batch, and a torch.profiler table of one micro() call (where its time goes).
 E. The monitor's reading after 60 steps: train 60 optimizer steps (AdamW 2e-4, grad_accum 4 of
    --rows rows, half A's rows) with NoiseMonitor(window=64); then a fresh probe at those
    weights on half B's rows (never trained on).
@@ -292,6 +293,31 @@ def loop(model: Any, opt: Any, mbs: list[Any], accum: int, steps: int, mon: Any,
     return (time.perf_counter() - t0) / (steps * accum)
 
 
+def profile_micro(model: Any, mon: Any, opt: Any, mbs: list[Any], accum: int, device: str) -> str:
+    """torch.profiler over 8 calls of micro() (the backwards between them not recorded): the
+    top 15 ops by self CPU time, and by self device time on CUDA — where micro()'s time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
+    timed = []
+    for mb in mbs[:8]:
+        (model(**mb["inputs"]).loss / accum).backward()
+        sync(device)
+        with profile(activities=acts) as prof:
+            mon.micro(mb["scored"])
+            sync(device)
+        timed.append(prof)
+        if len(timed) % accum == 0:
+            mon.step()
+            opt.zero_grad(set_to_none=True)
+    opt.zero_grad(set_to_none=True)
+    last = timed[-1].key_averages()
+    out = last.table(sort_by="self_cpu_time_total", row_limit=15)
+    if str(device).startswith("cuda"):
+        out += "\n" + last.table(sort_by="self_device_time_total", row_limit=15)
+    return out
+
+
 def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, sizes: list[int], args: Any) -> dict[str, Any]:
     import torch
 
@@ -327,9 +353,11 @@ def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, s
                 mon.step()
                 opt.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
+        profile = profile_micro(model, mon, opt, mbs, accum, args.device)
         ratio = stats.median(monitored) / stats.median(plain)
         out[str(size)] = {"rows": size, "steps_a_block": steps, "grad_accum": accum, "plain_seconds": plain, "monitor_seconds": monitored, "ratio": ratio,
-                          "micro_alone_seconds_median": stats.median(alone), "R3_pass": ratio <= 1.01}
+                          "micro_alone_seconds_median": stats.median(alone), "micro_alone_share": stats.median(alone) / stats.median(plain),
+                          "micro_profile": profile, "R3_pass": ratio <= 1.01}
         log(f"  monitor at {size} rows: {stats.median(plain) * 1e3:.2f} ms -> {stats.median(monitored) * 1e3:.2f} ms a micro-batch, ratio {ratio:.4f}; micro() alone {stats.median(alone) * 1e3:.3f} ms")
     return out
 
