@@ -175,9 +175,16 @@ def _destroy_at_exit() -> None:
     """The group join_job started, destroyed before the interpreter shuts down (unless the
     script did it): a gloo group left running aborted one rank at exit ("terminate called
     without an active exception", SIGABRT) in a clean-clone CI run of the torchrun test."""
+    import datetime
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
+        try:  # every rank leaves together: a gloo rank whose peer closed its connections first aborts
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+        except Exception:  # a rank gone already: destroy anyway, it is the exit
+            pass
         try:
             dist.destroy_process_group()
         except Exception:  # at exit, a group already torn down by its backend is not an error
