@@ -99,3 +99,16 @@ def test_a_phase_that_needs_an_unresolved_value_is_skipped_with_a_note():
     ran: list[int] = []
     assert not runner.run("step", lambda: ran.append(1) or {}, needs=("noise_scale_tokens",))
     assert ran == [] and any("step: not run, it needs noise_scale_tokens" in n for n in plan.notes)
+
+
+def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
+    from leadline.errors import InputError
+    from leadline.run import train_with_plan
+
+    plan = Plan()
+    plan.set("lr", Value(4.6e-4, "constant", "the anchor", unit="per step"))
+    plan.notes.append("step: not reached within max_seconds=40")
+    with pytest.raises(InputError, match=r"no micro_batch: its derive ran out of time \(step: not reached within max_seconds=40\); derive again with a larger --max-seconds"):
+        train_with_plan(None, None, [], plan)
+    with pytest.raises(InputError, match="derive it with `leadline derive`"):
+        train_with_plan(None, None, [], Plan())

@@ -22,9 +22,12 @@ from leadline.stats import mean_se
 
 
 def _need(plan: Plan, *names: str) -> None:
-    missing = [n for n in names if n not in plan]
+    missing = [n for n in names if plan.get(n) is None]
     if missing:
-        raise InputError(f"the plan has no {', '.join(missing)}; derive it with `leadline derive` (and the same --data) first")
+        cut = [n for n in plan.notes if "max_seconds" in n and ("not reached" in n or "cut by" in n)]
+        fix = (f": its derive ran out of time ({cut[0]}); derive again with a larger --max-seconds" if cut
+               else "; derive it with `leadline derive` (and the same --data) first")
+        raise InputError(f"the plan has no {', '.join(missing)}{fix}")
 
 
 def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float = 0.03, micro_batch: int | None = None,
