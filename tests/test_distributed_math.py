@@ -245,6 +245,10 @@ class FakeRank:
         self.calls.append("all_min")
         return min(value, self.other_left)
 
+    def all_max(self, value):
+        self.calls.append("all_max")
+        return max(value, self.other_took if getattr(self, "other_took", None) is not None else value)
+
     def all_gather(self, values):
         return [list(values), list(values)]
 
@@ -279,6 +283,22 @@ def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
     assert any("not reached within max_seconds" in n for n in r.plan.notes)
     unbounded = AgreedPhaseRunner(Plan(), world=FakeRank(1))
     assert unbounded.seconds_left() is None and "all_min" not in unbounded.world.calls
+
+
+def test_every_rank_stops_before_the_same_read_on_the_slowest_ranks_time():
+    from leadline._phases import OutOfTime
+    from leadline.distributed.phases import AgreedPhaseRunner
+
+    world = FakeRank(1, other_left=1e9)
+    r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=world)
+    r.ensure(1.0)  # both ranks' last read took about a second: go on
+    world.other_took = 90.0  # the other rank's last read took 90 s: 1.5 x 90 > the 100 s left on both
+    with pytest.raises(OutOfTime):
+        r.ensure(1.0)
+    assert world.calls.count("all_max") == 2
+    unbounded = AgreedPhaseRunner(Plan(), world=FakeRank(1))
+    unbounded.ensure(1e9)  # no budget: no collective, nothing raised
+    assert "all_max" not in unbounded.world.calls
 
 
 def test_plan_scale_out_method_matches_the_function():

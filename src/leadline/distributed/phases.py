@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leadline._phases import PhaseRunner
+from leadline._phases import OutOfTime, PhaseRunner
 from leadline.distributed.agree import agreed
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
@@ -70,6 +70,12 @@ class AgreedPhaseRunner(PhaseRunner):
         if self.max_seconds is None:
             return None
         return self.world.all_min(self.max_seconds - self.elapsed())
+
+    def ensure(self, seconds: float) -> None:
+        """As :meth:`PhaseRunner.ensure`, on the slowest rank's last piece of work: the reads and
+        steps it guards are collectives, so every rank must stop before the same one."""
+        if self.max_seconds is not None and self.would_overrun(self.world.all_max(max(0.0, float(seconds)))):
+            raise OutOfTime
 
     def _save(self) -> None:
         if self.world.is_main:
