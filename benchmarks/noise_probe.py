@@ -18,7 +18,7 @@ C. B* and grad_accum: the ramp (leadline.memory.ramp, max_rows 256 — pichak ke
    tokens_per_step(draw A, ...) cuts the micro-batch to the step.
 D. The monitor's cost: the same accumulating loop (AdamW at lr 0, grad_accum 4) with and without
    NoiseMonitor.micro()/step(), at --rows rows and at the plan's micro-batch; blocks of about
-   2 s (at most 40 micro-batches) interleaved (ABBA), 6 blocks an arm, the ratio of the medians
+   2 s (at most 40 micro-batches) interleaved (ABBA), --blocks (10) blocks an arm, the ratio of the medians
    of the per-micro-batch times; and micro() alone (synchronized before and after), its share
    of a plain micro-batch, and a torch.profiler table of one micro() call (where its time goes).
 E. The monitor's reading after 60 steps: train 60 optimizer steps (AdamW 2e-4, grad_accum 4 of
@@ -29,6 +29,11 @@ Decision rules, written before the run:
 R1 (A)  the two draws agree: |B_1 - B_2| / mean(B_1, B_2) <= 0.10.
 R2 (B)  each draw is within max(10%, 2 × sqrt(se_draw² + se_truth²)) of the brute-force truth.
 R3 (D)  the monitor's per-micro-batch time ratio <= 1.01 (the published monitor: 1.07).
+R3b (D) written before session 7's run, because R3's interleaved blocks spread by more than the
+        1% they judge (session 5: plain blocks 0.16-0.21 s a micro-batch): the bound
+        1 + (micro()'s and step()'s own CPU time in the monitored loop + their kernels' device
+        time) / the plain micro-batch's time <= 1.01 — what the monitor can add whether the
+        loop waits on the CPU or on the GPU.
 R4 (E)  |B_monitor - B_probe| <= 2 × sqrt(se_monitor² + se_probe²). The monitor pools the last
         64 micro-batches (16 steps) while the weights move, so a lag shows as a miss here.
 C is a measurement (no pass/fail): B*, micro_batch, grad_accum, rows per step, set beside
@@ -273,29 +278,38 @@ def section_step(model: Any, params: list[Any], rows: list[Any], pad: int, noise
     return out
 
 
-def loop(model: Any, opt: Any, mbs: list[Any], accum: int, steps: int, mon: Any, device: str) -> float:
-    """Seconds per micro-batch of the accumulating loop (with ``mon`` or without)."""
+def loop(model: Any, opt: Any, mbs: list[Any], accum: int, steps: int, mon: Any, device: str,
+         own: list[float] | None = None) -> float:
+    """Seconds per micro-batch of the accumulating loop (with ``mon`` or without); ``own``
+    gets the CPU seconds per micro-batch spent inside the monitor's calls (no sync around them)."""
     sync(device)
     t0 = time.perf_counter()
-    i = 0
+    i, inside = 0, 0.0
     for _ in range(steps):
         for _ in range(accum):
             mb = mbs[i % len(mbs)]
             i += 1
             (model(**mb["inputs"]).loss / accum).backward()
             if mon is not None:
+                t1 = time.perf_counter()
                 mon.micro(mb["scored"])
+                inside += time.perf_counter() - t1
         if mon is not None:
+            t1 = time.perf_counter()
             mon.step()
+            inside += time.perf_counter() - t1
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync(device)
+    if own is not None and mon is not None:
+        own.append(inside / (steps * accum))
     return (time.perf_counter() - t0) / (steps * accum)
 
 
-def profile_micro(model: Any, mon: Any, opt: Any, mbs: list[Any], accum: int, device: str) -> str:
+def profile_micro(model: Any, mon: Any, opt: Any, mbs: list[Any], accum: int, device: str) -> tuple[str, float]:
     """torch.profiler over 8 calls of micro() (the backwards between them not recorded): the
-    top 15 ops by self CPU time, and by self device time on CUDA — where micro()'s time goes."""
+    top 15 ops by self CPU time, and by self device time on CUDA — where micro()'s time goes —
+    and the median device seconds of one call's kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if str(device).startswith("cuda") else [])
@@ -315,7 +329,8 @@ def profile_micro(model: Any, mon: Any, opt: Any, mbs: list[Any], accum: int, de
     out = last.table(sort_by="self_cpu_time_total", row_limit=15)
     if str(device).startswith("cuda"):
         out += "\n" + last.table(sort_by="self_device_time_total", row_limit=15)
-    return out
+    device_us = [sum(getattr(e, "self_device_time_total", 0.0) for e in p.key_averages()) for p in timed]
+    return out, sorted(device_us)[len(device_us) // 2] * 1e-6
 
 
 def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, sizes: list[int], args: Any) -> dict[str, Any]:
@@ -335,11 +350,11 @@ def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, s
         loop(model, opt, mbs, accum, 2, None, args.device)  # warm-up
         per_micro = loop(model, opt, mbs, accum, 2, mon, args.device)
         steps = max(1, min(10, round(2.0 / (accum * per_micro))))  # blocks of about 2 s
-        plain, monitored = [], []
+        plain, monitored, own = [], [], []
         for b in range(blocks):
             order = [(plain, None), (monitored, mon)] if b % 2 == 0 else [(monitored, mon), (plain, None)]
             for sink, m in order:
-                sink.append(loop(model, opt, mbs, accum, steps, m, args.device))
+                sink.append(loop(model, opt, mbs, accum, steps, m, args.device, own))
         # micro() alone, synchronized around it
         alone = []
         for mb in mbs[:20]:
@@ -353,12 +368,17 @@ def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, s
                 mon.step()
                 opt.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
-        profile = profile_micro(model, mon, opt, mbs, accum, args.device)
+        profile, device_s = profile_micro(model, mon, opt, mbs, accum, args.device)
         ratio = stats.median(monitored) / stats.median(plain)
+        pair_ratios = [m / p for m, p in zip(monitored, plain)]
+        bound = 1 + (stats.median(own) + device_s) / stats.median(plain)
         out[str(size)] = {"rows": size, "steps_a_block": steps, "grad_accum": accum, "plain_seconds": plain, "monitor_seconds": monitored, "ratio": ratio,
+                          "pair_ratios": pair_ratios, "pair_ratio_median": stats.median(pair_ratios),
+                          "monitor_cpu_seconds_per_micro": own, "monitor_device_seconds_per_micro": device_s, "bound": bound,
                           "micro_alone_seconds_median": stats.median(alone), "micro_alone_share": stats.median(alone) / stats.median(plain),
-                          "micro_profile": profile, "R3_pass": ratio <= 1.01}
-        log(f"  monitor at {size} rows: {stats.median(plain) * 1e3:.2f} ms -> {stats.median(monitored) * 1e3:.2f} ms a micro-batch, ratio {ratio:.4f}; micro() alone {stats.median(alone) * 1e3:.3f} ms")
+                          "micro_profile": profile, "R3_pass": ratio <= 1.01, "R3b_pass": bound <= 1.01}
+        log(f"  monitor at {size} rows: {stats.median(plain) * 1e3:.2f} ms -> {stats.median(monitored) * 1e3:.2f} ms a micro-batch, ratio {ratio:.4f}; "
+            f"its own CPU {stats.median(own) * 1e3:.3f} ms + device {device_s * 1e3:.3f} ms: bound {bound:.4f}; micro() alone {stats.median(alone) * 1e3:.3f} ms")
     return out
 
 
@@ -424,16 +444,20 @@ def run_task(task: str, tok: Any, args: Any) -> dict[str, Any]:
             if getattr(args, "save", None):  # after each section: a timeout keeps what ran
                 args.save(task, res)
 
+    wanted = set(args.sections.split(","))
     draws = guarded("draws", lambda: section_draws(model, rows, pad, args))
     if draws:
         halves = draws.pop("_halves")
-        guarded("brute_force", lambda: section_truth(model, rows, pad, args, draws))
+        if "B" in wanted:
+            guarded("brute_force", lambda: section_truth(model, rows, pad, args, draws))
         b = draws["draw_1"]["b_noise_tokens"]
-        step = guarded("tokens_per_step", lambda: section_step(model, params, rows, pad, b, args)) if b else None
+        step = guarded("tokens_per_step", lambda: section_step(model, params, rows, pad, b, args)) if b and "C" in wanted else None
         sizes = [args.rows] + ([step["micro_batch"]] if step and step.get("micro_batch") else [])
-        guarded("monitor_overhead", lambda: section_overhead(model, params, rows, pad, sizes, args))
-        model, params = fresh_model(args.model, args.device)  # the drift run starts from the base again
-        guarded("monitor_after_steps", lambda: section_drift(model, params, rows, pad, halves, args))
+        if "D" in wanted:
+            guarded("monitor_overhead", lambda: section_overhead(model, params, rows, pad, sizes, args))
+        if "E" in wanted:
+            model, params = fresh_model(args.model, args.device)  # the drift run starts from the base again
+            guarded("monitor_after_steps", lambda: section_drift(model, params, rows, pad, halves, args))
     return res
 
 
@@ -449,7 +473,8 @@ def main() -> int:
     ap.add_argument("--max-rows", type=int, default=256, help="the ramp's upper limit")
     ap.add_argument("--seq-len", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--blocks", type=int, default=6)
+    ap.add_argument("--blocks", type=int, default=10)
+    ap.add_argument("--sections", default="A,B,C,D,E", help="which sections to run (A, the draws, always runs: the others read it)")
     ap.add_argument("--limit", type=int, default=None, help="read only the first N rows (smoke runs)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -7,6 +7,8 @@ import torch
 
 from leadline.errors import InputError
 from leadline.noise import Controller, ModelGradFn, NoiseMonitor, measure_noise_scale
+from leadline.noise import monitor as monitor_module
+from leadline.noise.estimator import Draw, NoiseSums
 from leadline.noise.synthetic import KnownNoise
 
 SHAPES = [(8, 64), (512,), (4, 8, 16), (512,)]  # 2048 numbers in four tensors
@@ -167,3 +169,168 @@ def test_controller_moves_grad_accum_sets_the_rate_and_puts_it_back_on_exit():
                 raise RuntimeError("boom")
     assert ctl.decisions[-1]["grad_accum"] == pytest.approx(8000 / 400, rel=0.3)  # moved to the knee
     assert opt.param_groups[0]["lr"] == 0.5
+
+
+class Branchy(torch.nn.Module):
+    """A tiny net with a branch only some micro-batches reach and a tensor none reaches (its
+    .grad stays None: AdamW's weight decay would move it if the monitor made it zero)."""
+
+    def __init__(self, b_dtype=torch.float32, side_dtype=torch.float32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(6, 16)
+        self.b = torch.nn.Linear(16, 3).to(b_dtype)
+        self.side = torch.nn.Linear(6, 3).to(side_dtype)
+        self.unused = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x, use_side):
+        y = self.b(torch.tanh(self.a(x)).to(self.b.weight.dtype)).float()
+        return y + self.side(x.to(self.side.weight.dtype)).float() if use_side else y
+
+
+def _train(model, steps, accum, set_to_none, mon=None):
+    """AdamW over ``steps`` steps of ``accum`` micro-batches (unequal token counts); returns the
+    .grad before each opt.step() and the .grad after each micro-batch's backward."""
+    gen = torch.Generator().manual_seed(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    before_step, snaps = [], []
+    for _ in range(steps):
+        step_snaps = []
+        for j in range(accum):
+            x, y = torch.randn(5, 6, generator=gen), torch.randn(5, 3, generator=gen)
+            (torch.nn.functional.mse_loss(model(x, use_side=j == 1), y) / accum).backward()
+            if mon is not None:
+                mon.micro(5 + 2 * j)
+            step_snaps.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()])
+        snaps.append(step_snaps)
+        if mon is not None:
+            mon.step()
+        before_step.append([None if p.grad is None else p.grad.clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+    return before_step, snaps
+
+
+def _reference(snaps, accum):
+    """The estimate the straightforward way, in float64: each micro-batch's gradient of its mean
+    loss as the difference of .grad after and before its backward, times grad_accum, and the
+    token-weighted mean by Welford's rule, one group a step."""
+    sums = NoiseSums()
+    for step_snaps in snaps:
+        sums.new_group()
+        prev = mean = None
+        tokens = 0.0
+        for j, snap in enumerate(step_snaps):
+            flat = torch.cat([s.double().reshape(-1) for s in snap])
+            g = (flat if prev is None else flat - prev) * accum
+            mean = torch.zeros_like(g) if mean is None else mean
+            t = 5.0 + 2 * j
+            tokens += t
+            r = float((g - mean) @ (g - mean))
+            mean = mean + (t / tokens) * (g - mean)
+            sums.add(Draw(tokens=t, innovation_sq=r, mean_sq=float(mean @ mean)))
+            prev = flat
+    return sums.estimate()
+
+
+def _assert_same_estimate(est, ref):
+    assert (est.draws, est.groups, est.tokens, est.resolved) == (ref.draws, ref.groups, ref.tokens, ref.resolved)
+    assert est.s == pytest.approx(ref.s, rel=1e-5) and est.s_se == pytest.approx(ref.s_se, rel=1e-4)
+    assert est.g2 == pytest.approx(ref.g2, rel=1e-4, abs=1e-5 * ref.s / ref.tokens)
+    assert est.g2_se == pytest.approx(ref.g2_se, rel=1e-4)
+    for got, want in ((est.b_noise_tokens, ref.b_noise_tokens), (est.se_tokens, ref.se_tokens)):
+        assert got == pytest.approx(want, rel=1e-4) if want is not None else got is None
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["kept", "released"])
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zeroed"])
+def test_the_optimizer_steps_bit_for_bit_as_without_the_monitor(monkeypatch, set_to_none, release):
+    """.grad becomes a view of the monitor's buffer; autograd accumulates into it in place, so
+    every .grad before opt.step() and every weight after are bitwise those of a run without the
+    monitor (a tensor no micro-batch reaches keeps .grad None), and the estimate is the one
+    read from the same gradients the straightforward way."""
+    if release:
+        monkeypatch.setattr(monitor_module, "_RELEASE_BYTES", 0)  # let the buffer go between steps
+    plain, watched = Branchy(), Branchy()
+    before_plain, snaps = _train(plain, steps=4, accum=3, set_to_none=set_to_none)
+    mon = NoiseMonitor(watched.parameters(), grad_accum=3)
+    before_watched, _ = _train(watched, steps=4, accum=3, set_to_none=set_to_none, mon=mon)
+    for a, b in zip(before_plain, before_watched):
+        assert [g is None for g in a] == [g is None for g in b]
+        assert all(torch.equal(x, y) for x, y in zip(a, b) if x is not None)
+    names = [n for n, _ in watched.named_parameters()]
+    assert all(grads[names.index("unused")] is None for grads in before_watched)
+    for p, q in zip(plain.parameters(), watched.parameters()):
+        assert torch.equal(p, q)
+    _assert_same_estimate(mon.estimate(), _reference(snaps, accum=3))
+
+
+def test_tensors_of_several_dtypes_are_read_from_one_buffer_each():
+    """fp32, bf16 and fp64 tensors: a buffer per dtype, .grad bitwise as without the monitor,
+    the estimate as read from the same .grad."""
+    plain, watched = Branchy(torch.float64, torch.bfloat16), Branchy(torch.float64, torch.bfloat16)
+    before_plain, snaps = _train(plain, steps=3, accum=3, set_to_none=True)
+    mon = NoiseMonitor(watched.parameters(), grad_accum=3)
+    before_watched, _ = _train(watched, steps=3, accum=3, set_to_none=True, mon=mon)
+    assert sorted(str(grp.grad.dtype) for grp in mon._groups) == ["torch.bfloat16", "torch.float32", "torch.float64"]
+    for a, b in zip(before_plain, before_watched):
+        assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
+    for p, q in zip(plain.parameters(), watched.parameters()):
+        assert p.dtype == q.dtype and torch.equal(p, q)
+    _assert_same_estimate(mon.estimate(), _reference(snaps, accum=3))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zeroed"])
+def test_after_the_first_micro_batch_of_a_step_micro_touches_no_list_of_tensors(monkeypatch, set_to_none):
+    """From the first micro() of a step every .grad is a view of one flat buffer, and the
+    micro()s after it call no torch._foreach_* (those go over every tensor); with
+    zero_grad(set_to_none=False) not even the first of the next step does."""
+    calls = []
+    for name in ("_foreach_copy_", "_foreach_zero_", "_foreach_sub_", "_foreach_add_"):
+        orig = getattr(torch, name)
+
+        def counted(*a, _orig=orig, _name=name, **kw):
+            calls.append(_name)
+            return _orig(*a, **kw)
+
+        monkeypatch.setattr(torch, name, counted)
+    src = KnownNoise(500, dim=2048, seed=7, split=SHAPES)
+    model = Linear()
+    mon = NoiseMonitor(model.parameters(), grad_accum=3)
+    for step in range(3):
+        for j in range(3):
+            grads, t = src(3 * step + j)
+            (model.loss(grads) / 3).backward()
+            calls.clear()
+            mon.micro(t)
+            bases = {p.grad._base for p in model.ws}
+            assert len(bases) == 1 and bases.pop().numel() == 2048
+            if j > 0 or (step > 0 and not set_to_none):
+                assert calls == []
+            else:
+                assert calls == ["_foreach_copy_"]
+        mon.step()
+        model.zero_grad(set_to_none=set_to_none)
+
+
+@pytest.mark.parametrize("release", [False, True], ids=["kept", "released"])
+def test_zero_grad_set_to_none_frees_a_large_buffer_and_keeps_a_small_one(monkeypatch, release):
+    import gc
+    import weakref
+
+    if release:
+        monkeypatch.setattr(monitor_module, "_RELEASE_BYTES", 0)
+    src = KnownNoise(500, dim=2048, seed=8, split=SHAPES)
+    model = Linear()
+    mon = NoiseMonitor(model.parameters(), grad_accum=2)
+    run(model, src, mon, steps=1, accum=2)  # ends with zero_grad(set_to_none=True)
+    grads, t = src(2)
+    (model.loss(grads) / 2).backward()
+    mon.micro(t)
+    buffer = weakref.ref(model.ws[0].grad._base)
+    mon.step()
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert (buffer() is None) == release
+    run(model, src, mon, steps=2, accum=2, start=3)  # and reads on as before
+    assert mon.estimate().draws == 7

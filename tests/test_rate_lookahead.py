@@ -55,6 +55,24 @@ def test_trend_slope_carry_and_parabola_on_known_numbers():
     assert math.log2(parabola_log2(lrs, far)) == pytest.approx(-6.5)  # clamped to half a step
 
 
+def test_only_a_falling_unsettled_trend_is_carried_to_the_run_length():
+    from leadline.rate.lookahead import answer_at_run_length
+
+    # falling and not settled: carried, lr * (T/n)^s
+    lr, why = answer_at_run_length(0.01, 40, -1.0, 160, settled=False)
+    assert lr == pytest.approx(0.0025) and "carried from 40 to 160" in why
+    # settled: the estimate as read, whatever the small slope says (E8 full: n^0.11 carried 1.1x up)
+    for slope in (0.11, -0.2):
+        lr, why = answer_at_run_length(2.1e-4, 40, slope, 90, settled=True)
+        assert lr == 2.1e-4 and "settled: not carried" in why
+    # rising and not settled: kept, never extrapolated upward
+    lr, why = answer_at_run_length(0.01, 40, 0.6, 160, settled=False)
+    assert lr == 0.01 and "rising trend, n^0.60, is not carried" in why
+    # no trend yet, or at the run's length: kept
+    assert answer_at_run_length(0.01, 40, None, 160, settled=False)[0] == 0.01
+    assert answer_at_run_length(0.01, 160, -1.0, 160, settled=False) == (0.01, "")
+
+
 # ---- the known answer ------------------------------------------------------------------
 @pytest.mark.parametrize("seed", [0, 2])
 def test_lookahead_lands_within_2x_of_the_best_constant_rate(seed):

@@ -1,15 +1,27 @@
 """The noise scale read inside the training loop, from the micro-batches it computes anyway.
 
 :class:`NoiseMonitor` reads each micro-batch's gradient as the increment it left in ``.grad``
-— the difference against a mirror of ``.grad`` — and feeds the same estimator as the probe
-(:mod:`leadline.noise.estimator`, McCandlish et al. 2018) with the micro-batches of one
-optimizer step as one group. Two fp32 buffers of the trained tensors' size (the mirror of
-``.grad`` and the token-weighted mean), no extra forward or backward, no copy of the gradient,
-no synchronisation per micro-batch; one synchronisation per optimizer step. The buffers are
-flat (a view per tensor), so each norm and update of a whole buffer is one kernel; the two
-steps that touch ``.grad`` are ``torch._foreach_*`` calls. That is a handful of launches per
-micro-batch, where a hook per tensor (post-accumulate-grad) would cost a Python call and
-several kernels per tensor — 420 tensors for LoRA on SmolLM2-135M.
+and feeds the same estimator as the probe (:mod:`leadline.noise.estimator`, McCandlish et al.
+2018) with the micro-batches of one optimizer step as one group. No extra forward or backward,
+no synchronisation per micro-batch; one synchronisation per optimizer step.
+
+The trained tensors of one device and dtype share a flat gradient buffer in their dtype; each
+``.grad`` is a view of it. At the first ``micro()`` of a step, and whenever a ``.grad`` is not
+its view (after ``zero_grad(set_to_none=True)`` backward makes fresh ones), the monitor copies
+``.grad`` into the view (one ``torch._foreach_copy_``; a None ``.grad`` stays None, its view
+zeroed) and sets ``.grad`` to it. Autograd then adds the next micro-batches' gradients into the
+views in place (as it does whenever ``.grad`` is defined and ``create_graph`` is off), so
+``.grad`` holds, bit for bit, what it would without the monitor, and a micro-batch's increment
+is the buffer minus a mirror of it: a handful of kernels on whole buffers and an identity check
+of each ``.grad``; no list of gradients, no ``torch._foreach_*`` over the tensors, no hook.
+
+Memory: the mirror and the token-weighted mean, two accumulator-dtype (fp32) buffers of the
+trained tensors' size; the gradient buffer stands in for autograd's ``.grad``.
+``zero_grad(set_to_none=False)`` zeroes it in place for the next step; after
+``set_to_none=True`` the next step's first ``micro()`` copies the fresh ``.grad`` into it. A
+buffer of 64 MiB or more is held until then only through the ``.grad`` that are its views, so
+that zeroing frees it as it frees autograd's own; a smaller one is kept, beside the fresh
+``.grad`` (making its views again would cost more time than that memory is worth).
 
 The loop scales each micro-batch's mean loss by ``scale`` before ``backward()`` (by default
 1/grad_accum); the monitor divides the increment by it, so it reads the gradient of the mean
@@ -22,9 +34,12 @@ fixed plan (the seed's E6); it stays opt-in.
 
 from __future__ import annotations
 
+import itertools
 import math
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
+from operator import attrgetter, is_
 from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
@@ -56,27 +71,90 @@ class Suggestion:
     reason: str | None = None
 
 
-class _Flat:
-    """The two buffers for the trained tensors on one device: flat, with a view per tensor,
-    so each norm and each update of the whole buffer is one kernel."""
+_grad_of = attrgetter("grad")
+_STALE: Any = object()  # expected of a view whose contents are not yet its .grad's
+_RELEASE_BYTES = 64 << 20  # a gradient buffer this big is let go between steps (see the module)
+
+
+class _Group:
+    """The trained tensors of one device and dtype: their gradient in a flat buffer with a view
+    per tensor, and the accumulator-dtype mirror and mean. ``expect[i]`` is what tensor i's
+    ``.grad`` is while the buffer holds it: its view, or None where the view is zero."""
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         import torch
 
         from leadline.noise._stream import accumulator_dtype
 
-        dtype = params[0].dtype
-        for p in params[1:]:
-            dtype = torch.promote_types(dtype, p.dtype)
-        dtype = accumulator_dtype(torch.empty(0, dtype=dtype))
-        n = sum(p.numel() for p in params)
         self.params = params
-        self.mirror = torch.zeros(n, dtype=dtype, device=params[0].device)
+        self.offsets = [0, *itertools.accumulate(p.numel() for p in params)]
+        self.mirror = torch.zeros(self.offsets[-1], dtype=accumulator_dtype(params[0]), device=params[0].device)
         self.mean = torch.zeros_like(self.mirror)
-        self.mirror_views, at = [], 0
-        for p in params:
-            self.mirror_views.append(self.mirror[at:at + p.numel()].view(p.shape))
-            at += p.numel()
+        self.live = False  # some .grad here is defined (else g = 0 here)
+        self.grad: torch.Tensor | None = None
+        self.views: list[torch.Tensor] = []
+        self.expect: list[Any] = []
+        self._refs: tuple[Any, list[Any], list[bool]] | None = None  # weakly, between steps
+
+    def take(self) -> None:
+        """Make the buffer hold every ``.grad``: each is its view, or None with a zero view."""
+        changed = self.grad is None
+        if changed:
+            self._resume()
+        if not all(map(is_, map(_grad_of, self.params), self.expect)):
+            self._adopt()
+            changed = True
+        if changed:
+            self.live = any(e is not None for e in self.expect)
+
+    def release(self) -> None:
+        """Close the step; a large buffer is held from now on only by the ``.grad`` that are its views."""
+        if self.grad is not None and self.grad.nbytes >= _RELEASE_BYTES:
+            self._refs = (weakref.ref(self.grad), [weakref.ref(v) for v in self.views], [e is None for e in self.expect])
+            self.grad, self.views, self.expect = None, [], []
+        self.mirror.zero_()
+        self.mean.zero_()
+
+    def _resume(self) -> None:
+        import torch
+
+        buf_ref, view_refs, zeros = self._refs or (lambda: None, [], [])
+        buf = buf_ref()
+        if buf is None:  # never made, or freed with the .grad (zero_grad(set_to_none=True))
+            p0 = self.params[0]
+            buf = torch.empty(self.offsets[-1], dtype=p0.dtype, device=p0.device)
+            self.views = list(torch._utils._unflatten_dense_tensors(buf, self.params))
+            self.expect = [_STALE] * len(self.params)
+        else:
+            self.views = [ref() for ref in view_refs]
+            self.expect = [None if z else v for v, z in zip(self.views, zeros)]
+            for i, v in enumerate(self.views):
+                if v is None:  # no .grad held this view any more: a new one on the same memory
+                    self.views[i] = buf[self.offsets[i]:self.offsets[i + 1]].view(self.params[i].shape)
+                    self.expect[i] = None if zeros[i] else _STALE
+        self.grad = buf
+
+    def _adopt(self) -> None:
+        """Copy each ``.grad`` that is not its view into the view and set ``.grad`` to it; zero
+        the view where ``.grad`` is None (no gradient reached the tensor)."""
+        import torch
+
+        taken, grads, zero = [], [], []
+        for i, (p, v) in enumerate(zip(self.params, self.views)):
+            g = p.grad
+            if g is None and self.expect[i] is not None:
+                zero.append(v)
+            elif g is not None and g is not v:
+                taken.append(i)
+                grads.append(g)
+            self.expect[i] = None if g is None else v
+        with torch.no_grad():
+            if grads:
+                torch._foreach_copy_([self.views[i] for i in taken], grads)
+            if zero:
+                torch._foreach_zero_(zero)
+        for i in taken:
+            self.params[i].grad = self.views[i]
 
 
 class NoiseMonitor:
@@ -102,6 +180,8 @@ class NoiseMonitor:
             opt.step(); opt.zero_grad(set_to_none=True)
 
     ``.grad`` must hold only this step's micro-batches: zeroed (or None) before the first.
+    From the first ``micro()`` of a step each ``.grad`` is a view of the monitor's buffer; code
+    that replaces a ``.grad`` (not updating it in place) costs a copy at the next ``micro()``.
     """
 
     def __init__(
@@ -114,7 +194,7 @@ class NoiseMonitor:
         t_step_seconds: float | None = None,
         anchor_lr: float | None = None,
     ) -> None:
-        self.params = [p for p in params if p.requires_grad]
+        self.params = list({id(p): p for p in params if p.requires_grad}.values())
         if not self.params:
             raise InputError("NoiseMonitor found no trained tensors (none with requires_grad); pass the params the optimizer trains")
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
@@ -125,10 +205,10 @@ class NoiseMonitor:
             "tokens_per_micro_batch": tokens_per_micro_batch, "t_micro_seconds": t_micro_seconds,
             "t_step_seconds": t_step_seconds, "anchor_lr": anchor_lr,
         }
-        self._flats: list[_Flat] | None = None
+        self._groups: list[_Group] | None = None
         self._home = self.params[0].device
         self._tokens = 0.0
-        self._pending: list[tuple[float, Any, Any]] = []
+        self._pending: list[tuple[float, float, Any, Any]] = []
         self._sums = NoiseSums()
         self.steps = 0
         self.history: list[dict[str, Any]] = []
@@ -143,13 +223,13 @@ class NoiseMonitor:
             raise InputError(f"grad_accum must be a whole number of micro-batches >= 1, got {k!r}")
         self._grad_accum = k
 
-    def _buffers(self) -> list[_Flat]:
-        if self._flats is None:
-            by_device: dict[Any, list[int]] = {}
-            for i, p in enumerate(self.params):
-                by_device.setdefault(p.device, []).append(i)
-            self._flats = [_Flat([self.params[i] for i in idx]) for idx in by_device.values()]
-        return self._flats
+    def _buffers(self) -> list[_Group]:
+        if self._groups is None:
+            by_kind: dict[Any, list[torch.Tensor]] = {}
+            for p in self.params:
+                by_kind.setdefault((p.device, p.dtype), []).append(p)
+            self._groups = [_Group(ps) for ps in by_kind.values()]
+        return self._groups
 
     def micro(self, scored_tokens: int, scale: float | None = None) -> None:
         """Read the micro-batch whose ``backward()`` just ran.
@@ -170,30 +250,28 @@ class NoiseMonitor:
         s = 1.0 / self._grad_accum if scale is None else float(scale)
         if not (s > 0 and math.isfinite(s)):
             raise InputError(f"NoiseMonitor.micro(scale={scale!r}) needs the loss's positive multiplier")
-        flats = self._buffers()
+        groups = self._buffers()
         t_prev = self._tokens
         t_now = t_prev + float(scored_tokens)
-        r: Any = 0.0
-        u: Any = 0.0
-        seen = False
-        for f in flats:
-            pairs = [(p.grad, v) for p, v in zip(f.params, f.mirror_views) if p.grad is not None]
-            if not pairs:
-                continue  # no gradient on this device: g = 0 there, and so are its buffers
-            seen = True
-            grads = [g for g, _ in pairs]
-            mirror = [v for _, v in pairs]
-            torch._foreach_sub_(mirror, grads)  # mirror = previous .grad - .grad = -s g
+        r: Any = None  # the squared norms, summed over the groups
+        u: Any = None
+        for grp in groups:
+            grp.take()
+            if not grp.live:
+                continue  # no .grad on these tensors: g = 0 there, and so are its buffers
+            grad, mirror, mean = grp.grad, grp.mirror, grp.mean
+            mirror.sub_(grad)  # mirror = previous .grad - .grad = -s g
             if t_prev > 0:
-                f.mirror.add_(f.mean, alpha=s)  # = -s (g - m)
-            r = r + torch.dot(f.mirror, f.mirror).to(self._home)
-            f.mean.add_(f.mirror, alpha=-(float(scored_tokens) / t_now) / s)  # m += (t/T)(g - m)
-            u = u + torch.dot(f.mean, f.mean).to(self._home)
-            torch._foreach_copy_(mirror, grads)  # mirror = .grad again
-        if not seen:
+                mirror.add_(mean, alpha=s)  # = -s (g - m)
+            ri = torch.dot(mirror, mirror).to(self._home)
+            mean.add_(mirror, alpha=-(float(scored_tokens) / t_now) / s)  # m += (t/T)(g - m)
+            ui = torch.dot(mean, mean).to(self._home)
+            r, u = (ri, ui) if r is None else (r + ri, u + ui)
+            mirror.copy_(grad)  # mirror = .grad again
+        if r is None:
             raise InputError("NoiseMonitor.micro() found no .grad on the trained tensors; call it after the micro-batch's backward()")
         self._tokens = t_now
-        self._pending.append((float(scored_tokens), r / (s * s), u))
+        self._pending.append((float(scored_tokens), s, r, u))
 
     def step(self) -> NoiseEstimate:
         """Close the optimizer step: one synchronisation, the step's micro-batches pooled with
@@ -201,18 +279,17 @@ class NoiseMonitor:
         import torch
 
         if self._pending:
-            vals = torch.stack([torch.stack([r, u]) for _, r, u in self._pending]).double().cpu().tolist()
+            vals = torch.stack([x for _, _, r, u in self._pending for x in (r, u)]).double().cpu().tolist()
             self._sums.new_group()
-            for (t, _, _), (r, u) in zip(self._pending, vals):
-                self._sums.add(Draw(tokens=t, innovation_sq=r, mean_sq=u))
+            for j, (t, s, _, _) in enumerate(self._pending):
+                self._sums.add(Draw(tokens=t, innovation_sq=vals[2 * j] / (s * s), mean_sq=vals[2 * j + 1]))
             while len(self._sums.groups) > 1 and self._sums.draws - self._sums.groups[0].draws >= self.window:
                 self._sums.drop_oldest()
         k, tokens = len(self._pending), self._tokens
         self._pending = []
         self._tokens = 0.0
-        for f in self._flats or []:
-            f.mirror.zero_()
-            f.mean.zero_()
+        for grp in self._groups or []:
+            grp.release()
         est = self._sums.estimate()
         self.history.append({
             "step": self.steps, "k": k, "tokens": tokens, "b_noise_tokens": est.b_noise_tokens,

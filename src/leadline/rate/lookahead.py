@@ -26,8 +26,12 @@ horizons past the warmup. It stops when |s| <= ``settle_slope``, every estimate 
 was refined and the last horizon is at least ``min_horizon`` steps (settled), at the run's length, or when the next horizon would pass the step budget
 (``budget_fraction`` x T optimizer steps over all candidates; where the budget does not cover
 every rate, the best and its two neighbours go on alone). The answer is the last
-estimate carried to the run's length, lr * (T/n)^s, bounded to 8x either way, and never above
-a rate found unstable or diverged.
+estimate; when the look-ahead stopped short of the run's length on a falling trend that had not
+settled, that estimate carried to the run's length, lr * (T/n)^s, bounded to 8x either way.
+A settled estimate is the answer as read (the seed: "until the best rate stops depending on
+n"), and a rising trend is not carried: a longer horizon favours a lower rate, and a rise past
+the warmup is the low rates catching up, not a trend to extrapolate. Never above a rate found
+unstable or diverged.
 
 Why the minimum horizon: at step 0 every row agrees on the answer's format (the end token),
 and a short horizon rewards the rate that learns the format fastest — seed E8 (LoRA's best at
@@ -285,11 +289,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     last, lr = last_read, last_estimate
     if short:
         stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
-    if last < total_steps and slope is not None:
-        lr = carry_trend(lr, last, slope, total_steps)
-        stopped += f"; the estimate (n^{slope:.2f}) carried from {last} to {total_steps} steps"
-    elif last < total_steps:
-        stopped += f"; fewer than {settle} horizons for a trend, the estimate at {last} steps kept"
+    lr, why = answer_at_run_length(lr, last, slope, total_steps, settled=stopped.startswith("settled"), settle=settle)
+    stopped += why
     ceiling = min((c.lr for c in cands.values() if c.status in ("unstable", "diverged")), default=math.inf)
     if lr >= ceiling:
         lr = ceiling / 2
@@ -307,3 +308,20 @@ def _estimate(cands: dict[int, Any], best: int, n: int, rows: int) -> tuple[floa
         if refined is not None:
             return refined, True
     return cands[best].lr, False
+
+
+def answer_at_run_length(estimate: float, last: int, slope: float | None, total_steps: int, *, settled: bool,
+                         settle: int = 3) -> tuple[float, str]:
+    """The look-ahead's answer from its last estimate (read at ``last`` steps) and the trend
+    ``slope`` (s in lr ~ n^s): carried to ``total_steps`` only on a falling trend that had not
+    settled. Returns (rate, the clause the stop reason gains)."""
+    if last >= total_steps:
+        return estimate, ""
+    if settled:
+        return estimate, f"; the estimate at {last} steps kept (settled: not carried)"
+    if slope is None:
+        return estimate, f"; fewer than {settle} horizons for a trend, the estimate at {last} steps kept"
+    if slope > 0:
+        return estimate, f"; the estimate at {last} steps kept (a rising trend, n^{slope:.2f}, is not carried)"
+    return carry_trend(estimate, last, slope, total_steps), f"; the estimate (n^{slope:.2f}) carried from {last} to {total_steps} steps"
+
