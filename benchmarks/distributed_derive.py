@@ -20,7 +20,9 @@ Subcommands (each writes one JSON; run them in this order):
             --steps steps; the target is A's held-out loss at its last step; run B until it
             reaches the target; steps counted at the first held-out read at or below it.
             Predicted (McCandlish et al. 2018, what scale_out() computes):
-            S_b / S_a = (1 + B_noise/B_b) / (1 + B_noise/B_a).
+            S_b / S_a = (1 + B_noise/B_b) / (1 + B_noise/B_a), with the B_noise the plan's step
+            was taken from (read past the format when the plan has it; the step-0 reading's
+            prediction is recorded beside it).
   compare   the rules below, from the JSONs the others wrote.
 
 Decision rules, written before the run:
@@ -232,7 +234,9 @@ def cmd_scaleout(args: argparse.Namespace) -> dict[str, Any]:
     dev = device_of(None, args)
     micro, accum = int(plan.micro_batch), int(plan.grad_accum)
     per_row = float(plan.scored_tokens_per_row)
-    b_noise = float(plan.noise_scale_tokens)
+    past = plan.get("noise_scale_past_format_tokens")
+    b_noise_step0 = float(plan.noise_scale_tokens)
+    b_noise = float(past) if isinstance(past, (int, float)) and past > 0 else b_noise_step0  # the reading the step came from
     b_a, b_b = micro * accum * per_row, micro * accum * args.factor * per_row
     steps = int(args.steps or plan.total_steps)
     lr_a = float(plan.lr)
@@ -246,8 +250,10 @@ def cmd_scaleout(args: argparse.Namespace) -> dict[str, Any]:
     s_a, _ = steps_and_tokens(b_a, b_noise)
     s_b, _ = steps_and_tokens(b_b, b_noise)
     predicted = s_b / s_a
+    s0_a, _ = steps_and_tokens(b_a, b_noise_step0)
+    s0_b, _ = steps_and_tokens(b_b, b_noise_step0)
     measured = (b["reached_step"] / steps) if b["reached_step"] else None
-    return {"b_noise_tokens": b_noise, "batch_a_tokens": b_a, "batch_b_tokens": b_b, "factor": args.factor, "lr_a": lr_a, "lr_b": lr_b,
+    return {"b_noise_tokens": b_noise, "b_noise_step0_tokens": b_noise_step0, "predicted_ratio_step0_noise": s0_b / s0_a, "batch_a_tokens": b_a, "batch_b_tokens": b_b, "factor": args.factor, "lr_a": lr_a, "lr_b": lr_b,
             "steps_a": steps, "target_held_out": target, "steps_b": b["reached_step"], "predicted_ratio": predicted,
             "predicted_steps_b": predicted * steps, "measured_ratio": measured, "perfect_ratio": 1 / args.factor,
             "run_a": a, "run_b": b}

@@ -24,14 +24,19 @@ Decision rules (per mode), written before the run:
   Beside the rules (no pass/fail, added after session 6's first E8 run missed R2 in the full
   mode at a rate 1.15x the sweep's best): the sweep's best rate run again from the same start
   ("replay_best": how far two runs at one rate land apart on this card, TF32 and atomics
-  included), and the look-ahead's rate constant with no warmup ("lookahead_constant").
+  included), and the look-ahead's rate constant with no warmup ("lookahead_constant"). From session 7
+  (whose look-ahead arm lost 0.018 to "lookahead_constant" at the same rate): the look-ahead arm's
+  schedule (warmup from alpha1) from a fresh optimizer and the base weights ("lookahead_warmup_fresh"),
+  which separates the warmup from the state the measurement phases leave.
 
 E11 — the run on debian_sections (prompt text + "\\nSection:", completion " label"; LoRA r16,
 alpha 32, all seven projections; 16 rows a step, one pass over 3,104 training rows, T = 194).
 Arms: (a) untrained; (b) the default recipe: AdamW 2e-4, 3% warmup, linear decay to zero;
 (c) the plan alone: alpha1 + the full look-ahead (T = 194), its rate constant after the warmup;
 (d) the same plan + LookaheadSchedule(lookahead_from(look-ahead)) with finish(); (e) quick
-effort: alpha1 + race() over alpha1 x 2^j, j = -1..3, inside the run; (f) arm (d) again, whole
+effort: alpha1 + race() inside the run over the quick plan's own grid (derive's: the anchor x 2^j
+from half the anchor up to alpha1 where the anchor is below alpha1 — session 7 ran alpha1 x 2^j,
+j = -1..3, whose every rate spiked past 50 steps, and was cut by its time limit); (f) arm (d) again, whole
 (alpha1 and the look-ahead measured again, then the schedule), with the process held to a 6 GB
 card (torch.cuda.set_per_process_memory_fraction), unless --cap-gb 0. The batch is the
 recipe's 16 rows in every arm, so the arms differ in the rate and the run only.
@@ -317,7 +322,8 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
     }
     log(f"E8 {mode}: alpha1={fs.alpha1} look-ahead lr={la.lr:.3g} ({la.stopped_because}) loss={m['lookahead']['loss']['mean']:.4f}; {m['rules']}")
     save()
-    for name, lr, lr_at in (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr)):
+    for name, lr, lr_at in (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr),
+                            ("lookahead_warmup_fresh", la.lr, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))):
         t1 = time.perf_counter()
         opt = s.opt(fresh())
         train(opt, ts, steps, lr_at)
@@ -353,11 +359,13 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
 
     from leadline.rate import (
         LookaheadSchedule,
+        anchor_rate,
         lookahead_from,
         lookahead_lr,
         measure_first_step,
         race,
     )
+    from leadline.rate.race import quick_race_rates
     from leadline.rate.warmup import warmup_lr
     from leadline.stats import mcnemar
 
@@ -442,10 +450,14 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         opt = s.opt(params)
         ts = make_train_step(s.model, train_rows, per_step, s.pad, s.device)
         fs = measure_first_step(params, opt, ts, held)
-        grid = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="quick")
-        r = race(params, opt, ts, held, grid.rates, steps, alpha1=fs.alpha1,
+        # the quick plan's own race (derive's _quick_rate): the anchor x 2^j from half the anchor
+        # up to alpha1, where the anchor is below alpha1; else alpha1 x 2^j (the quick grid)
+        named = [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
+        anchor = anchor_rate(named, trained_as="factors").lr
+        rates = quick_race_rates(anchor, fs.alpha1) if anchor < fs.alpha1 else lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="quick").rates
+        r = race(params, opt, ts, held, rates, steps, alpha1=fs.alpha1,
                  on_progress=lambda rd: log(f"E11 race round {rd['steps']}: {[round(c['loss'], 4) for c in rd['candidates']]}"))
-        return {"alpha1": fs.alpha1, "rates": grid.rates, "lr": r.lr, "decided_by": r.decided_by, "steps_used": r.steps_used,
+        return {"alpha1": fs.alpha1, "anchor": anchor, "rates": rates, "lr": r.lr, "decided_by": r.decided_by, "steps_used": r.steps_used,
                 "ending": r.ending.get("kept"), "race": r.evidence()}
 
     def untrained() -> dict[str, Any]:
@@ -458,17 +470,18 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         plan.append((f"plan_schedule_cap{args.cap_gb:g}gb", lambda: capped(lambda: scheduled("capped", True))))
 
     def capped(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        total = torch.cuda.get_device_properties(s.device).total_memory
+        dev = s.device if s.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+        total = torch.cuda.get_device_properties(dev).total_memory
         torch.cuda.empty_cache()
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 2**30 / total), s.device)
-        torch.cuda.reset_peak_memory_stats(s.device)
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gb * 2**30 / total), dev)
+        torch.cuda.reset_peak_memory_stats(dev)
         try:
             res = fn()
-            res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(s.device)
+            res["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(dev)
             res["cap_bytes"] = int(args.cap_gb * 2**30)
             return res
         finally:
-            torch.cuda.set_per_process_memory_fraction(1.0, s.device)
+            torch.cuda.set_per_process_memory_fraction(1.0, dev)
 
     if args.e11_arms:  # a subset, by name prefix (the others measured in an earlier run)
         want = [a.strip() for a in args.e11_arms.split(",") if a.strip()]

@@ -314,6 +314,22 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
     assert torch.isfinite(torch.tensor(plan.lr))
 
 
+def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower_of_its_answer_and_the_anchor():
+    import leadline.derive as d
+
+    w, opt, train_step_of, held_out = _toy()
+    # 24 steps: the budget (2 x 24) covers the first horizon (10 steps) of the rates, not 16
+    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
+                    held_out_losses=held_out, total_steps=24, effort="full")
+    read = plan["lookahead_horizon_steps"].value
+    assert read < 16 and "budget" in plan["lookahead_horizon_steps"].source
+    la = plan["lr"].evidence.get("lookahead", plan["lr"].evidence)
+    assert plan.lr == min(la["chosen_lr"], plan.lr_anchor)
+    assert plan.lr_anchor < la["chosen_lr"], "the toy must put the anchor below the look-ahead's answer for this test to test the rule"
+    assert plan["lr"].kind == "constant"
+    assert f"its step budget stopped the look-ahead at {read} steps, before its 16-step minimum horizon" in plan["lr"].source
+
+
 def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alpha1_and_the_anchor(monkeypatch):
 
     import leadline.derive as d
@@ -383,7 +399,7 @@ def test_full_effort_on_the_tiny_model_runs_the_lookahead():
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
     digest = tensors_digest(list(model.parameters()))
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=16, effort="full")
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=64, effort="full")
     assert plan["lr"].kind == "measured" and plan["lr"].source.startswith("look-ahead:")
     assert plan["lr"].evidence["plot"] == "lookahead" and plan["lr"].evidence["horizons"]
     assert tensors_digest(list(model.parameters())) == digest

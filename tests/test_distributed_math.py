@@ -154,6 +154,17 @@ def test_scale_out_reads_the_plan_and_anchors_s_min_on_its_run():
     assert not rel.absolute and rel.s_min == 1.0 and "S_min" in rel.table()
 
 
+def test_scale_out_uses_the_noise_read_past_the_format_when_the_plan_has_it():
+    # the step was taken from 10,000 tokens past the format, not 2.5 at step 0: S_min = 110 / (1 + 10)
+    plan = _plan(noise_scale_tokens=2.5, noise_scale_past_format_tokens=10_000.0, total_steps=110, tokens_per_step=1_000.0)
+    t = scale_out(plan, gpus=(1, 4))
+    assert t.s_min == pytest.approx(10.0) and t.row(4).steps == pytest.approx(60.0)
+    assert any("read past the answer's format" in a and "not 2.5 at step 0" in a for a in t.assumptions)
+    # an unresolved reading past the format (None) leaves the step-0 one
+    t0 = scale_out(_plan(noise_scale_tokens=10_000.0, noise_scale_past_format_tokens=None, total_steps=110, tokens_per_step=1_000.0), gpus=(1,))
+    assert t0.s_min == pytest.approx(10.0) and not any("past the answer's format" in a for a in t0.assumptions)
+
+
 def test_scale_out_names_what_the_plan_lacks():
     p = Plan()
     p.set("noise_scale_tokens", Value(1.0, "measured", "x"))

@@ -235,7 +235,8 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
         plan: a :class:`~leadline.plan.Plan` with ``noise_scale_tokens``, ``rows_fit``,
             ``scored_tokens_per_row``, ``t_micro_seconds`` and ``t_step_seconds`` (a derive
             with a model and data); ``total_steps`` and ``tokens_per_step`` make the steps and
-            times absolute.
+            times absolute. Where the plan read the noise again past the answer's format
+            (``noise_scale_past_format_tokens``), the table uses that reading, as the step did.
         gpus: the GPU counts (default 1, 2, 4, ..., 64).
         min_efficiency: below this efficiency adding GPUs stops paying (default 0.5).
 
@@ -249,11 +250,17 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
     missing = [n for n in need if not isinstance(plan.get(n), (int, float)) or isinstance(plan.get(n), bool)]
     if missing:
         raise InputError(f"the scale-out table needs the plan's {', '.join(missing)}; derive the plan with a model and data (`leadline derive --model ... --data ...`)")
-    b = float(plan.get("noise_scale_tokens"))
+    key = "noise_scale_tokens"
+    past = plan.get("noise_scale_past_format_tokens")
+    notes = []
+    if isinstance(past, (int, float)) and not isinstance(past, bool) and math.isfinite(past) and past > 0:
+        key = "noise_scale_past_format_tokens"  # the reading the plan's step was taken from
+        notes.append(f"B_noise {_num(float(past))} tokens read past the answer's format (the reading the plan's step was taken from), "
+                     f"not {_num(float(plan.get('noise_scale_tokens')))} at step 0")
+    b = float(plan.get(key))
     per_row = float(plan.get("scored_tokens_per_row"))
     m = int(plan.get("rows_fit")) * per_row
-    notes = []
-    ev = plan["noise_scale_tokens"].evidence if isinstance(plan["noise_scale_tokens"].evidence, dict) else {}
+    ev = plan[key].evidence if isinstance(plan[key].evidence, dict) else {}
     if ev.get("lower_bound"):
         notes.append("B_noise is a lower bound (|G|² did not resolve): the knee lies further out and the table is pessimistic about many GPUs")
     elif ev.get("upper_bound"):

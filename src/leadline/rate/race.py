@@ -4,7 +4,9 @@ race() *is* the run: every rate starts from the same weights, RNG state and rows
 alpha1, then constant); at each round's boundary the candidates are read on the held-out rows
 and compared with the best (paired t at :func:`leadline.stats.sequential_bar`), and half go on,
 each continued from its own snapshot: those not significantly worse than the best first,
-lowest rates first, then the others by mean (diverged ones are out) — successive halving,
+lowest rates first, then the others by mean (diverged ones are out, and one whose held-out loss
+rose significantly since its previous reading — a spike — is out with every higher rate; when
+that is every running rate, the lowest goes on: the race is the run) — successive halving,
 Jamieson & Talwalkar 2016; Li et al. 2018. The boundaries double from the end of the warmup (at least
 T/16; a short horizon favours the rate that learns the answer's format fastest); the last
 decides the winner **by a test**: the best mean wins when every other rate is significantly
@@ -28,7 +30,7 @@ from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import Value
-from leadline.rate.compare import mean_or_inf, prune
+from leadline.rate.compare import compare, mean_or_inf, prune
 from leadline.rate.warmup import warmup_lr, warmup_steps_for
 
 
@@ -59,6 +61,14 @@ class RaceResult:
             "lr": Value(self.lr, "measured", f"won a race of {len(self.rates)} rates inside the run by successive halving on {self.held_out_rows} held-out rows ({self.decided_by}; {self.steps_used} steps for a {self.total_steps}-step run)", evidence=self.evidence(), seconds=self.seconds, unit="per step"),
             "ending": Value(kept, "measured", self.ending.get("why", "the ending raced at the end"), evidence=self.ending),
         }
+
+
+def quick_race_rates(anchor: float, alpha1: float) -> list[float]:
+    """The quick plan's race: the anchor x 2^j from half the anchor up to alpha1 (alpha1 is the
+    best single step, not a rate to hold; docs/rate.md)."""
+    if not (anchor > 0 and alpha1 > 0 and math.isfinite(anchor) and math.isfinite(alpha1)):
+        raise InputError(f"quick_race_rates needs a positive anchor and alpha1, got {anchor!r} and {alpha1!r}")
+    return [anchor * 2.0**j for j in range(-1, 8) if anchor * 2.0**j <= alpha1 * (1 + 1e-9)]
 
 
 def boundaries(n_rates: int, total_steps: int, first: int) -> list[int]:
@@ -107,38 +117,56 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
     h = max(1, total_steps // 8) if ending_horizon is None else int(ending_horizon)
     copy_at = total_steps - 2 * h
     rounds: list[dict[str, Any]] = []
+    notes: list[str] = []
     used, decided, ending, snaps = 0, "one rate", {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}, {}
     with no_trace(params, opt, place=place, on_success=False) as origin:
         ratios = group_ratios(opt)
-        rows = len(read_held_out(held_out))
+        base = read_held_out(held_out)
+        rows = len(base)
         alive = list(cands)
         for look, b in enumerate(points, 1):
             if len(alive) == 1:
                 break
+            spiked = []
             for c in alive:
                 used += b - c.done
+                prev = max(c.readings, default=0)
                 c.advance(b, params, opt, train_step, held_out, origin, ratios, rows, place)
                 snaps = c.snapshot.evidence() if c.snapshot is not None else snaps
-            readings = {c.key: c.readings[b] for c in alive}
-            if not any(math.isfinite(mean_or_inf(v)) for v in readings.values()):
+                if c.status == "running" and compare(c.readings[b], c.readings.get(prev, base), alpha=alpha, look=look, max_looks=len(points)).worse:
+                    spiked.append(c)  # its own held-out loss rose since its previous reading
+            seen = list(alive)
+            if not any(math.isfinite(mean_or_inf(c.readings[b])) for c in seen):
                 raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower rates")
+            running = [c for c in seen if c.status == "running"]
+            if spiked:  # a spike puts that rate and every higher one out ...
+                low = min(c.lr for c in spiked)
+                out = sorted((c for c in running if c.lr >= low), key=lambda c: c.lr)
+                if len(out) == len(running):  # ... but the run goes on: the lowest rate stays, the least likely to spike again
+                    notes.append(f"step {b}: every running rate's held-out loss rose since its previous reading; the lowest, {out[0].lr:.3g}, goes on")
+                    out = out[1:]
+                for c in out:
+                    c.stop("unstable")
+            alive = [c for c in seen if c.status == "running"]
+            readings = {c.key: c.readings[b] for c in alive}
             best, verdicts = prune(readings, alpha=alpha, look=look, max_looks=len(points))
             tied = [k for k in readings if k == best or not verdicts[k].worse]
             tied = [k for k in tied if math.isfinite(mean_or_inf(readings[k]))] or [best]
             if look == len(points):
                 winner = min(tied, key=lambda k: cands[k].lr)
-                decided = ("the best mean, every other rate significantly worse" if winner == best and len(tied) == 1
+                decided = ("the only rate left" if len(readings) == 1
+                           else "the best mean, every other rate significantly worse" if winner == best and len(tied) == 1
                            else f"{len(tied)} rates not significantly different: the lowest of them")
                 keep = [winner]
             else:  # halving: half go on — the tied ones first, lowest rates first; then by mean
-                half = max(1, math.ceil(len(alive) / 2))
+                half = max(1, math.ceil(len(seen) / 2))  # half of those that entered the round
                 rest = sorted((k for k in readings if k not in tied and math.isfinite(mean_or_inf(readings[k]))),
                               key=lambda k: mean_or_inf(readings[k]))
                 keep = (sorted(tied, key=lambda k: cands[k].lr) + rest)[:half]
             for c in alive:
                 if c.key not in keep:
                     c.stop("dropped" if c.status == "running" else c.status)
-            rounds.append({"steps": b, "candidates": [c.row(b, verdicts[c.key].as_dict() if c.key in verdicts else None) for c in alive]})
+            rounds.append({"steps": b, "candidates": [c.row(b, verdicts[c.key].as_dict() if c.key in verdicts else None) for c in seen]})
             if on_progress is not None:
                 on_progress(rounds[-1])
             alive = [cands[k] for k in keep]
@@ -161,4 +189,6 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             used += total_steps - win.done
         for c in cands:
             c.snapshot = None
+    if notes:
+        decided += "; " + "; ".join(notes)
     return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)
