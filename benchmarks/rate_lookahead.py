@@ -297,11 +297,21 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         save()
     t1 = time.perf_counter()
     params = fresh()
+    start = [p.detach().clone() for p in params]
     opt = s.opt(params)
     fs = measure_first_step(params, opt, ts, held)
     la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="full",
                       on_progress=lambda h: log(f"E8 {mode} horizon {h['steps']}: best {h.get('best_lr')}"))
     t2 = time.perf_counter()
+    import torch
+
+    m["state_after_phases"] = {  # what the run below starts from: the phases must leave no trace
+        "weights_equal_start": all(torch.equal(p, q) for p, q in zip(params, start)),
+        "optimizer_state_entries": len(opt.state), "grads_none": all(p.grad is None for p in params),
+        "param_group": {k: v for k, v in opt.param_groups[0].items() if k != "params"},
+        "model_training_mode": bool(s.model.training),
+    }
+    del start
     train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))
     losses = judged()
     ranked = sorted(m["sweep"], key=lambda a: a["loss"]["mean"])

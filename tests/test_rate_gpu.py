@@ -75,3 +75,52 @@ def test_a_lookahead_on_the_card_leaves_no_trace():
     assert la.snapshots["on_card"] is True
     assert torch.equal(w, torch.zeros_like(w)) and not opt.state and w.grad is None
     assert torch.equal(torch.cuda.get_rng_state(), rng)
+
+
+def test_a_run_after_the_measurement_phases_is_the_run_from_a_fresh_start_on_the_card():
+    """A tiny Llama, every weight trained (tied embeddings included), AdamW on CUDA: 12 steps
+    with a warmup after measure_first_step + lookahead_lr land where 12 steps from a fresh
+    optimizer land (the same kernels in the same order: equal to float32 round-off)."""
+    from helpers import make_model
+
+    from leadline.rate import lookahead_lr, measure_first_step
+    from leadline.rate.warmup import warmup_lr
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model = make_model(seed=0).cuda()
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, 384, (4, 16), generator=g).cuda() for _ in range(32)]
+    held_rows = [torch.randint(0, 384, (1, 16), generator=g).cuda() for _ in range(16)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+
+    def train_step(t: int) -> float:
+        x = rows[t % len(rows)]
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        return float(loss)
+
+    def held() -> list[float]:
+        with torch.no_grad():
+            return [float(model(input_ids=x, labels=x).loss) for x in held_rows]
+
+    def run(opt: torch.optim.Optimizer, lr: float, alpha1: float) -> list[torch.Tensor]:
+        for t in range(12):
+            for group in opt.param_groups:
+                group["lr"] = warmup_lr(t, lr, alpha1, 10)
+            opt.zero_grad(set_to_none=True)
+            train_step(t)
+            opt.step()
+        return [p.detach().clone() for p in params]
+
+    fresh = run(torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0), 2e-3, 1e-3)
+    with torch.no_grad():
+        for p, s in zip(params, start):
+            p.copy_(s)
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    fs = measure_first_step(params, opt, train_step, held)
+    lookahead_lr(params, opt, train_step, held, fs, total_steps=24, effort="full")
+    assert not opt.state and all(torch.equal(p, s) for p, s in zip(params, start))
+    after = run(opt, 2e-3, 1e-3)
+    worst = max(float((a - b).abs().max()) for a, b in zip(after, fresh))
+    assert worst <= 1e-6, f"the run after the phases drifted from a fresh one by {worst:g}"
