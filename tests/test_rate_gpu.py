@@ -82,7 +82,6 @@ def test_a_run_after_the_measurement_phases_is_the_run_from_a_fresh_start_on_the
     with a warmup after measure_first_step + lookahead_lr land where 12 steps from a fresh
     optimizer land (the same kernels in the same order: equal to float32 round-off)."""
     from helpers import make_model
-
     from leadline.rate import lookahead_lr, measure_first_step
     from leadline.rate.warmup import warmup_lr
 
