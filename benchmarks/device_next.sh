@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The device runs still owed, one named part per device call (each under the 10-minute limit).
+# Run from the repo root on the GPU machine; results go to $OUT. Parts, in the order that closes
+# issues (benchmarks/README.md says why):
+#   setup1                      carry .device/part1: the first half of the model and the gguf wheel
+#   setup2                      carry .device/part2: the rest, joined, gguf installed, the HF folder written
+#   gpu_tests                   the @pytest.mark.gpu tests (~30 s)
+#   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
+#   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
+#   dist                        issue 9: one-GPU derive + scaleout (~200 s)
+#   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s)
+# Several parts in one call: `bash benchmarks/device_next.sh setup1 gpu_tests`.
+set -u
+OUT=${OUT:-/tmp/out}
+export PYTHONPATH=src
+M=/root/assets/smol_hf
+while [ $# -gt 0 ]; do
+  part=$1; shift
+  case $part in
+    setup1)
+      mkdir -p /root/assets && cp -r .device/part1/. /root/assets/ ;;
+    setup2)
+      mkdir -p /root/assets && cp -r .device/part2/. /root/assets/ \
+        && (cd /root/assets && cat smol.gguf.part-* > smol.gguf && rm smol.gguf.part-* \
+            && python3 -m pip install -q --no-index --no-deps gguf-*.whl) \
+        && python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf $M > "$OUT/gguf.log" 2>&1
+      tail -1 "$OUT/gguf.log" ;;
+    gpu_tests)
+      timeout 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -6 | tee "$OUT/gpu_tests.txt" ;;
+    e8)
+      timeout 290 python3 benchmarks/rate_lookahead.py --model $M --experiment e8 --modes full --out "$OUT/rate_e8_full.json" > "$OUT/e8.log" 2>&1
+      tail -6 "$OUT/e8.log" ;;
+    race)
+      timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms default_recipe,quick_race --max-seconds 200 \
+        --out "$OUT/rate_e11_race.json" > "$OUT/e11_race.log" 2>&1
+      tail -6 "$OUT/e11_race.log" ;;
+    dist)
+      mkdir -p "$OUT/dist"
+      timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$OUT/dist/derive_1.json" > "$OUT/dist/derive.log" 2>&1
+      timeout 330 python3 benchmarks/distributed_derive.py scaleout --model $M --plan "$OUT/dist/derive_1.json" --out "$OUT/dist/scaleout.json" > "$OUT/dist/scaleout.log" 2>&1
+      tail -3 "$OUT/dist/derive.log" "$OUT/dist/scaleout.log" ;;
+    mem)
+      mode=$1 card=$2 seq=$3; shift 3
+      timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" \
+        --out "$OUT/memory_ramp_${mode}_${card}gb_seq${seq}.json" > "$OUT/mem_${mode}_${card}_${seq}.log" 2>&1
+      tail -4 "$OUT/mem_${mode}_${card}_${seq}.log" ;;
+    *)
+      echo "unknown part: $part (see the header)"; exit 2 ;;
+  esac
+done
