@@ -28,6 +28,11 @@ R3 a second process (its CUDA context alive from the start, as another program's
    a real card could not give more than its free memory.)
 R4 the watch's cost: interleaved blocks of ``--block`` (10) steps, unwatched (cap set once) and
    watched, 3 each; ratio = median watched step / median unwatched step; PASS <= 1.01.
+R4b written before session 8's cases, because R4's blocks spread by more than the 1% they judge
+   (the first four 6 GB cases read 0.949, 1.108, 0.990, 1.064 while the watch's own reports put
+   its cost at 0.40-0.62% of each block): the bound 1 + the largest ``overhead_fraction`` the
+   watch reports for a watched block (the seconds of its own readings over the block's
+   seconds; what it can add to the loop) <= 1.01.
 R5 measure_fit (given the corpus's lengths, as ``leadline fit --data`` does) at b_ramp says fits
    and at the first rung the ramp refused says refused; its
    peak at b_ramp against the R2 run's peak allocated: PASS when probe / real >= 1.0 (the probe
@@ -292,6 +297,9 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
         if "R4" in args.checks:
             case["overhead"] = overhead(trained, b, mix, args, mem)
             case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
+            bound = 1 + max(r["overhead_fraction"] for r in case["overhead"]["watch_reports"])
+            case["overhead"]["bound"] = bound
+            case["R4b"] = "PASS" if bound <= 1.01 else "FAIL"
         step = ModelStep(trained)
         # the pre-flight through the same length mix the ramp confirmed with (leadline fit --data)
         at = measure_fit(step, b, seq, memory=mem, suggest=False, lengths=mix)
@@ -380,7 +388,7 @@ def main() -> int:
                     case.setdefault("seconds", time.perf_counter() - t0)
                     report["cases"].append(case)
                     write_atomic(out_path, json.dumps(report, indent=1, default=str))
-                    keys = ("R1", "R2", "R3", "R4", "R5")
+                    keys = ("R1", "R2", "R3", "R4", "R4b", "R5")
                     b = (case.get("ramp") or {}).get("micro_batch")
                     bt = (case.get("truth") or {}).get("b_true")
                     print(f"{mode:7s} seq {seq:5d} card {card:5.1f} GB: ramp b={b} truth b={bt} "
@@ -390,7 +398,7 @@ def main() -> int:
     finally:
         stop_child(child)
         torch.cuda.empty_cache()
-    verdicts = [c.get(k) for c in report["cases"] for k in ("R1", "R2", "R3", "R4", "R5") if c.get(k)]
+    verdicts = [c.get(k) for c in report["cases"] for k in ("R1", "R2", "R3", "R4", "R4b", "R5") if c.get(k)]
     report["summary"] = {"pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
                          "errors": sum(1 for c in report["cases"] if "error" in c)}
     write_atomic(out_path, json.dumps(report, indent=1, default=str))
