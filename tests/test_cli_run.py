@@ -67,6 +67,8 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         (["derive", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "0", "--out", str(tmp_path / "p.json")], "--steps 0"),
         (["derive", *args, "--data", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "p.json")], "does not exist"),
         (["derive", "--model", str(tmp_path / "nomodel"), "--data", str(DATA / "text.jsonl"), "--out", str(tmp_path / "p.json")], "does not exist"),
+        (["derive", "--model", str(model_dir), "--full", "--fit-rank", "--device", "cpu", "--data", str(DATA / "prompt_completion.jsonl"),
+          "--out", str(tmp_path / "p.json")], "--fit-rank measures a LoRA rank"),
         (["train", *args, "--data", str(other), "--plan", str(plan_path), "--out", str(tmp_path / "r")], "other data"),
         (["train", "--model", str(model_dir), "--lora-rank", "8", "--device", "cpu", "--data", str(DATA / "prompt_completion.jsonl"),
           "--plan", str(plan_path), "--out", str(tmp_path / "r2")], "trained parameters"),

@@ -169,13 +169,17 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
                max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
-               probe_rows: int = 2, fields: dict[str, str] | None = None) -> Plan:
+               probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
     The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
     tokenized corpus, in file order).
+
+    ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
+    fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf_rank`),
+    within ``max_seconds`` when one is given.
     """
     import time
 
@@ -185,6 +189,10 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     from leadline.provenance import describe_model
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
+    if fit_rank:
+        from leadline.hf_rank import lora_config_of
+
+        lora_config_of(model.module if hasattr(model, "module") else model)  # a full fine-tune is refused before anything runs
     if total_steps is None and epochs is None:
         epochs = 1.0
     world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP pieces below, the plan agreed by every rank
@@ -222,6 +230,14 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             loss_resolution=_loss_resolution(model),
             device=task.device, started=started,
         )
+        if fit_rank and world is not None:
+            plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run `leadline fit` on one card")
+        elif fit_rank:
+            from leadline.hf_rank import fit_rank_values
+
+            left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
+            for name, value in fit_rank_values(plan, model, seconds_left=left).items():
+                plan.set(name, value)
     finally:
         if job is not None:
             job.close()

@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="PLAN", help="where to write the plan (JSON, atomically)")
     p.add_argument("--html", metavar="OUT", help="also write the HTML report")
     p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
+    p.add_argument("--fit-rank", action="store_true", help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
     if not Path(args.data).is_file():
         raise InputError(f"--data {args.data} does not exist; pass a jsonl file of training rows")
+    if args.fit_rank and args.full:
+        raise InputError("--fit-rank measures a LoRA rank, and --full trains every weight; drop one of them")
     from leadline.distributed.world import job_from_env, launched_by_torchrun
 
     if not launched_by_torchrun():
@@ -60,7 +63,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
     try:
         plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
                           seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
-                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed)
+                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank)
     finally:
         if bar is not None:
             bar.close()
