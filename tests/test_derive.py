@@ -8,7 +8,7 @@ import random
 import pytest
 
 from helpers import DATA
-from leadline import InputError, Plan
+from leadline import InputError, Plan, Value
 from leadline._phases import tensors_digest
 
 
@@ -314,20 +314,37 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
     assert torch.isfinite(torch.tensor(plan.lr))
 
 
-def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower_of_its_answer_and_the_anchor():
+def test_a_short_run_reads_fewer_rates_around_the_anchor_from_its_minimum_horizon():
     import leadline.derive as d
 
     w, opt, train_step_of, held_out = _toy()
-    # 24 steps: the budget (2 x 24) covers the first horizon (10 steps) of the rates, not 16
+    # 24 steps: the default grid (5 rates) cannot reach the 16-step minimum horizon on 2 x 24 steps
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=24, effort="full")
-    read = plan["lookahead_horizon_steps"].value
-    assert read < 16 and "budget" in plan["lookahead_horizon_steps"].source
-    la = plan["lr"].evidence.get("lookahead", plan["lr"].evidence)
-    assert plan.lr == min(la["chosen_lr"], plan.lr_anchor)
-    assert plan.lr_anchor < la["chosen_lr"], "the toy must put the anchor below the look-ahead's answer for this test to test the rule"
-    assert plan["lr"].kind == "constant"
-    assert f"its step budget stopped the look-ahead at {read} steps, before its 16-step minimum horizon" in plan["lr"].source
+    assert plan["lookahead_horizon_steps"].value >= 16
+    lr = plan["lr"]
+    assert lr.kind == "measured" and "a short run: 24 steps" in lr.source and "3 rates around the anchor" in lr.source, lr.source
+    rates = sorted(lr.evidence["rates"])
+    assert len(rates) >= 3 and max(rates) <= plan.alpha1 * (1 + 1e-9)
+    assert rates[0] <= plan.lr_anchor <= rates[-1]  # around the anchor
+    assert lr.evidence["steps_used"] <= 48
+
+
+def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower_of_its_answer_and_the_anchor():
+    from types import SimpleNamespace
+
+    from leadline._derive_phases import _cut_rate
+
+    plan = Plan()
+    plan.set("lr_anchor", Value(4.57e-4, "constant", "rewrite / 32"))
+    # the H200's 37-step plan: the budget stopped the look-ahead at 10 steps, its answer 4.82e-3
+    la = SimpleNamespace(lr=4.82e-3, horizon_steps=10, stopped_because="budget: horizon 20 needed 40 more steps, 24 left",
+                         evidence=lambda: {"plot": "lookahead"})
+    out = _cut_rate(plan, la, 37)["lr"]
+    assert out.value == 4.57e-4 and out.kind == "constant"
+    assert "its step budget stopped the look-ahead at 10 steps, before its 16-step minimum horizon" in out.source
+    assert _cut_rate(plan, SimpleNamespace(lr=4.82e-3, horizon_steps=16, stopped_because="budget", evidence=dict), 37) == {}
+    assert _cut_rate(plan, SimpleNamespace(lr=3e-4, horizon_steps=10, stopped_because="budget", evidence=dict), 37) == {}
 
 
 def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alpha1_and_the_anchor(monkeypatch):

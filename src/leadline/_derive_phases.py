@@ -327,15 +327,42 @@ def _rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
                                 evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr}, unit="per step")}
     mb, accum = _batch_of(plan)
     total = int(plan.get("total_steps") or 100)
+    short = _short_run(plan, alpha1, total) if effort == "full" else {}
     la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, ctx.get("first_step", alpha1),
-                      total_steps=total, effort=effort, on_progress=check_time)
+                      total_steps=total, effort=effort, on_progress=check_time, **short)
     ctx["lookahead"] = la
     out = la.as_values()
+    if short:
+        lr = out["lr"]
+        rates = ", ".join(f"{alpha1 * 2.0 ** j:.3g}" for j in short["grid"])
+        out["lr"] = Value(lr.value, lr.kind, f"{lr.source}; a short run: {total} steps, whose budget of {2 * total} look-ahead steps "
+                                             f"does not reach the {short['first_horizon']}-step minimum horizon at the default grid, "
+                                             f"so the {len(short['grid'])} rates around the anchor ({rates}) ran from that horizon",
+                          lr.evidence, lr.seconds, lr.unit)
     if effort == "quick":
         out.update(_quick_rate(plan, alpha1))
     else:
         out.update(_cut_rate(plan, la, total))
     return out
+
+
+def _short_run(plan: Plan, alpha1: float, total: int) -> dict[str, Any]:
+    """A run too short for the default grid to reach the minimum horizon within the look-ahead's
+    budget (2 x T steps over all rates) reads fewer rates, around the anchor, from that horizon:
+    the rates alpha1 x 2^j nearest the anchor (from half of it up, never above alpha1), as many
+    as the budget runs to the minimum horizon (2 to 4). A 37-step plan on the H200 had read the
+    default grid at 10 steps and kept 4.8e-3, 10x the anchor. {} where the default reaches it,
+    no anchor below alpha1 is known, or fewer than 2 rates fit."""
+    from leadline.rate.lookahead import DEFAULT_GRID, default_min_horizon
+
+    anchor, min_h, budget = plan.get("lr_anchor"), default_min_horizon(total), 2 * total
+    if len(DEFAULT_GRID) * min_h <= budget or not isinstance(anchor, (int, float)) or not 0 < anchor < alpha1:
+        return {}
+    k = min(4, budget // min_h)
+    if k < 2:
+        return {}
+    top = min(0, round(math.log2(anchor / alpha1)) - 1 + k - 1)  # never above alpha1
+    return {"grid": tuple(range(top - k + 1, top + 1)), "first_horizon": min_h}
 
 
 def _cut_rate(plan: Plan, la: Any, total: int) -> dict[str, Value]:
