@@ -5,6 +5,7 @@
 #   setup1                      carry .device/part1: the first half of the model and the gguf wheel
 #   setup2                      carry .device/part2: the rest, joined, gguf installed, the HF folder written
 #   gpu_tests                   the @pytest.mark.gpu tests (~30 s)
+#   notrace                     issue 6: the run after the rate phases against a fresh one, real model (~60 s)
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
 #   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
@@ -27,6 +28,8 @@ while [ $# -gt 0 ]; do
       tail -1 "$OUT/gguf.log" ;;
     gpu_tests)
       timeout 150 python3 -m pytest -q -m gpu tests -p no:cacheprovider 2>&1 | tail -6 | tee "$OUT/gpu_tests.txt" ;;
+    notrace)
+      timeout 200 python3 benchmarks/phases_leave_no_trace.py --model $M --out "$OUT/phases_leave_no_trace_cuda.json" 2>&1 | tail -2 ;;
     e8)
       timeout 290 python3 benchmarks/rate_lookahead.py --model $M --experiment e8 --modes full --out "$OUT/rate_e8_full.json" > "$OUT/e8.log" 2>&1
       tail -6 "$OUT/e8.log" ;;
