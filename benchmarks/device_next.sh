@@ -10,6 +10,7 @@
 #   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s)
+#   noise_truth                 issue 5 (resolved with a miss): debian's draws against the brute force again (~150 s)
 # Several parts in one call: `bash benchmarks/device_next.sh setup1 gpu_tests`.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -42,6 +43,8 @@ while [ $# -gt 0 ]; do
       timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$OUT/dist/derive_1.json" > "$OUT/dist/derive.log" 2>&1
       timeout 330 python3 benchmarks/distributed_derive.py scaleout --model $M --plan "$OUT/dist/derive_1.json" --out "$OUT/dist/scaleout.json" > "$OUT/dist/scaleout.log" 2>&1
       tail -3 "$OUT/dist/derive.log" "$OUT/dist/scaleout.log" ;;
+    noise_truth)
+      timeout 300 python3 benchmarks/noise_probe.py --model $M --task debian_sections --sections A,B --out "$OUT/noise_debian_truth.json" 2>&1 | grep -v USDT | tail -4 ;;
     mem)
       mode=$1 card=$2 seq=$3; shift 3
       timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" \
