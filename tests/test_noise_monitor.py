@@ -334,3 +334,20 @@ def test_zero_grad_set_to_none_frees_a_large_buffer_and_keeps_a_small_one(monkey
     assert (buffer() is None) == release
     run(model, src, mon, steps=2, accum=2, start=3)  # and reads on as before
     assert mon.estimate().draws == 7
+
+
+def test_sharded_parameters_are_refused_with_a_sentence():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already up in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        p = torch.nn.Parameter(distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)]))
+        with pytest.raises(InputError, match="sharded"):
+            NoiseMonitor([p], grad_accum=2)
+    finally:
+        dist.destroy_process_group()

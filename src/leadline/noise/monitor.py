@@ -157,6 +157,15 @@ class _Group:
             self.params[i].grad = self.views[i]
 
 
+def _is_sharded(p: Any) -> bool:
+    """A DTensor (FSDP2's ``fully_shard``, tensor parallelism): its ``.grad`` cannot be a view of a flat buffer."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(p, DTensor)
+
+
 class NoiseMonitor:
     """B_noise from the gradients an accumulating loop already computes.
 
@@ -197,6 +206,9 @@ class NoiseMonitor:
         self.params = list({id(p): p for p in params if p.requires_grad}.values())
         if not self.params:
             raise InputError("NoiseMonitor found no trained tensors (none with requires_grad); pass the params the optimizer trains")
+        if any(_is_sharded(p) for p in self.params):
+            raise InputError("NoiseMonitor reads whole .grad tensors, and these parameters are sharded (DTensor, e.g. FSDP's fully_shard); "
+                             "read the noise on one GPU or under DDP, or with leadline.measure_noise_scale on an unsharded copy")
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise InputError(f"NoiseMonitor(window={window!r}) needs a whole number of micro-batches >= 2")
         self.grad_accum = grad_accum
