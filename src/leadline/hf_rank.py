@@ -49,6 +49,7 @@ def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] =
     base_cfg = lora_config_of(model)
     own = model.active_adapter
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    was_training = model.training
 
     def put_back() -> None:
         if PROBE in model.peft_config:
@@ -74,6 +75,7 @@ def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] =
         return rank_to_fit(step_at_rank, rows, length, ranks=ranks, card_bytes=card_bytes)
     finally:
         put_back()
+        model.train(was_training)  # ModelStep put it in training mode
 
 
 def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None, card_bytes: int | None = None) -> dict[str, Value]:
