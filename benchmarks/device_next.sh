@@ -7,9 +7,11 @@
 #   gpu_tests                   the @pytest.mark.gpu tests (~30 s)
 #   notrace                     issue 6: the run after the rate phases against a fresh one, real model (~60 s)
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
+#   e8_race                     issue 6: E8 full with the look-ahead's warmup race, one extra arm (~220 s)
 #   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
-#   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s)
+#   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
+#                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all)
 #   noise_truth                 issue 5 (resolved with a miss): debian's draws against the brute force again (~150 s)
 # Several parts in one call: `bash benchmarks/device_next.sh setup1 gpu_tests`.
 set -u
@@ -34,6 +36,10 @@ while [ $# -gt 0 ]; do
     e8)
       timeout 290 python3 benchmarks/rate_lookahead.py --model $M --experiment e8 --modes full --out "$OUT/rate_e8_full.json" > "$OUT/e8.log" 2>&1
       tail -6 "$OUT/e8.log" ;;
+    e8_race)
+      timeout 290 python3 benchmarks/rate_lookahead.py --model $M --experiment e8 --modes full --e8-extra lookahead_constant \
+        --out "$OUT/rate_e8_full_warmup_race.json" > "$OUT/e8_race.log" 2>&1
+      tail -4 "$OUT/e8_race.log" ;;
     race)
       timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms default_recipe,quick_race --max-seconds 200 \
         --out "$OUT/rate_e11_race.json" > "$OUT/e11_race.log" 2>&1
@@ -47,7 +53,7 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 benchmarks/noise_probe.py --model $M --task debian_sections --sections A,B --out "$OUT/noise_debian_truth.json" 2>&1 | grep -v USDT | tail -4 ;;
     mem)
       mode=$1 card=$2 seq=$3; shift 3
-      timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" \
+      timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" --checks "${MEM_CHECKS:-R1,R2,R3,R4,R5}" \
         --out "$OUT/memory_ramp_${mode}_${card}gb_seq${seq}.json" > "$OUT/mem_${mode}_${card}_${seq}.log" 2>&1
       tail -4 "$OUT/mem_${mode}_${card}_${seq}.log" ;;
     *)

@@ -259,7 +259,7 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
         m: dict[str, Any] = {"sweep": []}
         out[mode] = m
         try:
-            e8_mode(s, mode, rows, steps, per_step, m, save)
+            e8_mode(s, mode, rows, steps, per_step, m, save, tuple(a for a in args.e8_extra.split(",") if a))
         except Exception as e:  # a failed arm is a result too
             m["failure"] = f"{type(e).__name__}: {e}"
             m["traceback"] = traceback.format_exc()
@@ -270,7 +270,7 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
 
 
 def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: int, m: dict[str, Any],
-            save: Callable[[], None]) -> None:
+            save: Callable[[], None], extra_arms: tuple[str, ...] = ("replay_best", "lookahead_constant", "lookahead_warmup_fresh")) -> None:
     """One mode of E8: the six-rate sweep, then alpha1 + the look-ahead + a run at its rate."""
     from leadline.rate import lookahead_lr, measure_first_step
     from leadline.rate.warmup import warmup_lr
@@ -312,13 +312,15 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         "model_training_mode": bool(s.model.training),
     }
     del start
-    train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))
+    w = la.run_warmup_steps  # the plan's warmup: the look-ahead races it against none
+    train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, w))
     losses = judged()
     ranked = sorted(m["sweep"], key=lambda a: a["loss"]["mean"])
     best, second = ranked[0], ranked[1]
     m["lookahead"] = {
         "alpha1": fs.alpha1, "lr": la.lr, "steps_used": la.steps_used, "stopped_because": la.stopped_because,
-        "horizon_steps": la.horizon_steps, "loss": mean_se(losses), "derive_seconds": t2 - t1,
+        "horizon_steps": la.horizon_steps, "warmup_steps": w, "warmup_race": la.warmup_race,
+        "loss": mean_se(losses), "derive_seconds": t2 - t1,
         "first_step": fs.evidence(), "evidence": la.evidence(),
         "versus_best": paired_difference(losses, best["rows"]).as_dict(),
         "versus_second": paired_difference(losses, second["rows"]).as_dict(),
@@ -332,8 +334,9 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
     }
     log(f"E8 {mode}: alpha1={fs.alpha1} look-ahead lr={la.lr:.3g} ({la.stopped_because}) loss={m['lookahead']['loss']['mean']:.4f}; {m['rules']}")
     save()
-    for name, lr, lr_at in (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr),
-                            ("lookahead_warmup_fresh", la.lr, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))):
+    extra = (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr),
+             ("lookahead_warmup_fresh", la.lr, lambda t: warmup_lr(t, la.lr, fs.alpha1, 10)))
+    for name, lr, lr_at in (a for a in extra if a[0] in extra_arms):
         t1 = time.perf_counter()
         opt = s.opt(fresh())
         train(opt, ts, steps, lr_at)
@@ -425,8 +428,8 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
     def plan_alone() -> dict[str, Any]:
         _params, opt, ts, (fs, la), secs = derive_rate("plan")
         measured.update(fs=fs, la=la, secs=secs)
-        train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))
-        return {**plan_info(fs, la, secs), "schedule": f"warmup from alpha1 over {la.warmup_steps} steps, then constant"}
+        train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.run_warmup_steps))
+        return {**plan_info(fs, la, secs), "schedule": f"warmup from alpha1 over {la.run_warmup_steps} steps, then constant"}
 
     def scheduled(tag: str, derive_again: bool) -> dict[str, Any]:
         if derive_again or "la" not in measured:
@@ -553,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cap-gb", type=float, default=6.0, help="E11 arm (f): the plan + schedule under this cap; 0 skips it")
     ap.add_argument("--e11-arms", default="", help="E11: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
                                                    "plan_schedule, quick_race, plan_schedule_cap); default all")
+    ap.add_argument("--e8-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
+                    help="E8's arms beside the rules, by name (comma-separated; empty: none)")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny random Llama, a few rows")
     args = ap.parse_args(argv)

@@ -362,3 +362,17 @@ def test_too_long_does_not_start_a_host_rung_that_cannot_finish(monkeypatch):
     h = ramp(hstep, 16, memory=host, too_long=too_long)
     assert hstep.calls == [1, 1, 2] and h.micro_batch == 2 and h.stopped_because.startswith("max_seconds")
     assert asked[-1] > 12.0
+
+
+def test_one_row_that_squeezes_through_the_length_mix_is_named_with_the_fragmentation_fix():
+    """The H200's 6 GB case at 2048 tokens: 1 row fit at the full length, then needed the
+    allocator's retry through the length mix; the sentence names that rung, not the first."""
+    mem = FakeAllocator(total=1000, resident=100)
+    # 1 row at 10 tokens: 100 + 850 = 950 of 1000; after a shorter step the cache adds 200 (a retry)
+    step = FakeStep(mem, per_token=85, frag_of=lambda r, n: 200 if mem.dirty_length not in (None, n) else 0)
+    with pytest.raises(WontFit) as e:
+        ramp(step, 10, memory=mem, lengths=[5, 10, 3])
+    msg = str(e.value)
+    assert msg.startswith("not even 1 row at 10 tokens fits on cuda:0")
+    assert "through the corpus's length mix" in msg and "retried" in msg and "expandable_segments" in msg
+    assert e.value.result.micro_batch == 0

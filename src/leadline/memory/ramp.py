@@ -360,10 +360,22 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
 
 
 def _nothing_fits(result: RampResult) -> str:
-    first = result.rungs[0] if result.rungs else None
-    peak = f"peaked at {format_bytes(first.peak_bytes)} and " if first and first.peak_bytes else ""
-    rows = first.rows if first else 1
-    return (f"not even {rows} row{'s' if rows != 1 else ''} at {result.length} tokens fits on {result.device}: "
-            f"the step {peak}met {first.verdict if first else 'no room'} against "
-            f"{format_bytes(result.budget_bytes)} of room; shorten the length, turn on gradient checkpointing "
-            f"or lower the LoRA rank")
+    """The sentence for a ramp that kept nothing: the rung at the fewest rows that failed (a
+    search OOM, or a retry in the repeats or the length mix), its peak, and the fix."""
+    fewest = min((r.rows for r in result.rungs), default=1)
+    at = [r for r in result.rungs if r.rows == fewest]
+    bad = next((r for r in reversed(at) if r.verdict != "fits"), at[-1] if at else None)
+    rows = f"{fewest} row{'s' if fewest != 1 else ''}"
+    head = f"not even {rows} at {result.length} tokens fits on {result.device}"
+    room = f"{format_bytes(result.budget_bytes)} of room"
+    fixes = "shorten the length, turn on gradient checkpointing or lower the LoRA rank"
+    if bad is None:
+        return f"{head}: no step ran against {room}; {fixes}"
+    where = {"confirm": "on a repeat", "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase, "")
+    if bad.verdict == "squeezed":
+        return (f"{head}: the step {where + ' ' if where else ''}ran only because the allocator emptied its cache and retried "
+                f"(peak {format_bytes(bad.peak_bytes)} allocated, {format_bytes(bad.reserved_bytes)} reserved, against {room}); "
+                f"{fixes}, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against the fragmentation")
+    peak = f" (peak {format_bytes(bad.peak_bytes)} before it stopped)" if bad.peak_bytes else ""
+    what = "ran out of memory" if bad.verdict == "oom" else f"met {bad.verdict}"
+    return f"{head}: the step {where + ' ' if where else ''}{what}{peak} against {room}; {fixes}"
