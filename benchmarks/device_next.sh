@@ -7,7 +7,7 @@
 #   gpu_tests                   the @pytest.mark.gpu tests (~30 s)
 #   notrace                     issue 6: the run after the rate phases against a fresh one, real model (~60 s)
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
-#   e8_race                     issue 6: E8 full with the look-ahead's warmup race, one extra arm (~220 s)
+#   e8_race                     issue 6: E8 full, one extra arm (~220 s); session 8 ran it at 4e3182f, whose look-ahead raced the warmup
 #   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);

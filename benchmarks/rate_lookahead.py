@@ -312,14 +312,14 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         "model_training_mode": bool(s.model.training),
     }
     del start
-    w = la.run_warmup_steps  # the plan's warmup: the look-ahead races it against none
+    w = la.warmup_steps
     train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, w))
     losses = judged()
     ranked = sorted(m["sweep"], key=lambda a: a["loss"]["mean"])
     best, second = ranked[0], ranked[1]
     m["lookahead"] = {
         "alpha1": fs.alpha1, "lr": la.lr, "steps_used": la.steps_used, "stopped_because": la.stopped_because,
-        "horizon_steps": la.horizon_steps, "warmup_steps": w, "warmup_race": la.warmup_race,
+        "horizon_steps": la.horizon_steps, "warmup_steps": w, "warmup_race": getattr(la, "warmup_race", None),
         "loss": mean_se(losses), "derive_seconds": t2 - t1,
         "first_step": fs.evidence(), "evidence": la.evidence(),
         "versus_best": paired_difference(losses, best["rows"]).as_dict(),
@@ -428,8 +428,8 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
     def plan_alone() -> dict[str, Any]:
         _params, opt, ts, (fs, la), secs = derive_rate("plan")
         measured.update(fs=fs, la=la, secs=secs)
-        train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.run_warmup_steps))
-        return {**plan_info(fs, la, secs), "schedule": f"warmup from alpha1 over {la.run_warmup_steps} steps, then constant"}
+        train(opt, ts, steps, lambda t: warmup_lr(t, la.lr, fs.alpha1, la.warmup_steps))
+        return {**plan_info(fs, la, secs), "schedule": f"warmup from alpha1 over {la.warmup_steps} steps, then constant"}
 
     def scheduled(tag: str, derive_again: bool) -> dict[str, Any]:
         if derive_again or "la" not in measured:

@@ -98,8 +98,7 @@ def test_evidence_has_the_plot_shape_and_the_values_their_kinds():
 
     toy = Regression(seed=1, dim=32)
     seen = []
-    la = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=64, on_progress=seen.append,
-                      race_warmup_steps=False)
+    la = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=64, on_progress=seen.append)
     ev = la.evidence()
     assert ev["plot"] == "lookahead" and ev["chosen_lr"] == la.lr and ev["horizons"] == seen
     for h in ev["horizons"]:
@@ -169,56 +168,3 @@ def test_bad_arguments_say_what_to_pass():
     other = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(InputError, match="not in the optimizer"):
         lookahead_lr([other], toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=10)
-
-
-# ---- the warmup raced against none ---------------------------------------------------------
-def _run_alone(seed: int, steps: int, lr_at) -> list[float]:
-    """A fresh toy trained ``steps`` steps at ``lr_at(t)``: what the race must reproduce."""
-    toy = Regression(seed=seed, dim=32)
-    for t in range(steps):
-        toy.opt.param_groups[0]["lr"] = lr_at(t)
-        toy.opt.zero_grad(set_to_none=True)
-        toy.train_step(t)
-        toy.opt.step()
-    return toy.held_out()
-
-
-def test_the_warmup_is_raced_against_none_at_the_best_rate_and_the_plan_follows_the_test():
-    from leadline.rate import lookahead_lr
-    from leadline.rate.warmup import warmup_lr
-
-    toy = Regression(seed=1, dim=32)
-    before = toy.state()
-    la = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=64)
-    toy.assert_state(before)
-    race = la.warmup_race
-    assert race["kept"] in ("none", "warmup") and race["lr"] > 0.01 and race["steps"] == la.horizon_steps
-    assert la.steps_used == len(toy.calls)  # the race's steps are counted
-    # both arms are the runs a user would make from the same start, bit for bit
-    cold = _run_alone(1, race["steps"], lambda t: race["lr"])
-    warm = _run_alone(1, race["steps"], lambda t: warmup_lr(t, race["lr"], 0.01, 10))
-    assert race["none"]["loss"] == pytest.approx(sum(cold) / len(cold), rel=1e-12)
-    assert race["warmup"]["loss"] == pytest.approx(sum(warm) / len(warm), rel=1e-12)
-    verdict = compare(cold, warm, alpha=0.05)
-    assert race["kept"] == ("none" if verdict.better else "warmup")
-    w = la.as_values()["warmup_steps"]
-    assert w.kind == "measured" and w.value == (0 if verdict.better else 10) and w.evidence
-
-
-def test_a_first_step_past_alpha1_that_blows_up_keeps_the_warmup():
-    from leadline.rate import lookahead_lr
-
-    toy = Regression(seed=1, dim=32)
-    orig = toy.train_step
-
-    def step(t: int) -> float:  # the first step above alpha1 is unsafe; after the warmup it is not
-        if t == 0 and toy.opt.param_groups[0]["lr"] > 0.0101:
-            with torch.no_grad():
-                toy.w.fill_(math.nan)
-        return orig(t)
-
-    la = lookahead_lr(toy.params, toy.opt, step, toy.held_out, 0.01, total_steps=64)
-    assert la.warmup_race["kept"] == "warmup" and la.warmup_race["none"]["loss"] == math.inf
-    assert la.as_values()["warmup_steps"].value == 10
-    off = lookahead_lr(toy.params, toy.opt, step, toy.held_out, 0.01, total_steps=64, race_warmup_steps=False)
-    assert off.warmup_race is None and off.steps_used < la.steps_used

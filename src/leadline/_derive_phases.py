@@ -404,20 +404,13 @@ def _quick_rate(plan: Plan, alpha1: float) -> dict[str, Value]:
     }
 
 
-def _warmup(plan: Plan, opt: Any, ctx: dict[str, Any] | None = None) -> dict[str, Value]:
-    """The warmup from alpha1 to the plan's rate, or none where the look-ahead's warmup race
-    measured the run without it lower."""
+def _warmup(plan: Plan, opt: Any) -> dict[str, Value]:
     from leadline.rate import warmup_values
-    from leadline.rate.lookahead import with_warmup_race
 
     betas = None
     if opt is not None:
         betas = opt.param_groups[0].get("betas")
-    values = warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas)
-    la = (ctx or {}).get("lookahead")
-    if la is None or getattr(la, "effort", None) != "full":
-        return values
-    return with_warmup_race(values, la.warmup_race, la.held_out_rows)
+    return warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas)
 
 
 def _length(plan: Plan, epochs: float) -> dict[str, Value]:

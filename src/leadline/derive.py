@@ -197,7 +197,7 @@ def derive(
             runner.run("rate", lambda: _rate(params, optimizer, timed_steps, held, plan,
                                              effort, prior, ctx, runner.check_time),
                        needs=("alpha1",))
-        runner.run("warmup", lambda: _warmup(plan, optimizer, ctx), always=True)
+        runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)
     runner.done()
     _pick_rate(plan)
     if world is not None:

@@ -100,27 +100,3 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
         "constant": {"loss": c_mean, "se": c_se}, "decay": {"loss": d_mean, "se": d_se},
         "decay_versus_constant": verdict.as_dict(), "alpha": alpha,
     }, (decayed if keep == "decay" else constant)
-
-
-def race_warmup(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
-                held_out: HeldOut, origin: Snapshot, best: Candidate, steps: int, warmup_steps: int,
-                ratios: Sequence[float], rows: int, *, alpha: float) -> dict[str, Any]:
-    """The best candidate's rate run again from ``origin`` for ``steps`` steps at the rate from
-    step 0, against its own warmed-up run read at that horizon (same rows, same RNG states).
-
-    The warmup is dropped only when the run without it reads lower held-out losses by a
-    one-sided paired t test at ``alpha`` (one look); a tie keeps it. The caller puts the state
-    back (this runs inside :func:`leadline.rate._state.no_trace`).
-    """
-    origin.load(params, opt)
-    run_steps(opt, train_step, 0, steps, lambda t: best.lr, ratios)
-    cold = read_held_out(held_out, rows)
-    warm = best.readings[steps]
-    verdict = compare(cold, warm, alpha=alpha)
-    w_mean, w_se = stats.mean_se(warm) if finite(warm) else (float("inf"), float("inf"))
-    c_mean, c_se = stats.mean_se(cold) if finite(cold) else (float("inf"), float("inf"))
-    return {
-        "kept": "none" if verdict.better else "warmup", "lr": best.lr, "steps": steps, "warmup_steps": warmup_steps,
-        "warmup": {"loss": w_mean, "se": w_se}, "none": {"loss": c_mean, "se": c_se},
-        "none_versus_warmup": verdict.as_dict(), "alpha": alpha,
-    }

@@ -87,20 +87,12 @@ class Lookahead:
     trend_slope: float | None = None
     snapshots: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
-    warmup_race: dict[str, Any] | None = None
-    """The warmup against none at the best rate (:func:`leadline.rate._run.race_warmup`), or why it did not run."""
-
-    @property
-    def run_warmup_steps(self) -> int:
-        """The run's warmup: 0 where the warmup race measured none lower, else ``warmup_steps``."""
-        return 0 if (self.warmup_race or {}).get("kept") == "none" else self.warmup_steps
 
     def evidence(self) -> dict[str, Any]:
         return {"plot": "lookahead", "horizons": self.horizons, "chosen_lr": self.lr, "alpha1": self.alpha1,
                 "rates": self.rates, "steps_used": self.steps_used, "budget_steps": self.budget_steps,
                 "total_steps": self.total_steps, "stopped_because": self.stopped_because,
-                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots,
-                "warmup_race": self.warmup_race}
+                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots}
 
     def as_values(self) -> dict[str, Value]:
         """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
@@ -115,30 +107,7 @@ class Lookahead:
                 evidence=self.evidence(), seconds=self.seconds, unit="per step")
             out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured", f"the horizon the look-ahead's answer was read at ({self.stopped_because}); LookaheadSchedule checks every this many steps", unit="steps")
         out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1))
-        return with_warmup_race(out, self.warmup_race, self.held_out_rows)
-
-
-def with_warmup_race(values: dict[str, Value], race: dict[str, Any] | None, held_out_rows: int) -> dict[str, Value]:
-    """``values`` with ``warmup_steps`` as the warmup race decided it (0 when the run without the
-    warmup read significantly lower; the derived warmup, its source naming the race, otherwise)."""
-    out = dict(values)
-    race = race or {}
-    if race.get("kept") == "none":
-        t = race["none_versus_warmup"].get("t")
-        test = f"paired t = {t:.2f}, " if isinstance(t, (int, float)) else ""
-        out["warmup_steps"] = Value(
-            0, "measured",
-            f"none: at the best rate {race['lr']:.3g}, {race['steps']} steps from step 0 read {race['none']['loss']:.4g} on "
-            f"{held_out_rows} held-out rows against {race['warmup']['loss']:.4g} with the {race['warmup_steps']}-step warmup "
-            f"from alpha1 ({test}lower by a one-sided test at {race['alpha']:g})",
-            evidence=race, unit="steps")
-    elif race.get("kept") == "warmup":
-        v = out["warmup_steps"]
-        out["warmup_steps"] = Value(v.value, "measured", f"{v.source}; kept against none: at the best rate {race['lr']:.3g}, "
-                                    f"{race['steps']} steps without it were not lower by a one-sided paired test "
-                                    f"({race['none']['loss']:.4g} against {race['warmup']['loss']:.4g})",
-                                    evidence={**v.evidence, "race": race}, unit="steps")
-    return out
+        return out
 
 
 def _alpha1(alpha1: float | FirstStep) -> float:
@@ -178,7 +147,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                  min_horizon: int | None = None,
                  budget_fraction: float = 2.0, alpha: float = 0.05, warmup_steps: int | None = None,
                  max_extend: int = 3, keep_below: int = 2, keep_above: int = 1, place: str = "auto",
-                 race_warmup_steps: bool = True, on_progress: Callable[[dict[str, Any]], None] | None = None) -> Lookahead:
+                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> Lookahead:
     """Measure the rate by running the real optimizer ahead (see the module docstring).
 
     Args:
@@ -202,9 +171,6 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
             worse are out for good).
         keep_above: likewise above the best (so the estimate has both neighbours).
         place: where the snapshots live (``"auto"``: on the card when there is room).
-        race_warmup_steps: after the last horizon, run the best rate again from the same start
-            without the warmup, for that horizon's steps (one more horizon, on top of the
-            budget), and drop the warmup only when that reads lower by a one-sided paired test.
         on_progress: called with each horizon's evidence.
 
     Returns:
@@ -318,12 +284,6 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                     raise
                 stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
                 break
-        warm = None
-        if race_warmup_steps and evidence and stopped.startswith("max_seconds"):
-            warm = {"kept": None, "why": "max_seconds: the look-ahead was cut before the warmup race"}
-        elif race_warmup_steps and evidence:
-            warm, used = _race_warmup(params, opt, train_step, held_out_losses_per_row, origin, cands.get(last_best),
-                                      last_read, a1, w, ratios, rows, used, alpha)
     if not evidence:
         raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
     last, lr = last_read, last_estimate
@@ -336,28 +296,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         lr = ceiling / 2
         stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
     return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps, w, beta1,
-                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0, warm)
-
-
-def _race_warmup(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any], held_out: Callable[[], Sequence[float]],
-                 origin: Any, best: Any, steps: int, a1: float, w: int, ratios: Sequence[float], rows: int, used: int,
-                 alpha: float) -> tuple[dict[str, Any], int]:
-    """The warmup raced against none at the best rate over the last horizon read, or why not;
-    returns the evidence and the steps used so far."""
-    from leadline._phases import OutOfTime
-    from leadline.rate._run import race_warmup
-
-    if best is None or steps not in best.readings or best.status not in ("running", "out of budget"):
-        return {"kept": None, "why": "no best candidate read at the last horizon"}, used
-    if w <= 0 or best.lr <= a1:
-        return {"kept": None, "why": f"nothing to warm: the best rate {best.lr:.3g} is at or below alpha1 {a1:.3g}"}, used
-    if steps < 2 * w:
-        return {"kept": None, "why": f"the last horizon ({steps} steps) is under twice the warmup ({w}): a reading there is of the warmup"}, used
-    try:
-        out = race_warmup(params, opt, train_step, held_out, origin, best, steps, w, ratios, rows, alpha=alpha)
-    except OutOfTime:
-        return {"kept": None, "why": f"max_seconds: cut inside the {steps}-step run without warmup"}, used + steps
-    return out, used + steps
+                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0)
 
 
 def _estimate(cands: dict[int, Any], best: int, n: int, rows: int) -> tuple[float, bool]:

@@ -61,7 +61,7 @@ def lookahead_from(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
     from leadline.rate.lookahead import Lookahead
 
     if isinstance(source, Lookahead):
-        return ScheduleConfig(source.lr, source.alpha1, source.run_warmup_steps, source.horizon_steps or None)
+        return ScheduleConfig(source.lr, source.alpha1, source.warmup_steps, source.horizon_steps or None)
     if isinstance(source, Plan):
         get = source.get
     elif isinstance(source, Mapping):
