@@ -64,3 +64,55 @@ def test_fit_with_data_reads_the_length_mix_and_names_a_missing_file(model_dir, 
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["fits"]  # off CUDA the mix is not run (the RAM has no allocator to fragment)
     assert not [g for g in out["rungs"] if g["phase"] == "mix"]
+
+
+def test_fit_measures_the_adapters_in_the_models_dtype_when_peft_keeps_them_in_float32(model_dir, capsys):
+    rc = main(["fit", "--model", str(model_dir), "--lora-rank", "2", "--seq-len", "16", "--batch", "2", "--device", "cpu",
+               "--dtype", "bfloat16", "--card-gb", "0.05", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 1 and not out["fits"]
+    alt = [a for a in out["alternatives"] if a["what"] == "adapter_dtype"]
+    assert len(alt) == 1 and alt[0]["adapter_dtype"] == "bfloat16" and alt[0]["verdict"]
+    assert "autocast_adapter_dtype=False" in alt[0]["text"] and "LoRA adapters in bfloat16" in out["sentence"]
+    # a float32 model has no gap: nothing to measure
+    rc = main(["fit", "--model", str(model_dir), "--lora-rank", "2", "--seq-len", "16", "--batch", "2", "--device", "cpu",
+               "--card-gb", "0.05", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert not [a for a in out["alternatives"] if a["what"] == "adapter_dtype"]
+
+
+def _saved_bytes(model, ids) -> int:
+    import torch
+
+    seen: dict = {}
+
+    def pack(t):
+        seen[(t.data_ptr(), t.dtype, tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return sum(seen.values())
+
+
+def test_float32_adapters_on_a_bfloat16_model_keep_more_for_the_backward_and_cast_back_exactly():
+    import torch
+
+    from helpers import make_model
+    from leadline.memory.model_step import adapter_dtype_gap, add_lora, cast_adapters
+
+    model = add_lora(make_model(hidden=64).to(torch.bfloat16), 4)
+    assert adapter_dtype_gap(model) == (torch.float32, torch.bfloat16)
+    ids = torch.randint(0, 384, (2, 64), generator=torch.Generator().manual_seed(0))
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+    float32_adapters = _saved_bytes(model, ids)
+    restore = cast_adapters(model, torch.bfloat16)
+    assert adapter_dtype_gap(model) is None
+    bf16_adapters = _saved_bytes(model, ids)
+    restore()
+    assert bf16_adapters < 0.9 * float32_adapters, (bf16_adapters, float32_adapters)
+    for n, p in model.named_parameters():
+        if n in before:
+            assert p.dtype == torch.float32 and torch.equal(p.detach(), before[n]) and p.grad is None
+    assert adapter_dtype_gap(add_lora(make_model(), 2)) is None  # a float32 model: no gap

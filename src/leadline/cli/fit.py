@@ -4,7 +4,8 @@ Loads the model, puts LoRA adapters of the given rank on every linear layer (or 
 weight with ``--full``), runs real training steps of ``--batch`` rows x ``--seq-len`` tokens
 under the spill cap and prints the verdict in one sentence: the measured peak, the room and,
 when it does not fit, what would (the most rows at that length, the longest length at that
-batch, gradient checkpointing, a lower LoRA rank), each measured. Exit 0 when it fits, 1 when
+batch, gradient checkpointing, a lower LoRA rank, and the adapters in the model's dtype where
+PEFT keeps them in float32 on a 16-bit model), each measured. Exit 0 when it fits, 1 when
 it is refused, 2 on bad input.
 """
 
@@ -30,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
     p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
     p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
+    p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
+                   help="the dtype the model's weights load in (default: bfloat16 on a GPU that has it, else float32)")
     p.add_argument("--no-suggest", action="store_true", help="on a refusal, do not measure what would fit")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
 
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
     path = args.model or default_model_path()
     lengths = _lengths(args.data, path, args.seq_len) if args.data else None  # bad data fails before the model loads
-    model = load_model(path, device=args.device)
+    model = load_model(path, device=args.device, dtype=_dtype(args.dtype))
     card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
     trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
     model = full_finetune(model) if rank is None else add_lora(model, rank)
@@ -78,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
             result.add_alternative("checkpointing", f"gradient checkpointing ({peak})", ckpt.fits,
                                    verdict=ckpt.verdict, peak_bytes=ckpt.peak_bytes)
             result.rungs.extend(ckpt.rungs)
+        if rank is not None:
+            _adapters_alternative(result, step, model, args, card_bytes)
         if rank is not None and rank > 1:
             del step
             base = remove_lora(model)
@@ -96,6 +101,37 @@ def run(args: argparse.Namespace) -> int:
         print(f"leadline fit: {path}, {trained_as}, {args.batch} rows x {args.seq_len} tokens on {result.device}")
         print(result.sentence)
     return 0 if result.fits else 1
+
+
+def _dtype(name: str | None) -> Any:
+    if name is None:
+        return None
+    import torch
+
+    return getattr(torch, name)
+
+
+def _adapters_alternative(result: Any, step: Any, model: Any, args: argparse.Namespace, card_bytes: int | None) -> None:
+    """Where PEFT keeps the adapters in float32 on a 16-bit model, measure the step with them in
+    the model's dtype and add it to what would fit."""
+    from leadline.memory import estimate_step_bytes, measure_fit
+    from leadline.memory.model_step import adapter_dtype_gap, cast_adapters
+
+    gap = adapter_dtype_gap(model)
+    if gap is None:
+        return
+    name = str(gap[1]).replace("torch.", "")
+    restore = cast_adapters(model, gap[1])
+    try:
+        m = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, suggest=False,
+                        estimate=lambda r, n: estimate_step_bytes(model, r, n))
+    finally:
+        restore()
+    peak = f"measured {_gb(m.peak_bytes)}" if m.peak_bytes else m.verdict
+    result.add_alternative("adapter_dtype", f"the LoRA adapters in {name}, not float32 "
+                           f"(get_peft_model(..., autocast_adapter_dtype=False); {peak})", m.fits,
+                           verdict=m.verdict, peak_bytes=m.peak_bytes, adapter_dtype=name)
+    result.rungs.extend(m.rungs)
 
 
 def _lengths(data: str, model_path: str, seq_len: int) -> list[int]:

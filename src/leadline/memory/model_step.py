@@ -80,6 +80,44 @@ def remove_lora(peft_model: Any) -> Any:
     return peft_model.unload()
 
 
+def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
+    """(the adapters' dtype, the base weights' dtype) when the trained LoRA tensors are float32
+    on a 16-bit model, else None.
+
+    PEFT keeps adapters in float32 on a bfloat16/float16 model by default
+    (``autocast_adapter_dtype=True``); each adapted layer then casts its input to float32 and
+    keeps that copy for the backward, so a LoRA step can hold more activation memory per row
+    than a full fine-tune of the same model (``benchmarks/lora_adapter_dtype_cpu.py``).
+    """
+    import torch
+
+    lora = [p for n, p in model.named_parameters() if "lora_" in n and p.requires_grad]
+    base = [p for n, p in model.named_parameters() if "lora_" not in n and p.is_floating_point()]
+    if not lora or not base:
+        return None
+    low = {torch.bfloat16, torch.float16}
+    adapter, weights = lora[0].dtype, base[0].dtype
+    return (adapter, weights) if adapter == torch.float32 and weights in low else None
+
+
+def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
+    """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
+    over them still holds them); returns the function that casts them back, values included."""
+    import torch
+
+    saved = [(p, p.data) for n, p in model.named_parameters() if "lora_" in n]
+    with torch.no_grad():
+        for p, data in saved:
+            p.data = data.to(dtype)
+
+    def restore() -> None:
+        for p, data in saved:
+            p.data = data
+            p.grad = None
+
+    return restore
+
+
 def full_finetune(model: Any) -> Any:
     """Every weight trained."""
     for p in model.parameters():
