@@ -8,7 +8,7 @@
 #   notrace                     issue 6: the run after the rate phases against a fresh one, real model (~60 s)
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
 #   e8_race                     issue 6: E8 full, one extra arm (~220 s); session 8 ran it at 4e3182f, whose look-ahead raced the warmup
-#   race                        issue 6: E11 default recipe + race() on the quick grid (allow 560 s)
+#   race                        issue 6: E11 untrained + race() on the quick plan's grid, paired with session 7's recipe (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
 #                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all)
@@ -41,7 +41,8 @@ while [ $# -gt 0 ]; do
         --out "$OUT/rate_e8_full_warmup_race.json" > "$OUT/e8_race.log" 2>&1
       tail -4 "$OUT/e8_race.log" ;;
     race)
-      timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms default_recipe,quick_race --max-seconds 200 \
+      timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms untrained,quick_race --max-seconds 200 \
+        --e11-baselines benchmarks/results/rate_e11_race_s7.json \
         --out "$OUT/rate_e11_race.json" > "$OUT/e11_race.log" 2>&1
       tail -6 "$OUT/e11_race.log" ;;
     dist)

@@ -510,6 +510,10 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
             arms[name] = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
             log(f"E11 {name} FAILED: {e}")
         save()
+    for f in (x for x in args.e11_baselines.split(",") if x):  # arms measured in an earlier call, with their rows
+        for name, a in json.loads(Path(f).read_text())["e11"]["arms"].items():
+            if name not in arms and "correct" in a:
+                arms[name] = {**a, "from": f}
     base, untr = arms.get("default_recipe", {}), arms.get("untrained", {})
     for a in arms.values():
         if "correct" in a and "correct" in base:
@@ -524,8 +528,6 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
             rules[f"{tag}: no class > 80%"] = a["max_class_share"] <= 0.8
             rules[f"{tag}: beats untrained (McNemar p < 0.05)"] = a["accuracy"] > untr["accuracy"] and m["p_value"] < 0.05
     out["rules"] = rules
-    for a in arms.values():
-        a.pop("correct", None)
     log(f"E11 rules: {rules}")
     save()
 
@@ -558,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                                                    "plan_schedule, quick_race, plan_schedule_cap); default all")
     ap.add_argument("--e8-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
                     help="E8's arms beside the rules, by name (comma-separated; empty: none)")
+    ap.add_argument("--e11-baselines", default="",
+                    help="E11: JSON files of earlier runs whose arms (with their per-row results) this run's arms are paired with")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny random Llama, a few rows")
     args = ap.parse_args(argv)
