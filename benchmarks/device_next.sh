@@ -11,7 +11,9 @@
 #   race                        issue 6: E11 untrained + race() on the quick plan's grid, paired with session 7's recipe (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
-#                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all)
+#                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all);
+#                               MEM_ALLOC=expandable_segments:True runs it under that allocator setting
+#                               (the fix the ramp names when 1 row only fits with the allocator's retry)
 #   noise_truth                 issue 5 (resolved with a miss): debian's draws against the brute force again (~150 s)
 # Several parts in one call: `bash benchmarks/device_next.sh setup1 gpu_tests`.
 set -u
@@ -54,9 +56,10 @@ while [ $# -gt 0 ]; do
       timeout 300 python3 benchmarks/noise_probe.py --model $M --task debian_sections --sections A,B --out "$OUT/noise_debian_truth.json" 2>&1 | grep -v USDT | tail -4 ;;
     mem)
       mode=$1 card=$2 seq=$3; shift 3
-      timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" --checks "${MEM_CHECKS:-R1,R2,R3,R4,R5}" \
-        --out "$OUT/memory_ramp_${mode}_${card}gb_seq${seq}.json" > "$OUT/mem_${mode}_${card}_${seq}.log" 2>&1
-      tail -4 "$OUT/mem_${mode}_${card}_${seq}.log" ;;
+      tag=${mode}_${card}gb_seq${seq}${MEM_ALLOC:+_expandable}
+      env ${MEM_ALLOC:+PYTORCH_CUDA_ALLOC_CONF=$MEM_ALLOC} timeout 500 python3 benchmarks/memory_ramp.py --modes "$mode" --cards "$card" --seqs "$seq" \
+        --checks "${MEM_CHECKS:-R1,R2,R3,R4,R5}" --out "$OUT/memory_ramp_${tag}.json" > "$OUT/mem_${tag}.log" 2>&1
+      tail -4 "$OUT/mem_${tag}.log" ;;
     *)
       echo "unknown part: $part (see the header)"; exit 2 ;;
   esac

@@ -102,7 +102,8 @@ def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
 
 def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
     """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
-    over them still holds them); returns the function that casts them back, values included."""
+    over them still holds them); returns the function that casts them back, values included, and
+    sets their gradients to None."""
     import torch
 
     saved = [(p, p.data) for n, p in model.named_parameters() if "lora_" in n]
