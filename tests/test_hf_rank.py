@@ -74,3 +74,18 @@ def test_too_little_time_left_is_a_note_not_a_measurement():
     assert any("fit_rank: not measured" in n and "max_seconds" in n for n in plan.notes)
     empty = Plan()
     assert fit_rank_values(empty, model) == {} and "no micro_batch" in empty.notes[-1]
+
+
+def test_a_plan_for_float32_adapters_on_a_bfloat16_model_names_the_gap_and_a_float32_model_does_not():
+    import torch
+
+    from leadline.hf import derive_for
+
+    tok = make_tokenizer()
+    bf16 = _lora(make_model(vocab_size=len(tok)).to(torch.bfloat16))
+    assert next(p for n, p in bf16.named_parameters() if "lora_" in n).dtype == torch.float32  # PEFT's default
+    plan = derive_for(bf16, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    notes = [n for n in plan.notes if "LoRA adapters are float32 on a bfloat16 model" in n]
+    assert len(notes) == 1 and "lora_adapter_dtype_cpu.py" in notes[0]
+    plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    assert not [n for n in plan.notes if "adapters are float32" in n]

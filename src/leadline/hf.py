@@ -230,6 +230,11 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
             loss_resolution=_loss_resolution(model),
             device=task.device, started=started,
         )
+        from leadline.memory.model_step import adapter_dtype_note
+
+        note = adapter_dtype_note(model)
+        if note is not None:
+            plan.notes.append(note)
         if fit_rank and world is not None:
             plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run `leadline fit` on one card")
         elif fit_rank:

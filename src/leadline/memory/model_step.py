@@ -100,6 +100,18 @@ def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
     return (adapter, weights) if adapter == torch.float32 and weights in low else None
 
 
+def adapter_dtype_note(model: Any) -> str | None:
+    """A plan note when the model's LoRA adapters are float32 on a 16-bit model, else None."""
+    gap = adapter_dtype_gap(model)
+    if gap is None:
+        return None
+    name = str(gap[1]).replace("torch.", "")
+    return (f"the LoRA adapters are float32 on a {name} model (PEFT's autocast_adapter_dtype=True): each adapted layer "
+            f"keeps a float32 copy of its input for the backward, and the micro-batch was measured so. In {name} they "
+            f"keep less: on SmolLM2-135M, r16 saved 1.40x a full fine-tune's activations in float32 and 0.93x in "
+            f"bfloat16 (benchmarks/lora_adapter_dtype_cpu.py); `leadline fit` measures both on your card")
+
+
 def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
     """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
     over them still holds them); returns the function that casts them back, values included, and
