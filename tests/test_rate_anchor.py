@@ -91,6 +91,9 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     v = warmup_values(alpha1=1e-4, lr=2e-4, betas=(0.9, 0.999))
     assert warmup_values(beta1=0.95)["warmup_steps"].value == 20
     assert v["warmup_steps"].kind == "derived" and v["warmup_steps"].value == 10
+    # a rate at or below alpha1 has nothing to warm: 0 steps, so Trainer's warmup from zero adds none
+    low = warmup_values(alpha1=1e-4, lr=5e-5, betas=(0.9, 0.999))["warmup_steps"]
+    assert low.value == 0 and low.source.startswith("none: the rate 5e-05 is at or below alpha1")
     assert v["weight_decay"].value == 0.0 and v["weight_decay"].kind == "constant" and "E9" in v["weight_decay"].source
 
 

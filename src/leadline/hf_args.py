@@ -27,7 +27,10 @@ def training_fields(plan: Plan) -> dict[str, Any]:
 
     The schedule: a plan whose ending is decided by LookaheadSchedule (the default) maps to
     ``constant_with_warmup`` — the LeadlineCallback then checks, rolls back and decides the
-    ending inside Trainer; a plan that measured a decayed ending maps to ``linear``.
+    ending inside Trainer; a plan that measured a decayed ending maps to ``linear``. Trainer's
+    warmup rises from zero; the plan's rises from alpha1, which only the LeadlineCallback (it
+    sets the rate before every step) runs. A plan whose rate is at or below alpha1 has
+    ``warmup_steps`` 0, so Trainer adds none.
     """
     out: dict[str, Any] = {}
     for name, field in _FIELDS.items():

@@ -3,7 +3,8 @@
 - Warmup: the rate rises linearly from alpha1 (the first safe step, where the first update is
   known to be safe) to the chosen rate over 1/(1 - beta1) steps — the time Adam's first
   moment takes to average over that many gradients (its e-folding length, Kingma & Ba 2015).
-  Where the rate is below alpha1 there is nothing to warm: it starts at the rate.
+  Where the rate is at or below alpha1 there is nothing to warm: it starts at the rate, and
+  `warmup_steps` is 0.
 - Ending: the rate falls linearly to zero over the last 2h steps (LookaheadSchedule races it
   against the constant ending and keeps the better by a test).
 - Weight decay: 0, by the argument the seed measured (E9): a decay that acts within the run
@@ -61,12 +62,15 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
     start = f"from alpha1 = {alpha1:.3g}" if isinstance(alpha1, (int, float)) and math.isfinite(alpha1) else "from the rate (no alpha1 measured)"
     to = f"to the rate {lr:.3g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else "to the chosen rate"
     how = f"the rate rises {start} {to} over the steps Adam's first moment averages"
+    source = f"round(1/(1 - beta1)) with the optimizer's beta1 = {b1:g}: {how}"
     if isinstance(alpha1, (int, float)) and isinstance(lr, (int, float)) and math.isfinite(alpha1) and lr <= alpha1:
-        how = f"the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, so the run starts at the rate: nothing to warm over these steps"
+        # nothing to warm: 0, so a scheduler that warms from zero (Trainer's) does not add one
+        w = 0
+        source = (f"none: the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, the step measured safe, so the run "
+                  f"starts at the rate (the warmup from alpha1 would be round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps)")
     return {
         "warmup_steps": Value(
-            w, "derived",
-            f"round(1/(1 - beta1)) with the optimizer's beta1 = {b1:g}: {how}",
+            w, "derived", source,
             evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr},
             unit="steps",
         ),
