@@ -8,6 +8,7 @@
 #   notrace                     issue 6: the run after the rate phases against a fresh one, real model (~60 s)
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
 #   e8_race                     issue 6: E8 full, one extra arm (~220 s); session 8 ran it at 4e3182f, whose look-ahead raced the warmup
+#   e8w                         issue 6: the warmup question, five warmups at E8's rate, TF32 on and off (~200 s)
 #   race                        issue 6: E11 untrained + race() on the quick plan's grid, paired with session 7's recipe (allow 560 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~200 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
@@ -42,6 +43,9 @@ while [ $# -gt 0 ]; do
       timeout 290 python3 benchmarks/rate_lookahead.py --model $M --experiment e8 --modes full --e8-extra lookahead_constant \
         --out "$OUT/rate_e8_full_warmup_race.json" > "$OUT/e8_race.log" 2>&1
       tail -4 "$OUT/e8_race.log" ;;
+    e8w)
+      timeout 150 python3 benchmarks/e8_warmup.py --model $M --data-dir /root/assets/data --judge 256 --out "$OUT/e8_warmup_tf32.json" 2>&1 | grep -v Loading | tail -5
+      timeout 150 python3 benchmarks/e8_warmup.py --model $M --data-dir /root/assets/data --judge 256 --no-tf32 --out "$OUT/e8_warmup_fp32.json" 2>&1 | grep -v Loading | tail -5 ;;
     race)
       timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms untrained,quick_race --max-seconds 200 \
         --e11-baselines benchmarks/results/rate_e11_race_s7.json \
