@@ -1,5 +1,7 @@
 """The spill cap and its watch on a fake allocator: set, moved, throttled, restored on every exit."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.modules.module as torch_module
@@ -145,3 +147,154 @@ def test_off_cuda_there_is_nothing_to_cap():
         assert hooks() == before
     assert lift_cap("cpu").readings == 0
     assert watched("cpu").active is False
+
+
+def module_hooks(*models):
+    return sum(len(m._forward_pre_hooks) for model in models for m in model.modules())
+
+
+def watch_calls_per_forward(model, x):
+    """Python calls into leadline.memory's code during one forward: what the watch costs it."""
+    import sys
+
+    calls = 0
+
+    def count(frame, event, arg):
+        nonlocal calls
+        if event == "call" and "leadline/memory/" in frame.f_code.co_filename.replace("\\", "/"):
+            calls += 1
+
+    sys.setprofile(count)
+    try:
+        model(x)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def chain(n):
+    return torch.nn.Sequential(*(torch.nn.Linear(4, 4) for _ in range(n)))
+
+
+def test_after_the_first_optimizer_step_a_forward_calls_the_watch_once_not_once_per_module():
+    before = hooks()
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    small, big = chain(1), chain(8)
+    x = torch.ones(1, 4)
+    with forbid_spill(memory=mem, max_overhead=1.0) as cap:
+        cap.watch.clock, cap.watch._next_due = FakeClock(), 0.0  # readings cost nothing: every call due reads
+        small(x), big(x)  # discovered: each gets a hook of its own, its submodules none
+        assert module_hooks(small) == module_hooks(big) == 1 and len(big._forward_pre_hooks) == 1
+        assert hooks()[0] == before[0] + 1  # the global discovery hook, until the first step
+        opt = torch.optim.SGD([*small.parameters(), *big.parameters()], lr=0.1)
+        (small(x).sum() + big(x).sum()).backward()
+        opt.step()
+        assert hooks() == (before[0], before[1] + 1)  # only the step hook is global now
+        n0 = watched("cuda:3").readings
+        for _ in range(3):
+            small(x), big(x)
+        assert watched("cuda:3").readings == n0 + 6  # one reading per outermost forward
+        # the submodules' calls no longer reach the watch: its cost per forward is the same for 1 and 8 Linears
+        assert watch_calls_per_forward(big, x) == watch_calls_per_forward(small, x) > 0
+        assert module_hooks(small, big) == 2
+    assert hooks() == before and module_hooks(small, big) == 0
+
+
+def test_before_the_first_step_every_new_model_is_discovered_and_read():
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    first, second, late = Nested(), chain(2), chain(2)
+    x = torch.ones(1, 4)
+    with forbid_spill(memory=mem, max_overhead=1.0) as cap:
+        cap.watch.clock, cap.watch._next_due = FakeClock(), 0.0
+        n0 = watched("cuda:3").readings
+        first(x)
+        second(x)
+        assert watched("cuda:3").readings == n0 + 2
+        assert len(first._forward_pre_hooks) == len(second._forward_pre_hooks) == 1
+        opt = torch.optim.SGD(first.parameters(), lr=0.1)
+        first(x).sum().backward()
+        opt.step()  # reads, and ends the discovery
+        n1 = watched("cuda:3").readings
+        assert n1 == n0 + 4
+        second(x)
+        mem.other = 300
+        first(x)
+        assert watched("cuda:3").readings == n1 + 2 and mem.cap == 700
+        late(x)  # first called after the discovery ended: read only at optimizer steps
+        assert watched("cuda:3").readings == n1 + 2 and module_hooks(late) == 0
+
+
+def test_a_model_called_inside_a_later_one_is_read_once_per_forward():
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    base = chain(2)
+    wrapper = torch.nn.Sequential(base, torch.nn.ReLU())
+    x = torch.ones(1, 4)
+    with forbid_spill(memory=mem, max_overhead=1.0) as cap:
+        cap.watch.clock, cap.watch._next_due = FakeClock(), 0.0
+        base(x)  # outermost when first called alone
+        n0 = watched("cuda:3").readings
+        wrapper(x)  # now inner to the wrapper: its own hook goes
+        wrapper(x)
+        assert watched("cuda:3").readings == n0 + 2
+        assert len(wrapper._forward_pre_hooks) == 1 and module_hooks(base) == 0
+
+
+@pytest.mark.parametrize("exit_by", [None, KeyError, torch.OutOfMemoryError])
+def test_every_hook_goes_on_every_exit(exit_by):
+    before = hooks()
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    one, two = chain(2), Nested()
+    x = torch.ones(1, 4)
+    raised = RoomShrank if exit_by is torch.OutOfMemoryError else exit_by
+    with pytest.raises(raised) if raised else contextlib.nullcontext(), forbid_spill(memory=mem):
+        one(x), two(x)
+        assert module_hooks(one, two) == 2 and hooks() != before
+        if exit_by is not None:
+            raise exit_by("boom")
+        opt = torch.optim.SGD(one.parameters(), lr=0.1)
+        one(x).sum().backward()
+        opt.step()
+    assert hooks() == before and module_hooks(one, two) == 0 and mem.cap is None
+
+
+def test_remove_twice_and_install_again_discovers_afresh():
+    before = hooks()
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    model = chain(2)
+    x = torch.ones(1, 4)
+    watch = SpillWatch(mem, max_overhead=1.0, clock=FakeClock())
+    watch.install()
+    model(x)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(x).sum().backward()
+    opt.step()
+    watch.remove()
+    watch.remove()
+    assert hooks() == before and module_hooks(model) == 0 and not watch.installed
+    watch.install()
+    assert hooks() == (before[0] + 1, before[1] + 1)  # discovering again
+    n0 = watch.report().readings
+    model(x)
+    assert watch.report().readings == n0 + 1 and module_hooks(model) == 1
+    watch.remove()
+    assert hooks() == before and module_hooks(model) == 0
+
+
+def test_a_copy_of_a_watched_model_holds_no_watch():
+    import copy
+    import pickle
+
+    mem = FakeAllocator(total=1000, resident=100, device="cuda:3")
+    model = chain(2)
+    x = torch.ones(1, 4)
+    with forbid_spill(memory=mem, max_overhead=1.0) as cap:
+        cap.watch.clock, cap.watch._next_due = FakeClock(), 0.0
+        model(x)
+        twin, thawed = copy.deepcopy(model), pickle.loads(pickle.dumps(model))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(x).sum().backward()
+        opt.step()
+        n0 = watched("cuda:3").readings
+        twin(x), thawed(x)
+        assert watched("cuda:3").readings == n0  # inert hooks: the copies are not the watched model
+    assert twin(x).shape == (1, 4)

@@ -5,9 +5,9 @@ already holds (``set_per_process_memory_fraction``), so an allocation past the c
 raises at the line that caused it instead of paging to host memory (Windows) or racing other
 processes (Linux). A cap set once goes stale: the CUDA context grows as kernels load, other
 programs take and give back memory. So it installs a :class:`SpillWatch` that moves the cap
-to free + held before every outermost forward of any module in the process and after every
-optimizer step (global hooks), throttled so its readings cost at most ``max_overhead`` (1%)
-of the time that passes, by their own measured cost. On Windows it also reads the WDDM
+to free + held before every outermost forward and after every optimizer step, throttled so
+its readings cost at most ``max_overhead`` (1%) of the time that passes, by their own measured
+cost. On Windows it also reads the WDDM
 counters (:mod:`leadline.measure.wddm`); spilled or pushed bytes lower the cap by as much and
 empty the allocator's cache, so the next step lands in dedicated memory.
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import LeadlineError
+from leadline.memory._hooks import OutermostHooks
 from leadline.memory.readings import DeviceMemory, format_bytes, memory_for, normalize_device
 
 MAX_CAP_MOVES = 1000
@@ -93,9 +94,13 @@ class SpillWatch:
         counters: a callable returning a :class:`~leadline.measure.wddm.WddmSample` (Windows).
         clock: the time source (seconds), for tests.
 
-    A module's outermost call is its first pre-forward hook from a module not seen before;
-    its submodules are marked inner then. Hooks never raise into the user's forward: an
-    error in a reading is counted in ``hook_errors``.
+    Until the first optimizer step a global forward pre-hook discovers models: a module not
+    seen before is outermost (its submodules are marked inner) and gets a forward pre-hook of
+    its own. The first optimizer step removes the global hook, so from there a forward costs
+    one hook call (the outermost module's), not one per module (:mod:`leadline.memory._hooks`).
+    A model first called after that step is read only after optimizer steps. At most one
+    reading per outermost forward, throttled. Hooks never raise into the user's forward: an
+    error is counted in ``hook_errors``.
     """
 
     def __init__(
@@ -114,8 +119,7 @@ class SpillWatch:
         self.ceiling_bytes = ceiling_bytes
         self.counters = counters
         self.clock = clock
-        self._handles: list[Any] = []
-        self._kinds: dict[int, bool] = {}
+        self._hooks = OutermostHooks(self._on_forward, self._on_step, self._on_hook_error)
         self._next_due = 0.0
         self._t0 = clock()
         self._tracker: Any = None
@@ -124,43 +128,30 @@ class SpillWatch:
     # ---- hooks --------------------------------------------------------------------------
     @property
     def installed(self) -> bool:
-        return bool(self._handles)
+        return self._hooks.installed
 
     def install(self) -> None:
-        """Register the global forward-pre and optimizer-step-post hooks (idempotent)."""
-        if self._handles:
+        """Register the discovery and optimizer-step hooks (idempotent; after :meth:`remove`,
+        discovery starts afresh)."""
+        if self._hooks.installed:
             return
-        from torch.nn.modules.module import register_module_forward_pre_hook
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._handles = [
-            register_module_forward_pre_hook(self._on_forward),
-            register_optimizer_step_post_hook(self._on_step),
-        ]
+        self._hooks.install()
         self.report_.active = True
 
     def remove(self) -> None:
-        """Remove both hooks; safe to call twice."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-        self._kinds.clear()
+        """Remove every hook (global, per-module, step); safe to call twice."""
+        self._hooks.remove()
         self.report_.active = False
         self.report_.elapsed_seconds = self.clock() - self._t0
 
-    def _on_forward(self, module: Any, args: Any) -> None:
-        kinds = self._kinds
-        kind = kinds.get(id(module))
-        if kind is False:
-            return
-        if kind is None:
-            for m in module.modules():
-                kinds[id(m)] = False
-            kinds[id(module)] = True
+    def _on_forward(self) -> None:
         self._maybe_read("forward")
 
-    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_step(self) -> None:
         self._maybe_read("optimizer step")
+
+    def _on_hook_error(self) -> None:
+        self.report_.hook_errors += 1
 
     def _maybe_read(self, reason: str) -> None:
         if self.clock() < self._next_due:
