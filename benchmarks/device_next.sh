@@ -10,7 +10,9 @@
 #   e8_race                     issue 6: E8 full, one extra arm (~220 s); session 8 ran it at 4e3182f, whose look-ahead raced the warmup
 #   e8w                         issue 6: the warmup question, five warmups at E8's rate, TF32 on and off (~200 s)
 #   race                        issue 6: E11 untrained + race() on the quick plan's grid, paired with session 7's recipe (allow 560 s)
-#   dist                        issue 9: one-GPU derive + scaleout (~200 s)
+#   e11_null                    issue 6: E11's race() again under the decay-as-null ending, paired with session 9's
+#                               untrained and recipe rows (~260 s)
+#   dist                        issue 9: one-GPU derive + scaleout (~160 s)
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
 #                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all);
 #                               MEM_ALLOC=expandable_segments:True runs it under that allocator setting
@@ -51,6 +53,11 @@ while [ $# -gt 0 ]; do
         --e11-baselines benchmarks/results/rate_e11_race_s7.json \
         --out "$OUT/rate_e11_race.json" > "$OUT/e11_race.log" 2>&1
       tail -6 "$OUT/e11_race.log" ;;
+    e11_null)
+      timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms quick_race --max-seconds 200 \
+        --e11-baselines benchmarks/results/rate_e11_race_s9.json \
+        --out "$OUT/rate_e11_null.json" > "$OUT/e11_null.log" 2>&1
+      tail -6 "$OUT/e11_null.log" ;;
     dist)
       mkdir -p "$OUT/dist"
       timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$OUT/dist/derive_1.json" > "$OUT/dist/derive.log" 2>&1

@@ -38,6 +38,13 @@ R4 (from session 9) the watch's cost by paired steps: ``--pairs`` (40) pairs of 
    AdamW (lr 1e-5) across the pairs. Recorded: each pair's seconds, the median per-pair ratio
    watched / unwatched, the mean log ratio and its standard error. PASS when the median per-pair
    ratio <= 1.01; sessions up to 8 compared blocks of 10 steps (recorded in their JSON).
+   Session 9 ran this on three cases and found the first step at a pair's new lengths 1.35-2.08x
+   slower than the second, whichever arm ran first: the per-pair ratios split into two modes and
+   their median judges the boundary between them. So, from after session 9 (written before its
+   next run): an untimed step at the pair's lengths runs before each pair, and the estimate is
+   the order-balanced mean log ratio d = (mean over A-B pairs + mean over B-A pairs) / 2, its
+   standard error from the two orders' variances. PASS when exp(d + 2 se) <= 1.01; FAIL when
+   exp(d - 2 se) > 1.01; otherwise UNRESOLVED (the card's spread is wider than the 1% judged).
 R4b written before session 8's cases, because R4's blocks spread by more than the 1% they judge
    (the first four 6 GB cases read 0.949, 1.108, 0.990, 1.064 while the watch's own reports put
    its cost at 0.40-0.62% of each block): the bound 1 + the largest ``overhead_fraction`` the
@@ -264,6 +271,7 @@ def overhead(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: 
         for i in range(args.pairs):
             at = lens[i * args.accum:(i + 1) * args.accum]
             order = ("unwatched", "watched") if i % 2 == 0 else ("watched", "unwatched")
+            one_step(model, opt, b, at, mem)  # untimed: the first step at new lengths is the slow one
             seconds: dict[str, float] = {}
             for arm in order:
                 if arm == "unwatched":
@@ -284,6 +292,7 @@ def overhead(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: 
         mem.empty_cache()
     ratios = [p["watched_seconds"] / p["unwatched_seconds"] for p in pairs]
     mean_log, se_log = mean_se([math.log(r) for r in ratios])
+    balanced = order_balanced(pairs)
     rep = watch.report()
     watched_seconds = math.fsum(p["watched_seconds"] for p in pairs)
     report = {"readings": rep.readings, "skipped_checks": rep.skipped_checks - priming_skipped,
@@ -292,7 +301,22 @@ def overhead(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: 
               "overhead_fraction": rep.reading_seconds / watched_seconds,
               "cap_moves": len(rep.cap_moves) + rep.cap_moves_dropped}
     return {"method": "paired steps", "pairs": pairs, "ratio": median(ratios), "mean_log_ratio": mean_log,
-            "mean_log_ratio_se": se_log, "watch_report": report}
+            "mean_log_ratio_se": se_log, "balanced": balanced, "watch_report": report}
+
+
+def order_balanced(pairs: list[dict[str, Any]]) -> dict[str, Any]:
+    """R4's estimate: the mean log ratio of the A-B pairs and of the B-A pairs, averaged, so the
+    first step of a pair being slower cancels; its standard error from the two orders' spreads."""
+    logs = {o: [math.log(p["watched_seconds"] / p["unwatched_seconds"]) for p in pairs if p["order"] == o]
+            for o in ("AB", "BA")}
+    if min(len(v) for v in logs.values()) < 2:
+        return {"verdict": "UNRESOLVED", "why": "fewer than 2 pairs in an order"}
+    (m_ab, se_ab), (m_ba, se_ba) = mean_se(logs["AB"]), mean_se(logs["BA"])
+    d, se = (m_ab + m_ba) / 2, math.hypot(se_ab, se_ba) / 2
+    hi, lo = math.exp(d + 2 * se), math.exp(d - 2 * se)
+    verdict = "PASS" if hi <= 1.01 else "FAIL" if lo > 1.01 else "UNRESOLVED"
+    return {"ratio": math.exp(d), "low": lo, "high": hi, "log_ratio": d, "log_ratio_se": se,
+            "first_step_slowdown": math.exp((m_ba - m_ab) / 2), "verdict": verdict}
 
 
 def tell(child: subprocess.Popen, what: str) -> str:
@@ -367,7 +391,7 @@ def run_case(model: Any, mode: str, seq: int, card_gb: float, args: argparse.Nam
             case["R1"] = "PASS" if bt - 1 <= b <= bt else "FAIL"
         if "R4" in args.checks:
             case["overhead"] = overhead(trained, b, mix, args, mem)
-            case["R4"] = "PASS" if case["overhead"]["ratio"] <= 1.01 else "FAIL"
+            case["R4"] = case["overhead"]["balanced"]["verdict"]
             bound = 1 + case["overhead"]["watch_report"]["overhead_fraction"]
             case["overhead"]["bound"] = bound
             case["R4b"] = "PASS" if bound <= 1.01 else "FAIL"
@@ -478,7 +502,7 @@ def main() -> int:
         stop_child(child)
         torch.cuda.empty_cache()
     verdicts = [c.get(k) for c in report["cases"] for k in ("R1", "R2", "R3", "R4", "R4b", "R5") if c.get(k)]
-    report["summary"] = {"pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
+    report["summary"] = {"pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"), "unresolved": verdicts.count("UNRESOLVED"),
                          "errors": sum(1 for c in report["cases"] if "error" in c)}
     write_atomic(out_path, json.dumps(report, indent=1, default=str))
     print(json.dumps(report["summary"]))

@@ -165,6 +165,27 @@ def test_scale_out_uses_the_noise_read_past_the_format_when_the_plan_has_it():
     assert t0.s_min == pytest.approx(10.0) and not any("past the answer's format" in a for a in t0.assumptions)
 
 
+def test_with_the_measured_fixed_cost_one_gpu_is_the_plans_step_and_more_gpus_pay_less():
+    """A micro-batch mostly fixed cost (a small model): the table takes the plan's cost model, so
+    its one-GPU row is the step tokens_per_step chose, and its speed-ups fall below the
+    proportional model's, which cannot see that smaller micro-batches per GPU save little."""
+    from leadline.noise.step import tokens_per_step
+
+    sp = tokens_per_step(218.0, rows_fit=184, tokens_per_micro_batch=368.0, t_step_seconds=0.01, t_micro_seconds=0.446,
+                         t_micro_one_row_seconds=0.1848)
+    plan = _plan(noise_scale_tokens=218.0, rows_fit=184, scored_tokens_per_row=2.0, t_micro_seconds=0.446,
+                 t_step_seconds=0.01, total_steps=37)
+    for name, v in sp.as_values().items():
+        plan.set(name, v)
+    t = scale_out(plan, gpus=(1, 2, 8))
+    assert t.row(1).batch_tokens == sp.tokens_per_step and t.row(1).steps == pytest.approx(37.0)
+    fixed = sp.inputs["fixed_cost"]
+    assert t.row(1).seconds_per_step == pytest.approx(fixed["a_seconds"] + sp.rows_per_step * fixed["c_seconds_per_row"] + 0.01)
+    assert any("fixed" in a for a in t.assumptions)
+    proportional = scale_out_table(218.0, 368.0, 2.0, 0.446, 0.01, gpus=(1, 2, 8), s_min=t.s_min)
+    assert t.row(8).speedup < proportional.row(8).speedup and t.pays_up_to < proportional.pays_up_to
+
+
 def test_scale_out_names_what_the_plan_lacks():
     p = Plan()
     p.set("noise_scale_tokens", Value(1.0, "measured", "x"))

@@ -1,5 +1,5 @@
 """LookaheadSchedule: a planted loss spike rolls back bit-exactly and halves; a failure from the
-same check goes further back; finish() keeps the decayed ending only when a test says so."""
+same check goes further back; finish() keeps the decayed ending unless a test says the constant one is better."""
 
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ def test_finish_keeps_the_decayed_ending_when_it_is_significantly_better():
     run(toy, sched, 64)
     ending = sched.finish()
     assert ending["kept"] == "decay" and ending["from_step"] == 48
-    assert ending["decay_versus_constant"]["t"] < -ending["decay_versus_constant"]["bar"]
+    assert ending["constant_versus_decay"]["t"] > ending["constant_versus_decay"]["bar"]
     # the model holds the decayed ending: its held-out loss is the one read for it
     assert sum(toy.held_out()) / 256 == pytest.approx(ending["decay"]["loss"])
     assert toy.calls[-16:] == list(range(48, 64))  # the same 2h steps, rerun
@@ -87,7 +87,7 @@ def test_finish_keeps_the_decayed_ending_when_it_is_significantly_better():
     assert values["ending"].value == "decay" and values["schedule_rollbacks"].evidence["plot"] == "schedule"
 
 
-def test_finish_keeps_the_constant_ending_when_the_difference_is_not_significant():
+def test_finish_keeps_the_decayed_ending_when_the_difference_is_not_significant():
     toy = Regression(seed=0, dim=32)
     noise = torch.Generator().manual_seed(7)
 
@@ -97,9 +97,22 @@ def test_finish_keeps_the_constant_ending_when_the_difference_is_not_significant
     sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, noisy_held_out, config(0.08), total_steps=64)
     run(toy, sched, 64)
     end_w = toy.w.detach().clone()
+    ending = sched.finish()
+    assert ending["kept"] == "decay" and not ending["constant_versus_decay"]["better"]
+    assert not torch.equal(toy.w, end_w)  # the model holds the decayed ending, not the run's end
+
+
+def test_finish_keeps_the_constant_ending_bit_exactly_when_it_is_significantly_better():
+    """A rate far too low for the run: every row's loss is still falling at the end, so halving
+    the last 16 steps' progress leaves each row higher; the constant ending is put back."""
+    toy = Regression(seed=0, dim=32)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.001), total_steps=64)
+    run(toy, sched, 64)
+    end_w = toy.w.detach().clone()
     end_state = {k: v.clone() for k, v in toy.opt.state[toy.w].items()}
     ending = sched.finish()
-    assert ending["kept"] == "constant"
+    assert ending["kept"] == "constant" and ending["constant_versus_decay"]["better"]
+    assert ending["constant"]["loss"] < ending["decay"]["loss"]
     assert torch.equal(toy.w, end_w)
     for k, v in end_state.items():
         assert torch.equal(toy.opt.state[toy.w][k], v)

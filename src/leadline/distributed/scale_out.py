@@ -22,6 +22,14 @@ S_min comes from the plan: its run of ``total_steps`` at ``tokens_per_step`` rea
 the same loss at B takes S(B) steps with S_min = total_steps / (1 + B_noise / tokens_per_step).
 Without ``total_steps`` every count is in units of S_min.
 
+Where the plan measured a micro-batch's fixed cost (one row timed beside ``rows_fit`` rows: a
+micro-batch takes a + c r seconds for r rows), T(B, n) = ceil(r / rows_fit) a + c r + t_step +
+t_comm(n) with r = B / (n x tokens a row) rows a GPU, and B*_n is the whole rows a GPU that make
+S(B) T(B, n) least, up to B_noise: the cost model the plan's own step was taken with, so the
+one-GPU row is the plan's step (noise/step.py). A small model's micro-batch is mostly fixed
+cost (on the H200, SmolLM2-135M LoRA at 232 tokens: 0.18 s at 1 row, 0.45 s at 184), and the
+proportional model above then puts the batch far too low and the wall times far too short.
+
 The communication: t_comm(1) = 0; a ring all-reduce moves 2 (n - 1)/n of the gradient per
 GPU, so a time measured on W GPUs is scaled by (2(n-1)/n) / (2(W-1)/W). Unmeasured (a plan
 derived on one GPU), it is taken as free and every wall time is a lower bound — the table says
@@ -91,6 +99,23 @@ class ScaleRow:
     wall_seconds: float
     speedup: float
     efficiency: float
+
+
+def _row_fixed(n: int, b_noise: float, per_row: float, rows_fit: int, a: float, c_row: float, t_step: float, comm: float,
+               s_min: float) -> dict[str, Any]:
+    """A row of the table under the fixed-cost model (the module docstring)."""
+    from leadline.noise.step import _least_time_rows
+
+    c = t_step + comm
+    top = max(1, math.floor(b_noise / (n * per_row)))
+    r = _least_time_rows(b_noise, n * per_row, rows_fit, a, c_row, c, None)
+    target = r * n * per_row
+    clamped = "a row per GPU" if r == 1 else "noise scale" if r == top else None
+    accum = -(-r // rows_fit)
+    sec = accum * a + c_row * r + c
+    steps = s_min * (1.0 + b_noise / target)
+    return {"gpus": n, "batch_tokens": target, "b_star_tokens": target, "clamped_by": clamped, "grad_accum": accum,
+            "steps": steps, "tokens": steps * target, "seconds_per_step": sec, "comm_seconds": comm, "wall_seconds": steps * sec}
 
 
 def _row(n: int, b_noise: float, m: float, per_row: float, t_micro: float, t_step: float, comm: float, s_min: float) -> dict[str, Any]:
@@ -177,7 +202,8 @@ def _positive(name: str, v: Any, zero_ok: bool = False) -> float:
 def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens_per_row: float, t_micro_seconds: float,
                     t_step_seconds: float, *, gpus: Sequence[int] = DEFAULT_GPUS, comm_seconds_measured: float | None = None,
                     comm_world_size: int | None = None, s_min: float = 1.0, absolute: bool = False,
-                    min_efficiency: float = MIN_EFFICIENCY, assumptions: Sequence[str] = ()) -> ScaleOut:
+                    min_efficiency: float = MIN_EFFICIENCY, assumptions: Sequence[str] = (),
+                    fixed_cost: dict[str, float] | None = None) -> ScaleOut:
     """The table from the numbers (pure math; see the module for every formula).
 
     Args:
@@ -190,6 +216,9 @@ def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens
             that many GPUs (None: unmeasured, taken as free).
         s_min: S_min in steps (1: everything in units of S_min); absolute: S_min came from a run.
         min_efficiency: the efficiency below which adding GPUs stops paying.
+        fixed_cost: ``{"a_seconds", "c_seconds_per_row"}``, a micro-batch's fixed cost and cost a
+            row (the plan's ``tokens_per_step`` evidence ``fixed_cost``): with it the rows a GPU
+            are searched under that model, micro-batches of at most m / tokens a row rows.
     """
     b = _positive("B_noise", b_noise_tokens)
     m = _positive("tokens a micro-batch", tokens_per_micro_batch)
@@ -208,10 +237,20 @@ def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens
     counts.sort()
     if not counts:
         raise InputError("scale_out(gpus=...) needs at least one GPU count")
-    one = _row(1, b, m, per_row, t_micro, t_step, 0.0, s_min)
+    if fixed_cost is not None:
+        a = _positive("a micro-batch's fixed cost", fixed_cost.get("a_seconds"), zero_ok=True)
+        c_row = _positive("a row's cost", fixed_cost.get("c_seconds_per_row"))
+        rows_fit = max(1, round(m / per_row))
+
+        def row_at(n: int, comm: float) -> dict[str, Any]:
+            return _row_fixed(n, b, per_row, rows_fit, a, c_row, t_step, comm, s_min)
+    else:
+        def row_at(n: int, comm: float) -> dict[str, Any]:
+            return _row(n, b, m, per_row, t_micro, t_step, comm, s_min)
+    one = row_at(1, 0.0)
     rows = []
     for n in counts:
-        r = _row(n, b, m, per_row, t_micro, t_step, comm_seconds(n, comm_seconds_measured, comm_world_size), s_min)
+        r = row_at(n, comm_seconds(n, comm_seconds_measured, comm_world_size))
         speedup = one["wall_seconds"] / r["wall_seconds"]
         rows.append(ScaleRow(**r, speedup=speedup, efficiency=speedup / n))
     paying = [r.gpus for r in rows if r.efficiency >= min_efficiency]
@@ -278,8 +317,13 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
         comm_s = None
         notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU is a lower bound; "
                      "derive under torchrun to measure the all-reduce")
-    notes.append("a step's compute is taken as proportional to its tokens (t_micro / m per token, the cost model B* comes from): "
-                 "micro-batches smaller than the measured one run less efficiently than that")
+    fixed = _fixed_cost_of(plan)
+    if fixed is not None:
+        notes.append(f"a micro-batch costs {fixed['a_seconds']:.4g} s fixed + {fixed['c_seconds_per_row']:.4g} s a row (measured at 1 row "
+                     f"and at {int(plan.get('rows_fit'))}), the model the plan's step was taken with: the rows a GPU are the least-time whole rows")
+    else:
+        notes.append("a step's compute is taken as proportional to its tokens (t_micro / m per token, the cost model B* comes from): "
+                     "micro-batches smaller than the measured one run less efficiently than that")
     total, step = plan.get("total_steps"), plan.get("tokens_per_step")
     if isinstance(total, (int, float)) and isinstance(step, (int, float)) and step > 0 and total > 0:
         s_min, absolute = float(total) / (1.0 + b / float(step)), True
@@ -290,4 +334,14 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
         notes.append("the plan has no total_steps: steps, tokens and wall times are in units of S_min")
     return scale_out_table(b, m, per_row, float(plan.get("t_micro_seconds")), float(plan.get("t_step_seconds")), gpus=gpus,
                            comm_seconds_measured=comm_s, comm_world_size=comm_w, s_min=s_min, absolute=absolute,
-                           min_efficiency=min_efficiency, assumptions=notes)
+                           min_efficiency=min_efficiency, assumptions=notes, fixed_cost=fixed)
+
+
+def _fixed_cost_of(plan: Plan) -> dict[str, float] | None:
+    """The micro-batch's fixed cost the plan's step was taken with, where it was measured."""
+    v = plan.values.get("tokens_per_step") if hasattr(plan, "values") else None
+    ev = v.evidence if v is not None and isinstance(v.evidence, dict) else {}
+    fixed = ev.get("fixed_cost")
+    if isinstance(fixed, dict) and all(isinstance(fixed.get(k), (int, float)) for k in ("a_seconds", "c_seconds_per_row")):
+        return {"a_seconds": float(fixed["a_seconds"]), "c_seconds_per_row": float(fixed["c_seconds_per_row"])}
+    return None

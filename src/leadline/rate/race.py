@@ -13,8 +13,8 @@ decides the winner **by a test**: the best mean wins when every other rate is si
 worse; otherwise the lowest rate among those not significantly worse (a tie goes to the rate
 least likely to spike late — the seed's E11 collapse came from the highest). The winner runs
 to the end; at T - 2h a copy is kept, and the ending is raced: the same 2h steps rerun from
-the copy with the rate falling linearly to zero, kept only when better by a one-sided paired t
-test (:func:`leadline.rate._run.race_ending`).
+the copy with the rate falling linearly to zero, kept unless the constant ending is better
+by a one-sided paired t test (:func:`leadline.rate._run.race_ending`).
 
 On success the model holds the winner's end (the run's result). On an exception everything is
 put back as it was before race() (weights, optimizer state, rates, gradients, RNG).
@@ -182,8 +182,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             ending, _ = race_ending(params, opt, train_step, held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
                                  ratios, rows, alpha=alpha, place=place)
             ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
-                             + ("kept, lower held-out loss by a one-sided paired t test" if ending["kept"] == "decay"
-                                else "not better by a one-sided paired t test, the constant ending kept"))
+                             + ("kept: the constant ending was not better by a one-sided paired t test" if ending["kept"] == "decay"
+                                else "the constant ending kept: better by a one-sided paired t test"))
         else:
             run_steps(opt, train_step, win.done, total_steps, win.lr_at, ratios)
             used += total_steps - win.done
