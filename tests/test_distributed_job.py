@@ -1,6 +1,6 @@
 """derive() in a 2-process job (gloo, CPU): identical plans, the noise from DDP's all-reduce
-against the single-process probe on the same rows, and failures (an injected OOM, an error)
-agreed on by both ranks instead of a hang.
+against the single-process probe on the same rows, the probe on a model sharded by FSDP against
+the same, and failures (an injected OOM, an error) agreed on by both ranks instead of a hang.
 
 One spawned job runs every scenario (starting two Python processes with torch costs more than
 the scenarios do); each rank writes what it saw to a JSON file the tests read. The job has a
@@ -197,7 +197,64 @@ def _scenario_data_differs(rank: int, tok: Any) -> dict[str, Any]:
         return {"raised": type(e).__name__, "sentence": str(e)}
 
 
-SCENARIOS = {"plan": _scenario_plan, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
+def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
+    """G: the noise probe on the model sharded by FSDP (ShardedGradFn; FullyShardedDataParallel and
+    fully_shard) against the probe on an unsharded copy drawing the same rows (the world's two
+    micro-batches of a draw as one)."""
+    import copy
+
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from helpers import make_model
+    from leadline.distributed import ShardedGradFn
+    from leadline.hf import prepare
+    from leadline.noise import ModelGradFn, measure_noise_scale
+
+    model = make_model(vocab_size=len(tok))  # seeded: the same full fine-tune on every rank
+    task, _ = prepare(model, tok, str(DATA / "text.jsonl"))
+    alone = copy.deepcopy(model)
+    one = ModelGradFn(alone, task.micro_batch_of)
+
+    def world_draw(i: int) -> Any:  # micro-batches 2i and 2i+1 as one, token-weighted
+        a, b = one(2 * i), one(2 * i + 1)
+        if a is None or b is None:
+            return None
+        (ga, ta), (gb, tb) = a, b
+        if ta + tb == 0:
+            return [], 0
+        if not ga or not gb:
+            return (ga or gb), ta + tb
+        return [(x * ta + y * tb) / (ta + tb) for x, y in zip(ga, gb)], ta + tb
+
+    ref = measure_noise_scale(world_draw, k=6)
+    sharded = FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True)
+    params = [p for p in sharded.parameters() if p.requires_grad]
+    sentinel = [torch.full_like(p, 7.0) for p in params]
+    for p, g in zip(params, sentinel):
+        p.grad = g
+    with ShardedGradFn(sharded, task.micro_batch_of) as grad_fn:
+        got = measure_noise_scale(grad_fn, k=6)
+        shard_numel = sum(g.numel() for g in grad_fn(0)[0])
+    restored = all(p.grad is g for p, g in zip(params, sentinel))
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    two = copy.deepcopy(alone)  # FSDP2: each layer, then the model, sharded as DTensors
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in two.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(two, mesh=mesh)
+    with ShardedGradFn(two, task.micro_batch_of) as grad_fn:
+        got2 = measure_noise_scale(grad_fn, k=6)
+    return {"ref": {"b": ref.b_noise_tokens, "se": ref.se_tokens, "micro_tokens": ref.micro_tokens},
+            "got": {"b": got.b_noise_tokens, "se": got.se_tokens, "micro_tokens": got.micro_tokens},
+            "got2": {"b": got2.b_noise_tokens, "se": got2.se_tokens, "micro_tokens": got2.micro_tokens},
+            "restored": restored, "shard_numel": shard_numel,
+            "full_numel": sum(p.numel() for p in alone.parameters() if p.requires_grad)}
+
+
+SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs}
 
 
@@ -326,3 +383,15 @@ def test_ranks_given_different_data_are_refused_on_both(job):
     a, b = _ok(job, "data_differs")
     assert a["raised"] == "InputError" == b["raised"] and a["sentence"] == b["sentence"]
     assert "the tokenized training rows differ between ranks" in a["sentence"]
+
+
+def test_the_probe_on_a_model_sharded_by_fsdp_is_the_single_process_probe(job):
+    """Each rank sums its shard; one all-reduce of three numbers a draw gives the whole
+    gradient's sums, so the estimate is the unsharded probe's on the same rows."""
+    for r in _ok(job, "fsdp_noise"):
+        for got in (r["got"], r["got2"]):  # FullyShardedDataParallel, fully_shard
+            assert got["micro_tokens"] == r["ref"]["micro_tokens"]
+            assert got["b"] == pytest.approx(r["ref"]["b"], rel=1e-4)
+            assert got["se"] == pytest.approx(r["ref"]["se"], rel=1e-3)
+        assert r["shard_numel"] < r["full_numel"], "each rank must hold a shard, not the whole gradient"
+        assert r["restored"], "the .grad the trained tensors held before the probe must come back"

@@ -10,6 +10,8 @@ all-reduce, and how far data parallelism pays.
 - :class:`NoiseHook` / :class:`DDPNoise` — a DDP communication hook that reads the noise scale
   (McCandlish et al. 2018) from each rank's local bucket against the all-reduced one, and
   derive()'s noise phase built on it; :func:`world_draws` the math, pure.
+- :class:`ShardedGradFn` — the noise probe's ``grad_fn`` on a model sharded by FSDP: each rank
+  sums its shard, one all-reduce of three numbers a draw, the single-process estimate exactly.
 - :func:`scale_out` / :class:`ScaleOut` — from a plan: the global batch, steps, tokens and wall
   time to the same loss at 1, 2, 4, ... GPUs, and where adding GPUs stops paying.
 - :class:`AgreedPhaseRunner`, :func:`world_memory`, :func:`world_step`, :class:`WorldTask` — what
@@ -44,6 +46,7 @@ _LAZY: dict[str, str] = {
     "world_memory": "leadline.distributed.phases",
     "world_step": "leadline.distributed.phases",
     "WorldTask": "leadline.distributed.job",
+    "ShardedGradFn": "leadline.distributed.sharded",
 }
 
 __all__ = sorted(_LAZY)

@@ -7,7 +7,7 @@ monitor's mirror + mean (:mod:`leadline.noise.monitor`). torch is imported when 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
@@ -41,11 +41,16 @@ class MeanStream:
     ``add(grads, tokens)`` updates m by Welford's rule m_j = m_{j-1} + (t_j/T_j)(g_j - m_{j-1}),
     one tensor at a time (a transient difference of one tensor, never of the whole gradient),
     and returns the draw's scalars with one host synchronisation.
+
+    ``reduce``: for a gradient sharded across ranks (each rank passes its shard), a callable
+    that sums the draw's three partial sums (a float64 tensor of 3) over the ranks in place,
+    e.g. an all-reduce; every sum is over coordinates, so the result is the whole gradient's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reduce: Callable[[torch.Tensor], Any] | None = None) -> None:
         self.mean: list[torch.Tensor] | None = None
         self.tokens = 0.0
+        self.reduce = reduce
 
     def add(self, grads: list[torch.Tensor], tokens: float) -> Draw:
         import torch
@@ -67,6 +72,9 @@ class MeanStream:
             xs.append(torch.dot(df, mf))
             m.add_(d, alpha=w)
             us.append(torch.dot(mf, mf))
-        vals = torch.stack([torch.stack(v).double().sum() for v in (rs, xs, us)]).cpu().tolist()
+        sums = torch.stack([torch.stack(v).double().sum() for v in (rs, xs, us)])
+        if self.reduce is not None:
+            self.reduce(sums)
+        vals = sums.cpu().tolist()
         self.tokens = t_now
         return Draw(tokens=float(tokens), innovation_sq=vals[0], mean_sq=vals[2], cross=vals[1])

@@ -164,6 +164,7 @@ def measure_noise_scale(
     max_tokens: float | None = None,
     budget_s: float | None = None,
     rel_se: float | None = None,
+    reduce: Callable[[Any], Any] | None = None,
 ) -> NoiseScale:
     """Measure the gradient noise scale B_noise = tr(Σ)/|G|² (McCandlish et al., 2018).
 
@@ -180,6 +181,10 @@ def measure_noise_scale(
         rel_se: a precision to reach: past settled, keep drawing until the standard error is at
             most this share of the estimate (0.035: two independent probes then agree within
             10% about 19 times in 20). The other limits still stop it; ``stopped_because`` says which.
+        reduce: for gradients sharded across ranks (each rank's ``grad_fn`` returns its shard
+            and the world's scored tokens), sums each draw's three partial sums over the ranks
+            in place (:class:`~leadline.distributed.sharded.ShardedGradFn` gives one as
+            ``reduce_sums``, used when this is None). Every rank must call the probe.
 
     Returns:
         :class:`NoiseScale`, with ``stopped_because`` one of settled/k/max_k/data/tokens/time.
@@ -202,7 +207,9 @@ def measure_noise_scale(
     limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
     if k is not None and max_k is not None:
         limit = min(limit, int(max_k))
-    stream, sums = MeanStream(), NoiseSums()
+    if reduce is None:
+        reduce = getattr(grad_fn, "reduce_sums", None)
+    stream, sums = MeanStream(reduce=reduce), NoiseSums()
     micro_tokens: list[int] = []
     records: list[Draw] = []
     draws: list[dict[str, Any]] = []
