@@ -76,11 +76,10 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
     with lr(t) = copy_lr * (end - t) / (end - start) and keep that, whichever is better by test.
 
     The decayed ending is kept unless the constant one's per-row held-out losses are lower by a
-    one-sided paired t test at ``alpha`` (one look); then the constant ending is put back
-    bit-exactly. The decay is the null because it is the ending measured to help (the seed's E9:
-    -0.0084 +- 0.0019) and the one that read lower in 5 of the 7 endings raced on the H200 before
-    this rule (``docs/rate.md``). On an exception the constant ending is put back and the error
-    re-raised.
+    one-sided paired t test at ``alpha`` (one look), or the decayed ones are not finite; then the
+    constant ending is put back bit-exactly. The decay is the null: it is the ending the seed's
+    E9 measured helping (``docs/rate.md``). On an exception the constant ending is put back and
+    the error re-raised.
     Returns the evidence and the kept ending's per-row losses.
     """
     constant = read_held_out(held_out, rows)
@@ -93,7 +92,7 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
         at_end.load(params, opt)
         raise
     verdict = compare(constant, decayed, alpha=alpha)
-    keep = "constant" if verdict.better else "decay"
+    keep = "constant" if verdict.better or not finite(decayed) else "decay"
     if keep == "constant":
         at_end.load(params, opt)
     c_mean, c_se = stats.mean_se(constant) if finite(constant) else (float("inf"), float("inf"))
