@@ -41,7 +41,9 @@ R4 (from session 9) the watch's cost by paired steps: ``--pairs`` (40) pairs of 
    Session 9 ran this on three cases and found the first step at a pair's new lengths 1.35-2.08x
    slower than the second, whichever arm ran first: the per-pair ratios split into two modes and
    their median judges the boundary between them. So, from after session 9 (written before its
-   next run): an untimed step at the pair's lengths runs before each pair, and the estimate is
+   next run): every pair runs at one set of micro-batch lengths (drawn once from the mix: the
+   watch's cost does not depend on them, and new shapes were the slow steps), after one untimed
+   step at them, and the estimate is
    the order-balanced mean log ratio d = (mean over A-B pairs + mean over B-A pairs) / 2, its
    standard error from the two orders' variances. PASS when exp(d + 2 se) <= 1.01; FAIL when
    exp(d - 2 se) > 1.01; otherwise UNRESOLVED (the card's spread is wider than the 1% judged).
@@ -261,17 +263,16 @@ def overhead(model: Any, b: int, mix: list[int], args: argparse.Namespace, mem: 
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)
-    lens = batch_lengths(mix, b, args.pairs * args.accum, seed=7)
+    at = batch_lengths(mix, b, args.accum, seed=7)  # one set of lengths for every pair
     previous = mem.get_cap()
     watch = SpillWatch(mem, ceiling_bytes=previous)  # what forbid_spill installs, kept across the pairs
     pairs, priming_skipped = [], 0
     mem.empty_cache()
     try:
         mem.set_cap(mem.room())
+        one_step(model, opt, b, at, mem)  # untimed: the first step at new lengths is the slow one
         for i in range(args.pairs):
-            at = lens[i * args.accum:(i + 1) * args.accum]
             order = ("unwatched", "watched") if i % 2 == 0 else ("watched", "unwatched")
-            one_step(model, opt, b, at, mem)  # untimed: the first step at new lengths is the slow one
             seconds: dict[str, float] = {}
             for arm in order:
                 if arm == "unwatched":
