@@ -247,9 +247,24 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
     fully_shard(two, mesh=mesh)
     with ShardedGradFn(two, task.micro_batch_of) as grad_fn:
         got2 = measure_noise_scale(grad_fn, k=6)
+        # rank 0's time budget runs out after its first draws, rank 1 has none: both stop together
+        clock = iter(range(10_000))
+        import leadline.noise.probe as probe_mod
+
+        real_clock = probe_mod._clock
+        probe_mod._clock = lambda: float(next(clock))  # one "second" a look at the clock
+        try:
+            timed = measure_noise_scale(grad_fn, budget_s=5.0 if rank == 0 else None, max_k=50)
+        finally:
+            probe_mod._clock = real_clock
+        from leadline.derive import derive
+
+        plan = derive(grad_fn=grad_fn)  # the noise phase of derive() on the sharded model
     return {"ref": {"b": ref.b_noise_tokens, "se": ref.se_tokens, "micro_tokens": ref.micro_tokens},
             "got": {"b": got.b_noise_tokens, "se": got.se_tokens, "micro_tokens": got.micro_tokens},
             "got2": {"b": got2.b_noise_tokens, "se": got2.se_tokens, "micro_tokens": got2.micro_tokens},
+            "timed": {"k": timed.k, "stopped": timed.stopped_because},
+            "derived": {"b": plan.noise_scale_tokens, "k": plan["noise_scale_tokens"].evidence.get("k")},
             "restored": restored, "shard_numel": shard_numel,
             "full_numel": sum(p.numel() for p in alone.parameters() if p.requires_grad)}
 
@@ -395,3 +410,7 @@ def test_the_probe_on_a_model_sharded_by_fsdp_is_the_single_process_probe(job):
             assert got["se"] == pytest.approx(r["ref"]["se"], rel=1e-3)
         assert r["shard_numel"] < r["full_numel"], "each rank must hold a shard, not the whole gradient"
         assert r["restored"], "the .grad the trained tensors held before the probe must come back"
+    a, b = _ok(job, "fsdp_noise")
+    # a time budget on one rank's clock stops both at the same draw, instead of a hang
+    assert a["timed"] == b["timed"] and a["timed"]["stopped"] == "time" and 0 < a["timed"]["k"] < 50
+    assert a["derived"] == b["derived"] and a["derived"]["b"] > 0

@@ -55,7 +55,8 @@ class ShardedGradFn:
 
     ``grad_fn(i)`` returns this rank's shard of the world's gradient and the world's scored
     tokens, or None on every rank when any rank's data ran out. ``reduce_sums`` all-reduces the
-    probe's three partial sums; :func:`measure_noise_scale` uses it by itself.
+    probe's three partial sums and ``agree_stop`` the decision to stop before a draw (a time
+    budget runs on each rank's clock); :func:`measure_noise_scale` uses both by itself.
     """
 
     def __init__(self, model: Any, micro_batch_of: Callable[[int], Any], params: Iterable[Any] | None = None,
@@ -92,6 +93,10 @@ class ShardedGradFn:
         import torch.distributed as dist
 
         dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.group)
+
+    def agree_stop(self, stopping: bool) -> bool:
+        """Whether any rank stops before this draw (its time budget ran out first)."""
+        return self._world_sum([float(stopping)])[0] > 0
 
     def _world_sum(self, values: list[float]) -> list[float]:
         import torch

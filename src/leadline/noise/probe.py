@@ -184,7 +184,9 @@ def measure_noise_scale(
         reduce: for gradients sharded across ranks (each rank's ``grad_fn`` returns its shard
             and the world's scored tokens), sums each draw's three partial sums over the ranks
             in place (:class:`~leadline.distributed.sharded.ShardedGradFn` gives one as
-            ``reduce_sums``, used when this is None). Every rank must call the probe.
+            ``reduce_sums``, used when this is None). Every rank must call the probe; a
+            ``grad_fn`` with ``agree_stop(stopping) -> bool`` (any rank stopping) is asked before
+            each draw, so a time budget stops every rank at the same draw.
 
     Returns:
         :class:`NoiseScale`, with ``stopped_because`` one of settled/k/max_k/data/tokens/time.
@@ -209,6 +211,7 @@ def measure_noise_scale(
         limit = min(limit, int(max_k))
     if reduce is None:
         reduce = getattr(grad_fn, "reduce_sums", None)
+    agree_stop = getattr(grad_fn, "agree_stop", None)  # ranks drawing one sharded gradient stop together
     stream, sums = MeanStream(reduce=reduce), NoiseSums()
     micro_tokens: list[int] = []
     records: list[Draw] = []
@@ -230,6 +233,8 @@ def measure_noise_scale(
             stopped = "time"
         elif budget_s is not None and elapsed >= budget_s:
             stopped = "time"
+        if agree_stop is not None and agree_stop(bool(stopped)) and not stopped:
+            stopped = "time"  # another rank's clock ran out first (every other stop is the same on each rank)
         if stopped:
             break
         try:
