@@ -90,7 +90,7 @@ def test_read_without_a_backward_says_so(group):
         hook.begin(scale=0.0, weight=1.0)
 
 
-def test_an_fsdp_model_is_refused_with_one_sentence_before_any_collective(group):
+def test_worldtask_refuses_an_fsdp_model_with_one_sentence_before_any_collective(group):
     import torch
     from torch.distributed.fsdp import fully_shard
 
@@ -107,5 +107,18 @@ def test_an_fsdp_model_is_refused_with_one_sentence_before_any_collective(group)
 
     task = Task()
     task.model = model
-    with pytest.raises(InputError, match=r"sharded by FSDP.*derive on one GPU or under DDP"):
+    with pytest.raises(InputError, match=r"sharded by FSDP.*ShardedWorldTask"):
         WorldTask(task, list(model.parameters()), world=None)
+
+
+def test_fully_sharded_data_parallel_without_use_orig_params_is_refused_with_one_sentence(group):
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from leadline.distributed.sharded_job import check_supported
+    from leadline.errors import InputError
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    check_supported(FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True))
+    with pytest.raises(InputError, match=r"without use_orig_params=True.*use_orig_params=True\) or shard it with fully_shard"):
+        check_supported(FullyShardedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4)), device_id=torch.device("cpu")))

@@ -1,6 +1,7 @@
 """derive() in a 2-process job (gloo, CPU): identical plans, the noise from DDP's all-reduce
 against the single-process probe on the same rows, the probe on a model sharded by FSDP against
-the same, and failures (an injected OOM, an error) agreed on by both ranks instead of a hang.
+the same, derive_for on a model sharded by FSDP (both kinds), and failures (an injected OOM, an
+error) agreed on by both ranks instead of a hang.
 
 One spawned job runs every scenario (starting two Python processes with torch costs more than
 the scenarios do); each rank writes what it saw to a JSON file the tests read. The job has a
@@ -39,10 +40,10 @@ def _lora_model(tok: Any, adapter_seed: int = 0) -> Any:
                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
 
 
-def _derive(model: Any, tok: Any) -> Any:
+def _derive(model: Any, tok: Any, **kw: Any) -> Any:
     from leadline.hf import derive_for
 
-    return derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=12, effort="quick")
+    return derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=12, effort="quick", **kw)
 
 
 def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
@@ -269,8 +270,125 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
             "full_numel": sum(p.numel() for p in alone.parameters() if p.requires_grad)}
 
 
+def _fsdp1(tok: Any) -> Any:
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from helpers import make_model
+
+    return FullyShardedDataParallel(make_model(vocab_size=len(tok)), device_id=torch.device("cpu"), use_orig_params=True)
+
+
+def _fsdp2(tok: Any) -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from helpers import make_model
+
+    model = make_model(vocab_size=len(tok))
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, Any]:
+    """derive_for on a sharded full fine-tune: the plan, the weights and grads after, and on an
+    unsharded copy alone, alpha1 at the world's first step and the anchor's rewrite scale."""
+    from leadline import Plan
+    from leadline._phases import tensors_digest
+    from leadline.distributed import plan_digest
+    from leadline.distributed.sharded import _local
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    before = tensors_digest([_local(p.detach()) for p in params])
+    plan = _derive(model, tok, held_out=held_out)
+    return {"plan": plan.to_json(), "digest": plan_digest(plan),
+            "weights_kept": tensors_digest([_local(p.detach()) for p in params]) == before,
+            "grads_none": all(p.grad is None for p in params),
+            "local_numel": sum(_local(p.detach()).numel() for p in params),
+            "alone": _alone(tok, WORLD * Plan.from_json(plan.to_json()).rows_fit, held_out)}
+
+
+def _alone(tok: Any, rows: int, held_out: int | float) -> dict[str, Any]:
+    """On an unsharded copy in this process alone: alpha1, its step the world's step's rows as one
+    micro-batch (what derive's first step trains at: rows_fit a rank, one micro-batch, 2 ranks),
+    and the anchor's rewrite scale."""
+    from helpers import make_model
+    from leadline.hf import prepare, trained_named_weights
+    from leadline.rate import anchor_rate, measure_first_step
+
+    model = make_model(vocab_size=len(tok))
+    task, _ = prepare(model, tok, str(DATA / "text.jsonl"), held_out=held_out)
+    named = trained_named_weights(model)
+    fs = measure_first_step([p for _, p in named], task.optimizer, task.train_step_of(rows, 1), task.held_out_losses())
+    return {"alpha1": fs.alpha1, "rewrite_scale": anchor_rate(named, "weights").rewrite.scale}
+
+
+def _scenario_fsdp_derive(rank: int, tok: Any) -> dict[str, Any]:
+    """H: derive_for on the tiny Llama sharded by FullyShardedDataParallel (use_orig_params)."""
+    return _sharded_derive(_fsdp1(tok), tok, held_out=0.1)
+
+
+def _scenario_fsdp2_derive(rank: int, tok: Any) -> dict[str, Any]:
+    """I: the same, sharded by fully_shard (each layer, then the model), on 5 held-out rows:
+    rank 0 reads 3, rank 1 reads 2 and a repeat it drops."""
+    return _sharded_derive(_fsdp2(tok), tok, held_out=5)
+
+
+def _scenario_fsdp_lora(rank: int, tok: Any) -> dict[str, Any]:
+    """K: a PEFT LoRA model (the same adapter on both ranks) sharded by FullyShardedDataParallel."""
+    import torch
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from leadline._phases import tensors_digest
+    from leadline.distributed import plan_digest
+
+    model = FullyShardedDataParallel(_lora_model(tok), device_id=torch.device("cpu"), use_orig_params=True)
+    before = tensors_digest(list(model.parameters()))
+    plan = _derive(model, tok)
+    return {"plan": plan.to_json(), "digest": plan_digest(plan), "weights_kept": tensors_digest(list(model.parameters())) == before}
+
+
+def _scenario_fsdp_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
+    """J: every rank's card refuses 2 rows in the lockstep ramp, inside the forward (an injected
+    OOM in the second layer, after its parameters were gathered; the same step on both ranks, as
+    identical cards would): rows_fit 1 on both, a measurement, under either kind of FSDP."""
+    import torch
+
+    import leadline.hf as hf
+
+    real = hf.Task.loss_of
+    out: dict[str, Any] = {}
+    for kind, shard in (("fsdp1", _fsdp1), ("fsdp2", _fsdp2)):
+        model = shard(tok)
+        layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
+
+        def refuse(module: Any, args: Any) -> None:
+            if args[0].shape[0] >= 2:
+                raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank {rank})")
+
+        def loss_of(self: Any, b: int, length: int, layer: Any = layer) -> Any:  # only the ramp's steps run out of memory
+            hook = layer.register_forward_pre_hook(refuse)
+            try:
+                return real(self, b, length)
+            finally:
+                hook.remove()
+
+        hf.Task.loss_of = loss_of  # type: ignore[method-assign]
+        try:
+            plan = _derive(model, tok)
+        finally:
+            hf.Task.loss_of = real  # type: ignore[method-assign]
+        out[kind] = {"plan": plan.to_json(), "rows_fit": plan.rows_fit, "alpha1": plan.alpha1,
+                     "ranks": plan["rows_fit"].evidence["ranks"]}
+    return out
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
-             "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs}
+             "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
+             "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
+             "fsdp_ramp_oom": _scenario_fsdp_ramp_oom}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -286,7 +404,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     tok = make_tokenizer()
     results: dict[str, Any] = {}
+    only = os.environ.get("LEADLINE_SCENARIOS")  # a comma-separated subset, while working on one
     for name, fn in SCENARIOS.items():
+        if only and name not in only.split(","):
+            continue
         try:
             results[name] = fn(rank, tok)
         except Exception:
@@ -414,3 +535,63 @@ def test_the_probe_on_a_model_sharded_by_fsdp_is_the_single_process_probe(job):
     # a time budget on one rank's clock stops both at the same draw, instead of a hang
     assert a["timed"] == b["timed"] and a["timed"]["stopped"] == "time" and 0 < a["timed"]["k"] < 50
     assert a["derived"] == b["derived"] and a["derived"]["b"] > 0
+
+
+@pytest.mark.parametrize("scenario", ["fsdp_derive", "fsdp2_derive"])
+def test_derive_for_on_a_model_sharded_by_fsdp_gives_every_rank_the_same_plan(job, scenario):
+    """FullyShardedDataParallel (use_orig_params) and fully_shard: the ramp in lockstep through
+    the sharded model, the step over the world, and the first step through the sharded
+    optimizer step and held-out reads, whose alpha1 is the unsharded model's alone on the same rows."""
+    from leadline import Plan
+
+    a, b = _ok(job, scenario)
+    assert a["digest"] == b["digest"] and a["plan"] == b["plan"]
+    plan = Plan.from_json(a["plan"])
+    assert plan.world_size == 2
+    for name in ("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds", "tokens_per_step", "micro_batch",
+                 "grad_accum", "alpha1", "lr"):
+        assert name in plan and plan.get(name) is not None, name
+    assert "t_allreduce_seconds" not in plan  # FSDP's communication is inside the timed forward+backward
+    rows_fit = plan["rows_fit"]
+    assert "lockstep ramp through the sharded model" in rows_fit.source
+    ranks = rows_fit.evidence["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert [(g["rows"], g["phase"]) for g in ranks[0]["rungs"]] == [(g["rows"], g["phase"]) for g in ranks[1]["rungs"]]
+    for r in ranks:  # the kept rows: confirmed on every rank
+        last = r["rungs"][-1]
+        assert (last["rows"], last["phase"], last["verdict"]) == (plan.rows_fit, "confirm", "fits")
+    ev = plan["tokens_per_step"].evidence
+    assert ev["rows_per_step"] == plan.micro_batch * plan.grad_accum * 2  # the whole world's rows
+    assert plan.model["trained_parameters"] == 2 * a["local_numel"] == 2 * b["local_numel"]  # the whole tensors, not a shard
+    assert plan.model["trained_as"] == "weights"
+    assert len(plan.held_out["held_out"]) == (4 if scenario == "fsdp_derive" else 5)  # 5: the ranks read 3 and 2 rows
+    alone = a["alone"]
+    assert alone["alpha1"] is not None
+    assert plan.alpha1 == pytest.approx(alone["alpha1"], rel=1e-3), "the first step through the sharded model is not the model's"
+    assert plan.rewrite_scale == pytest.approx(alone["rewrite_scale"], rel=1e-6), "the anchor read a shard, not the whole tensors"
+    for r in (a, b):
+        assert r["weights_kept"], "each rank's shards must come back as they were"
+        assert r["grads_none"]
+
+
+def test_an_oom_on_every_rank_in_the_lockstep_ramp_is_a_measurement_on_every_rank(job):
+    a, b = _ok(job, "fsdp_ramp_oom")
+    for kind in ("fsdp1", "fsdp2"):
+        assert a[kind]["plan"] == b[kind]["plan"]
+        assert a[kind]["rows_fit"] == 1 == b[kind]["rows_fit"]
+        assert a[kind]["alpha1"] is not None, "the sharded model must train after the refused forward"
+        for r in a[kind]["ranks"]:
+            assert {"rows": 2, "phase": "search", "verdict": "oom"}.items() <= next(g for g in r["rungs"] if g["rows"] == 2).items()
+            assert r["rungs"][-1]["rows"] == 1 and r["rungs"][-1]["phase"] == "confirm"
+
+
+def test_derive_for_on_a_lora_model_sharded_by_fsdp(job):
+    from leadline import Plan
+
+    a, b = _ok(job, "fsdp_lora")
+    assert a["digest"] == b["digest"] and a["plan"] == b["plan"]
+    plan = Plan.from_json(a["plan"])
+    assert plan.model["trained_as"] == "factors" and plan.model["trained_parameters"] == 4096  # r 4 on 2 layers x 7 linears: the whole adapter, not a shard
+    for name in ("noise_scale_tokens", "rows_fit", "tokens_per_step", "alpha1", "lr"):
+        assert plan.get(name) is not None, name
+    assert a["weights_kept"] and b["weights_kept"]

@@ -16,6 +16,7 @@ from leadline.rate.anchor import (
     LORA_ZERO_B,
     adam_sqrt_cut,
     anchor_from_scale,
+    anchor_rate,
     lora_caveat,
     rewrite_scale,
 )
@@ -30,6 +31,17 @@ def test_rewrite_scale_is_the_rms_entry_of_the_binding_tensor():
     assert rs.zero_tensors == ["lora_B"]
     with pytest.raises(InputError, match="every trained tensor is zero"):
         rewrite_scale({"b": (0.0, 4)})
+
+
+def test_anchor_rate_reads_norms_given_in_place_of_the_tensors():
+    """A sharded model's norms, summed over the ranks, stand in for the shards it holds."""
+    import torch
+
+    named = [("a", torch.zeros(1)), ("lora_B", torch.zeros(1))]  # this rank's shards: they are not read
+    res = anchor_rate(named, "weights", norms={"a": (6.0, 9), "lora_B": (0.0, 100)})
+    assert res.rewrite.scale == pytest.approx(2.0) and res.rewrite.binding == "a"
+    assert res.lr == pytest.approx(2.0 / 320)
+    assert res.caveat == lora_caveat([("a", False), ("lora_B", True)])
 
 
 def test_the_anchor_divides_by_the_constant_and_never_rises_above_it():

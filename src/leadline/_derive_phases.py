@@ -168,6 +168,9 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
+    if world is not None and callable(getattr(step_fn, "lockstep_memory", None)):  # a sharded model: one ramp, every rank in step
+        ctx["ramp"], values = step_fn.lockstep_memory(int(length), max_rows=max_rows, start_rows=start, should_stop=stop)
+        return values
     if world is not None:  # every rank ramps its own card; the plan takes the least
         from leadline.distributed.phases import world_memory
 
@@ -277,11 +280,13 @@ def _past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int]
     return out
 
 
-def _anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan) -> dict[str, Value]:
+def _anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: Any = None) -> dict[str, Value]:
+    """The anchor rate; on a sharded model the norms of the whole tensors (``grad_fn.weight_norms``)."""
     from leadline.rate import anchor_rate
 
+    norms = grad_fn.weight_norms(named) if callable(getattr(grad_fn, "weight_norms", None)) else None
     res = anchor_rate(named, trained_as=trained_as, batch_tokens=plan.get("tokens_per_step"),
-                      b_noise_tokens=plan.get("noise_scale_tokens"))
+                      b_noise_tokens=plan.get("noise_scale_tokens"), norms=norms)
     return res.as_values()
 
 

@@ -188,7 +188,7 @@ def derive(
                                                                lengths, runner, named, trained_as),
                            needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
-            runner.run("anchor", lambda: _anchor(named, trained_as, plan), always=True)
+            runner.run("anchor", lambda: _anchor(named, trained_as, plan, grad_fn), always=True)
         if total_steps is None and epochs is not None:
             runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"), always=True)
         elif total_steps is not None:

@@ -177,6 +177,12 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
     tokenized corpus, in file order).
 
+    Under torchrun every rank calls it and every rank gets rank 0's plan. A model alone or in
+    DDP runs through a DDP wrapper of derive_for's own (:class:`~leadline.distributed.WorldTask`);
+    a model sharded by FSDP (``FullyShardedDataParallel(..., use_orig_params=True)`` or
+    ``fully_shard``) runs through the sharded module itself, every rank in step
+    (:class:`~leadline.distributed.ShardedWorldTask`).
+
     ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
     fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf_rank`),
     within ``max_seconds`` when one is given.
@@ -195,44 +201,57 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
         lora_config_of(model.module if hasattr(model, "module") else model)  # a full fine-tune is refused before anything runs
     if total_steps is None and epochs is None:
         epochs = 1.0
-    world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP pieces below, the plan agreed by every rank
+    world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
+    sharded = False
     if world is not None:
-        from leadline.distributed.job import unwrap
+        from leadline.distributed.job import is_sharded, unwrap
 
         model = unwrap(model)
+        sharded = is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
+    inner = model.module if sharded and hasattr(model, "module") else model  # FullyShardedDataParallel's model, for what it says of itself
     was_training = model.training
     task, prof = prepare(model, tokenizer, train_dataset, seq_len=seq_len, quantile=quantile, held_out=held_out,
                       test=test, seed=seed, probe_rows=probe_rows, fields=fields)
     named = trained_named_weights(model)
-    kind = trained_as or trained_as_of(model)
+    kind = trained_as or trained_as_of(inner)
+    model_info = describe_model(inner, trained_as=kind)
     model.train()
-    job = None
+    job: Any = None
     grad_fn: Any = None
+    step_fn: Any = TrainingStep(task.loss_of, task.optimizer)
     train_step_of, held_out_losses = task.train_step_of, None
     try:
-        if world is not None:
+        if world is not None and sharded:
+            from leadline.distributed.sharded_job import ShardedWorldTask
+
+            job = ShardedWorldTask(task, [p for _, p in named], world)
+            step_fn = job.step_fn()
+            # the whole tensors' entries, not this rank's shards'
+            model_info.update(parameters=job.world_numel(list(model.parameters())), trained_parameters=job.world_numel(job.params))
+        elif world is not None:
             from leadline.distributed.job import WorldTask
 
             job = WorldTask(task, [p for _, p in named], world)
+        if job is not None:
             grad_fn, train_step_of, held_out_losses = job.grad_fn(), job.train_step_of, job.held_out_losses()
         plan = derive(
             data=train_dataset if isinstance(train_dataset, (str, os.PathLike)) else None,
             rows=None if isinstance(train_dataset, (str, os.PathLike)) else _rows_of(train_dataset),
             tokenizer=tokenizer, seq_len=task.seq_len, profile=prof,
-            step_fn=TrainingStep(task.loss_of, task.optimizer),
+            step_fn=step_fn,
             grad_fn=grad_fn or _probe(model, task, [p for _, p in named]),
             named_weights=named, trained_as=kind, optimizer=task.optimizer,
             train_step_of=train_step_of, held_out_losses=held_out_losses or task.held_out_losses(),
             total_steps=total_steps, epochs=epochs, effort=effort, max_seconds=max_seconds,
             on_progress=on_progress, resume=resume, prior=prior,
             lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
-            held_out=task.split.as_dict(), model_info=describe_model(model, trained_as=kind),
-            loss_resolution=_loss_resolution(model),
+            held_out=task.split.as_dict(), model_info=model_info,
+            loss_resolution=_loss_resolution(inner),
             device=task.device, started=started,
         )
         from leadline.memory.model_step import adapter_dtype_note
 
-        note = adapter_dtype_note(model)
+        note = adapter_dtype_note(inner)
         if note is not None:
             plan.notes.append(note)
         if fit_rank and world is not None:

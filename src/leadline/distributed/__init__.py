@@ -14,8 +14,8 @@ all-reduce, and how far data parallelism pays.
   sums its shard, one all-reduce of three numbers a draw, the single-process estimate exactly.
 - :func:`scale_out` / :class:`ScaleOut` — from a plan: the global batch, steps, tokens and wall
   time to the same loss at 1, 2, 4, ... GPUs, and where adding GPUs stops paying.
-- :class:`AgreedPhaseRunner`, :func:`world_memory`, :func:`world_step`, :class:`WorldTask` — what
-  derive() and derive_for() use inside a job.
+- :class:`AgreedPhaseRunner`, :func:`world_memory`, :func:`world_step`, :class:`WorldTask`,
+  :class:`ShardedWorldTask` — what derive() and derive_for() use inside a job (DDP; FSDP).
 
 ``import leadline.distributed`` loads no torch.
 """
@@ -47,6 +47,7 @@ _LAZY: dict[str, str] = {
     "world_step": "leadline.distributed.phases",
     "WorldTask": "leadline.distributed.job",
     "ShardedGradFn": "leadline.distributed.sharded",
+    "ShardedWorldTask": "leadline.distributed.sharded_job",
 }
 
 __all__ = sorted(_LAZY)

@@ -62,10 +62,8 @@ def is_sharded(model: Any) -> bool:
 
 
 FSDP_SENTENCE = (
-    "the model is sharded by FSDP, and leadline reads the noise from DDP's all-reduce and ramps each card alone; "
-    "derive on one GPU or under DDP with the unsharded model (its micro-batch is a safe bound for FSDP, which holds less a card), "
-    "or call leadline.derive() with a grad_fn and a step of your own "
-    "(leadline.distributed.ShardedGradFn reads the noise scale from the sharded model)"
+    "the model is sharded by FSDP, and WorldTask wraps its model in DDP; "
+    "derive_for runs a sharded model through leadline.distributed.sharded_job.ShardedWorldTask (chosen by itself when is_sharded(model))"
 )
 
 

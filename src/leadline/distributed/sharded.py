@@ -14,10 +14,9 @@ tokens. That is the gradient the single-process probe draws for those rows taken
 micro-batch. Given the same micro-batches, the estimate is the single-process probe's, to float
 rounding (``tests/test_distributed_job.py``, FSDP over 2 gloo ranks against an unsharded copy).
 
-What it is not: ``derive()`` under FSDP. ``derive_for`` refuses a sharded model: its ramp runs
-each card alone, and an OOM inside a sharded forward leaves the other ranks waiting in a
-collective. This is the noise phase for a loop of your own (``leadline.derive(grad_fn=...)``)
-or a probe by hand::
+``derive_for`` uses it as the noise phase of a sharded model
+(:class:`~leadline.distributed.sharded_job.ShardedWorldTask`); it is also the noise phase for a
+loop of your own (``leadline.derive(grad_fn=...)``) or a probe by hand::
 
     with ShardedGradFn(fsdp_model, micro_batch_of) as grad_fn:
         noise = measure_noise_scale(grad_fn, budget_s=60)   # on every rank
@@ -97,6 +96,19 @@ class ShardedGradFn:
     def agree_stop(self, stopping: bool) -> bool:
         """Whether any rank stops before this draw (its time budget ran out first)."""
         return self._world_sum([float(stopping)])[0] > 0
+
+    def weight_norms(self, named: Iterable[tuple[str, Any]]) -> dict[str, tuple[float, int]]:
+        """``{name: (frobenius_norm, numel)}`` of the whole trained tensors: each rank's shard's
+        sum of squares and entries, summed over the ranks (one all-reduce). The anchor's
+        rewrite scale reads them (:func:`~leadline.rate.anchor_rate`'s ``norms``)."""
+        import torch
+
+        named = list(named)
+        with torch.no_grad():
+            local = [_local(t.detach()) for _, t in named]
+            sums = self._world_sum([float(torch.sum(t.double() ** 2)) for t in local] + [float(t.numel()) for t in local])
+        n = len(named)
+        return {name: (sums[i] ** 0.5, int(sums[n + i])) for i, (name, _) in enumerate(named)}
 
     def _world_sum(self, values: list[float]) -> list[float]:
         import torch

@@ -148,7 +148,8 @@ def anchor_from_scale(rewrite: RewriteScale, trained_as: str, *, batch_tokens: f
 
 
 def anchor_rate(named_weights: Mapping[str, Any] | Iterable[tuple[str, Any]], trained_as: str, *,
-                batch_tokens: float | None = None, b_noise_tokens: float | None = None) -> AnchorRate:
+                batch_tokens: float | None = None, b_noise_tokens: float | None = None,
+                norms: Mapping[str, tuple[float, int]] | None = None) -> AnchorRate:
     """Read the rewrite scale off the trained tensors (``{name: tensor}`` or ``(name, tensor)``
     pairs, e.g. ``model.named_parameters()`` filtered to the trained ones) and build the anchor
     rate, with the LoRA-init caveat.
@@ -158,18 +159,21 @@ def anchor_rate(named_weights: Mapping[str, Any] | Iterable[tuple[str, Any]], tr
         trained_as: ``"factors"`` (LoRA/PiSSA) or ``"weights"`` (full fine-tune, a head).
         batch_tokens: the step's scored tokens B (for the square-root cut).
         b_noise_tokens: the noise scale B_noise in scored tokens.
+        norms: ``{name: (frobenius_norm, numel)}`` read already, in place of reading them off
+            ``named_weights`` (a sharded model's, summed over the ranks:
+            :meth:`~leadline.distributed.ShardedGradFn.weight_norms`).
     """
     import torch
 
     items = list(named_weights.items()) if isinstance(named_weights, Mapping) else list(named_weights)
     if not items:
         raise InputError("named_weights is empty; pass the trained tensors by name, e.g. {n: p for n, p in model.named_parameters() if p.requires_grad}")
-    norms: dict[str, tuple[float, int]] = {}
-    zero: list[tuple[str, bool]] = []
-    with torch.no_grad():
-        for name, t in items:
-            norm = float(torch.linalg.vector_norm(t.detach().float()))
-            norms[name] = (norm, t.numel())
-            zero.append((name, norm == 0.0))
+    if norms is None:
+        read: dict[str, tuple[float, int]] = {}
+        with torch.no_grad():
+            for name, t in items:
+                read[name] = (float(torch.linalg.vector_norm(t.detach().float())), t.numel())
+        norms = read
+    zero = [(name, norm == 0.0) for name, (norm, _) in norms.items()]
     return anchor_from_scale(rewrite_scale(norms), trained_as, batch_tokens=batch_tokens,
                              b_noise_tokens=b_noise_tokens, caveat=lora_caveat(zero))

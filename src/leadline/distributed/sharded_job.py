@@ -1,0 +1,279 @@
+"""derive_for() inside a torchrun job whose model is sharded by FSDP: the pieces of a
+:class:`~leadline.hf.Task` that run through the sharded model, every rank in step.
+
+Under FSDP every forward and backward is a collective (parameters all-gathered, gradients
+reduce-scattered), so no rank may run a forward the others do not run. :class:`ShardedWorldTask`
+hands derive():
+
+- ``grad_fn()`` — a :class:`~leadline.distributed.ShardedGradFn` (the noise from each rank's
+  shard, one all-reduce of three sums a draw), which also gives the anchor the whole tensors'
+  norms (``weight_norms``);
+- ``step_fn()`` — a :class:`ShardedTrainingStep`: the real training step at lr 0 through the
+  sharded model, and ``lockstep_memory``, the memory phase (:func:`lockstep_ramp`);
+- ``train_step_of(micro_batch, grad_accum)`` — the world's step is micro_batch x grad_accum x
+  W rows, rank r takes micro-batches r, r + W, ... of it, each rank's mean loss scaled by
+  W t_r / T so FSDP's averaged reduce-scatter leaves the token-weighted mean of the world's
+  step; a non-finite loss is agreed before any rank enters the backward;
+- ``held_out_losses()`` — rank r reads rows r, r + W, ..., every rank the same number of
+  forwards of the same number of rows (the short rank repeats a row and drops its loss), the
+  losses gathered back in the rows' order.
+
+The lockstep ramp: doubling, then bisection, then confirmation
+(:class:`~leadline.memory.decide.RampSearch`), one real step on every rank per rung; each rank's
+outcome (out of memory, an allocator retry, its peak) is all-gathered before the next rung and
+a rung fits only where it fitted on every rank. The kept rows are confirmed by ``repeats`` steps
+in a row at the same shape, which time ``t_micro``/``t_step`` (the slowest rank's medians).
+
+What cannot be agreed: an out-of-memory (or any error) raised inside a sharded forward or
+backward on one rank only leaves the others inside that collective; it ends with the backend's
+timeout. The same OOM on every rank at the same step (identical cards and shapes) is a
+measurement on every rank.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from leadline.distributed.agree import agreed
+from leadline.distributed.job import check_same_everywhere, rows_digest
+from leadline.distributed.sharded import ShardedGradFn, _local
+from leadline.errors import InputError
+from leadline.memory.step import TrainingStep
+from leadline.plan import Value
+
+VERDICTS = ("fits", "squeezed", "oom")
+
+ORIG_PARAMS_SENTENCE = (
+    "the model is wrapped by FullyShardedDataParallel without use_orig_params=True, so its trained tensors are flat "
+    "buffers leadline cannot name or snapshot; wrap it with FullyShardedDataParallel(..., use_orig_params=True) or shard it with fully_shard"
+)
+
+
+def check_supported(model: Any) -> None:
+    """Refuse, with one sentence, a sharding derive_for cannot run through: FSDP1 without
+    ``use_orig_params``."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(m, FullyShardedDataParallel) and not getattr(m, "_use_orig_params", False) for m in model.modules()):
+        raise InputError(ORIG_PARAMS_SENTENCE)
+
+
+def free_gathered(model: Any) -> None:
+    """Free the parameters FSDP keeps gathered after a forward that no backward follows.
+
+    Neither ``FullyShardedDataParallel`` nor ``fully_shard`` reshards the root module after its
+    forward (the backward is expected to use its parameters), and the next forward reuses what
+    it gathered: a weight written into the shards in between (a snapshot put back, a step along
+    a line) is not read, and the held-out loss stays the old weights'. Every forward derive runs
+    without a backward is a held-out read; this runs after each.
+    """
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._runtime_utils import _reshard
+
+    for m in FullyShardedDataParallel.fsdp_modules(model):
+        handle = getattr(m, "_handle", None)
+        if handle is not None and handle.uses_sharded_strategy:
+            _reshard(m, handle, True)
+    try:
+        from torch.distributed.fsdp import FSDPModule  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - torch before FSDP2
+        return
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+class ShardedTrainingStep(TrainingStep):
+    """A :class:`~leadline.memory.TrainingStep` through the sharded model, and the memory phase
+    that runs it on every rank in step (``lockstep_memory``: derive()'s ``_memory`` calls it in a job)."""
+
+    def __init__(self, loss_of: Callable[[int, int], Any], optimizer: Any, world: Any) -> None:
+        super().__init__(loss_of, optimizer)
+        self.world = world
+
+    def lockstep_memory(self, length: int, *, max_rows: int | None = None, start_rows: int = 1,
+                        should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
+        res, ranks = lockstep_ramp(self, self.world, length, max_rows=max_rows, start_rows=start_rows, should_stop=should_stop)
+        return res, lockstep_values(res, ranks, self.world)
+
+
+def lockstep_ramp(step: Any, world: Any, length: int, *, max_rows: int | None = None, start_rows: int = 1, repeats: int = 3,
+                  should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """The rows a training step fits at ``length`` tokens on every rank, one rung at a time on
+    every rank (see the module). Returns this rank's :class:`~leadline.memory.RampResult`, its
+    timings the slowest rank's, and every rank's rungs (``[{"rank", "rungs"}]``).
+
+    Raises:
+        WontFit: on every rank, when not even ``start_rows`` rows fit on every rank.
+    """
+    from leadline.memory.decide import RampSearch
+    from leadline.memory.ramp import RampResult, WontFit, _nothing_fits, probe
+    from leadline.memory.readings import memory_for
+
+    t0 = time.perf_counter()
+    mem = memory_for(step.device)
+    search = RampSearch(max_rows=max_rows, start_rows=start_rows)
+    rungs: list[Any] = []
+    ranks: list[dict[str, Any]] = [{"rank": r, "rungs": []} for r in range(world.world_size)]
+    kept: tuple[list[float], list[float], float, float] | None = None
+    while (move := search.next()) is not None:
+        kind, rows = move
+        reps, phase = (1, "search") if kind == "try" else (repeats, "confirm")
+        rung, timing = agreed(world, lambda rows=rows, reps=reps, phase=phase: probe(step, mem, rows, length, reps, phase, True),
+                              f"the lockstep ramp's step at {rows} rows x {length} tokens")
+        rungs.append(rung)
+        got = world.all_gather([float(VERDICTS.index(rung.verdict)), float(rung.peak_bytes or 0), float(rung.retries),
+                                getattr(timing, "t_micro_seconds", 0.0), getattr(timing, "t_step_seconds", 0.0)])
+        for r, g in enumerate(got):
+            ranks[r]["rungs"].append({"rows": rows, "phase": phase, "verdict": VERDICTS[int(g[0])], "peak_bytes": int(g[1]), "retries": int(g[2])})
+        ok = all(int(g[0]) == 0 for g in got)
+        search.record(kind, rows, ok)
+        if ok and kind == "confirm":
+            slow_micro = max(range(world.world_size), key=lambda r: got[r][3])
+            slow_step = max(range(world.world_size), key=lambda r: got[r][4])
+            reps_of = world.gather_object((list(timing.micro_seconds), list(timing.step_seconds)))
+            kept = (reps_of[slow_micro][0], reps_of[slow_step][1], got[slow_micro][3], got[slow_step][4])
+            for r in range(world.world_size):
+                ranks[r].update(t_micro_seconds=got[r][3], t_step_seconds=got[r][4])
+        if should_stop is not None and not search.hurried and world.all_max(float(bool(should_stop(rung)))) > 0:
+            search.hurry("max_seconds")
+    result = RampResult(
+        micro_batch=search.kept or 0, length=int(length),
+        t_micro_seconds=kept[2] if kept else None, t_step_seconds=kept[3] if kept else None,
+        rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because,
+        max_rows=max_rows, micro_seconds=kept[0] if kept else [], step_seconds=kept[1] if kept else [],
+        seconds=time.perf_counter() - t0,
+    )
+    if result.micro_batch == 0:
+        raise WontFit(_nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded model)", result)
+    return result, ranks
+
+
+def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[str, Value]:
+    """The plan's ``rows_fit``, ``t_micro_seconds``, ``t_step_seconds`` from :func:`lockstep_ramp`."""
+    w = world.world_size
+    shape = f"{res.micro_batch} rows x {res.length} tokens"
+    slow_micro = max(range(w), key=lambda r: ranks[r].get("t_micro_seconds", 0.0))
+    slow_step = max(range(w), key=lambda r: ranks[r].get("t_step_seconds", 0.0))
+    ev = {**res.evidence(), "ranks": ranks, "world_size": w}
+    n = len(res.micro_seconds)
+    return {
+        "rows_fit": Value(res.micro_batch, "measured",
+                          f"the lockstep ramp through the sharded model on {w} ranks: the most rows at {res.length} tokens whose real "
+                          f"training step (at lr 0, the optimizer's state held) ran on every rank without running out of memory or an "
+                          f"allocator retry, then {n} steps in a row at that shape ({res.stopped_because})",
+                          ev, res.seconds, "rows"),
+        "t_micro_seconds": Value(res.t_micro_seconds, "measured",
+                                 f"the slowest of {w} ranks (rank {slow_micro}): median of {n} synchronized forward+backward passes of "
+                                 f"{shape} through the sharded model (its all-gathers and reduce-scatters included)",
+                                 {"ranks": ranks, "repeats_seconds": res.micro_seconds}, 0.0, "s"),
+        "t_step_seconds": Value(res.t_step_seconds, "measured",
+                                f"the slowest of {w} ranks (rank {slow_step}): median of {n} synchronized optimizer updates of the "
+                                f"shards after {shape}", {"ranks": ranks, "repeats_seconds": res.step_seconds}, 0.0, "s"),
+    }
+
+
+class ShardedWorldTask:
+    """The FSDP side of a :class:`~leadline.hf.Task` (see the module).
+
+    Args:
+        task: the :class:`~leadline.hf.Task`, built on the sharded model (the forward goes
+            through it).
+        params: the trained tensors as the sharded model holds them.
+        world: the :class:`~leadline.distributed.World`.
+    """
+
+    def __init__(self, task: Any, params: list[Any], world: Any) -> None:
+        check_supported(task.model)
+        self.task, self.params, self.world = task, params, world
+        self.notes: list[str] = []
+        self._noise: ShardedGradFn | None = None
+        check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
+                              "give every rank the same data file, tokenizer and seed")
+
+    def grad_fn(self) -> ShardedGradFn:
+        self._noise = ShardedGradFn(self.task.model, self.task.micro_batch_of, self.params, group=self.world.group)
+        return self._noise
+
+    def step_fn(self) -> ShardedTrainingStep:
+        return ShardedTrainingStep(self.task.loss_of, self.task.optimizer, self.world)
+
+    def world_numel(self, tensors: list[Any]) -> int:
+        """The entries of the whole ``tensors``: each rank's shards' entries, summed over the ranks."""
+        return int(self.world.all_reduce([float(sum(_local(t.detach()).numel() for t in tensors))], "sum")[0])
+
+    def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], float]:
+        """``train_step(step)``: this rank's share of the world's step ``step`` through the
+        sharded model; returns the world's token-weighted mean loss (the same on every rank)."""
+        import torch
+
+        task, world = self.task, self.world
+        order, n_w, rank = task.order, world.world_size, world.rank
+        per_step = micro_batch * grad_accum * n_w
+
+        def train_step(step: int) -> float:
+            start = (step * per_step) % max(1, len(order))
+            idx = [order[(start + j) % len(order)] for j in range(per_step)]
+            mine = agreed(world, lambda: [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch])
+                                          for k in range(grad_accum)], f"step {step}'s micro-batches")
+            total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
+            loss_sum = 0.0
+            for k, m in enumerate(mine):
+                with torch.enable_grad():
+                    out = task.model(**m.to(task.device).model_inputs())
+                    if m.scored_tokens:
+                        value = float(out.loss.detach())
+                        loss = out.loss * (n_w * m.scored_tokens / total)
+                    else:  # nothing scored here: the backward still runs, for the world's collectives
+                        value, loss = 0.0, out.logits.sum() * 0.0
+                bad = world.all_reduce([float(not math.isfinite(value))], "sum")[0]
+                if bad:  # agreed before the backward, whose collectives every rank must enter
+                    raise InputError(f"the loss of step {step}'s micro-batch {k} is not finite on {int(bad)} rank(s) under FSDP "
+                                     "(the sharded model's step); check these rows and the model's dtype")
+                loss.backward()
+                loss_sum += value * m.scored_tokens
+                del out, loss
+            return world.all_reduce([loss_sum], "sum")[0] / total
+
+        return train_step
+
+    def held_out_losses(self) -> Callable[[], list[float]]:
+        """The held-out rows' losses, each rank reading every W-th row in as many forwards as
+        every other rank, gathered in order."""
+        from leadline.corpus.losses import MAX_TOKENS, row_losses
+
+        task, world = self.task, self.world
+        rows = [task.rows[i] for i in task.split.held_out]
+        if not rows:
+            raise InputError("the split has no held_out rows; give split_rows a larger held_out")
+        w = world.world_size
+        mine = rows[world.rank::w]
+        padded = mine + [mine[-1] if mine else rows[0]] * (-(-len(rows) // w) - len(mine))  # the same count on every rank
+        per_forward = max(1, MAX_TOKENS // max(len(r.input_ids) for r in rows))  # the same on every rank
+
+        def losses() -> list[float]:
+            def read() -> list[float]:
+                try:
+                    return row_losses(task.model, padded, per_forward, task.device, pad_id=task.pad_id)[:len(mine)]
+                finally:
+                    free_gathered(task.model)
+
+            local = agreed(world, read, "the held-out read")
+            parts = world.gather_object([float(x) for x in local])
+            out: list[float] = [0.0] * len(rows)
+            for r, part in enumerate(parts):
+                out[r::w] = part
+            return out
+
+        return losses
+
+    def close(self) -> None:
+        """Put back the ``.grad`` the noise probe found and free what a forward left gathered (the
+        caller's next forward reads the shards derive put back)."""
+        if self._noise is not None:
+            self._noise.close()
+            self._noise = None
+        free_gathered(self.task.model)
