@@ -94,6 +94,19 @@ def check_same_everywhere(world: Any, what: str, digest: str, fix: str) -> None:
         raise InputError(f"{what} differ between ranks (rank {odd[0]} against rank 0); {fix}")
 
 
+def step_share(task: Any, world: Any, step: int, micro_batch: int, grad_accum: int) -> tuple[list[Any], float]:
+    """This rank's micro-batches of the world's step ``step`` (rank r takes micro-batches
+    r, r + W, ... of its micro_batch x grad_accum x W rows, agreed) and the world's scored tokens."""
+    order, n_w, rank = task.order, world.world_size, world.rank
+    per_step = micro_batch * grad_accum * n_w
+    start = (step * per_step) % max(1, len(order))
+    idx = [order[(start + j) % len(order)] for j in range(per_step)]
+    mine = agreed(world, lambda: [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch])
+                                  for k in range(grad_accum)], f"step {step}'s micro-batches")
+    total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
+    return mine, total
+
+
 class WorldTask:
     """The DDP side of a :class:`~leadline.hf.Task` (see the module).
 
@@ -163,15 +176,10 @@ class WorldTask:
         import torch
 
         task, world = self.task, self.world
-        order, n_w, rank = task.order, world.world_size, world.rank
-        per_step = micro_batch * grad_accum * n_w
+        n_w = world.world_size
 
         def train_step(step: int) -> float:
-            start = (step * per_step) % max(1, len(order))
-            idx = [order[(start + j) % len(order)] for j in range(per_step)]
-            mine = agreed(world, lambda: [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch])
-                                          for k in range(grad_accum)], f"step {step}'s micro-batches")
-            total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
+            mine, total = step_share(task, world, step, micro_batch, grad_accum)
             loss_sum = 0.0
             ddp = self.ddp  # read per step: close() drops it, and no closure keeps it alive
             for k, m in enumerate(mine):

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leadline.distributed.agree import agreed
-from leadline.distributed.job import check_same_everywhere, rows_digest
+from leadline.distributed.job import check_same_everywhere, rows_digest, step_share
 from leadline.distributed.sharded import ShardedGradFn, _local
 from leadline.errors import InputError
 from leadline.memory.step import TrainingStep
@@ -211,15 +211,10 @@ class ShardedWorldTask:
         import torch
 
         task, world = self.task, self.world
-        order, n_w, rank = task.order, world.world_size, world.rank
-        per_step = micro_batch * grad_accum * n_w
+        n_w = world.world_size
 
         def train_step(step: int) -> float:
-            start = (step * per_step) % max(1, len(order))
-            idx = [order[(start + j) % len(order)] for j in range(per_step)]
-            mine = agreed(world, lambda: [task.batch(idx[(k * n_w + rank) * micro_batch:(k * n_w + rank + 1) * micro_batch])
-                                          for k in range(grad_accum)], f"step {step}'s micro-batches")
-            total = world.all_reduce([float(sum(m.scored_tokens for m in mine))], "sum")[0] or 1.0
+            mine, total = step_share(task, world, step, micro_batch, grad_accum)
             loss_sum = 0.0
             for k, m in enumerate(mine):
                 with torch.enable_grad():
