@@ -13,6 +13,8 @@
 #   e11_null                    issue 6: E11's race() again under the decay-as-null ending, paired with session 9's
 #                               untrained and recipe rows (~260 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~160 s)
+#   dist2                       issue 9 on nvidia-h200-x2: derive on 1 GPU, on 2 under DDP and under fully_shard,
+#                               then compare (R1-R4, R7); the train arms (R5) after it, `distributed_derive.py`'s docstring
 #   mem MODE CARD SEQ           issue 4: one memory_ramp case, e.g. `mem lora16 24 512` (~170 s);
 #                               MEM_CHECKS=R1,R2,R5 (say) runs fewer of its rules (default: all);
 #                               MEM_ALLOC=expandable_segments:True runs it under that allocator setting
@@ -62,7 +64,17 @@ while [ $# -gt 0 ]; do
       mkdir -p "$OUT/dist"
       timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$OUT/dist/derive_1.json" > "$OUT/dist/derive.log" 2>&1
       timeout 330 python3 benchmarks/distributed_derive.py scaleout --model $M --plan "$OUT/dist/derive_1.json" --out "$OUT/dist/scaleout.json" > "$OUT/dist/scaleout.log" 2>&1
-      tail -3 "$OUT/dist/derive.log" "$OUT/dist/scaleout.log" ;;
+      tail -n 3 "$OUT/dist/derive.log" "$OUT/dist/scaleout.log" ;;
+    dist2)
+      export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+      W="$OUT/dist2"; mkdir -p "$W"
+      timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$W/derive_1.json" > "$W/derive_1.log" 2>&1
+      timeout 200 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed_derive.py derive --model $M \
+        --out "$W/derive_2.json" > "$W/derive_2.log" 2>&1
+      timeout 150 python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed_derive.py derive --model $M \
+        --shard fsdp2 --out "$W/derive_2_fsdp.json" > "$W/derive_2_fsdp.log" 2>&1
+      python3 benchmarks/distributed_derive.py compare --dir "$W" --out "$W/compare.json" > "$W/compare.log" 2>&1
+      tail -n 2 "$W"/*.log ;;
     noise_truth)
       timeout 300 python3 benchmarks/noise_probe.py --model $M --task debian_sections --sections A,B --out "$OUT/noise_debian_truth.json" 2>&1 | grep -v USDT | tail -4 ;;
     mem)

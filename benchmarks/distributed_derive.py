@@ -36,6 +36,10 @@ Decision rules, written before the run:
       by McNemar p < 0.05 on the 842 test rows.
   R6  scale-out: the predicted S_b / S_a is nearer the measured ratio (in log) than both the
       perfect-scaling ratio 1/factor and no gain (1), and within 30% of it.
+  R7  (written in session 9, before any run) the plan derived on 2 GPUs with the model sharded by
+      fully_shard (``derive --shard fsdp2`` under torchrun -> derive_2_fsdp.json) against the
+      DDP one (derive_2.json): B_noise within 10%, the rate within one grid step
+      (|log2(lr_fsdp / lr_ddp)| <= 1), and its rows a step (micro x accum x 2) within a factor 2.
 
 Run (cwd = repo root, on the GPU machine; R1-R5 need the 2-GPU kind, R6 one GPU; NVLink
 multicast stays off, as the machine's environment already says):
@@ -43,6 +47,7 @@ multicast stays off, as the machine's environment already says):
   W=$OUT/dist; mkdir -p $W
   PYTHONPATH=src python3 benchmarks/distributed_derive.py derive --out $W/derive_1.json
   PYTHONPATH=src python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed_derive.py derive --out $W/derive_2.json
+  PYTHONPATH=src python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed_derive.py derive --shard fsdp2 --out $W/derive_2_fsdp.json
   PYTHONPATH=src python3 benchmarks/distributed_derive.py train --plan $W/derive_1.json --out $W/train_1.json
   PYTHONPATH=src python3 -m torch.distributed.run --nproc-per-node 2 benchmarks/distributed_derive.py train --plan $W/derive_2.json --out $W/train_2.json
   PYTHONPATH=src python3 benchmarks/distributed_derive.py scaleout --plan $W/derive_1.json --out $W/scaleout.json
@@ -109,6 +114,17 @@ def load(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
     return get_peft_model(model, cfg), tok
 
 
+def shard(model: Any, world: Any) -> None:
+    """``fully_shard`` each decoder layer, then the model, over the job's ranks (FSDP2)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cuda" if world.device.startswith("cuda") else "cpu", (world.world_size,))
+    for layer in model.base_model.model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+
+
 def device_of(world: Any, args: argparse.Namespace) -> str:
     import torch
 
@@ -127,6 +143,10 @@ def cmd_derive(args: argparse.Namespace) -> dict[str, Any]:
         train, _ = write_rows(Path(args.data_dir), Path(args.work), args.max_chars)
         t = time.perf_counter()
         model, tok = load(args, dev)
+        if args.shard == "fsdp2":
+            if world is None:
+                raise SystemExit("derive --shard fsdp2 runs under torchrun (a sharded model needs a job of 2 or more ranks)")
+            shard(model, world)
         load_s = time.perf_counter() - t
         if world is not None:
             world.barrier()
@@ -287,6 +307,14 @@ def cmd_compare(args: argparse.Namespace) -> dict[str, Any]:
         out["R3"] = {"lr": [l1, l2], "log2_ratio": math.log2(l2 / l1), "pass": abs(math.log2(l2 / l1)) <= 1.0}
         out["R4"] = {"derive_seconds": [one["derive_seconds"], two["derive_seconds"]],
                      "ratio": two["derive_seconds"] / one["derive_seconds"], "pass": two["derive_seconds"] <= 1.1 * one["derive_seconds"]}
+    fsdp = get("derive_2_fsdp.json")
+    if two and fsdp:
+        b1, b2 = v(two, "noise_scale_tokens"), v(fsdp, "noise_scale_tokens")
+        l1, l2 = v(two, "lr"), v(fsdp, "lr")
+        r1, r2 = v(two, "micro_batch") * v(two, "grad_accum") * 2, v(fsdp, "micro_batch") * v(fsdp, "grad_accum") * 2
+        out["R7"] = {"b_noise": [b1, b2], "lr": [l1, l2], "rows_a_step": [r1, r2],
+                     "derive_seconds": [two["derive_seconds"], fsdp["derive_seconds"]],
+                     "pass": abs(b2 - b1) / b1 <= 0.10 and abs(math.log2(l2 / l1)) <= 1.0 and 0.5 <= r2 / r1 <= 2.0}
     if t1 and t2:
         m = stats.mcnemar(t2["correct"], t1["correct"]).as_dict()
         a1, a2 = t1["verdict"]["accuracy"], t2["verdict"]["accuracy"]
@@ -314,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--effort", default="full", choices=("quick", "full"))
+    ap.add_argument("--shard", default="none", choices=("none", "fsdp2"), help="derive: the model sharded by fully_shard (under torchrun)")
     ap.add_argument("--max-seconds", type=float, default=None)
     ap.add_argument("--plan", help="a derive JSON this script wrote (train, scaleout)")
     ap.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the plan's total_steps)")

@@ -186,6 +186,14 @@ def test_with_the_measured_fixed_cost_one_gpu_is_the_plans_step_and_more_gpus_pa
     assert t.row(8).speedup < proportional.row(8).speedup and t.pays_up_to < proportional.pays_up_to
 
 
+def test_a_sharded_plan_from_two_ranks_is_not_called_a_one_gpu_plan():
+    """Under FSDP no all-reduce is timed apart: the collectives are inside t_micro."""
+    t = scale_out(_plan(world_size=2), gpus=(1, 2))
+    assert any("not timed apart" in a and "2 ranks" in a for a in t.assumptions)
+    assert not any("a plan derived on one GPU" in a for a in t.assumptions)
+    assert any("a plan derived on one GPU" in a for a in scale_out(_plan(), gpus=(1, 2)).assumptions)
+
+
 def test_scale_out_names_what_the_plan_lacks():
     p = Plan()
     p.set("noise_scale_tokens", Value(1.0, "measured", "x"))

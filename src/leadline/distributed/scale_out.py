@@ -315,8 +315,13 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
                      "(DDP overlaps it with the backward: an upper bound); across hosts the bandwidth is lower and these times optimistic")
     else:
         comm_s = None
-        notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU is a lower bound; "
-                     "derive under torchrun to measure the all-reduce")
+        world = plan.get("world_size")
+        if isinstance(world, int) and world > 1:
+            notes.append(f"communication not timed apart (a plan derived on {world} ranks with the model sharded: its all-gathers and "
+                         f"reduce-scatters at {world} ranks are inside the measured t_micro, and the other counts scale them as compute)")
+        else:
+            notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU is a lower bound; "
+                         "derive under torchrun to measure the all-reduce")
     fixed = _fixed_cost_of(plan)
     if fixed is not None:
         notes.append(f"a micro-batch costs {fixed['a_seconds']:.4g} s fixed + {fixed['c_seconds_per_row']:.4g} s a row (measured at 1 row "
