@@ -460,11 +460,21 @@ def main() -> int:
     ap.add_argument("--accum", type=int, default=2)
     ap.add_argument("--no-second-process", action="store_true")
     ap.add_argument("--checks", default="R1,R2,R3,R4,R5",
-                    help="the rules to run per case (R1 always: the ramp against the truth; R5 needs R2's run): "
+                    help="the rules to run per case (R1 only when named; R5 needs R2's run): "
                          "the whole set took 254-358 s a case on the H200 in session 2, its 300-step run (R2) 154 s of that")
     ap.add_argument("--out", required=True, help="the JSON file (or a folder for memory_ramp.json)")
+    ap.add_argument("--rejudge", nargs="+", metavar="JSON",
+                    help="no run: R4's order-balanced estimate (order_balanced) of these results' paired steps, written to --out")
     args = ap.parse_args()
     args.checks = {c.strip().upper() for c in args.checks.split(",") if c.strip()}
+    if args.rejudge:
+        judged = {}
+        for f in args.rejudge:
+            cases = json.loads(Path(f).read_text())["cases"]
+            judged[Path(f).name] = [order_balanced(c["overhead"]["pairs"]) for c in cases if c.get("overhead", {}).get("pairs")]
+        Path(args.out).write_text(json.dumps({"benchmark": "memory_ramp --rejudge", "command": sys.argv, "judged": judged}, indent=1))
+        print(json.dumps(judged, indent=1))
+        return 0
 
     import torch
 
