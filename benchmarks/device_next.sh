@@ -9,9 +9,13 @@
 #   e8                          issue 6: E8 full with the diagnostic arms and the state check (~250 s)
 #   e8_race                     issue 6: E8 full, one extra arm (~220 s); session 8 ran it at 4e3182f, whose look-ahead raced the warmup
 #   e8w                         issue 6: the warmup question, five warmups at E8's rate, TF32 on and off (~200 s)
+#   e8o                         issue 6: the warmup against the constant on three other orders of E8's rows (~140 s)
 #   race                        issue 6: E11 untrained + race() on the quick plan's grid, paired with session 7's recipe (allow 560 s)
 #   e11_null                    issue 6: E11's race() again under the decay-as-null ending, paired with session 9's
 #                               untrained and recipe rows (~260 s)
+#   e11_sched                   issue 6: E11's plan + LookaheadSchedule on the uncapped card under the decay-as-null
+#                               ending, paired with session 9's untrained and recipe rows (~280 s; the 6 GB arm: e11_sched_cap)
+#   e11_sched_cap               issue 6: the same arm with the process held to 6 GB (~290 s)
 #   dist                        issue 9: one-GPU derive + scaleout (~160 s)
 #   dist2                       issue 9 on nvidia-h200-x2: derive on 1 GPU, on 2 under DDP and under fully_shard,
 #                               then compare (R1-R4, R7); the train arms (R5) after it, `distributed_derive.py`'s docstring
@@ -50,6 +54,11 @@ while [ $# -gt 0 ]; do
     e8w)
       timeout 150 python3 benchmarks/e8_warmup.py --model $M --data-dir /root/assets/data --judge 256 --out "$OUT/e8_warmup_tf32.json" 2>&1 | grep -v Loading | tail -5
       timeout 150 python3 benchmarks/e8_warmup.py --model $M --data-dir /root/assets/data --judge 256 --no-tf32 --out "$OUT/e8_warmup_fp32.json" 2>&1 | grep -v Loading | tail -5 ;;
+    e8o)
+      for k in 1 2 3; do
+        timeout 60 python3 benchmarks/e8_warmup.py --model $M --data-dir /root/assets/data --judge 256 --arms constant,warmup \
+          --order-seed $k --out "$OUT/e8_warmup_order$k.json" 2>&1 | grep -v Loading | tail -1
+      done ;;
     race)
       timeout 560 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms untrained,quick_race --max-seconds 200 \
         --e11-baselines benchmarks/results/rate_e11_race_s7.json \
@@ -60,6 +69,16 @@ while [ $# -gt 0 ]; do
         --e11-baselines benchmarks/results/rate_e11_race_s9.json \
         --out "$OUT/rate_e11_null.json" > "$OUT/e11_null.log" 2>&1
       tail -6 "$OUT/e11_null.log" ;;
+    e11_sched)
+      timeout 400 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms plan_schedule --cap-gb 0 --max-seconds 400 \
+        --e11-baselines benchmarks/results/rate_e11_race_s9.json \
+        --out "$OUT/rate_e11_sched.json" > "$OUT/e11_sched.log" 2>&1
+      tail -6 "$OUT/e11_sched.log" ;;
+    e11_sched_cap)
+      timeout 400 python3 benchmarks/rate_lookahead.py --model $M --experiment e11 --e11-arms plan_schedule_cap --cap-gb 6 --max-seconds 400 \
+        --e11-baselines benchmarks/results/rate_e11_race_s9.json \
+        --out "$OUT/rate_e11_sched_cap.json" > "$OUT/e11_sched_cap.log" 2>&1
+      tail -6 "$OUT/e11_sched_cap.log" ;;
     dist)
       mkdir -p "$OUT/dist"
       timeout 200 python3 benchmarks/distributed_derive.py derive --model $M --out "$OUT/dist/derive_1.json" > "$OUT/dist/derive.log" 2>&1

@@ -20,6 +20,11 @@ card's numerics, not the warmup.
         --judge 256 --out $OUT/e8_warmup_tf32.json   (and --no-tf32 --out $OUT/e8_warmup_fp32.json)
     PYTHONPATH=src .venv/bin/python benchmarks/e8_warmup.py --model /tmp/bcpu/smol_hf --data-dir ../shared/data \\
         --judge 128 --arms warmup,constant --out benchmarks/results/e8_warmup_cpu.json
+
+``--order-seed K`` (K > 0) trains on the same rows in another order (shuffled by K). Rule for the
+orders, written before they run: the warmup's cost belongs to the schedule, not to one order of the
+rows, when "the warmup costs" holds in every order run; when it holds in some orders and not in
+others, the cost is the trajectory's, and E8's R2 miss is one draw of it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ def main() -> int:
     ap.add_argument("--alpha1", type=float, default=1.2910852417671376e-4, help="the H200's alpha1")
     ap.add_argument("--arms", default="constant,warmup,warmup5,warmup20,warmup_zero")
     ap.add_argument("--steps", type=int, default=90, help="optimizer steps (E8: 90; fewer only to smoke-test)")
+    ap.add_argument("--order-seed", type=int, default=0, help="0: E8's order; K > 0: the same rows shuffled by K")
     ap.add_argument("--no-tf32", action="store_true", help="float32 matmuls on the GPU (TF32 off)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -78,11 +84,13 @@ def main() -> int:
         return R.encode(s.tok, r["question"] + "\n", r["answer_cot"], 256)
 
     train = [enc(r) for r in raw[: steps * per_step]]
+    if args.order_seed:
+        random.Random(args.order_seed).shuffle(train)
     judge = [enc(r) for r in R.read_jsonl(Path(args.data_dir) / "gsm_symbolic_test.jsonl")[: args.judge]]
     ts = R.make_train_step(s.model, train, per_step, s.pad, s.device)
     out: dict = {"benchmark": "e8_warmup", "command": sys.argv, "versions": R.versions(), "device": str(s.device),
                  "tf32": bool(s.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32),
-                 "threads": torch.get_num_threads(), "lr": lr, "alpha1": a1, "arms": {}}
+                 "threads": torch.get_num_threads(), "lr": lr, "alpha1": a1, "order_seed": args.order_seed, "arms": {}}
     for name in arms:
         t0 = time.perf_counter()
         opt = s.opt(s.full())
