@@ -1,0 +1,121 @@
+"""Issue 4's acceptance on the card, case by case, from the committed memory_ramp results.
+
+CPU only: reads ``benchmarks/results/memory_ramp_*.json`` and prints one markdown row per case
+(mode, card, length) with, for each rule, the verdict of the newest file that judged it and that
+file's name. Newest is by the session suffix (``_sN``; a file without one is older than ``_s8``,
+the first session that named its files). Files of designs the ramp no longer runs (named
+``_interleaved_corpus_order``, or the first run whose ramp kept 4 where the truth was 3) are
+left out and listed. R4 is read under its last rule only (paired steps at one set of lengths,
+the order-balanced 2-se interval): ``_r4_sN`` files and the session-9 re-reading.
+
+    python3 benchmarks/acceptance_memory.py --out benchmarks/results/acceptance_memory.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+RULES = ("R1", "R2", "R3", "R5")
+# designs measured and replaced (README: the ramp's mix from an emptied cache, longest first)
+SUPERSEDED = {"memory_ramp_lora16_6gb_seq512.json", "memory_ramp_lora16_6gb_seq512_interleaved_corpus_order.json"}
+
+
+def session(name: str) -> int:
+    m = re.search(r"_s(\d+)\.json$", name)
+    return int(m.group(1)) if m else 0
+
+
+def r4_reading(case: dict[str, Any]) -> dict[str, Any] | None:
+    """The order-balanced interval of a paired-steps R4, or None when the case holds another method."""
+    oh = case.get("overhead") or {}
+    bal = oh.get("balanced")
+    if oh.get("method") != "paired steps" or not bal:
+        return None
+    return {"ratio": bal["ratio"], "low": bal["low"], "high": bal["high"], "verdict": bal["verdict"], "bound": oh.get("bound")}
+
+
+def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]], list[str]]:
+    cases: dict[tuple[str, float, int], dict[str, Any]] = {}
+    skipped: list[str] = []
+    files = sorted(results.glob("memory_ramp_*.json"), key=lambda p: (session(p.name), p.name))
+    for f in files:
+        if f.name in SUPERSEDED:
+            skipped.append(f.name)
+            continue
+        data = json.loads(f.read_text())
+        if "cases" not in data:  # the re-reading of session 9's R4 files
+            continue
+        for c in data["cases"]:
+            if "_expandable" in f.name:
+                key = (c["mode"] + " (expandable_segments)", c["card_gb"], c["seq"])
+            else:
+                key = (c["mode"], c["card_gb"], c["seq"])
+            row = cases.setdefault(key, {})
+            for rule in RULES:
+                if c.get(rule):
+                    row[rule] = (c[rule], f.name, c)
+            if c.get("truth") and c["truth"].get("b_true") is not None:
+                row["truth"] = (c["truth"]["b_true"], (c.get("ramp") or {}).get("micro_batch"), f.name)
+            r4 = r4_reading(c)
+            if r4 is not None and "_r4_" in f.name:
+                row["R4"] = (r4, f.name)
+            if c.get("R4b"):
+                row["R4b"] = ((c.get("overhead") or {}).get("bound"), f.name)
+    rejudged = results / "memory_ramp_r4_rejudged_s9.json"
+    if rejudged.exists():
+        for name, judged in json.loads(rejudged.read_text())["judged"].items():
+            m = re.match(r"memory_ramp_(\w+?)_(\d+)gb_seq(\d+)_", name)
+            key = (m.group(1), float(m.group(2)), int(m.group(3))) if m else None
+            if key in cases and "R4" not in cases[key] and judged:
+                j = judged[0]
+                cases[key]["R4"] = ({"ratio": j["ratio"], "low": j["low"], "high": j["high"], "verdict": j["verdict"]},
+                                    f"{rejudged.name}, re-reading {name}")
+    return cases, skipped
+
+
+def table(cases: dict[tuple[str, float, int], dict[str, Any]]) -> str:
+    head = ("| case | kept / truth | R1 | R2 (300 steps) | R3 (1 GB taken) | R4 (watch cost, order-balanced) "
+            "| R4b (the watch's own time) | R5 (fit pre-flight) |\n|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for (mode, card, seq), row in sorted(cases.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        def cell(rule: str, row: dict[str, Any] = row) -> str:
+            if rule not in row:
+                return "not run"
+            verdict, name, _ = row[rule]
+            return f"{verdict} (`{name}`)"
+
+        truth = row.get("truth")
+        kept = f"{truth[1]} / {truth[0]} (`{truth[2]}`)" if truth else "no truth"
+        if "R4" in row:
+            r4, name = row["R4"]
+            r4c = f"{r4['verdict']} {r4['ratio']:.3f} [{r4['low']:.3f}, {r4['high']:.3f}] (`{name}`)"
+        else:
+            r4c = "not run under the last rule"
+        r4b = f"{row['R4b'][0]:.4f} (`{row['R4b'][1]}`)" if row.get("R4b") and row["R4b"][0] else "not run"
+        lines.append(f"| {mode}, {card:g} GB, {seq} | {kept} | {cell('R1')} | {cell('R2')} | {cell('R3')} | {r4c} | {r4b} | {cell('R5')} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--out", default="", help="also write the table here")
+    args = ap.parse_args()
+    cases, skipped = collect(Path(args.results))
+    text = (f"Issue 4's acceptance from the committed results ({len(cases)} cases; "
+            f"left out as replaced designs: {', '.join(f'`{s}`' for s in skipped) or 'none'}).\n"
+            "Written by `python3 benchmarks/acceptance_memory.py --out benchmarks/results/acceptance_memory.md`.\n\n"
+            + table(cases) + "\n")
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
