@@ -385,10 +385,40 @@ def _scenario_fsdp_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
     return out
 
 
+def _scenario_fsdp_mix(rank: int, tok: Any) -> dict[str, Any]:
+    """L: the lockstep ramp's length mix (run here as on CUDA): rank 1's allocator retries on a
+    mix step at 2 rows or more (injected after the real step, so both ranks ran it): the
+    candidate fails on both, and the rows kept ran the mix clean on both."""
+    import dataclasses
+    import importlib
+
+    import leadline.distributed.sharded_job as sj
+
+    ramp_mod = importlib.import_module("leadline.memory.ramp")  # the package's `ramp` is the function
+
+    real_probe, real_mix_on = ramp_mod.probe, sj._mix_on
+
+    def probe(step: Any, mem: Any, rows: int, length: int, repeats: int = 1, phase: str = "search", empty: bool = True) -> Any:
+        rung, timing = real_probe(step, mem, rows, length, repeats, phase, empty)
+        if rank == 1 and phase == "mix" and rows >= 2:
+            rung = dataclasses.replace(rung, retries=1, verdict="squeezed")
+        return rung, timing
+
+    ramp_mod.probe, sj._mix_on = probe, (lambda mem: True)
+    try:
+        plan = _derive(_fsdp1(tok), tok)
+    finally:
+        ramp_mod.probe, sj._mix_on = real_probe, real_mix_on
+    from leadline.distributed import plan_digest
+
+    return {"plan": plan.to_json(), "digest": plan_digest(plan), "rows_fit": plan.rows_fit, "seq_len": plan.seq_len,
+            "source": plan["rows_fit"].source, "evidence": plan["rows_fit"].evidence}
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
              "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
-             "fsdp_ramp_oom": _scenario_fsdp_ramp_oom}
+             "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -595,3 +625,23 @@ def test_derive_for_on_a_lora_model_sharded_by_fsdp(job):
     for name in ("noise_scale_tokens", "rows_fit", "tokens_per_step", "alpha1", "lr"):
         assert plan.get(name) is not None, name
     assert a["weights_kept"] and b["weights_kept"]
+
+
+def test_the_lockstep_ramp_confirms_through_the_length_mix_on_every_rank(job):
+    """A retry on one rank at a mix length fails the candidate on every rank; the kept rows ran
+    the whole mix (shorter lengths, the full length after each) clean on both."""
+    a, b = _ok(job, "fsdp_mix")
+    assert a["digest"] == b["digest"] and a["plan"] == b["plan"]
+    assert a["rows_fit"] == 1 == b["rows_fit"]
+    ev = a["evidence"]
+    assert ev["lengths_mix"] and all(n < a["seq_len"] for n in ev["lengths_mix"])
+    assert "length mix" in a["source"]
+    r0, r1 = (r["rungs"] for r in ev["ranks"])
+    assert [(g["rows"], g["length"], g["phase"]) for g in r0] == [(g["rows"], g["length"], g["phase"]) for g in r1]
+    failed = [i for i, g in enumerate(r1) if g["phase"] == "mix" and g["verdict"] == "squeezed"]
+    assert failed and all(r1[i]["rows"] >= 2 and r0[i]["verdict"] == "fits" for i in failed)
+    for i in failed:  # the mix stopped at the failed step: the next rung is another candidate's
+        assert i + 1 == len(r1) or r1[i + 1]["phase"] != "mix" or r1[i + 1]["rows"] != r1[i]["rows"]
+    kept_mix = [g for g in r1 if g["rows"] == 1 and g["phase"] == "mix"]
+    assert len(kept_mix) == 2 * len(ev["lengths_mix"]) and all(g["verdict"] == "fits" for g in kept_mix)
+    assert [g["length"] for g in kept_mix][1::2] == [a["seq_len"]] * len(ev["lengths_mix"])

@@ -169,7 +169,8 @@ def _memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
     if world is not None and callable(getattr(step_fn, "lockstep_memory", None)):  # a sharded model: one ramp, every rank in step
-        ctx["ramp"], values = step_fn.lockstep_memory(int(length), max_rows=max_rows, start_rows=start, should_stop=stop)
+        ctx["ramp"], values = step_fn.lockstep_memory(int(length), lengths=lengths, max_rows=max_rows, start_rows=start,
+                                                          should_stop=stop)
         return values
     if world is not None:  # every rank ramps its own card; the plan takes the least
         from leadline.distributed.phases import world_memory

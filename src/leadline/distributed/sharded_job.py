@@ -22,7 +22,10 @@ The lockstep ramp: doubling, then bisection, then confirmation
 (:class:`~leadline.memory.decide.RampSearch`), one real step on every rank per rung; each rank's
 outcome (out of memory, an allocator retry, its peak) is all-gathered before the next rung and
 a rung fits only where it fitted on every rank. The kept rows are confirmed by ``repeats`` steps
-in a row at the same shape, which time ``t_micro``/``t_step`` (the slowest rank's medians).
+in a row at the same shape, which time ``t_micro``/``t_step`` (the slowest rank's medians), then
+on CUDA, as the one-process ramp does, from an emptied cache through the corpus's length mix,
+longest first, the full length after each (:func:`~leadline.memory.decide.confirmation_lengths`):
+a retry or an OOM there on any rank fails the candidate on every rank.
 
 What cannot be agreed: an out-of-memory (or any error) raised inside a sharded forward or
 backward on one rank only leaves the others inside that collective; it ends with the backend's
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from leadline.distributed.agree import agreed
@@ -94,42 +97,68 @@ class ShardedTrainingStep(TrainingStep):
         super().__init__(loss_of, optimizer)
         self.world = world
 
-    def lockstep_memory(self, length: int, *, max_rows: int | None = None, start_rows: int = 1,
-                        should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
-        res, ranks = lockstep_ramp(self, self.world, length, max_rows=max_rows, start_rows=start_rows, should_stop=should_stop)
+    def lockstep_memory(self, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
+                        start_rows: int = 1, should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
+        res, ranks = lockstep_ramp(self, self.world, length, lengths=lengths, max_rows=max_rows, start_rows=start_rows,
+                                   should_stop=should_stop)
         return res, lockstep_values(res, ranks, self.world)
 
 
-def lockstep_ramp(step: Any, world: Any, length: int, *, max_rows: int | None = None, start_rows: int = 1, repeats: int = 3,
+def _mix_on(mem: Any) -> bool:
+    """Whether the confirmation runs the length mix: on CUDA, where the allocator's layout can
+    make a shorter step's cache fail a full-length one (off CUDA nothing retries)."""
+    return getattr(mem.device, "type", None) == "cuda"
+
+
+def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
+                  start_rows: int = 1, repeats: int = 3, mix_steps: int = 16,
                   should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """The rows a training step fits at ``length`` tokens on every rank, one rung at a time on
-    every rank (see the module). Returns this rank's :class:`~leadline.memory.RampResult`, its
-    timings the slowest rank's, and every rank's rungs (``[{"rank", "rungs"}]``).
+    every rank (see the module). ``lengths`` (the corpus's) and ``mix_steps`` make the length mix
+    the candidate is confirmed through on CUDA. Returns this rank's
+    :class:`~leadline.memory.RampResult`, its timings the slowest rank's, and every rank's rungs
+    (``[{"rank", "rungs"}]``).
 
     Raises:
         WontFit: on every rank, when not even ``start_rows`` rows fit on every rank.
     """
-    from leadline.memory.decide import RampSearch
+    from leadline.memory.decide import RampSearch, confirmation_lengths
     from leadline.memory.ramp import RampResult, WontFit, _nothing_fits, probe
     from leadline.memory.readings import memory_for
 
     t0 = time.perf_counter()
     mem = memory_for(step.device)
     search = RampSearch(max_rows=max_rows, start_rows=start_rows)
+    mix = confirmation_lengths(length, lengths, mix_steps) if _mix_on(mem) else []
     rungs: list[Any] = []
     ranks: list[dict[str, Any]] = [{"rank": r, "rungs": []} for r in range(world.world_size)]
     kept: tuple[list[float], list[float], float, float] | None = None
-    while (move := search.next()) is not None:
-        kind, rows = move
-        reps, phase = (1, "search") if kind == "try" else (repeats, "confirm")
-        rung, timing = agreed(world, lambda rows=rows, reps=reps, phase=phase: probe(step, mem, rows, length, reps, phase, True),
-                              f"the lockstep ramp's step at {rows} rows x {length} tokens")
+
+    def everywhere(rows: int, n: int, reps: int, phase: str, empty: bool) -> tuple[Any, Any, list[list[float]]]:
+        """One rung on every rank; every rank's outcome, all-gathered."""
+        rung, timing = agreed(world, lambda: probe(step, mem, rows, n, reps, phase, empty),
+                              f"the lockstep ramp's step at {rows} rows x {n} tokens")
         rungs.append(rung)
         got = world.all_gather([float(VERDICTS.index(rung.verdict)), float(rung.peak_bytes or 0), float(rung.retries),
                                 getattr(timing, "t_micro_seconds", 0.0), getattr(timing, "t_step_seconds", 0.0)])
         for r, g in enumerate(got):
-            ranks[r]["rungs"].append({"rows": rows, "phase": phase, "verdict": VERDICTS[int(g[0])], "peak_bytes": int(g[1]), "retries": int(g[2])})
+            ranks[r]["rungs"].append({"rows": rows, "length": n, "phase": phase, "verdict": VERDICTS[int(g[0])],
+                                      "peak_bytes": int(g[1]), "retries": int(g[2])})
+        return rung, timing, got
+
+    while (move := search.next()) is not None:
+        kind, rows = move
+        reps, phase = (1, "search") if kind == "try" else (repeats, "confirm")
+        rung, timing, got = everywhere(rows, length, reps, phase, True)
         ok = all(int(g[0]) == 0 for g in got)
+        if ok and kind == "confirm" and mix:
+            # the repeats left a full-length layout in the cache: the mix starts from an emptied
+            # one, as a run does (and as it is after every retry it pays)
+            mem.empty_cache()
+            for n in mix:
+                if any(int(g[0]) != 0 for g in everywhere(rows, n, 1, "mix", False)[2]):
+                    ok = False
+                    break
         search.record(kind, rows, ok)
         if ok and kind == "confirm":
             slow_micro = max(range(world.world_size), key=lambda r: got[r][3])
@@ -144,7 +173,7 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, max_rows: int | None = 
         micro_batch=search.kept or 0, length=int(length),
         t_micro_seconds=kept[2] if kept else None, t_step_seconds=kept[3] if kept else None,
         rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because,
-        max_rows=max_rows, micro_seconds=kept[0] if kept else [], step_seconds=kept[1] if kept else [],
+        max_rows=max_rows, lengths_mix=mix[0::2], micro_seconds=kept[0] if kept else [], step_seconds=kept[1] if kept else [],
         seconds=time.perf_counter() - t0,
     )
     if result.micro_batch == 0:
@@ -160,11 +189,13 @@ def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[s
     slow_step = max(range(w), key=lambda r: ranks[r].get("t_step_seconds", 0.0))
     ev = {**res.evidence(), "ranks": ranks, "world_size": w}
     n = len(res.micro_seconds)
+    mix = (f", then from an emptied cache through the corpus's length mix ({len(res.lengths_mix)} lengths, longest first, "
+           f"the full length after each)" if res.lengths_mix else "")
     return {
         "rows_fit": Value(res.micro_batch, "measured",
                           f"the lockstep ramp through the sharded model on {w} ranks: the most rows at {res.length} tokens whose real "
                           f"training step (at lr 0, the optimizer's state held) ran on every rank without running out of memory or an "
-                          f"allocator retry, then {n} steps in a row at that shape ({res.stopped_because})",
+                          f"allocator retry, then {n} steps in a row at that shape{mix} ({res.stopped_because})",
                           ev, res.seconds, "rows"),
         "t_micro_seconds": Value(res.t_micro_seconds, "measured",
                                  f"the slowest of {w} ranks (rank {slow_micro}): median of {n} synchronized forward+backward passes of "
