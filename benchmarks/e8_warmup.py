@@ -21,6 +21,9 @@ card's numerics, not the warmup.
     PYTHONPATH=src .venv/bin/python benchmarks/e8_warmup.py --model /tmp/bcpu/smol_hf --data-dir ../shared/data \\
         --judge 128 --arms warmup,constant --out benchmarks/results/e8_warmup_cpu.json
 
+``--compare F1 F2 ... --out OUT`` reads runs already made (each with the constant and warmup
+arms): whether the same test rows lose to the warmup in every run (CPU, seconds).
+
 ``--order-seed K`` (K > 0) trains on the same rows in another order (shuffled by K). Rule for the
 orders, written before they run: the warmup's cost belongs to the schedule, not to one order of the
 rows, when "the warmup costs" holds in every order run; when it holds in some orders and not in
@@ -42,7 +45,45 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 import rate_lookahead as R
 
 
+def compare(files: list[str], out: str) -> int:
+    """Whether the same test rows lose to the warmup in every run: per run, the warmup's per-row
+    difference against the constant (mean, median, the share of rows worse, the share of the
+    total the 10 worst rows carry), and the Pearson correlation of those differences between runs."""
+    import statistics as st
+
+    diffs = {}
+    for f in files:
+        arms = json.loads(Path(f).read_text())["arms"]
+        diffs[Path(f).name] = [w - c for w, c in zip(arms["warmup"]["rows"], arms["constant"]["rows"])]
+
+    def corr(a: list[float], b: list[float]) -> float:
+        ma, mb = st.mean(a), st.mean(b)
+        num = sum((x - ma) * (y - mb) for x, y in zip(a, b))
+        return num / (sum((x - ma) ** 2 for x in a) * sum((y - mb) ** 2 for y in b)) ** 0.5
+
+    names = list(diffs)
+    res = {"command": sys.argv, "runs": {n: {"rows": len(d), "mean": st.mean(d), "median": st.median(d),
+                                             "share_of_rows_worse": sum(v > 0 for v in d) / len(d),
+                                             "share_of_total_in_10_worst": sum(sorted(d, reverse=True)[:10]) / sum(d)}
+                                         for n, d in diffs.items()},
+           "correlation": {a: {b: corr(diffs[a], diffs[b]) for b in names} for a in names}}
+    for n, r in res["runs"].items():
+        print(f"{n}: mean {r['mean']:+.4f} median {r['median']:+.4f} rows worse {r['share_of_rows_worse']:.2f} "
+              f"10 worst carry {r['share_of_total_in_10_worst']:.2f}")
+    pairs = [res["correlation"][a][b] for i, a in enumerate(names) for b in names[i + 1:]]
+    if pairs:
+        print(f"per-row differences correlate {min(pairs):.2f} to {max(pairs):.2f} between runs")
+    Path(out).write_text(json.dumps(res, indent=1))
+    return 0
+
+
 def main() -> int:
+    if "--compare" in sys.argv:  # --compare F1 F2 ... --out OUT: the per-row reading of runs already made
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--compare", nargs="+", required=True)
+        ap.add_argument("--out", required=True)
+        a = ap.parse_args()
+        return compare(a.compare, a.out)
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--data-dir", required=True)
