@@ -415,10 +415,51 @@ def _scenario_fsdp_mix(rank: int, tok: Any) -> dict[str, Any]:
             "source": plan["rows_fit"].source, "evidence": plan["rows_fit"].evidence}
 
 
+def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
+    """M (last: it aborts the job's process groups): rank 1 alone runs out of memory inside the
+    sharded forward at 2 rows (in the second layer, after its parameters were gathered), while
+    rank 0's card holds the step and goes on into the next layer's all-gather. Both ranks stop
+    with rank 1's sentence through the store, long before the 30 s collective timeout."""
+    import torch
+
+    import leadline.hf as hf
+
+    real = hf.Task.loss_of
+    model = _fsdp2(tok)
+    layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
+
+    def refuse(module: Any, args: Any) -> None:
+        if rank == 1 and args[0].shape[0] >= 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank 1 alone)")
+
+    def loss_of(self: Any, b: int, length: int) -> Any:
+        hook = layer.register_forward_pre_hook(refuse)
+        try:
+            return real(self, b, length)
+        finally:
+            hook.remove()
+
+    hf.Task.loss_of = loss_of  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    try:
+        _derive(model, tok)
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None),
+               "rank": getattr(e, "rank", None)}
+    finally:
+        hf.Task.loss_of = real  # type: ignore[method-assign]
+    import torch.distributed as dist
+
+    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
+    return out
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
              "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
-             "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix}
+             "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix,
+             "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom}  # last: it aborts the process groups
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
@@ -442,13 +483,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results[name] = fn(rank, tok)
         except Exception:
             results[name] = {"error": traceback.format_exc()}
-        dist.barrier()
+        if dist.is_initialized():  # the last scenario aborts the process groups
+            dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     import gc
 
     gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
@@ -645,3 +688,18 @@ def test_the_lockstep_ramp_confirms_through_the_length_mix_on_every_rank(job):
     kept_mix = [g for g in r1 if g["rows"] == 1 and g["phase"] == "mix"]
     assert len(kept_mix) == 2 * len(ev["lengths_mix"]) and all(g["verdict"] == "fits" for g in kept_mix)
     assert [g["length"] for g in kept_mix][1::2] == [a["seq_len"]] * len(ev["lengths_mix"])
+
+
+def test_an_oom_on_one_rank_inside_the_sharded_forward_stops_every_rank_with_its_sentence(job):
+    """The other rank waits inside FSDP's next all-gather, where no agreement reaches it: the
+    failing rank stops the job through the store, and both raise the same sentence within
+    seconds instead of the backend's timeout (30 s here, 10-30 min by default)."""
+    a, b = _ok(job, "fsdp_one_rank_oom")
+    assert a["raised"] == "WorldAborted" == b["raised"]
+    assert a["sentence"] == b["sentence"]
+    assert "ran out of memory on rank 1 of 2 inside the sharded model's forward or backward" in a["sentence"]
+    assert "rank(s) 0 stayed inside its collectives" in a["sentence"]
+    assert "(the most rows that fitted on every rank so far: 1)" in a["sentence"]
+    assert a["oom"] is True and a["rank"] == 1 == b["rank"]
+    assert a["seconds"] < 25 and b["seconds"] < 25, "the stop must come before the 30 s collective timeout"
+    assert not a["group_left"] and not b["group_left"], "the process groups must be aborted on every rank"

@@ -12,6 +12,9 @@ all-reduce, and how far data parallelism pays.
   derive()'s noise phase built on it; :func:`world_draws` the math, pure.
 - :class:`ShardedGradFn` — the noise probe's ``grad_fn`` on a model sharded by FSDP: each rank
   sums its shard, one all-reduce of three numbers a draw, the single-process estimate exactly.
+- :class:`StopLine` / :class:`WorldAborted` — a rank that fails inside a sharded model's
+  collectives while another is still inside them stops the job through the store, every rank
+  with the same sentence, instead of the backend's timeout.
 - :func:`scale_out` / :class:`ScaleOut` — from a plan: the global batch, steps, tokens and wall
   time to the same loss at 1, 2, 4, ... GPUs, and where adding GPUs stops paying.
 - :class:`AgreedPhaseRunner`, :func:`world_memory`, :func:`world_step`, :class:`WorldTask`,
@@ -48,6 +51,8 @@ _LAZY: dict[str, str] = {
     "WorldTask": "leadline.distributed.job",
     "ShardedGradFn": "leadline.distributed.sharded",
     "ShardedWorldTask": "leadline.distributed.sharded_job",
+    "StopLine": "leadline.distributed.stopline",
+    "WorldAborted": "leadline.distributed.stopline",
 }
 
 __all__ = sorted(_LAZY)

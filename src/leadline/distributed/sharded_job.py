@@ -27,10 +27,14 @@ on CUDA, as the one-process ramp does, from an emptied cache through the corpus'
 longest first, the full length after each (:func:`~leadline.memory.decide.confirmation_lengths`):
 a retry or an OOM there on any rank fails the candidate on every rank.
 
-What cannot be agreed: an out-of-memory (or any error) raised inside a sharded forward or
-backward on one rank only leaves the others inside that collective; it ends with the backend's
-timeout. The same OOM on every rank at the same step (identical cards and shapes) is a
-measurement on every rank.
+An out-of-memory (or any error) inside a ramp's sharded step on one rank only leaves the others
+inside a collective no agreement can reach: the failing rank waits a few seconds for every
+rank's mark in the job's store, and when one is missing it aborts the job's process groups and
+every rank raises :class:`~leadline.distributed.stopline.WorldAborted` with its sentence
+(:mod:`~leadline.distributed.stopline`); derive cannot go on after it. The same OOM on every
+rank at the same step (identical cards and shapes) is a measurement on every rank. Outside the
+ramp (the rate phases' steps, the held-out reads, at shapes the ramp measured) such a failure
+still ends with the backend's timeout.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from typing import Any
 from leadline.distributed.agree import agreed
 from leadline.distributed.job import check_same_everywhere, rows_digest, step_share
 from leadline.distributed.sharded import ShardedGradFn, _local
+from leadline.distributed.stopline import StopLine
 from leadline.errors import InputError
 from leadline.memory.step import TrainingStep
 from leadline.plan import Value
@@ -134,10 +139,43 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
     ranks: list[dict[str, Any]] = [{"rank": r, "rungs": []} for r in range(world.world_size)]
     kept: tuple[list[float], list[float], float, float] | None = None
 
+    line = StopLine(world)
+    fitted = [0]  # the most rows that fitted on every rank so far (for the stop's sentence)
+
     def everywhere(rows: int, n: int, reps: int, phase: str, empty: bool) -> tuple[Any, Any, list[list[float]]]:
-        """One rung on every rank; every rank's outcome, all-gathered."""
-        rung, timing = agreed(world, lambda: probe(step, mem, rows, n, reps, phase, empty),
-                              f"the lockstep ramp's step at {rows} rows x {n} tokens")
+        """One rung on every rank; every rank's outcome, all-gathered. A rank that ran out of
+        memory (or failed) inside the sharded step while another is still inside its
+        collectives stops the job with one sentence on every rank (:mod:`~leadline.distributed.stopline`)."""
+        what = f"the lockstep ramp's step at {rows} rows x {n} tokens"
+        error: Exception | None = None
+        got_rung: Any = None
+        t1 = time.perf_counter()
+        with line.watching():
+            try:
+                got_rung = probe(step, mem, rows, n, reps, phase, empty)
+            except Exception as e:  # agreed below, unless a rank stopped the job
+                stop = line.stopped()
+                if stop is not None:
+                    raise stop from e
+                error = e
+        oom = error is None and got_rung[0].verdict == "oom"
+
+        def sentence(inside: list[int]) -> str:
+            how = "ran out of memory" if oom else f"failed ({type(error).__name__}: {error})"
+            return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or backward "
+                    f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted the job's "
+                    f"process groups (FSDP cannot go on past one rank's failure there); the other ranks' cards held that step: "
+                    f"free memory on rank {world.rank}'s card and derive again"
+                    + (f" (the most rows that fitted on every rank so far: {fitted[0]})" if fitted[0] else ""))
+
+        line.left(error is not None or oom, sentence, oom, wait_s=3.0 * (time.perf_counter() - t1))
+
+        def outcome() -> Any:
+            if error is not None:
+                raise error
+            return got_rung
+
+        rung, timing = agreed(world, outcome, what)
         rungs.append(rung)
         got = world.all_gather([float(VERDICTS.index(rung.verdict)), float(rung.peak_bytes or 0), float(rung.retries),
                                 getattr(timing, "t_micro_seconds", 0.0), getattr(timing, "t_step_seconds", 0.0)])
@@ -151,6 +189,8 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         reps, phase = (1, "search") if kind == "try" else (repeats, "confirm")
         rung, timing, got = everywhere(rows, length, reps, phase, True)
         ok = all(int(g[0]) == 0 for g in got)
+        if ok:
+            fitted[0] = max(fitted[0], rows)
         if ok and kind == "confirm" and mix:
             # the repeats left a full-length layout in the cache: the mix starts from an emptied
             # one, as a run does (and as it is after every retry it pays)

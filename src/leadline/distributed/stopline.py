@@ -1,0 +1,152 @@
+"""Stopping every rank when one leaves a sharded model's collectives early.
+
+Under FSDP a forward and a backward are collectives (parameters all-gathered, gradients
+reduce-scattered). A rank that runs out of memory inside one leaves the others waiting in the
+next all-gather or reduce-scatter, where no agreement (:mod:`leadline.distributed.agree`) can
+reach them: they would wait for the backend's timeout (10 to 30 minutes) and end without a
+sentence. The stop line is a side channel through the job's c10d store (the rendezvous
+key-value store; no collective):
+
+- every rank marks the end of each stretch of sharded work (:meth:`StopLine.left`);
+- a rank that failed inside it waits up to ``wait_s`` for every other rank's mark. All there:
+  the others are out of the collectives too (the same OOM at the same step on identical cards,
+  or a failure after the last collective), and the ordinary agreement follows. One missing: that
+  rank is inside a collective this rank will not enter. The failing rank then writes its
+  sentence under the stop key, aborts the job's process groups and raises :class:`WorldAborted`;
+- while a rank does sharded work it watches the stop key (:meth:`StopLine.watching`: a daemon
+  thread polling the store); when the key appears it aborts its own process groups, which ends
+  its pending collective with an error (NCCL: the communicator's abort; gloo: the failing rank's
+  closed connections already do), and the rank raises the same :class:`WorldAborted`
+  (:meth:`StopLine.stopped`).
+
+The job cannot go on after that: the process groups are gone, and FSDP cannot continue past one
+rank's failure inside its collectives. The sentence names the rank, the step and what to change.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from leadline.distributed.agree import RankFailed
+
+STOP_WAIT_S = 5.0  # the least a failing rank waits for the others' marks before it stops them
+POLL_S = 0.05  # how often a watching rank reads the stop key
+
+_instances = itertools.count()  # every rank creates its stop lines in the same order
+
+
+class WorldAborted(RankFailed):
+    """A rank failed inside a sharded model's collectives while another rank was still inside
+    them: the job's process groups were aborted on every rank, which raises this with the same
+    sentence. Nothing distributed can run in the process after it."""
+
+
+def _abort_groups() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.distributed_c10d._abort_process_group()
+
+
+class StopLine:
+    """The side channel of one sharded phase (see the module).
+
+    Args:
+        world: the :class:`~leadline.distributed.World`.
+        store: the key-value store every rank reaches (default: the job's c10d store, held here
+            so it outlives the process groups it may have to abort).
+        abort: what stops this rank's collectives (default: abort every process group).
+    """
+
+    def __init__(self, world: Any, store: Any = None, abort: Callable[[], None] | None = None) -> None:
+        if store is None:
+            import torch.distributed as dist
+
+            store = dist.distributed_c10d._get_default_store()
+        self.world, self.store = world, store
+        self.abort = abort or _abort_groups
+        self.prefix = f"leadline/stopline/{next(_instances)}"
+        self.stage = 0
+        self.fired = False
+
+    # ---- the stop key ------------------------------------------------------------------------
+    def _stop_key(self) -> str:
+        return f"{self.prefix}/stop"
+
+    def stopped(self) -> WorldAborted | None:
+        """The :class:`WorldAborted` another rank stopped the job with, or None. A store that
+        cannot be read (the rank that hosted it ended) reads as a stop without its sentence."""
+        try:
+            if not self.store.check([self._stop_key()]):
+                return None
+            got = json.loads(self.store.get(self._stop_key()))
+        except Exception:  # the store went with the rank that hosted it
+            if not self.fired:
+                return None
+            got = {"sentence": "another rank stopped the job inside the sharded model's collectives (its sentence was lost "
+                               "with the store)", "rank": -1, "oom": False}
+        return WorldAborted(got["sentence"], int(got["rank"]), bool(got["oom"]), [int(got["rank"])])
+
+    @contextmanager
+    def watching(self) -> Iterator[None]:
+        """While inside: a thread that aborts this rank's process groups as soon as the stop
+        key appears (a pending collective then ends with an error)."""
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(POLL_S):
+                try:
+                    if self.store.check([self._stop_key()]):
+                        self.fired = True
+                        self.abort()
+                        return
+                except Exception:  # the store is gone: the job is ending anyway
+                    return
+
+        t = threading.Thread(target=watch, name="leadline-stopline", daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            done.set()
+            t.join(timeout=5 * POLL_S + 1.0)
+
+    # ---- the marks ---------------------------------------------------------------------------
+    def left(self, failed: bool, sentence: Callable[[list[int]], str], oom: bool, wait_s: float = STOP_WAIT_S) -> None:
+        """Mark that this rank left the current stretch of sharded work; when it ``failed``
+        there, wait up to ``wait_s`` for every rank's mark, and when one is missing stop the job.
+
+        Args:
+            failed: this rank left early (out of memory, an error) and may have left others
+                inside a collective.
+            sentence: the sentence for the stop, given the ranks still inside.
+            oom: the failure was the allocator's refusal.
+
+        Raises:
+            WorldAborted: this rank stopped the job.
+        """
+        n, self.stage = self.stage, self.stage + 1
+        w, rank = self.world.world_size, self.world.rank
+        keys = [f"{self.prefix}/left/{n}/{r}" for r in range(w)]
+        self.store.set(keys[rank], "1")
+        if not failed:
+            return
+        deadline = time.monotonic() + max(wait_s, STOP_WAIT_S)
+        while not self.store.check(keys):  # polled: the store's own wait logs its timeout
+            if time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        else:
+            return
+        inside = [r for r in range(w) if r != rank and not self.store.check([keys[r]])]
+        text = sentence(inside)
+        self.store.set(self._stop_key(), json.dumps({"sentence": text, "rank": rank, "oom": oom}))
+        self.fired = True
+        self.abort()
+        raise WorldAborted(text, rank, oom, [rank])
