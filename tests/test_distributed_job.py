@@ -23,7 +23,7 @@ import pytest
 from helpers import DATA, free_port
 
 WORLD = 2
-DEADLINE_S = 120.0
+DEADLINE_S = 180.0
 
 
 
@@ -415,17 +415,32 @@ def _scenario_fsdp_mix(rank: int, tok: Any) -> dict[str, Any]:
             "source": plan["rows_fit"].source, "evidence": plan["rows_fit"].evidence}
 
 
+STUCK_TIMEOUT_S = 8.0
+
+
+def _short_group_timeout() -> None:
+    """gloo cannot end a pending collective from outside (an abort on either side leaves it
+    waiting while anything holds the group): the rank left inside FSDP's collectives leaves them
+    at the group's timeout, set short here (NCCL's abort ends it at once)."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=STUCK_TIMEOUT_S))
+
+
 def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
-    """M (last: it aborts the job's process groups): rank 1 alone runs out of memory inside the
-    sharded forward at 2 rows (in the second layer, after its parameters were gathered), while
-    rank 0's card holds the step and goes on into the next layer's all-gather. Both ranks stop
-    with rank 1's sentence through the store, long before the 30 s collective timeout."""
+    """M (it aborts the job's process groups; the worker joins a new group after it): rank 1 alone runs out of memory inside the
+    sharded forward at 2 rows (in the second layer, after the parameters were gathered), while
+    rank 0's card holds the step and goes on to the backward's reduce-scatter. Both ranks stop
+    with rank 1's sentence through the store: rank 1 at once, rank 0 when its collective ends."""
     import torch
 
     import leadline.hf as hf
 
+    _short_group_timeout()
     real = hf.Task.loss_of
-    model = _fsdp2(tok)
+    model = _fsdp1(tok)
     layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
 
     def refuse(module: Any, args: Any) -> None:
@@ -455,14 +470,62 @@ def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
     return out
 
 
+def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:
+    """N (it aborts the job's process groups; the worker joins a new group after it): rank 0
+    alone fails inside the forward of its first sharded training step (a rate phase's), while
+    rank 1 goes on to the step's next collective. Both stop with rank 0's sentence."""
+    import leadline.distributed.sharded_job as sj
+
+    _short_group_timeout()
+    model = _fsdp1(tok)
+    layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
+    armed = {"on": False}
+
+    def fail(module: Any, args: Any) -> None:
+        if armed["on"]:
+            raise ValueError("a training row is broken (injected on rank 0 alone)")
+
+    hook = layer.register_forward_pre_hook(fail)
+    real = sj.ShardedWorldTask.train_step_of
+
+    def train_step_of(self: Any, micro_batch: int, grad_accum: int) -> Any:
+        step = real(self, micro_batch, grad_accum)
+
+        def armed_step(t: int) -> float:
+            armed["on"] = rank == 0
+            try:
+                return step(t)
+            finally:
+                armed["on"] = False
+
+        return armed_step
+
+    sj.ShardedWorldTask.train_step_of = train_step_of  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    try:
+        _derive(model, tok)
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None),
+               "rank": getattr(e, "rank", None)}
+    finally:
+        sj.ShardedWorldTask.train_step_of = real  # type: ignore[method-assign]
+        hook.remove()
+    import torch.distributed as dist
+
+    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
+    return out
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
              "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
              "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix,
-             "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom}  # last: it aborts the process groups
+             # these two abort the job's process groups: the worker joins a new group after each
+             "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom, "fsdp_step_failure": _scenario_fsdp_step_failure}
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[int, ...] = ()) -> None:
     import datetime
 
     import torch
@@ -475,6 +538,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
 
     tok = make_tokenizer()
     results: dict[str, Any] = {}
+    spare = list(spare_ports)
     only = os.environ.get("LEADLINE_SCENARIOS")  # a comma-separated subset, while working on one
     for name, fn in SCENARIOS.items():
         if only and name not in only.split(","):
@@ -483,8 +547,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
             results[name] = fn(rank, tok)
         except Exception:
             results[name] = {"error": traceback.format_exc()}
-        if dist.is_initialized():  # the last scenario aborts the process groups
-            dist.barrier()
+        if not dist.is_initialized():  # the scenario aborted the process groups: a new group
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spare.pop(0)}", rank=rank, world_size=world,
+                                    timeout=datetime.timedelta(seconds=30))
+        dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
     import gc
 
@@ -499,7 +565,13 @@ def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("job")
-    ctx = mp.start_processes(_worker, args=(WORLD, free_port(), str(out)), nprocs=WORLD, join=False, start_method="spawn")
+    ports: list[int] = []
+    while len(ports) < 3:  # the job's, and one for each scenario that aborts the process groups
+        p = free_port()
+        if p not in ports:
+            ports.append(p)
+    ctx = mp.start_processes(_worker, args=(WORLD, ports[0], str(out), tuple(ports[1:])), nprocs=WORLD, join=False,
+                             start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
         while not ctx.join(timeout=1.0):
@@ -691,9 +763,10 @@ def test_the_lockstep_ramp_confirms_through_the_length_mix_on_every_rank(job):
 
 
 def test_an_oom_on_one_rank_inside_the_sharded_forward_stops_every_rank_with_its_sentence(job):
-    """The other rank waits inside FSDP's next all-gather, where no agreement reaches it: the
-    failing rank stops the job through the store, and both raise the same sentence within
-    seconds instead of the backend's timeout (30 s here, 10-30 min by default)."""
+    """The other rank waits inside FSDP's collectives, where no agreement reaches it: the failing
+    rank stops the job through the store and raises within seconds; the other raises the same
+    sentence when its collective ends (NCCL: at once, by the abort; gloo: at the group's timeout),
+    instead of a collective mismatch."""
     a, b = _ok(job, "fsdp_one_rank_oom")
     assert a["raised"] == "WorldAborted" == b["raised"]
     assert a["sentence"] == b["sentence"]
@@ -701,5 +774,24 @@ def test_an_oom_on_one_rank_inside_the_sharded_forward_stops_every_rank_with_its
     assert "rank(s) 0 stayed inside its collectives" in a["sentence"]
     assert "(the most rows that fitted on every rank so far: 1)" in a["sentence"]
     assert a["oom"] is True and a["rank"] == 1 == b["rank"]
-    assert a["seconds"] < 25 and b["seconds"] < 25, "the stop must come before the 30 s collective timeout"
+    # the failing rank: its wait for the marks (5 s at least) and the abort, not the timeout
+    assert b["seconds"] < STUCK_TIMEOUT_S + 5, b["seconds"]
+    # the rank left inside: out at its group's timeout on gloo, with the failing rank's sentence
+    # (without the stop line: a collective mismatch that aborted both processes)
+    assert a["seconds"] < 2 * STUCK_TIMEOUT_S + 10, a["seconds"]
     assert not a["group_left"] and not b["group_left"], "the process groups must be aborted on every rank"
+
+
+def test_a_failure_on_one_rank_inside_a_sharded_training_step_stops_every_rank_with_its_sentence(job):
+    """Outside the ramp no failure is a measurement: rank 0's error inside the forward of a rate
+    phase's sharded step stops both ranks with its sentence, instead of rank 1 waiting in the
+    step's next collective."""
+    a, b = _ok(job, "fsdp_step_failure")
+    assert a["raised"] == "WorldAborted" == b["raised"]
+    assert a["sentence"] == b["sentence"]
+    assert "failed on rank 0 of 2: ValueError: a training row is broken (injected on rank 0 alone)" in a["sentence"]
+    assert a["sentence"].startswith("the sharded training step ")
+    assert a["oom"] is False and a["rank"] == 0 == b["rank"]
+    assert a["seconds"] < STUCK_TIMEOUT_S, a["seconds"]  # the failing rank stops at once
+    assert b["seconds"] < 2 * STUCK_TIMEOUT_S + 10, b["seconds"]  # the other at its group's timeout (gloo)
+    assert not a["group_left"] and not b["group_left"]

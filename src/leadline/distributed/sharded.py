@@ -51,6 +51,9 @@ class ShardedGradFn:
         params: the trained tensors as the sharded model holds them (default: its parameters
             with ``requires_grad``).
         group: the process group (None: the default one).
+        guard: ``guard(what)`` -> a context manager each draw runs inside (derive_for passes its
+            :meth:`~leadline.distributed.stopline.StopLine.guard`: a failure on one rank inside the
+            draw's collectives stops every rank with its sentence).
 
     ``grad_fn(i)`` returns this rank's shard of the world's gradient and the world's scored
     tokens, or None on every rank when any rank's data ran out. ``reduce_sums`` all-reduces the
@@ -59,14 +62,14 @@ class ShardedGradFn:
     """
 
     def __init__(self, model: Any, micro_batch_of: Callable[[int], Any], params: Iterable[Any] | None = None,
-                 group: Any = None) -> None:
+                 group: Any = None, guard: Callable[[str], Any] | None = None) -> None:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
             raise InputError("ShardedGradFn needs torch.distributed initialised (run under torchrun, or init_process_group first)")
         if not callable(micro_batch_of):
             raise InputError(f"ShardedGradFn(micro_batch_of=...) must be callable j -> micro-batch, got {type(micro_batch_of).__name__}")
-        self.model, self.micro_batch_of, self.group = model, micro_batch_of, group
+        self.model, self.micro_batch_of, self.group, self.guard = model, micro_batch_of, group, guard
         self.params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
         if not self.params:
             raise InputError("ShardedGradFn found no trained tensors (none with requires_grad); pass params= or unfreeze them")
@@ -120,6 +123,12 @@ class ShardedGradFn:
         return t.cpu().tolist()
 
     def __call__(self, i: int) -> tuple[list[Any], int] | None:
+        if self.guard is None:
+            return self._draw(i)
+        with self.guard(f"the sharded noise probe's draw {i}"):
+            return self._draw(i)
+
+    def _draw(self, i: int) -> tuple[list[Any], int] | None:
         import torch
 
         j = i * self.world_size + self.rank

@@ -33,8 +33,9 @@ rank's mark in the job's store, and when one is missing it aborts the job's proc
 every rank raises :class:`~leadline.distributed.stopline.WorldAborted` with its sentence
 (:mod:`~leadline.distributed.stopline`); derive cannot go on after it. The same OOM on every
 rank at the same step (identical cards and shapes) is a measurement on every rank. Outside the
-ramp (the rate phases' steps, the held-out reads, at shapes the ramp measured) such a failure
-still ends with the backend's timeout.
+ramp (the noise draws, the rate phases' steps, the held-out reads), where no failure is a
+measurement, any failure on a rank stops every rank the same way
+(:meth:`~leadline.distributed.stopline.StopLine.guard`).
 """
 
 from __future__ import annotations
@@ -260,13 +261,15 @@ class ShardedWorldTask:
     def __init__(self, task: Any, params: list[Any], world: Any) -> None:
         check_supported(task.model)
         self.task, self.params, self.world = task, params, world
+        self.line = StopLine(world)  # a failure on one rank inside FSDP's collectives stops every rank
         self.notes: list[str] = []
         self._noise: ShardedGradFn | None = None
         check_same_everywhere(world, "the tokenized training rows", rows_digest(task.rows, task.order),
                               "give every rank the same data file, tokenizer and seed")
 
     def grad_fn(self) -> ShardedGradFn:
-        self._noise = ShardedGradFn(self.task.model, self.task.micro_batch_of, self.params, group=self.world.group)
+        self._noise = ShardedGradFn(self.task.model, self.task.micro_batch_of, self.params, group=self.world.group,
+                                    guard=lambda what: self.line.guard(what, passthrough=(InputError,)))
         return self._noise
 
     def step_fn(self) -> ShardedTrainingStep:
@@ -285,6 +288,10 @@ class ShardedWorldTask:
         n_w = world.world_size
 
         def train_step(step: int) -> float:
+            with self.line.guard(f"the sharded training step {step}", passthrough=(InputError,)):
+                return one_step(step)
+
+        def one_step(step: int) -> float:
             mine, total = step_share(task, world, step, micro_batch, grad_accum)
             loss_sum = 0.0
             for k, m in enumerate(mine):
@@ -323,7 +330,8 @@ class ShardedWorldTask:
         def losses() -> list[float]:
             def read() -> list[float]:
                 try:
-                    return row_losses(task.model, padded, per_forward, task.device, pad_id=task.pad_id)[:len(mine)]
+                    with self.line.guard("the sharded held-out read"):
+                        return row_losses(task.model, padded, per_forward, task.device, pad_id=task.pad_id)[:len(mine)]
                 finally:
                     free_gathered(task.model)
 

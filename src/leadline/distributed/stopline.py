@@ -14,10 +14,12 @@ key-value store; no collective):
   rank is inside a collective this rank will not enter. The failing rank then writes its
   sentence under the stop key, aborts the job's process groups and raises :class:`WorldAborted`;
 - while a rank does sharded work it watches the stop key (:meth:`StopLine.watching`: a daemon
-  thread polling the store); when the key appears it aborts its own process groups, which ends
-  its pending collective with an error (NCCL: the communicator's abort; gloo: the failing rank's
-  closed connections already do), and the rank raises the same :class:`WorldAborted`
-  (:meth:`StopLine.stopped`).
+  thread polling the store); when the key appears it aborts its own process groups. On NCCL that
+  is the communicator's abort, the backend's way to end a pending collective from another
+  thread. On gloo nothing ends a pending collective from outside while the group is referenced
+  (measured here: an abort or shutdown on either side left the peer waiting), so the rank leaves
+  it at the group's timeout. Either way it then raises the stopping rank's
+  :class:`WorldAborted` (:meth:`StopLine.stopped`), not a timeout or a collective mismatch.
 
 The job cannot go on after that: the process groups are gone, and FSDP cannot continue past one
 rank's failure inside its collectives. The sentence names the rank, the step and what to change.
@@ -116,6 +118,48 @@ class StopLine:
         finally:
             done.set()
             t.join(timeout=5 * POLL_S + 1.0)
+
+    def stop(self, sentence: str, oom: bool) -> WorldAborted:
+        """Write this rank's sentence under the stop key (the first rank to write it wins),
+        abort this rank's process groups, and return the job's :class:`WorldAborted`."""
+        payload = json.dumps({"sentence": sentence, "rank": self.world.rank, "oom": oom})
+        try:
+            won = self.store.compare_set(self._stop_key(), "", payload)
+            got = json.loads(won)
+        except Exception:  # a store without compare_set, or gone: this rank's own sentence
+            got = json.loads(payload)
+        self.fired = True
+        self.abort()
+        return WorldAborted(got["sentence"], int(got["rank"]), bool(got["oom"]), [int(got["rank"])])
+
+    @contextmanager
+    def guard(self, what: str, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+        """Sharded work that is not a measurement (a noise draw, a training step, a held-out
+        read): while inside, the stop key is watched; any failure on this rank stops the job
+        (its collectives may have left the others inside FSDP's), and a failure that the stop
+        caused on this rank raises the stopping rank's sentence. ``passthrough`` exceptions (and
+        :class:`RankFailed`) are the ones every rank raises at the same point, after an
+        agreement: they pass unchanged."""
+        from leadline.distributed.agree import _sentence
+        from leadline.memory.readings import is_oom
+
+        with self.watching():
+            try:
+                yield
+            except RankFailed:
+                raise
+            except passthrough:
+                raise
+            except Exception as e:
+                seen = self.stopped()
+                if seen is not None:
+                    raise seen from e
+                oom = is_oom(e)
+                verb = "ran out of memory" if oom else "failed"
+                w, rank = self.world.world_size, self.world.rank
+                raise self.stop(f"{what} {verb} on rank {rank} of {w}: {_sentence(e)}; inside a sharded model the other ranks "
+                                f"may be left inside its collectives, so leadline aborted the job's process groups (derive "
+                                f"cannot go on after it)", oom) from e
 
     # ---- the marks ---------------------------------------------------------------------------
     def left(self, failed: bool, sentence: Callable[[list[int]], str], oom: bool, wait_s: float = STOP_WAIT_S) -> None:
