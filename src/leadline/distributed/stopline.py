@@ -17,8 +17,9 @@ key-value store; no collective):
   thread polling the store); when the key appears it aborts its own process groups. On NCCL that
   is the communicator's abort, the backend's way to end a pending collective from another
   thread. On gloo nothing ends a pending collective from outside while the group is referenced
-  (measured here: an abort or shutdown on either side left the peer waiting), so the rank leaves
-  it at the group's timeout. Either way it then raises the stopping rank's
+  (`benchmarks/gloo_abort_cpu.py`: only the stop line's abort with no other reference to the
+  group ended the peer's collective, in 1.01 s; held, it and every other arm left the peer
+  waiting until the aborting process exited), so the rank leaves it at the group's timeout. Either way it then raises the stopping rank's
   :class:`WorldAborted` (:meth:`StopLine.stopped`), not a timeout or a collective mismatch.
 
 The job cannot go on after that: the process groups are gone, and FSDP cannot continue past one
