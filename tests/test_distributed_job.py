@@ -517,12 +517,60 @@ def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:
     return out
 
 
+def _scenario_ddp_backward_failure(rank: int, tok: Any) -> dict[str, Any]:
+    """O (it aborts the job's process groups): under DDP, rank 0 alone fails inside the
+    all-reducing backward of its first training step (a rate phase's), while rank 1 waits in
+    DDP's all-reduce. Both stop with rank 0's sentence."""
+    import leadline.distributed.job as job_mod
+
+    _short_group_timeout()
+    model = _lora_model(tok)
+    armed = {"on": False}
+
+    def fail(grad: Any) -> Any:
+        if armed["on"]:
+            raise ValueError("the backward broke (injected on rank 0 alone)")
+        return grad
+
+    p = next(p for n, p in model.named_parameters() if p.requires_grad and "lora_A" in n)
+    handle = p.register_hook(fail)
+    real = job_mod.WorldTask.train_step_of
+
+    def train_step_of(self: Any, micro_batch: int, grad_accum: int) -> Any:
+        step = real(self, micro_batch, grad_accum)
+
+        def armed_step(t: int) -> float:
+            armed["on"] = rank == 0
+            try:
+                return step(t)
+            finally:
+                armed["on"] = False
+
+        return armed_step
+
+    job_mod.WorldTask.train_step_of = train_step_of  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    try:
+        _derive(model, tok)
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "rank": getattr(e, "rank", None)}
+    finally:
+        job_mod.WorldTask.train_step_of = real  # type: ignore[method-assign]
+        handle.remove()
+    import torch.distributed as dist
+
+    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
+    return out
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
              "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
              "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix,
-             # these two abort the job's process groups: the worker joins a new group after each
-             "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom, "fsdp_step_failure": _scenario_fsdp_step_failure}
+             # these three abort the job's process groups: the worker joins a new group after each
+             "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom, "fsdp_step_failure": _scenario_fsdp_step_failure,
+             "ddp_backward_failure": _scenario_ddp_backward_failure}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[int, ...] = ()) -> None:
@@ -566,7 +614,7 @@ def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
 
     out = tmp_path_factory.mktemp("job")
     ports: list[int] = []
-    while len(ports) < 3:  # the job's, and one for each scenario that aborts the process groups
+    while len(ports) < 4:  # the job's, and one for each scenario that aborts the process groups
         p = free_port()
         if p not in ports:
             ports.append(p)
@@ -794,4 +842,15 @@ def test_a_failure_on_one_rank_inside_a_sharded_training_step_stops_every_rank_w
     assert a["oom"] is False and a["rank"] == 0 == b["rank"]
     assert a["seconds"] < STUCK_TIMEOUT_S, a["seconds"]  # the failing rank stops at once
     assert b["seconds"] < 2 * STUCK_TIMEOUT_S + 10, b["seconds"]  # the other at its group's timeout (gloo)
+    assert not a["group_left"] and not b["group_left"]
+
+
+def test_a_failure_on_one_rank_inside_ddps_backward_stops_every_rank_with_its_sentence(job):
+    """DDP's backward all-reduces: a rank that fails inside it leaves the others in the
+    all-reduce. Both ranks raise its sentence (before: the backend's timeout, no sentence)."""
+    a, b = _ok(job, "ddp_backward_failure")
+    assert a["raised"] == "WorldAborted" == b["raised"] and a["sentence"] == b["sentence"]
+    assert "backward (micro-batch 0) failed on rank 0 of 2: ValueError: the backward broke (injected on rank 0 alone)" in a["sentence"]
+    assert a["rank"] == 0 == b["rank"]
+    assert a["seconds"] < STUCK_TIMEOUT_S and b["seconds"] < 2 * STUCK_TIMEOUT_S + 10, (a["seconds"], b["seconds"])
     assert not a["group_left"] and not b["group_left"]

@@ -32,6 +32,7 @@ from typing import Any
 
 from leadline.distributed.agree import agreed
 from leadline.distributed.hook import DDPNoise, NoiseHook
+from leadline.distributed.stopline import StopLine
 from leadline.errors import InputError
 
 
@@ -125,6 +126,7 @@ class WorldTask:
         if is_sharded(task.model):
             raise InputError(FSDP_SENTENCE)
         self.task, self.params, self.world = task, params, world
+        self.line = StopLine(world)  # a failure inside one rank's all-reducing backward stops every rank
         self._device_before: int | None = None
         dev = torch.device(task.device)
         if dev.type == "cuda" and dev.index is not None and torch.cuda.current_device() != dev.index:
@@ -193,7 +195,10 @@ class WorldTask:
                         return loss
 
                     loss = agreed(world, forward, f"step {step}'s forward (micro-batch {k})")
-                    (loss * (n_w * m.scored_tokens / total)).backward()
+                    # the last micro-batch's backward all-reduces: a rank that fails inside it
+                    # leaves the others in DDP's all-reduce, where no agreement reaches them
+                    with self.line.guard(f"step {step}'s backward (micro-batch {k})") if sync else contextlib.nullcontext():
+                        (loss * (n_w * m.scored_tokens / total)).backward()
                 loss_sum += float(loss.detach()) * m.scored_tokens
                 del loss
             return world.all_reduce([loss_sum], "sum")[0] / total

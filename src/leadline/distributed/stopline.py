@@ -135,8 +135,8 @@ class StopLine:
 
     @contextmanager
     def guard(self, what: str, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
-        """Sharded work that is not a measurement (a noise draw, a training step, a held-out
-        read): while inside, the stop key is watched; any failure on this rank stops the job
+        """Work inside collectives that is not a measurement (a sharded noise draw, training
+        step or held-out read; DDP's all-reducing backward): while inside, the stop key is watched; any failure on this rank stops the job
         (its collectives may have left the others inside FSDP's), and a failure that the stop
         caused on this rank raises the stopping rank's sentence. ``passthrough`` exceptions (and
         :class:`RankFailed`) are the ones every rank raises at the same point, after an
@@ -158,9 +158,9 @@ class StopLine:
                 oom = is_oom(e)
                 verb = "ran out of memory" if oom else "failed"
                 w, rank = self.world.world_size, self.world.rank
-                raise self.stop(f"{what} {verb} on rank {rank} of {w}: {_sentence(e)}; inside a sharded model the other ranks "
-                                f"may be left inside its collectives, so leadline aborted the job's process groups (derive "
-                                f"cannot go on after it)", oom) from e
+                raise self.stop(f"{what} {verb} on rank {rank} of {w}: {_sentence(e)}; the other ranks may be left inside "
+                                f"the collectives it runs, so leadline aborted the job's process groups (derive cannot go on "
+                                f"after it)", oom) from e
 
     # ---- the marks ---------------------------------------------------------------------------
     def left(self, failed: bool, sentence: Callable[[list[int]], str], oom: bool, wait_s: float = STOP_WAIT_S) -> None:
