@@ -179,6 +179,7 @@ class DDPNoise:
     def __init__(self, ddp: Any, hook: NoiseHook, micro_batch_of: Callable[[int], Any], world: Any,
                  k: int | None = None, max_k: int | None = None) -> None:
         self.ddp, self.hook, self.micro_batch_of, self.world = ddp, hook, micro_batch_of, world
+        self.line: Any = None
         self.k, self.max_k = k, max_k
 
     def _prepare(self, i: int) -> tuple[Any, dict[str, Any], int]:
@@ -216,7 +217,13 @@ class DDPNoise:
         loss = agreed(world, forward, f"the noise scale's forward of micro-batch {i}")
         scale = world.world_size * t_r / total
         hook.begin(scale=scale, weight=total / (prev_t + total))
-        (loss * scale).backward()
+        if self.line is None:  # one per probe: its marks and stop key in the job's store
+            from leadline.distributed.stopline import StopLine
+
+            self.line = StopLine(world)
+        # the backward all-reduces: a rank that fails inside it leaves the others in the all-reduce
+        with self.line.guard(f"the noise scale's backward of micro-batch {i}"):
+            (loss * scale).backward()
         del loss
         r, x, dd = hook.read()
         for p in params:
