@@ -163,11 +163,12 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
 
         def sentence(inside: list[int]) -> str:
             how = "ran out of memory" if oom else f"failed ({type(error).__name__}: {error})"
+            fix = (f"the other ranks' cards held that step: free memory on rank {world.rank}'s card and derive again"
+                   + (f" (the most rows that fitted on every rank so far: {fitted[0]})" if fitted[0] else "")
+                   if oom else "fix that error and derive again")
             return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or backward "
                     f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted the job's "
-                    f"process groups (FSDP cannot go on past one rank's failure there); the other ranks' cards held that step: "
-                    f"free memory on rank {world.rank}'s card and derive again"
-                    + (f" (the most rows that fitted on every rank so far: {fitted[0]})" if fitted[0] else ""))
+                    f"process groups (FSDP cannot go on past one rank's failure there); {fix}")
 
         line.left(error is not None or oom, sentence, oom, wait_s=3.0 * (time.perf_counter() - t1))
 
