@@ -97,3 +97,15 @@ def test_the_watch_thread_ends_with_its_block(store, monkeypatch):
     with a.watching():
         assert any(t.name == "leadline-stopline" for t in threading.enumerate())
     assert not any(t.name == "leadline-stopline" and t.is_alive() for t in threading.enumerate())
+
+
+def test_without_a_store_the_line_does_nothing_and_a_failure_passes_unchanged():
+    aborts: list[int] = []
+    line = sl.StopLine(SimpleNamespace(rank=0, world_size=2), store=None, abort=lambda: aborts.append(0))
+    line.store = None  # as when the job's group has no store leadline can reach
+    line.left(True, lambda inside: "unused", oom=True)  # no wait, no stop
+    assert line.stopped() is None
+    with pytest.raises(ValueError, match="as it was"):
+        with line.guard("a step"):
+            raise ValueError("as it was")
+    assert aborts == []

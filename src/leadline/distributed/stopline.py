@@ -63,7 +63,8 @@ class StopLine:
     Args:
         world: the :class:`~leadline.distributed.World`.
         store: the key-value store every rank reaches (default: the job's c10d store, held here
-            so it outlives the process groups it may have to abort).
+            so it outlives the process groups it may have to abort; without one the stop line
+            does nothing and failures go to the agreements as before).
         abort: what stops this rank's collectives (default: abort every process group).
     """
 
@@ -71,7 +72,10 @@ class StopLine:
         if store is None:
             import torch.distributed as dist
 
-            store = dist.distributed_c10d._get_default_store()
+            try:
+                store = dist.distributed_c10d._get_default_store()
+            except Exception:  # a group without a store leadline can reach: no stop line (agreements only)
+                store = None
         self.world, self.store = world, store
         self.abort = abort or _abort_groups
         self.prefix = f"leadline/stopline/{next(_instances)}"
@@ -85,6 +89,8 @@ class StopLine:
     def stopped(self) -> WorldAborted | None:
         """The :class:`WorldAborted` another rank stopped the job with, or None. A store that
         cannot be read (the rank that hosted it ended) reads as a stop without its sentence."""
+        if self.store is None:
+            return None
         try:
             if not self.store.check([self._stop_key()]):
                 return None
@@ -100,6 +106,9 @@ class StopLine:
     def watching(self) -> Iterator[None]:
         """While inside: a thread that aborts this rank's process groups as soon as the stop
         key appears (a pending collective then ends with an error)."""
+        if self.store is None:
+            yield
+            return
         done = threading.Event()
 
         def watch() -> None:
@@ -152,6 +161,8 @@ class StopLine:
             except passthrough:
                 raise
             except Exception as e:
+                if self.store is None:  # no stop line: the agreement that follows meets the others, or not
+                    raise
                 seen = self.stopped()
                 if seen is not None:
                     raise seen from e
@@ -176,6 +187,8 @@ class StopLine:
         Raises:
             WorldAborted: this rank stopped the job.
         """
+        if self.store is None:
+            return
         n, self.stage = self.stage, self.stage + 1
         w, rank = self.world.world_size, self.world.rank
         keys = [f"{self.prefix}/left/{n}/{r}" for r in range(w)]
