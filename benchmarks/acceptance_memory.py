@@ -2,7 +2,8 @@
 
 CPU only: reads ``benchmarks/results/memory_ramp_*.json`` and prints one markdown row per case
 (mode, card, length) with, for each rule, the verdict of the newest file that judged it and that
-file's name. Newest is by the session suffix (``_sN``; a file without one is older than ``_s8``,
+file's name, and how far the watch saw the room shrink during the newest 300-step run (memory
+outside the allocator growing after the ramp). Newest is by the session suffix (``_sN``; a file without one is older than ``_s8``,
 the first session that named its files). Files of designs the ramp no longer runs (named
 ``_interleaved_corpus_order``, or the first run whose ramp kept 4 where the truth was 3) are
 left out and listed. R4 is read under its last rule only (paired steps at one set of lengths,
@@ -64,6 +65,9 @@ def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]]
             r4 = r4_reading(c)
             if r4 is not None and "_r4_" in f.name:
                 row["R4"] = (r4, f.name)
+            watch = (c.get("run") or {}).get("watch") or {}
+            if watch.get("start_room_bytes") and watch.get("least_room_bytes"):
+                row["room_lost"] = ((watch["start_room_bytes"] - watch["least_room_bytes"]) / 1e6, f.name)
             if c.get("R4b"):
                 row["R4b"] = ((c.get("overhead") or {}).get("bound"), f.name)
     rejudged = results / "memory_ramp_r4_rejudged_s9.json"
@@ -80,7 +84,7 @@ def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]]
 
 def table(cases: dict[tuple[str, float, int], dict[str, Any]]) -> str:
     head = ("| case | kept / truth | R1 | R2 (300 steps) | R3 (1 GB taken) | R4 (watch cost, order-balanced) "
-            "| R4b (the watch's own time) | R5 (fit pre-flight) |\n|---|---|---|---|---|---|---|---|")
+            "| R4b (the watch's own time) | R5 (fit pre-flight) | room lost in R2's run (MB) |\n|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for (mode, card, seq), row in sorted(cases.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         def cell(rule: str, row: dict[str, Any] = row) -> str:
@@ -97,7 +101,9 @@ def table(cases: dict[tuple[str, float, int], dict[str, Any]]) -> str:
         else:
             r4c = "not run under the last rule"
         r4b = f"{row['R4b'][0]:.4f} (`{row['R4b'][1]}`)" if row.get("R4b") and row["R4b"][0] else "not run"
-        lines.append(f"| {mode}, {card:g} GB, {seq} | {kept} | {cell('R1')} | {cell('R2')} | {cell('R3')} | {r4c} | {r4b} | {cell('R5')} |")
+        lost = f"{row['room_lost'][0]:.1f} (`{row['room_lost'][1]}`)" if row.get("room_lost") else "no run"
+        lines.append(f"| {mode}, {card:g} GB, {seq} | {kept} | {cell('R1')} | {cell('R2')} | {cell('R3')} | {r4c} | {r4b} | {cell('R5')} "
+                     f"| {lost} |")
     return "\n".join(lines)
 
 
