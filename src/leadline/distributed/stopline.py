@@ -1,10 +1,12 @@
-"""Stopping every rank when one leaves a sharded model's collectives early.
+"""Stopping every rank when one leaves collectives early: a sharded model's forward or backward,
+DDP's all-reducing backward.
 
 Under FSDP a forward and a backward are collectives (parameters all-gathered, gradients
-reduce-scattered). A rank that runs out of memory inside one leaves the others waiting in the
-next all-gather or reduce-scatter, where no agreement (:mod:`leadline.distributed.agree`) can
-reach them: they would wait for the backend's timeout (10 to 30 minutes) and end without a
-sentence. The stop line is a side channel through the job's c10d store (the rendezvous
+reduce-scattered); under DDP the backward all-reduces. A rank that runs out of memory (or
+raises) inside one leaves the others waiting in the next all-gather, reduce-scatter or
+all-reduce, where no agreement (:mod:`leadline.distributed.agree`) can reach them: they would
+wait for the backend's timeout (10 to 30 minutes), or meet the failing rank's agreement in a
+mismatched collective, and end without a sentence. The stop line is a side channel through the job's c10d store (the rendezvous
 key-value store; no collective):
 
 - every rank marks the end of each stretch of sharded work (:meth:`StopLine.left`);
@@ -19,11 +21,13 @@ key-value store; no collective):
   thread. On gloo nothing ends a pending collective from outside while the group is referenced
   (`benchmarks/gloo_abort_cpu.py`: only the stop line's abort with no other reference to the
   group ended the peer's collective, in 1.01 s; held, it and every other arm left the peer
-  waiting until the aborting process exited), so the rank leaves it at the group's timeout. Either way it then raises the stopping rank's
-  :class:`WorldAborted` (:meth:`StopLine.stopped`), not a timeout or a collective mismatch.
+  waiting until the aborting process exited), so the rank leaves it at the group's timeout.
+  Either way it then raises the stopping rank's :class:`WorldAborted`
+  (:meth:`StopLine.stopped`), not a timeout or a collective mismatch.
 
-The job cannot go on after that: the process groups are gone, and FSDP cannot continue past one
-rank's failure inside its collectives. The sentence names the rank, the step and what to change.
+The job cannot go on after that: the process groups are gone, and neither FSDP nor DDP can
+continue past one rank's failure inside their collectives. The sentence names the rank, the step
+and what to change.
 """
 
 from __future__ import annotations
