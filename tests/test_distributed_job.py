@@ -564,13 +564,41 @@ def _scenario_ddp_backward_failure(rank: int, tok: Any) -> dict[str, Any]:
     return out
 
 
+def _scenario_fsdp_held_out_failure(rank: int, tok: Any) -> dict[str, Any]:
+    """P (it aborts the job's process groups): under FSDP rank 1 alone fails at the start of a
+    held-out read, while rank 0 waits for it in the read's first all-gather."""
+    import leadline.corpus.losses as losses
+
+    _short_group_timeout()
+    real = losses.row_losses
+
+    def broken(*a: Any, **k: Any) -> Any:
+        if rank == 1:
+            raise ValueError("a held-out row is broken (injected on rank 1 alone)")
+        return real(*a, **k)
+
+    losses.row_losses = broken
+    t0 = time.perf_counter()
+    try:
+        _derive(_fsdp1(tok), tok)
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "rank": getattr(e, "rank", None)}
+    finally:
+        losses.row_losses = real
+    import torch.distributed as dist
+
+    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
+    return out
+
+
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
              "held_out_error": _scenario_held_out_error, "budget": _scenario_budget, "data_differs": _scenario_data_differs,
              "fsdp_derive": _scenario_fsdp_derive, "fsdp2_derive": _scenario_fsdp2_derive, "fsdp_lora": _scenario_fsdp_lora,
              "fsdp_ramp_oom": _scenario_fsdp_ramp_oom, "fsdp_mix": _scenario_fsdp_mix,
-             # these three abort the job's process groups: the worker joins a new group after each
+             # these four abort the job's process groups: the worker joins a new group after each
              "fsdp_one_rank_oom": _scenario_fsdp_one_rank_oom, "fsdp_step_failure": _scenario_fsdp_step_failure,
-             "ddp_backward_failure": _scenario_ddp_backward_failure}
+             "ddp_backward_failure": _scenario_ddp_backward_failure, "fsdp_held_out_failure": _scenario_fsdp_held_out_failure}
 
 
 def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[int, ...] = ()) -> None:
@@ -614,7 +642,7 @@ def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
 
     out = tmp_path_factory.mktemp("job")
     ports: list[int] = []
-    while len(ports) < 4:  # the job's, and one for each scenario that aborts the process groups
+    while len(ports) < 5:  # the job's, and one for each scenario that aborts the process groups
         p = free_port()
         if p not in ports:
             ports.append(p)
@@ -853,4 +881,13 @@ def test_a_failure_on_one_rank_inside_ddps_backward_stops_every_rank_with_its_se
     assert "backward (micro-batch 0) failed on rank 0 of 2: ValueError: the backward broke (injected on rank 0 alone)" in a["sentence"]
     assert a["rank"] == 0 == b["rank"]
     assert a["seconds"] < STUCK_TIMEOUT_S and b["seconds"] < 2 * STUCK_TIMEOUT_S + 10, (a["seconds"], b["seconds"])
+    assert not a["group_left"] and not b["group_left"]
+
+
+def test_a_failure_on_one_rank_at_a_sharded_held_out_read_stops_every_rank_with_its_sentence(job):
+    a, b = _ok(job, "fsdp_held_out_failure")
+    assert a["raised"] == "WorldAborted" == b["raised"] and a["sentence"] == b["sentence"]
+    assert a["sentence"].startswith("the sharded held-out read failed on rank 1 of 2: ValueError: a held-out row is broken")
+    assert a["rank"] == 1 == b["rank"]
+    assert b["seconds"] < STUCK_TIMEOUT_S and a["seconds"] < 2 * STUCK_TIMEOUT_S + 10, (a["seconds"], b["seconds"])
     assert not a["group_left"] and not b["group_left"]
