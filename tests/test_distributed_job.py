@@ -429,6 +429,45 @@ def _short_group_timeout() -> None:
     dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=STUCK_TIMEOUT_S))
 
 
+def _until_stopped(run: Any, undo: Any) -> dict[str, Any]:
+    """Run a derive that one rank's failure should stop; then ``undo()`` the injection. What it
+    raised, its seconds, and whether the process groups are still there."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    try:
+        run()
+        out: dict[str, Any] = {"raised": None}
+    except Exception as e:
+        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None),
+               "rank": getattr(e, "rank", None)}
+    finally:
+        undo()
+    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
+    return out
+
+
+def _armed(cls: Any, rank: int, failing_rank: int, armed: dict[str, bool]) -> Any:
+    """Wrap ``cls.train_step_of`` so ``armed["on"]`` holds on ``failing_rank`` during its training
+    steps; returns the original, to put back."""
+    real = cls.train_step_of
+
+    def train_step_of(self: Any, micro_batch: int, grad_accum: int) -> Any:
+        step = real(self, micro_batch, grad_accum)
+
+        def armed_step(t: int) -> float:
+            armed["on"] = rank == failing_rank
+            try:
+                return step(t)
+            finally:
+                armed["on"] = False
+
+        return armed_step
+
+    cls.train_step_of = train_step_of
+    return real
+
+
 def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
     """M (it aborts the job's process groups; the worker joins a new group after it): rank 1 alone runs out of memory inside the
     sharded forward at 2 rows (in the second layer, after the parameters were gathered), while
@@ -455,19 +494,7 @@ def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
             hook.remove()
 
     hf.Task.loss_of = loss_of  # type: ignore[method-assign]
-    t0 = time.perf_counter()
-    try:
-        _derive(model, tok)
-        out: dict[str, Any] = {"raised": None}
-    except Exception as e:
-        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None),
-               "rank": getattr(e, "rank", None)}
-    finally:
-        hf.Task.loss_of = real  # type: ignore[method-assign]
-    import torch.distributed as dist
-
-    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
-    return out
+    return _until_stopped(lambda: _derive(model, tok), lambda: setattr(hf.Task, "loss_of", real))
 
 
 def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:
@@ -486,35 +513,13 @@ def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:
             raise ValueError("a training row is broken (injected on rank 0 alone)")
 
     hook = layer.register_forward_pre_hook(fail)
-    real = sj.ShardedWorldTask.train_step_of
+    real = _armed(sj.ShardedWorldTask, rank, 0, armed)
 
-    def train_step_of(self: Any, micro_batch: int, grad_accum: int) -> Any:
-        step = real(self, micro_batch, grad_accum)
-
-        def armed_step(t: int) -> float:
-            armed["on"] = rank == 0
-            try:
-                return step(t)
-            finally:
-                armed["on"] = False
-
-        return armed_step
-
-    sj.ShardedWorldTask.train_step_of = train_step_of  # type: ignore[method-assign]
-    t0 = time.perf_counter()
-    try:
-        _derive(model, tok)
-        out: dict[str, Any] = {"raised": None}
-    except Exception as e:
-        out = {"raised": type(e).__name__, "sentence": str(e), "oom": getattr(e, "out_of_memory", None),
-               "rank": getattr(e, "rank", None)}
-    finally:
+    def undo() -> None:
         sj.ShardedWorldTask.train_step_of = real  # type: ignore[method-assign]
         hook.remove()
-    import torch.distributed as dist
 
-    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
-    return out
+    return _until_stopped(lambda: _derive(model, tok), undo)
 
 
 def _scenario_ddp_backward_failure(rank: int, tok: Any) -> dict[str, Any]:
@@ -534,34 +539,13 @@ def _scenario_ddp_backward_failure(rank: int, tok: Any) -> dict[str, Any]:
 
     p = next(p for n, p in model.named_parameters() if p.requires_grad and "lora_A" in n)
     handle = p.register_hook(fail)
-    real = job_mod.WorldTask.train_step_of
+    real = _armed(job_mod.WorldTask, rank, 0, armed)
 
-    def train_step_of(self: Any, micro_batch: int, grad_accum: int) -> Any:
-        step = real(self, micro_batch, grad_accum)
-
-        def armed_step(t: int) -> float:
-            armed["on"] = rank == 0
-            try:
-                return step(t)
-            finally:
-                armed["on"] = False
-
-        return armed_step
-
-    job_mod.WorldTask.train_step_of = train_step_of  # type: ignore[method-assign]
-    t0 = time.perf_counter()
-    try:
-        _derive(model, tok)
-        out: dict[str, Any] = {"raised": None}
-    except Exception as e:
-        out = {"raised": type(e).__name__, "sentence": str(e), "rank": getattr(e, "rank", None)}
-    finally:
+    def undo() -> None:
         job_mod.WorldTask.train_step_of = real  # type: ignore[method-assign]
         handle.remove()
-    import torch.distributed as dist
 
-    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
-    return out
+    return _until_stopped(lambda: _derive(model, tok), undo)
 
 
 def _scenario_fsdp_held_out_failure(rank: int, tok: Any) -> dict[str, Any]:
@@ -578,18 +562,8 @@ def _scenario_fsdp_held_out_failure(rank: int, tok: Any) -> dict[str, Any]:
         return real(*a, **k)
 
     losses.row_losses = broken
-    t0 = time.perf_counter()
-    try:
-        _derive(_fsdp1(tok), tok)
-        out: dict[str, Any] = {"raised": None}
-    except Exception as e:
-        out = {"raised": type(e).__name__, "sentence": str(e), "rank": getattr(e, "rank", None)}
-    finally:
-        losses.row_losses = real
-    import torch.distributed as dist
-
-    out.update(seconds=time.perf_counter() - t0, group_left=dist.is_initialized())
-    return out
+    model = _fsdp1(tok)
+    return _until_stopped(lambda: _derive(model, tok), lambda: setattr(losses, "row_losses", real))
 
 
 SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_oom": _scenario_ramp_oom, "forward_oom": _scenario_forward_oom,
