@@ -33,7 +33,7 @@ FIELDS = {"prompt": "question", "completion": "answer_cot"}
 
 def _profile(path, tok_path, batch_size, fields):
     from leadline.corpus import profile_corpus
-    from leadline.loading import load_tokenizer
+    from leadline.hf.loading import load_tokenizer
 
     tok = load_tokenizer(tok_path)
     t0 = time.perf_counter()
@@ -44,7 +44,7 @@ def _profile(path, tok_path, batch_size, fields):
 def _child(path, tok_path, rows):
     """Run in a fresh process: profile `path` and print the peak RSS."""
     from leadline.corpus import profile_corpus
-    from leadline.loading import load_tokenizer
+    from leadline.hf.loading import load_tokenizer
 
     tok = load_tokenizer(tok_path)
     profile_corpus([{"text": "warm up"}], tok)  # imports (numpy) before the measurement
@@ -85,7 +85,7 @@ def main() -> int:
         _child(a.child[0], a.child[1], None)
         return 0
     if a.tokenizer is None:
-        from leadline.loading import default_model_path
+        from leadline.hf.loading import default_model_path
 
         a.tokenizer = str(default_model_path())
     result = {"command": " ".join(sys.argv), "tokenizer": a.tokenizer, "python": platform.python_version(),
@@ -105,7 +105,7 @@ def main() -> int:
         print(f"{name}: batched {batched.rows / tb:,.0f} rows/s, row by row {alone.rows / ta:,.0f} rows/s, ratio {ta / tb:.2f}x")
     result["gsm_symbolic_train"] = arms
     # the bare tokenizer, for scale: the same texts, batched vs one call per row, no profile around it
-    from leadline.loading import load_tokenizer
+    from leadline.hf.loading import load_tokenizer
 
     tok = load_tokenizer(a.tokenizer)
     texts = [json.loads(line)["question"] + json.loads(line)["answer_cot"] for line in open(GSM)]

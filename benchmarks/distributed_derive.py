@@ -105,7 +105,7 @@ def load(args: argparse.Namespace, device: str) -> tuple[Any, Any]:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from leadline.loading import load_model, load_tokenizer
+    from leadline.hf.loading import load_model, load_tokenizer
 
     tok = load_tokenizer(args.model)
     model = load_model(args.model, device=device)

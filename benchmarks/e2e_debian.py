@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         from peft import PeftModel
 
         from leadline import stats
-        from leadline.loading import load_model, load_tokenizer
+        from leadline.hf.loading import load_model, load_tokenizer
 
         tok = load_tokenizer(args.model)
         base = load_model(args.model)

@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import torch
 
-    from leadline.loading import load_model, load_tokenizer
+    from leadline.hf.loading import load_model, load_tokenizer
 
     src, dst = args[0], Path(args[1])
     t = time.perf_counter()

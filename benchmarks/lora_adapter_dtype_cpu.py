@@ -62,7 +62,7 @@ def main() -> int:
     import torch
     import transformers
 
-    from leadline.loading import load_model
+    from leadline.hf.loading import load_model
     from leadline.memory.model_step import add_lora, cast_adapters, full_finetune, remove_lora
 
     model = load_model(args.model, dtype=torch.bfloat16, device="cpu")

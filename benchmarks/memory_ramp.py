@@ -138,7 +138,7 @@ def load(model_arg: str | None, tiny: bool) -> tuple[Any, str]:
         return LlamaForCausalLM(cfg).to("cuda", torch.bfloat16), "tiny config Llama (2 layers, hidden 32)"
     if model_arg:
         try:
-            from leadline.loading import load_model
+            from leadline.hf.loading import load_model
 
             return load_model(model_arg, device="cuda"), str(model_arg)
         except Exception as e:

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     from peft import LoraConfig, get_peft_model
 
     from leadline.hf import prepare
-    from leadline.loading import default_model_path, load_model, load_tokenizer
+    from leadline.hf.loading import default_model_path, load_model, load_tokenizer
     from leadline.noise import ModelGradFn, measure_noise_scale
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

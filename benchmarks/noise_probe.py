@@ -117,7 +117,7 @@ def fresh_model(path: str, device: str) -> tuple[Any, list[Any]]:
     import torch
     from peft import LoraConfig, get_peft_model
 
-    from leadline.loading import load_model
+    from leadline.hf.loading import load_model
 
     if path not in _BASE:
         _BASE[path] = load_model(path, device=device, dtype=torch.float32)  # as `leadline derive` measures (its default dtype)
@@ -481,7 +481,7 @@ def main() -> int:
 
     import torch
 
-    from leadline.loading import load_tokenizer
+    from leadline.hf.loading import load_tokenizer
     from leadline.provenance import describe_machine
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")

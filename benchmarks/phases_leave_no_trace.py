@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from leadline.loading import load_model
+    from leadline.hf.loading import load_model
     from leadline.provenance import describe_machine
     from leadline.rate import lookahead_lr, measure_first_step
     from leadline.rate.warmup import warmup_lr

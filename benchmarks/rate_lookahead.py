@@ -1,6 +1,6 @@
 """GPU validation of the rate and the run (issue 6): the seed's E8 and E11 on SmolLM2-135M.
 
-Model: SmolLM2-135M-Instruct (/root/assets/smol.gguf through leadline.loading, float32
+Model: SmolLM2-135M-Instruct (/root/assets/smol.gguf through leadline.hf.loading, float32
 weights, TF32 matmuls). Rows: prompt + completion, tokenized here (the prompt's first
 --max-prompt tokens, the completion, EOS; the loss scores the completion and EOS), one
 optimizer step = its rows in micro-batches of at most 8, the loss over the step's scored tokens. Every arm starts from the same
@@ -191,7 +191,7 @@ class Setup:
             self.tok = make_tokenizer()
             self.model = make_model(vocab_size=len(self.tok)).to(self.device)
         else:
-            from leadline.loading import load_model, load_tokenizer
+            from leadline.hf.loading import load_model, load_tokenizer
 
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True

@@ -85,8 +85,8 @@ def test_a_quick_plan_races_its_rates_inside_the_run(model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 
     from leadline.hf import derive_for
-    from leadline.loading import load_model, load_tokenizer
-    from leadline.run import train_with_plan
+    from leadline.hf.loading import load_model, load_tokenizer
+    from leadline.train import train_with_plan
 
     tok = load_tokenizer(model_dir)
     model = get_peft_model(load_model(model_dir, device="cpu"),

@@ -87,7 +87,7 @@ def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
     """B: rank 1's card refuses 2 rows in the ramp (an injected OOM): a measurement on both."""
     import torch
 
-    import leadline.hf as hf
+    import leadline.hf.task as hf
 
     real = hf.Task.loss_of
 
@@ -356,7 +356,7 @@ def _scenario_fsdp_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
     identical cards would): rows_fit 1 on both, a measurement, under either kind of FSDP."""
     import torch
 
-    import leadline.hf as hf
+    import leadline.hf.task as hf
 
     real = hf.Task.loss_of
     out: dict[str, Any] = {}
@@ -475,7 +475,7 @@ def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
     with rank 1's sentence through the store: rank 1 at once, rank 0 when its collective ends."""
     import torch
 
-    import leadline.hf as hf
+    import leadline.hf.task as hf
 
     _short_group_timeout()
     real = hf.Task.loss_of

@@ -29,7 +29,7 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
     from transformers import Trainer, TrainingArguments
 
     from leadline.corpus import collate, tokenize_rows
-    from leadline.hf_callback import LeadlineCallback
+    from leadline.hf.callback import LeadlineCallback
 
     tok, model, plan = setup
     rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
@@ -67,7 +67,7 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
 
 def test_the_cap_is_lifted_when_training_raises(setup):
     """Trainer skips on_train_end on an exception: `with cb:` lifts the cap anyway."""
-    from leadline.hf_callback import LeadlineCallback
+    from leadline.hf.callback import LeadlineCallback
 
     plan = setup[2]
     cb = LeadlineCallback(plan, lambda: [1.0, 1.0], lambda step: 0.0)
@@ -87,7 +87,7 @@ def test_the_cap_is_lifted_when_training_raises(setup):
 def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
     import time
 
-    import leadline.hf as hf
+    import leadline.hf.task as hf
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))

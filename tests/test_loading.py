@@ -2,7 +2,7 @@ import pytest
 
 from helpers import save_model_dir
 from leadline.errors import InputError
-from leadline.loading import load_model, load_tokenizer
+from leadline.hf.loading import load_model, load_tokenizer
 
 
 def test_load_folder_written_by_save_pretrained(tmp_path):

@@ -103,7 +103,7 @@ def test_a_phase_that_needs_an_unresolved_value_is_skipped_with_a_note():
 
 def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
     from leadline.errors import InputError
-    from leadline.run import train_with_plan
+    from leadline.train import train_with_plan
 
     plan = Plan()
     plan.set("lr", Value(4.6e-4, "constant", "the anchor", unit="per step"))

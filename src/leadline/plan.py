@@ -269,8 +269,8 @@ class Plan:
     def training_arguments(self, args: Any = None, **overrides: Any) -> Any:
         """Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` with this plan's numbers
         (per-device batch, accumulation, rate, warmup, scheduler, decay, betas, steps);
-        without ``args`` the fields as a dict. See :mod:`leadline.hf_args`."""
-        from leadline.hf_args import training_arguments
+        without ``args`` the fields as a dict. See :mod:`leadline.hf.args`."""
+        from leadline.hf.args import training_arguments
 
         return training_arguments(self, args, **overrides)
 

@@ -24,7 +24,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
 
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model (with LoRA unless --full) and tokenizer the command trains."""
-    from leadline.loading import load_model, load_tokenizer
+    from leadline.hf.loading import load_model, load_tokenizer
 
     if not args.full and args.lora_rank is not None and args.lora_rank < 1:
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 1; or pass --full")

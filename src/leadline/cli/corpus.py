@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     fields = _fields(args.field)
     tokenizer = None
     if args.tokenizer:
-        from leadline.loading import load_tokenizer
+        from leadline.hf.loading import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     bar = _progress()

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
 
     from leadline.cli._common import Progress
     from leadline.hf import derive_for
-    from leadline.loading import default_model_path, load_model, load_tokenizer
+    from leadline.hf.loading import default_model_path, load_model, load_tokenizer
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print(plan.report())
     print(f"\nwrote {out / 'plan.json'} and {out / 'report.html'}")
     if on_gpu:
-        from leadline.run import train_with_plan
+        from leadline.train import train_with_plan
 
         res = train_with_plan(model, tok, rows, plan, out_dir=out / "run")
         if "test_loss_after" in res:

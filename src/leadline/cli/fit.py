@@ -45,7 +45,7 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.loading import default_model_path, load_model
+    from leadline.hf.loading import default_model_path, load_model
     from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
     from leadline.memory.model_step import (
         ModelStep,
@@ -140,7 +140,7 @@ def _lengths(data: str, model_path: str, seq_len: int) -> list[int]:
 
     from leadline.corpus import tokenize_rows
     from leadline.errors import InputError
-    from leadline.loading import load_tokenizer
+    from leadline.hf.loading import load_tokenizer
 
     if not Path(data).is_file():
         raise InputError(f"--data {data}: no such file; pass the training jsonl whose length mix the step runs through")

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import load_for_training
     from leadline.errors import InputError
     from leadline.plan import Plan
-    from leadline.run import train_with_plan
+    from leadline.train import train_with_plan
 
     plan = Plan.from_json(args.plan)
     if args.steps is not None and args.steps < 1:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         if content_hash(args.data) != plan.data["sha256"]:
             raise InputError(f"the plan {args.plan} was derived on other data than --data {args.data} (the content hash differs); pass the data it was derived on or derive again")
     if args.recipe:
-        from leadline.run import recipe_plan
+        from leadline.train import recipe_plan
 
         derived = plan
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,

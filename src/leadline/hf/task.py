@@ -1,12 +1,6 @@
-"""Hugging Face: derive a plan from a ``PreTrainedModel`` (PEFT or not) and a data set in any
-corpus format, without hand-written adapters; apply it to ``TrainingArguments``; run the
-schedule and the memory watch inside ``Trainer``.
+"""The task a Hugging Face model trains on: its rows split, tokenized and collated, the loss
+of a batch, and derive_for(), which derives a plan from a ``PreTrainedModel`` and a data set."""
 
-    from leadline.hf import derive_for
-    plan = derive_for(model, tokenizer, "train.jsonl", total_steps=300)
-    args = plan.training_arguments(TrainingArguments(output_dir="out"))
-    trainer = Trainer(model=model, args=args, ..., callbacks=[plan_callback(plan, ...)])
-"""
 
 from __future__ import annotations
 
@@ -17,10 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.hf_args import training_arguments
 from leadline.plan import Plan
 
-__all__ = ["Task", "derive_for", "prepare", "training_arguments"]  # and LeadlineCallback, loaded on first use
+__all__ = ["Task", "derive_for", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
@@ -184,7 +177,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     (:class:`~leadline.distributed.ShardedWorldTask`).
 
     ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
-    fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf_rank`),
+    fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf.rank`),
     within ``max_seconds`` when one is given.
     """
     import time
@@ -196,7 +189,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     if fit_rank:
-        from leadline.hf_rank import lora_config_of
+        from leadline.hf.rank import lora_config_of
 
         lora_config_of(model.module if hasattr(model, "module") else model)  # a full fine-tune is refused before anything runs
     if total_steps is None and epochs is None:
@@ -257,7 +250,7 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
         if fit_rank and world is not None:
             plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run `leadline fit` on one card")
         elif fit_rank:
-            from leadline.hf_rank import fit_rank_values
+            from leadline.hf.rank import fit_rank_values
 
             left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
             for name, value in fit_rank_values(plan, model, seconds_left=left).items():
@@ -301,11 +294,3 @@ def _loss_resolution(model: Any) -> float:
 def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:
     return max(1, math.ceil(tokens / tokens_per_step))
 
-
-def __getattr__(name: str) -> Any:
-    # LeadlineCallback lives in its own module (it imports transformers' TrainerCallback).
-    if name == "LeadlineCallback":
-        from leadline.hf_callback import LeadlineCallback
-
-        return LeadlineCallback
-    raise AttributeError(f"module 'leadline.hf' has no attribute {name!r}")

@@ -1,0 +1,36 @@
+"""Hugging Face: derive a plan from a ``PreTrainedModel`` (PEFT or not) and a data set in any
+corpus format, without hand-written adapters; apply it to ``TrainingArguments``; run the
+schedule and the memory watch inside ``Trainer``.
+
+    from leadline.hf import derive_for
+    plan = derive_for(model, tokenizer, "train.jsonl", total_steps=300)
+    args = plan.training_arguments(TrainingArguments(output_dir="out"))
+    trainer = Trainer(model=model, args=args, ..., callbacks=[plan_callback(plan, ...)])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leadline.hf.args import training_arguments
+from leadline.hf.loading import load_model, load_tokenizer
+from leadline.hf.task import (
+    Task,
+    derive_for,
+    prepare,
+    tokens_to_steps,
+    trained_as_of,
+    trained_named_weights,
+)
+
+__all__ = ["LeadlineCallback", "Task", "derive_for", "load_model", "load_tokenizer", "prepare", "tokens_to_steps",
+           "trained_as_of", "trained_named_weights", "training_arguments"]
+
+
+def __getattr__(name: str) -> Any:
+    # LeadlineCallback lives in its own module (it imports transformers' TrainerCallback).
+    if name == "LeadlineCallback":
+        from leadline.hf.callback import LeadlineCallback
+
+        return LeadlineCallback
+    raise AttributeError(f"module 'leadline.hf' has no attribute {name!r}")
