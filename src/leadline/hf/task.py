@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
+from leadline.hf.trainer import is_trainer, loss_policy_of, trainer_rows
 from leadline.plan import Plan
 
 __all__ = ["Task", "derive_for", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
@@ -157,7 +158,7 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     return task, prof
 
 
-def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None, epochs: float | None = None,
+def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None, epochs: float | None = None,
                effort: str = "quick", seq_len: int | None = None, quantile: float | None = None,
                max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
@@ -165,6 +166,14 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
                probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
+
+    ``derive_for(trainer)``: a built ``Trainer`` or TRL ``SFTTrainer`` in place of the model —
+    the plan is derived on the rows the trainer will train on, each collated by its own
+    collator (its tokenization, truncation, packing and labels: TRL's ``assistant_only_loss`` /
+    ``completion_only_loss`` as set), on ``trainer.model`` (the PEFT model SFTTrainer built from
+    ``peft_config``), for the trainer's ``max_steps`` (else its epochs) unless ``total_steps``
+    or ``epochs`` is given. The plan's ``loss_policy`` records that policy, and
+    :func:`~leadline.hf.training_arguments` carries it into the SFTConfig the run trains with.
 
     The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
@@ -188,6 +197,19 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
     from leadline.provenance import describe_model
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
+    policy: dict[str, Any] | None = None
+    if is_trainer(model):
+        trainer, model = model, model.model
+        tokenizer = tokenizer if tokenizer is not None else getattr(trainer, "processing_class", None)
+        policy = loss_policy_of(trainer)
+        train_dataset = trainer_rows(trainer)
+        if total_steps is None and epochs is None:
+            if int(getattr(trainer.args, "max_steps", -1) or -1) > 0:
+                total_steps = int(trainer.args.max_steps)
+            else:
+                epochs = float(trainer.args.num_train_epochs)
+    elif train_dataset is None:
+        raise InputError("derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone")
     if fit_rank:
         from leadline.hf.rank import lora_config_of
 
@@ -244,6 +266,10 @@ def derive_for(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: i
         )
         from leadline.memory.model_step import adapter_dtype_note
 
+        if policy is not None:
+            from leadline.hf.trainer import policy_value
+
+            plan.set("loss_policy", policy_value(policy, sum(r.scored_tokens for r in task.rows), len(task.rows)))
         note = adapter_dtype_note(inner)
         if note is not None:
             plan.notes.append(note)

@@ -1,0 +1,116 @@
+"""What a built ``Trainer`` / TRL ``SFTTrainer`` will train on: its rows, labels and loss policy.
+
+``derive_for(trainer)`` derives on these rows, so the plan is measured on exactly the
+tokenization, truncation, packing and labels the trainer trains with (TRL's
+``assistant_only_loss`` / ``completion_only_loss`` included), never on leadline's own reading
+of the raw data.
+
+Each row of the trainer's processed ``train_dataset`` goes through the trainer's own
+``data_collator`` alone; its ``labels`` (-100 = not scored) are what the loss scores, counted
+after the causal shift as everywhere in leadline. A packed row (TRL's ``packing=True``: one
+sequence of several documents, collated padding-free) keeps its documents' boundaries as TRL
+scores them: the first token of each document is not scored.
+
+Pure reading: no model call, nothing trained; transformers is never imported here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Plan, Value
+
+POLICY_FIELDS = ("assistant_only_loss", "completion_only_loss", "packing")
+"""The SFTConfig fields that decide which tokens the loss scores and how rows are laid out."""
+
+_COLLATED = ("input_ids", "labels", "attention_mask", "seq_lengths", "position_ids",
+             "completion_mask", "assistant_masks")
+"""The columns a causal-LM collator reads; the others (TRL keeps ``messages``, ``prompt``,
+``completion`` beside the tokens) are what Trainer's ``remove_unused_columns`` drops."""
+
+
+def is_trainer(obj: Any) -> bool:
+    """A ``transformers.Trainer`` (TRL's trainers are subclasses), told by what it holds."""
+    return all(hasattr(obj, a) for a in ("model", "args", "train_dataset", "data_collator", "create_optimizer"))
+
+
+def loss_policy_of(trainer: Any) -> dict[str, Any]:
+    """The trainer's loss policy as data: its class, TRL's policy fields (None for a plain
+    Trainer) and ``max_length``."""
+    args = trainer.args
+    policy: dict[str, Any] = {"trainer": type(trainer).__name__}
+    for name in (*POLICY_FIELDS, "max_length"):
+        policy[name] = getattr(args, name, None)
+    if policy["completion_only_loss"] is None and hasattr(trainer, "completion_only_loss"):
+        policy["completion_only_loss"] = trainer.completion_only_loss  # TRL resolves None from the data's format
+    return policy
+
+
+def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
+    """The trainer's processed rows as ``{"input_ids", "labels"}``, collated one at a time by
+    the trainer's own collator (see the module docstring); rows with nothing to score (a packed
+    sequence of prompts alone) are left out: they add no gradient."""
+    ds = trainer.train_dataset
+    if ds is None:
+        raise InputError("the trainer has no train_dataset; pass train_dataset= to the Trainer/SFTTrainer before derive_for(trainer)")
+    columns = list(getattr(ds, "column_names", None) or (ds[0].keys() if len(ds) else []))
+    if "input_ids" not in columns:
+        raise InputError(f"the trainer's train_dataset has no input_ids (columns: {', '.join(map(str, columns)) or 'none'}); "
+                         "give SFTTrainer text, prompt/completion or messages rows, or tokenize the rows for Trainer")
+    keep = [c for c in columns if c in _COLLATED]
+    out: list[dict[str, list[int]]] = []
+    for i in range(len(ds)):
+        row = ds[i]
+        batch = trainer.data_collator([{k: row[k] for k in keep}])
+        if "labels" not in batch:
+            raise InputError(f"the trainer's data_collator ({type(trainer.data_collator).__name__}) builds no labels; "
+                             "use DataCollatorForLanguageModeling(tokenizer, mlm=False) or give the rows a labels column")
+        ids = batch["input_ids"][0].tolist()
+        labels = batch["labels"][0].tolist()
+        if "attention_mask" in batch:  # right padding (pad_to_multiple_of) holds nothing to score
+            n = int(batch["attention_mask"][0].sum())
+            ids, labels = ids[:n], labels[:n]
+        if any(t != -100 for t in labels[1:]):  # a row with nothing to score (a packed run of prompts) adds no gradient
+            out.append({"input_ids": ids, "labels": labels})
+    if not out:
+        raise InputError("the trainer's train_dataset has no row with a label to score; check its loss policy "
+                         "(assistant_only_loss needs {% generation %} in the chat template) or give it rows")
+    return out
+
+
+def policy_value(policy: dict[str, Any], scored_tokens: int, rows: int) -> Value:
+    """``loss_policy``: what the trainer's labels score, given by the trainer."""
+    shown = ", ".join(f"{k}={policy[k]!r}" for k in POLICY_FIELDS if policy.get(k) is not None)
+    return Value(policy, "given", f"the labels {policy['trainer']} builds ({shown or 'labels as the collator makes them'}): "
+                 f"{scored_tokens:,} scored tokens on {rows:,} rows, each row collated by the trainer's own collator",
+                 evidence={**policy, "scored_tokens": scored_tokens, "rows": rows})
+
+
+def policy_of_plan(plan: Plan) -> dict[str, Any]:
+    """The SFTConfig loss policy the plan was derived with: the trainer's (``loss_policy``),
+    or, for a plan derived on raw rows, the one leadline's reading of the rows amounts to
+    (messages: the assistant turns; prompt/completion: the completion; text: everything)."""
+    if "loss_policy" in plan:
+        return {k: plan["loss_policy"].value.get(k) for k in POLICY_FIELDS}
+    formats = plan["rows"].evidence.get("formats", {}) if "rows" in plan else {}
+    policy: dict[str, Any] = {"packing": False}
+    if formats.get("messages"):
+        policy["assistant_only_loss"] = True
+    if formats.get("prompt_completion") or formats.get("chat_prompt_completion"):
+        policy["completion_only_loss"] = True
+    return policy
+
+
+def check_policy(plan: Plan, args: Any) -> None:
+    """One sentence when ``args`` (an SFTConfig) trains another loss than the plan was derived for."""
+    want = policy_of_plan(plan)
+    for name, value in want.items():
+        if value is None or not hasattr(args, name):
+            continue
+        have = getattr(args, name)
+        if name == "completion_only_loss" and have is None:
+            continue  # TRL's default: the completion when the rows have one, as the plan read them
+        if bool(have) != bool(value):
+            raise InputError(f"the plan was derived with {name}={value!r} but the trainer's args have {name}={have!r}; "
+                             "build the args with training_arguments(plan, args) or derive again on this trainer")
