@@ -1,0 +1,354 @@
+"""Build the scoreboard's extra data sets (issue 23): man_sections and debian_summary.
+
+Run from anywhere: ``python3 benchmarks/data/build.py``. It writes, next to this file,
+
+- ``man_sections_{train,test}.jsonl``: {"text", "label", "name", "package"}; the NAME-line
+  description of an English man page installed on this machine, labelled with its section
+  ("1" user commands, "2" system calls, "3" library functions, "8" administration commands).
+- ``debian_summary_{train,test}.jsonl``: {"prompt", "completion", "package"}; a Debian
+  package's long description and, as the completion, its one-line summary, split out of
+  ``../shared/data/debian_sections_{train,test}.jsonl`` (same train/test split).
+
+What it reads: /usr/share/man/man{1,2,3,8} (through man-db's ``lexgrog``), dpkg's file
+lists (/var/lib/dpkg/info/*.list, what ``dpkg -S`` reads) and apt's bookworm Packages list
+(/var/lib/apt/lists, through ``apt-helper cat-file``). Everything is deterministic: sorted
+inputs, ``random.Random(0)``. It prints the counts the README quotes, and a keyword baseline.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SHARED = HERE.parents[2] / "shared" / "data"  # /work/main/benchmarks/data -> /work/shared/data
+MAN = Path("/usr/share/man")
+SECTIONS = ("1", "2", "3", "8")
+PER_CLASS = 500
+TEST_SHARE = 0.2
+SEED = 0
+# Debian Policy 3.4.1: the synopsis line "should be kept brief - certainly under 80 characters".
+SYNOPSIS_MAX = 80
+
+
+def apt_packages() -> dict[str, str]:
+    """Package -> short description, from apt's bookworm main Packages list ({} if absent)."""
+    lists = sorted(glob.glob("/var/lib/apt/lists/*bookworm_main_binary-*_Packages*"))
+    if not lists:
+        return {}
+    text = subprocess.run(
+        ["/usr/lib/apt/apt-helper", "cat-file", lists[0]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    short, pkg = {}, None
+    for line in text.splitlines():
+        if line.startswith("Package: "):
+            pkg = line[9:].strip()
+        elif line.startswith("Description: ") and pkg is not None:
+            short[pkg] = line[13:]
+    return short
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+
+
+# --------------------------------------------------------------------------- man_sections
+
+
+def file_owners() -> dict[str, str]:
+    """Man page path -> binary package, from dpkg's file lists (the data ``dpkg -S`` reads)."""
+    owner: dict[str, str] = {}
+    for lst in sorted(glob.glob("/var/lib/dpkg/info/*.list")):
+        pkg = os.path.basename(lst)[: -len(".list")].split(":")[0]
+        with open(lst, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                p = line.rstrip("\n")
+                if p.startswith("/usr/share/man/man"):
+                    owner.setdefault(p, pkg)
+    return owner
+
+
+LEX = re.compile(r'^(?P<path>.*?): "(?P<line>.*)"$')
+NAMELIST = re.compile(r"^[\w.:+@-]+(?:\s*,\s*[\w.:+@-]+)*\s+\\?[-\u2013\u2014]\s+")
+
+
+def lexgrog(paths: list[str]) -> dict[str, list[str]]:
+    """Path -> its NAME lines ("name - description"), by man-db's lexgrog; unparsed pages absent."""
+    out: dict[str, list[str]] = collections.defaultdict(list)
+    for i in range(0, len(paths), 400):
+        res = subprocess.run(["lexgrog", *paths[i : i + 400]], capture_output=True, text=True)
+        for line in res.stdout.splitlines():
+            m = LEX.match(line)
+            if m:
+                out[m["path"]].append(m["line"])
+    return out
+
+
+def norm(s: str) -> str:
+    return " ".join(s.split()).casefold()
+
+
+def describe(stem: str, lines: list[str]) -> str:
+    """The description of a page from its NAME lines, without any leading list of names."""
+    names = {stem.casefold()}
+    desc = ""
+    for line in lines:
+        name, sep, rest = line.partition(" - ")
+        names.add(name.strip().casefold())
+        if sep and not desc:
+            desc = rest
+    desc = " ".join(desc.split())
+    # "zstd - zstd, zstdmt, unzstd, zstdcat - Compress ...": drop the repeated names.
+    while (m := NAMELIST.match(desc)) and any(
+        t.strip().casefold() in names for t in m.group(0).rstrip(" -\\\u2013\u2014").split(",")
+    ):
+        desc = desc[m.end() :]
+    if desc.rstrip(".").casefold() in names:
+        return ""
+    return desc
+
+
+def group_key(row: dict, big: set[str]) -> str:
+    """Pages of one package stay on one side; a package that fills much of a class (manpages-dev
+    is all of section 2) is grouped by the name's first token instead (pthread_*, Dpkg::*)."""
+    if row["package"] not in big:
+        return row["package"]
+    first = re.split(r"[_:.\-]", row["name"], maxsplit=1)[0].casefold() or row["name"]
+    return f"{row['package']}/{first}"
+
+
+def man_sections(debian: dict[str, str]) -> tuple[list[dict], list[dict], dict]:
+    owner = file_owners()
+    stats: dict = collections.defaultdict(collections.Counter)
+    pool: dict[str, list[dict]] = {}
+    for sec in SECTIONS:
+        paths = []
+        for p in sorted(glob.glob(str(MAN / f"man{sec}" / "*"))):
+            if os.path.islink(p):
+                stats["symlink (alias of another page)"][sec] += 1
+                continue
+            pkg = owner.get(p)
+            if pkg is None or (debian and pkg not in debian):
+                stats[f"not from a Debian package ({pkg})"][sec] += 1
+                continue
+            paths.append(p)
+        lines = lexgrog(paths)
+        rows = []
+        for p in paths:
+            stem = os.path.basename(p).removesuffix(".gz")
+            if p not in lines:
+                stats["lexgrog: parse failed"][sec] += 1
+                continue
+            desc = describe(stem.rsplit(".", 1)[0], lines[p])
+            if not desc:
+                stats["description empty or just the name"][sec] += 1
+                continue
+            rows.append({"text": desc, "label": sec, "name": stem, "package": owner[p]})
+        pool[sec] = rows
+    # Duplicate descriptions: one kept within a section; dropped everywhere if in several.
+    secs_of = collections.defaultdict(set)
+    for sec, rows in pool.items():
+        for r in rows:
+            secs_of[norm(r["text"])].add(sec)
+    chosen: dict[str, list[dict]] = {}
+    for sec, rows in pool.items():
+        seen, kept = set(), []
+        for r in sorted(rows, key=lambda r: r["name"]):
+            k = norm(r["text"])
+            if len(secs_of[k]) > 1:
+                stats["description also in another section"][sec] += 1
+            elif k in seen:
+                stats["duplicate description"][sec] += 1
+            else:
+                seen.add(k)
+                kept.append(r)
+        stats["eligible"][sec] = len(kept)
+        random.Random(SEED).shuffle(kept)
+        chosen[sec] = kept[:PER_CLASS]
+    rows = [r for sec in SECTIONS for r in chosen[sec]]
+    per_class = collections.Counter(r["label"] for r in rows)
+    by_pkg = collections.Counter((r["label"], r["package"]) for r in rows)
+    big = {p for (sec, p), n in by_pkg.items() if n > TEST_SHARE * per_class[sec]}
+    groups: dict[str, list[dict]] = collections.defaultdict(list)
+    for r in rows:
+        groups[group_key(r, big)].append(r)
+    order = sorted(groups)
+    random.Random(SEED).shuffle(order)
+    cap = {sec: math.ceil(TEST_SHARE * n) for sec, n in per_class.items()}
+    in_test = collections.Counter()
+    train, test = [], []
+    for g in order:
+        need = collections.Counter(r["label"] for r in groups[g])
+        if all(in_test[s] + n <= cap[s] for s, n in need.items()):
+            in_test.update(need)
+            test += groups[g]
+        else:
+            train += groups[g]
+    train.sort(key=lambda r: (r["label"], r["name"]))
+    test.sort(key=lambda r: (r["label"], r["name"]))
+    stats["grouped by first name token"] = collections.Counter({p: 1 for p in big})
+    return train, test, stats
+
+
+# --------------------------------------------------------------------------- baseline
+
+
+def tokens(s: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", s.casefold())
+
+
+def keyword_baselines(train: list[dict], test: list[dict]) -> dict[str, float]:
+    """Bag-of-words nearest class centroid (tf-idf, cosine) and multinomial naive Bayes."""
+    labels = sorted({r["label"] for r in train})
+    df = collections.Counter(t for r in train for t in set(tokens(r["text"])))
+    idf = {t: math.log(len(train) / n) + 1 for t, n in df.items()}
+
+    def vec(s: str) -> dict[str, float]:
+        tf = collections.Counter(t for t in tokens(s) if t in idf)
+        v = {t: n * idf[t] for t, n in tf.items()}
+        z = math.sqrt(sum(x * x for x in v.values())) or 1.0
+        return {t: x / z for t, x in v.items()}
+
+    cent = {c: collections.Counter() for c in labels}
+    for r in train:
+        cent[r["label"]].update(vec(r["text"]))
+    for c in labels:
+        z = math.sqrt(sum(x * x for x in cent[c].values())) or 1.0
+        cent[c] = {t: x / z for t, x in cent[c].items()}
+    counts = {c: collections.Counter() for c in labels}
+    for r in train:
+        counts[r["label"]].update(tokens(r["text"]))
+    prior = collections.Counter(r["label"] for r in train)
+    denom = {c: sum(counts[c].values()) + len(df) for c in labels}
+
+    def nb_score(c: str, toks: list[str]) -> float:
+        lp = math.log(prior[c] / len(train))
+        return lp + sum(math.log((counts[c][t] + 1) / denom[c]) for t in toks if t in df)
+
+    def centroid_score(c: str, v: dict[str, float]) -> float:
+        return sum(x * cent[c].get(t, 0.0) for t, x in v.items())
+
+    hit_c = hit_nb = 0
+    for r in test:
+        v, toks = vec(r["text"]), tokens(r["text"])
+        hit_c += max(labels, key=lambda c: centroid_score(c, v)) == r["label"]
+        hit_nb += max(labels, key=lambda c: nb_score(c, toks)) == r["label"]
+    return {"centroid_tfidf": hit_c / len(test), "naive_bayes": hit_nb / len(test)}
+
+
+# --------------------------------------------------------------------------- debian_summary
+
+# A ". " after one of these is not the end of the synopsis: dotted acronyms (B.A.T.M.A.N.,
+# a.k.a.) and common abbreviations.
+NOT_END = re.compile(
+    r"(?:\b(?:[A-Za-z]\.)+[A-Za-z]|\b(?:vs|etc|e\.g|i\.e|cf|approx|incl|ca|Dr|Mr|Mrs|Ms|St|Jr|Sr"
+    r"|Inc|Ltd|Co|No|no|vol|ver))$"
+)
+# A ". " after a lone letter may end the synopsis ("client for X") or be an initial ("D. Fanning").
+LONE_LETTER = re.compile(r"(?:^|[\s(/])[A-Za-z]$")
+
+
+def split_summary(text: str) -> tuple[str, str] | str:
+    """(summary, body) from "summary. body", or the reason the split is ambiguous.
+
+    The summary ends at the first ". " that is not after an abbreviation. Ambiguous: that ". "
+    follows a lone letter, or the text up to the next ". " would still fit in a synopsis
+    (<= 80 characters: "Tool for dynamic flowsheet simulation. GUI. Dynamic ..."), or no ". ".
+    """
+    cuts = [m.start() for m in re.finditer(r"\. ", text) if not NOT_END.search(text[: m.start()])]
+    if not cuts:
+        return "no '. ' in the text"
+    if LONE_LETTER.search(text[: cuts[0]]):
+        return "first '. ' follows a lone letter (initial or 'for X')"
+    if len(cuts) > 1 and cuts[1] <= SYNOPSIS_MAX:
+        return "the next sentence would still fit in an 80-character synopsis"
+    summary, body = text[: cuts[0]], text[cuts[0] + 2 :].strip()
+    if not summary.strip() or not body:
+        return "empty summary or body"
+    return summary, body
+
+
+def debian_summary(debian: dict[str, str]) -> tuple[dict[str, list[dict]], dict]:
+    stats: dict = collections.defaultdict(collections.Counter)
+    out = {}
+    for split in ("train", "test"):
+        rows = []
+        with (SHARED / f"debian_sections_{split}.jsonl").open(encoding="utf-8") as f:
+            src = [json.loads(line) for line in f]
+        stats["source rows"][split] = len(src)
+        for r in src:
+            res = split_summary(r["text"])
+            if isinstance(res, str):
+                stats[res][split] += 1
+                continue
+            summary, body = res
+            if debian:  # check against apt's own Description line, where this machine has it
+                truth = debian.get(r["package"])
+                if truth is None:
+                    stats["package not in the apt list (kept, unchecked)"][split] += 1
+                elif truth != summary:
+                    stats["split disagrees with apt's Description (dropped)"][split] += 1
+                    continue
+                else:
+                    stats["split equals apt's Description"][split] += 1
+            rows.append({"prompt": body, "completion": summary, "package": r["package"]})
+        stats["kept"][split] = len(rows)
+        out[split] = rows
+    shared = {r["prompt"] for r in out["train"]} & {r["prompt"] for r in out["test"]}
+    stats["prompts in both train and test"]["test"] = len(shared)
+    return out, stats
+
+
+# --------------------------------------------------------------------------- main
+
+
+def show(title: str, stats: dict) -> None:
+    print(f"== {title}")
+    for k, c in stats.items():
+        print(f"  {k}: {dict(sorted(c.items()))}")
+
+
+def main() -> int:
+    debian = apt_packages()
+    if not debian:
+        print("warning: no apt Packages list; nothing is checked against apt", file=sys.stderr)
+
+    train, test, stats = man_sections(debian)
+    write_jsonl(HERE / "man_sections_train.jsonl", train)
+    write_jsonl(HERE / "man_sections_test.jsonl", test)
+    show("man_sections", stats)
+    for name, rows in (("train", train), ("test", test)):
+        c = collections.Counter(r["label"] for r in rows)
+        print(
+            f"  {name}: {len(rows)} rows {dict(sorted(c.items()))}"
+            f" majority share {max(c.values()) / len(rows):.3f}"
+        )
+    straddle = {r["package"] for r in train} & {r["package"] for r in test}
+    print(f"  packages on both sides (only the first-token-grouped ones may): {sorted(straddle)}")
+    for k, v in keyword_baselines(train, test).items():
+        print(f"  keyword baseline {k}: test accuracy {v:.3f}")
+
+    out, stats = debian_summary(debian)
+    for split, rows in out.items():
+        write_jsonl(HERE / f"debian_summary_{split}.jsonl", rows)
+    show("debian_summary", stats)
+    for p in sorted(HERE.glob("*.jsonl")):
+        print(f"  {p.name}: {p.stat().st_size:,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
