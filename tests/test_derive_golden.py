@@ -122,11 +122,15 @@ def _scenarios(clock: Clock, tmp_path: Path) -> dict:
     out["quick"] = derive(**_pieces(clock), total_steps=20, effort="quick")
     out["full"] = derive(**_pieces(clock), total_steps=40, effort="full")
     out["full_epochs"] = derive(**_pieces(clock), epochs=2.0, effort="full")
-    out["full_max_seconds"] = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=8.0)
-    out["quick_max_seconds"] = derive(**_pieces(clock), total_steps=20, effort="quick", max_seconds=1.5)
+    out["full_max_seconds"] = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=8.0,
+                                     started=clock())
+    out["quick_max_seconds"] = derive(**_pieces(clock), total_steps=20, effort="quick", max_seconds=1.5,
+                                      started=clock())
     for seconds in (0.5, 1.0, 3.0):  # the cut inside the first step, the burn-in past the format, the rate
-        out[f"full_cut_{seconds:g}"] = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=seconds)
-    out["quick_cut_1"] = derive(**_pieces(clock), total_steps=400, effort="quick", max_seconds=1.0)
+        out[f"full_cut_{seconds:g}"] = derive(**_pieces(clock), total_steps=400, effort="full",
+                                              max_seconds=seconds, started=clock())
+    out["quick_cut_1"] = derive(**_pieces(clock), total_steps=400, effort="quick", max_seconds=1.0,
+                                    started=clock())
     out["not_started"] = derive(**_pieces(clock), total_steps=20, max_seconds=5.0, started=clock() - 6.0)
     resume = tmp_path / "derive.json"
     with pytest.raises(KeyboardInterrupt):
