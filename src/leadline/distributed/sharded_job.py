@@ -214,7 +214,7 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
     result = RampResult(
         micro_batch=search.kept or 0, length=int(length),
         t_micro_seconds=kept[2] if kept else None, t_step_seconds=kept[3] if kept else None,
-        rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because,
+        rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because, stop=search.stop,
         max_rows=max_rows, lengths_mix=mix[0::2], micro_seconds=kept[0] if kept else [], step_seconds=kept[1] if kept else [],
         seconds=time.perf_counter() - t0,
     )

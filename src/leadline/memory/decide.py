@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 from leadline.memory.readings import format_bytes
 
@@ -35,6 +36,14 @@ def verdict_of(oom: bool, retries: int) -> str:
     if oom:
         return "oom"
     return "squeezed" if retries > 0 else "fits"
+
+
+RampStop = Literal["", "no_row_fits", "hurried", "upper_limit", "did_not_fit", "no_gain", "out_of_room",
+                   "out_of_memory"]
+"""Why a ramp stopped ("" while it runs): not even its first rows fit, cut short (``max_seconds``)
+keeping the most that fitted, at its upper limit of rows, at the least rows that did not fit,
+rows per second stopped improving, a step peaked (or would peak) over the room, the host ran out
+of memory. ``stopped_because`` is the sentence shown for it."""
 
 
 @dataclass
@@ -55,6 +64,7 @@ class RampSearch:
     fits: list[int] = field(default_factory=list)
     failed_confirmation: list[int] = field(default_factory=list)
     stopped_because: str = ""
+    stop: RampStop = ""
     hurried: str = ""
     """Why the search was told to stop (:meth:`hurry`); empty while it searches freely."""
 
@@ -88,6 +98,7 @@ class RampSearch:
             return ("try", (self.lo + self.hi) // 2)
         if self.lo == 0:
             self.kept = 0
+            self.stop = "no_row_fits"
             self.stopped_because = f"not even {self.hi} row{'s' if self.hi != 1 else ''} fit"
             return None
         return ("confirm", self.lo)
@@ -105,10 +116,13 @@ class RampSearch:
         if ok:
             self.kept = rows
             if self.hurried:
+                self.stop = "hurried"
                 self.stopped_because = f"{self.hurried}: the most rows a step fitted so far, confirmed"
             elif self.max_rows is not None and rows >= self.max_rows:
+                self.stop = "upper_limit"
                 self.stopped_because = f"reached the upper limit of {self.max_rows} rows"
             else:
+                self.stop = "did_not_fit"
                 self.stopped_because = f"{self.hi} rows did not fit"
             return
         self.failed_confirmation.append(rows)
@@ -151,11 +165,13 @@ class ThroughputSearch:
     points: list[tuple[int, float, int]] = field(default_factory=list)
     kept: int | None = None
     stopped_because: str = ""
+    stop: RampStop = ""
 
     def hurry(self, reason: str) -> None:
         """Stop searching: keep the rows with the most rows per second measured so far."""
         if self.kept is None and self.points:
             self.kept = max(self.points, key=lambda p: (p[1], -p[0]))[0]
+            self.stop = "hurried"
             self.stopped_because = f"{reason}: the rows with the most rows per second measured so far"
 
     def next(self) -> int | None:
@@ -169,6 +185,7 @@ class ThroughputSearch:
             gain = rps / prev_rps - 1.0 if prev_rps > 0 else float("inf")
             if gain < self.min_gain:
                 self.kept = prev_rows
+                self.stop = "no_gain"
                 self.stopped_because = (
                     f"doubling {prev_rows} -> {rows} rows gained {gain:+.1%} rows per second, "
                     f"less than {self.min_gain:.0%}"
@@ -176,10 +193,12 @@ class ThroughputSearch:
                 return None
         if self.room_bytes is not None and peak > self.room_bytes:
             self.kept = self.points[-2][0] if len(self.points) >= 2 else 0
+            self.stop = "out_of_room"
             self.stopped_because = f"{rows} rows peaked at {format_bytes(peak)}, over the {format_bytes(self.room_bytes)} of room"
             return None
         if self.max_rows is not None and rows >= self.max_rows:
             self.kept = rows
+            self.stop = "upper_limit"
             self.stopped_because = f"reached the upper limit of {self.max_rows} rows"
             return None
         nxt = 2 * rows if self.max_rows is None else min(2 * rows, self.max_rows)
@@ -187,6 +206,7 @@ class ThroughputSearch:
             predicted = extrapolate_peak([(r, p) for r, _, p in self.points], nxt, self.baseline_bytes)
             if predicted > self.room_bytes:
                 self.kept = rows
+                self.stop = "out_of_room"
                 self.stopped_because = (
                     f"{nxt} rows would peak near {format_bytes(predicted)} (extrapolated from the rungs "
                     f"measured), over the {format_bytes(self.room_bytes)} of RAM room"

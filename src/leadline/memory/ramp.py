@@ -23,7 +23,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from leadline.errors import InputError, LeadlineError
-from leadline.memory.decide import RampSearch, ThroughputSearch, confirmation_lengths, verdict_of
+from leadline.memory.decide import (
+    RampSearch,
+    RampStop,
+    ThroughputSearch,
+    confirmation_lengths,
+    verdict_of,
+)
 from leadline.memory.readings import DeviceMemory, format_bytes, is_oom, memory_for
 from leadline.plan import Value
 
@@ -127,6 +133,7 @@ class RampResult:
     rule: str
     stopped_because: str
     budget_bytes: int | None = None
+    stop: RampStop = ""
     start_room_bytes: int | None = None
     outside_growth_bytes: int = 0
     cap_moves: list[dict[str, Any]] = field(default_factory=list)
@@ -141,7 +148,7 @@ class RampResult:
         return {
             "plot": "ramp", "budget_bytes": self.budget_bytes, "rungs": [r.as_dict() for r in self.rungs],
             "rule": self.rule, "device": self.device, "length": self.length, "max_rows": self.max_rows,
-            "stopped_because": self.stopped_because, "start_room_bytes": self.start_room_bytes,
+            "stopped_because": self.stopped_because, "stop": self.stop, "start_room_bytes": self.start_room_bytes,
             "outside_growth_bytes": self.outside_growth_bytes, "cap_moves": self.cap_moves,
             "lengths_mix": self.lengths_mix,
         }
@@ -300,7 +307,7 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
         micro_batch=search.kept or 0, length=length,
         t_micro_seconds=getattr(kept_timing, "t_micro_seconds", None),
         t_step_seconds=getattr(kept_timing, "t_step_seconds", None),
-        rungs=rungs, device=mem.device, rule="allocator", stopped_because=search.stopped_because,
+        rungs=rungs, device=mem.device, rule="allocator", stopped_because=search.stopped_because, stop=search.stop,
         budget_bytes=least_room, start_room_bytes=start_room,
         outside_growth_bytes=max(0, start_room - least_space),
         cap_moves=moves, max_rows=max_rows, lengths_mix=mix[0::2],
@@ -336,6 +343,7 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
         if rung.verdict != "fits" or not rung.rows_per_second:
             search.kept = max((r.rows for r in rungs if r.verdict == "fits" and r.phase == "search"), default=0)
             search.stopped_because = f"{rows} rows ran out of host memory"
+            search.stop = "out_of_memory"
             break
         timings[rows] = timing
         search.record(rows, rung.rows_per_second, rung.peak_bytes or 0)
@@ -348,7 +356,7 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
         t_micro_seconds=getattr(timing, "t_micro_seconds", None),
         t_step_seconds=getattr(timing, "t_step_seconds", None),
         rungs=rungs, device=mem.device, rule="throughput",
-        stopped_because=search.stopped_because,
+        stopped_because=search.stopped_because, stop=search.stop,
         budget_bytes=room, start_room_bytes=room, max_rows=max_rows,
         micro_seconds=list(getattr(timing, "micro_seconds", [])),
         step_seconds=list(getattr(timing, "step_seconds", [])),

@@ -33,7 +33,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from leadline import stats
 from leadline.errors import InputError
@@ -51,6 +51,11 @@ MAX_LATE_DRAWS = 128
 for as long as the probe draws, and the reading is then a lower bound however long it runs."""
 
 
+PastFormatStop = Literal["rounds", "time", "max_steps", "diverged", "settled"]
+"""Why the burn-in stopped: its rounds ran out, the next round would pass its share of the time,
+its step limit, a non-finite loss, the training loss stopped falling."""
+
+
 @dataclass
 class PastFormat:
     """The noise readings of the burn-in and the one the plan takes.
@@ -60,7 +65,8 @@ class PastFormat:
         grew: the last reading is above the step-0 one by more than both standard errors.
         readings: per round, the steps trained and the probe's result.
         rate: the burn-in's rate (alpha1 / 2).
-        stopped_because: settled / rounds / time / diverged / data.
+        stopped_because: the sentence saying why the burn-in stopped (displayed).
+        stop: why it stopped, one of :data:`PastFormatStop`.
     """
 
     b_noise_tokens: float | None
@@ -78,6 +84,7 @@ class PastFormat:
     """The resolved :class:`~leadline.noise.NoiseScale` (what the step is computed from)."""
     rounds: list[dict[str, Any]] = field(default_factory=list)
     """Per round: the steps so far, the mean training loss and its SE, the one-sided p of its fall."""
+    stop: PastFormatStop = "rounds"
 
     def evidence(self) -> dict[str, Any]:
         return {"plot": "past_format", "step0_tokens": self.step0_tokens, "step0_se": self.step0_se, "rate": self.rate,
@@ -157,6 +164,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     rounds: list[dict[str, Any]] = []
     last = None
     stopped = f"{max_rounds} rounds"
+    stop: PastFormatStop = "rounds"
 
     first_draw = [0]
 
@@ -170,12 +178,14 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         train_budget = None if budget_s is None else 0.7 * budget_s
         for r in range(max_rounds):
             if train_budget is not None and r > 0 and (time.perf_counter() - t0) * (2 ** (r + 1) - 1) / (2 ** r - 1) > train_budget:
+                stop = "time"
                 stopped = "time: the next round would pass the burn-in's share of the budget"
                 break
             losses: list[float] = []
             n_steps = w * 2 ** r
             if max_steps is not None and done + n_steps > max_steps:
                 if done >= max_steps or max_steps - done < w:
+                    stop = "max_steps"
                     stopped = f"max_steps: {done} steps trained of the {max_steps} allowed"
                     break
                 n_steps = max_steps - done
@@ -190,6 +200,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
                     losses.append(float(loss))
             done += n_steps
             if any(not math.isfinite(x) for x in losses):
+                stop = "diverged"
                 stopped = f"diverged: a burn-in step's loss was not finite in round {r + 1}"
                 rounds.append({"round": r + 1, "steps": done, "mean_loss": None})
                 break
@@ -200,10 +211,11 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
                 fall = _falls(prev, (m, se, len(losses)))
                 row["falling_p"] = fall
                 if fall is None or fall >= 0.05:
+                    stop = "settled"
                     stopped = f"settled: the training loss stopped falling in round {r + 1} (one-sided p {fall if fall is not None else float('nan'):.2g})"
                     break
             prev = (m, se, len(losses))
-        if not stopped.startswith("diverged"):
+        if stop != "diverged":
             if check_time is not None:
                 check_time()
             left = None if budget_s is None else max(1.0, budget_s - (time.perf_counter() - t0))
@@ -221,7 +233,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     se = getattr(last, "se_tokens", None)
     grew = last is not None and _above(last, float(b0), float(se0))
     return PastFormat(b, se, grew, float(b0), float(se0), rate, int(rows_per_step), w, stopped, readings,
-                      time.perf_counter() - t0, last, rounds)
+                      time.perf_counter() - t0, last, rounds, stop)
 
 
 def _falls(before: tuple[float, float, int], after: tuple[float, float, int]) -> float | None:

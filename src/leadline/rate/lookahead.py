@@ -48,7 +48,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from leadline.errors import InputError
 from leadline.plan import Value
@@ -57,6 +57,11 @@ from leadline.rate.first_step import FirstStep
 from leadline.rate.warmup import warmup_lr, warmup_steps_for, warmup_values
 
 DEFAULT_GRID = (-1, 0, 1, 2, 3)
+
+LookaheadStop = Literal["quick", "unsettled", "budget", "diverged", "settled", "run_length", "max_seconds"]
+"""Why the look-ahead stopped: no steps run (quick effort), the horizons ran out unsettled, the
+step budget, every rate diverged or was unstable, the trend settled, the run's length, derive's
+max_seconds. ``stopped_because`` is the sentence shown for it."""
 
 
 @dataclass
@@ -68,7 +73,8 @@ class Lookahead:
         rates: the grid tried (quick: the grid for :func:`race`).
         horizon_steps: the last horizon read — the schedule's check interval h.
         horizons: per horizon, every candidate's mean held-out loss, SE, status and test.
-        stopped_because: settled / trend / run length / budget / quick / unsettled.
+        stopped_because: the sentence saying why it stopped (displayed; ``stop`` is the reason).
+        stop: why it stopped, one of :data:`LookaheadStop`.
     """
 
     lr: float
@@ -87,11 +93,12 @@ class Lookahead:
     trend_slope: float | None = None
     snapshots: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    stop: LookaheadStop = "unsettled"
 
     def evidence(self) -> dict[str, Any]:
         return {"plot": "lookahead", "horizons": self.horizons, "chosen_lr": self.lr, "alpha1": self.alpha1,
                 "rates": self.rates, "steps_used": self.steps_used, "budget_steps": self.budget_steps,
-                "total_steps": self.total_steps, "stopped_because": self.stopped_because,
+                "total_steps": self.total_steps, "stopped_because": self.stopped_because, "stop": self.stop,
                 "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots}
 
     def as_values(self) -> dict[str, Value]:
@@ -190,7 +197,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     rates = sorted(a1 * 2.0**j for j in set(grid))
     budget = math.ceil(budget_fraction * total_steps)
     if effort == "quick":
-        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0)
+        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0,
+                         stop="quick")
 
     from leadline._phases import OutOfTime
     from leadline.rate._run import Candidate
@@ -216,6 +224,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     sharp: list[bool] = []
     last_read, last_estimate, last_best = 0, a1, 0
     used, stopped, snaps, slope = 0, "unsettled", {}, None
+    stop: LookaheadStop = "unsettled"
     with no_trace(params, opt, place=place) as origin:
         ratios = group_ratios(opt)
         base = read_held_out(held_out_losses_per_row)
@@ -232,6 +241,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                                 c.stop("out of budget")
                         alive, cost = keep, sum(n - c.done for c in keep)
                 if used + cost > budget:
+                    stop = "budget"
                     stopped = f"budget: horizon {n} needed {cost} more steps, {budget - used} left"
                     break
                 for c in alive:
@@ -247,6 +257,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                         snaps = c.snapshot.evidence()
                 running = {j: c for j, c in cands.items() if c.status == "running" and n in c.readings}
                 if not running:
+                    stop = "diverged"
                     stopped = "every rate diverged or was unstable"
                     evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
                     break
@@ -266,9 +277,11 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                 if on_progress is not None:
                     on_progress(evidence[-1])
                 if n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None and abs(slope) <= settle_slope:
+                    stop = "settled"
                     stopped = f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the last {n} steps"
                     break
                 if n == total_steps:
+                    stop = "run_length"
                     stopped = "reached the run's length"
                     break
                 if n < w:
@@ -282,6 +295,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
             except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
                 if not evidence:
                     raise
+                stop = "max_seconds"
                 stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
                 break
     if not evidence:
@@ -289,14 +303,14 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     last, lr = last_read, last_estimate
     if short:
         stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
-    lr, why = answer_at_run_length(lr, last, slope, total_steps, settled=stopped.startswith("settled"), settle=settle)
+    lr, why = answer_at_run_length(lr, last, slope, total_steps, settled=stop == "settled", settle=settle)
     stopped += why
     ceiling = min((c.lr for c in cands.values() if c.status in ("unstable", "diverged")), default=math.inf)
     if lr >= ceiling:
         lr = ceiling / 2
         stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
     return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps, w, beta1,
-                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0)
+                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0, stop)
 
 
 def _estimate(cands: dict[int, Any], best: int, n: int, rows: int) -> tuple[float, bool]:
