@@ -47,15 +47,37 @@ def training_fields(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def sft_fields(plan: Plan) -> dict[str, Any]:
+    """The TRL ``SFTConfig`` fields the plan was derived with: ``max_length`` (the plan's
+    ``seq_len``: SFTTrainer truncates there), and the loss policy and packing
+    (:func:`leadline.hf.trainer.policy_of_plan`: the trainer's when the plan was derived on one,
+    else what leadline's reading of the rows scored — the assistant turns of ``messages`` rows,
+    the completion of prompt/completion rows)."""
+    from leadline.hf.trainer import policy_of_plan
+
+    out: dict[str, Any] = {}
+    if "seq_len" in plan:
+        out["max_length"] = int(plan["seq_len"].value)
+    if "loss_policy" in plan or "rows" in plan:
+        out.update({k: v for k, v in policy_of_plan(plan).items() if v is not None})
+    return out
+
+
 def training_arguments(plan: Plan, args: Any = None, **overrides: Any) -> Any:
     """``args`` (a TrainingArguments or TRL SFTConfig) with the plan's fields filled in; a
     new object, ``args`` itself is not changed. Without ``args``, the fields as a dict.
-    Keyword ``overrides`` win over the plan."""
-    fields = {**training_fields(plan), **overrides}
+    Keyword ``overrides`` win over the plan.
+
+    An SFTConfig also gets :func:`sft_fields` (``max_length``, ``assistant_only_loss``,
+    ``completion_only_loss``, ``packing``); a plain TrainingArguments, which has none of them,
+    does not."""
+    fields = {**training_fields(plan), **sft_fields(plan), **overrides}
     if args is None:
         return fields
     if dataclasses.is_dataclass(args):
         known = {f.name for f in dataclasses.fields(args)}
+        sft_only = set(sft_fields(plan)) - set(overrides)
+        fields = {k: v for k, v in fields.items() if k in known or k not in sft_only}
         unknown = sorted(set(fields) - known)
         if unknown:
             raise InputError(f"{type(args).__name__} has no field(s) {', '.join(unknown)}; pass TrainingArguments or SFTConfig")

@@ -1,21 +1,28 @@
 """The plan inside Hugging Face ``Trainer``: the LookaheadSchedule and the SpillWatch as a
 ``TrainerCallback``.
 
-    plan = derive_for(model, tok, "train.jsonl", total_steps=300)
-    args = plan.training_arguments(TrainingArguments(output_dir="out"))
-    cb = LeadlineCallback.for_plan(plan, model, tok, "train.jsonl")
-    Trainer(model=model, args=args, train_dataset=ds, callbacks=[cb]).train()
+    plan = derive_for(trainer)                         # a Trainer or SFTTrainer, built
+    cb = LeadlineCallback.for_plan(plan, trainer)      # the held-out rows the plan decided on
+    trainer = SFTTrainer(..., args=training_arguments(plan, config), callbacks=[cb])
+    with cb:
+        trainer.train()
 
 What it does, step by step:
-- ``on_train_begin``: caps the process at its dedicated memory on a CUDA card
-  (``forbid_spill``: the watch moves the cap before every outermost forward and after every
-  optimizer step) and builds the schedule over Trainer's own optimizer.
+- ``on_train_begin``: refuses args whose loss policy is not the plan's; caps the process at
+  its dedicated memory on a CUDA card (``forbid_spill``); a quick plan (``race_rates``, no
+  look-ahead) races its rates first, by :func:`~leadline.rate.race`'s successive halving on
+  the plan's rows from Trainer's starting weights, which are then put back bit-exactly; then
+  builds the schedule over Trainer's own optimizer at the plan's (or the race winner's) rate,
+  and takes over Trainer's ``lr_scheduler``: its ``step()`` keeps the schedule's rate and its
+  ``get_last_lr()`` — what Trainer logs to TensorBoard/W&B as ``learning_rate`` — reads the
+  rate the optimizer uses, rollbacks included.
 - ``on_step_begin``: ``schedule.before(step)`` — checks every horizon on the plan's held-out
-  rows, rolls back and halves the rate on a significant worsening, sets the rate (it wins
-  over Trainer's scheduler: set ``lr_scheduler_type="constant_with_warmup"``, which
-  ``plan.training_arguments`` does).
-- ``on_train_end``: ``schedule.finish()`` races the decayed ending against the constant one
-  and keeps the better by a test, then lifts the cap.
+  rows, rolls back (weights and optimizer state) and halves the rate on a significant
+  worsening, sets the rate.
+- ``on_step_end`` of the last step: ``schedule.finish()`` races the decayed ending against
+  the constant one and keeps the better by a test — before Trainer's final save, so the last
+  checkpoint holds the model leadline kept.
+- ``on_train_end``: gives Trainer's scheduler back and lifts the cap.
 
 One difference from leadline's own loop: Trainer's sampler chooses the rows of each step, so
 ``finish()`` reruns the last 2h steps on the plan's rows (the same distribution, not the same
@@ -47,7 +54,8 @@ class LeadlineCallback(TrainerCallback):
     """
 
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,
-                 params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True) -> None:
+                 params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
+                 race: bool | None = None) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
         self.plan = plan
@@ -56,16 +64,29 @@ class LeadlineCallback(TrainerCallback):
         self.params = list(params) if params is not None else None
         self.total_steps = total_steps
         self.cap = cap
+        quick = bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+        self.race = quick if race is None else bool(race)
+        if self.race and not plan.get("race_rates"):
+            raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or leave race unset")
         self.schedule: Any = None
+        self.raced: Any = None
         self.ending: dict[str, Any] | None = None
         self._cap_handle: Any = None
+        self._driven: Any = None
 
     @classmethod
-    def for_plan(cls, plan: Plan, model: Any, tokenizer: Any, train_dataset: Any, **kw: Any) -> LeadlineCallback:
+    def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None, **kw: Any) -> LeadlineCallback:
         """Build the held-out reader and the train step from the data the plan was derived on
-        (same seed, same length, so the held-out rows are the plan's)."""
+        (same seed, same length, so the held-out rows are the plan's): the trainer the plan
+        was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data."""
         from leadline.hf import prepare
+        from leadline.hf.trainer import is_trainer, trainer_rows
 
+        if is_trainer(model):
+            trainer = model
+            model, tokenizer, train_dataset = trainer.model, tokenizer or trainer.processing_class, trainer_rows(trainer)
+        elif train_dataset is None:
+            raise InputError("LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and train_dataset")
         seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
         task, _ = prepare(model, tokenizer, train_dataset, seq_len=plan.get("seq_len"), seed=seed)
         if plan.held_out.get("held_out") and plan.held_out["held_out"] != task.split.held_out:
@@ -74,38 +95,64 @@ class LeadlineCallback(TrainerCallback):
         return cls(plan, task.held_out_losses(), step, **kw)
 
     # ---- Trainer's events ---------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kw: Any) -> None:
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                       lr_scheduler: Any = None, **kw: Any) -> None:
+        from leadline.hf.trainer import check_policy
         from leadline.rate import LookaheadSchedule, lookahead_from
 
-        if optimizer is None:
-            raise InputError("LeadlineCallback needs Trainer's optimizer at on_train_begin; use transformers >= 4.45")
+        if optimizer is None or lr_scheduler is None:
+            raise InputError("LeadlineCallback needs Trainer's optimizer and lr_scheduler at on_train_begin; use transformers >= 4.45")
+        check_policy(self.plan, args)
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
         params = self.params or [p for p in model.parameters() if p.requires_grad]
+        total = int(self.total_steps or state.max_steps or args.max_steps)
+        if total < 1:
+            raise InputError("LeadlineCallback needs the run's length: set TrainingArguments.max_steps or pass total_steps")
         device = params[0].device
         if self.cap and device.type == "cuda":
             from leadline.memory import forbid_spill
 
             self._cap_handle = forbid_spill(device)
-        total = int(self.total_steps or state.max_steps or args.max_steps)
-        if total < 1:
-            raise InputError("LeadlineCallback needs the run's length: set TrainingArguments.max_steps or pass total_steps")
-        self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses,
-                                          lookahead_from(self.plan), total_steps=total)
+        config = lookahead_from(self.plan)
+        if self.race:
+            config = self._race(params, optimizer, total, config)
+        self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config, total_steps=total)
+        self._driven = _DrivenScheduler(lr_scheduler, optimizer)
+
+    def _race(self, params: Sequence[Any], optimizer: Any, total: int, config: Any) -> Any:
+        """The quick plan's rates raced from Trainer's starting weights (put back after), the
+        winner's rate for the schedule."""
+        import dataclasses
+
+        from leadline.rate import race
+
+        self.raced = race(params, optimizer, self.train_step, self.held_out_losses, list(self.plan.race_rates), total,
+                          alpha1=self.plan.get("alpha1"), warmup_steps=self.plan.get("warmup_steps"), rounds_only=True)
+        return dataclasses.replace(config, lr=float(self.raced.lr))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        if self.schedule is not None:
+        if self.schedule is not None and not self.schedule.finished:
             self.schedule.before(int(state.global_step))
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # the ending is decided here, before Trainer's save of the last step reads the weights
+        if self.schedule is not None and not self.schedule.finished and int(state.global_step) >= self.schedule.total_steps:
+            self.ending = self.schedule.finish()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         try:
-            if self.schedule is not None:
+            if self.schedule is not None and not self.schedule.finished:  # the run stopped early
                 self.ending = self.schedule.finish()
         finally:
             self.close()
 
     def close(self) -> None:
-        """Lift the cap this callback set. ``on_train_end`` does it, but Trainer does not call
-        that when training raises: run ``with cb: trainer.train()`` to lift it on every exit."""
+        """Give Trainer's scheduler back and lift the cap this callback set. ``on_train_end``
+        does it, but Trainer does not call that when training raises: run
+        ``with cb: trainer.train()`` to do it on every exit."""
+        if self._driven is not None:
+            self._driven.release()
+            self._driven = None
         if self._cap_handle is not None:
             self._cap_handle.lift()
             self._cap_handle = None
@@ -117,5 +164,34 @@ class LeadlineCallback(TrainerCallback):
         self.close()
 
     def evidence(self) -> dict[str, Any] | None:
-        """The schedule's checks and rollbacks, and the ending it kept."""
-        return None if self.schedule is None else {**self.schedule.evidence(), "ending": self.ending}
+        """The schedule's checks and rollbacks, the ending it kept, and the race (a quick plan)."""
+        if self.schedule is None:
+            return None
+        return {**self.schedule.evidence(), "ending": self.ending,
+                "race": None if self.raced is None else self.raced.evidence()}
+
+
+class _DrivenScheduler:
+    """Trainer's ``lr_scheduler`` driven by the schedule until :meth:`release`: its ``step()``
+    leaves the optimizer's rate as the schedule set it, and ``get_last_lr()`` (what Trainer
+    logs) returns that rate. The scheduler object stays Trainer's (its ``state_dict`` and
+    checkpoints unchanged); its class is a subclass with those two methods until release."""
+
+    def __init__(self, lr_scheduler: Any, optimizer: Any) -> None:
+        self.inner = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper holds the torch scheduler
+        self.cls = type(self.inner)
+        if not hasattr(self.inner, "get_last_lr") or not hasattr(self.inner, "optimizer"):
+            raise InputError(f"Trainer's lr_scheduler ({self.cls.__name__}) is not a torch LRScheduler; "
+                             "use one of Trainer's lr_scheduler_type values")
+        self.inner.__class__ = _driven_class(self.cls)
+
+    def release(self) -> None:
+        self.inner.__class__ = self.cls
+
+
+def _rates(self: Any) -> list[float]:
+    return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+
+def _driven_class(cls: type) -> type:
+    return type(f"LeadlineDriven{cls.__name__}", (cls,), {"get_lr": _rates, "get_last_lr": _rates, "__module__": __name__})

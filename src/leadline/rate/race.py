@@ -82,7 +82,7 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
          held_out: Callable[[], Sequence[float]], rates: Sequence[float], total_steps: int, *,
          alpha1: float | None = None, warmup_steps: int | None = None, first_round: int | None = None,
          ending_horizon: int | None = None, alpha: float = 0.05, place: str = "auto",
-         on_progress: Callable[[dict[str, Any]], None] | None = None) -> RaceResult:
+         on_progress: Callable[[dict[str, Any]], None] | None = None, rounds_only: bool = False) -> RaceResult:
     """Race ``rates`` inside a run of ``total_steps`` optimizer steps (see the module docstring).
 
     Args:
@@ -98,6 +98,9 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
         ending_horizon: h; the ending is raced over the last 2h steps (default T // 8).
         alpha: the error rate of the tests.
         place: where the snapshots live.
+        rounds_only: run the halving rounds and decide the winner, then put the weights and
+            the optimizer state back as they were (a loop of someone else's, e.g. Trainer's,
+            then runs the winner's rate from the start); ``steps_used`` counts the rounds.
     """
     t0 = time.perf_counter()
     rates = sorted({float(r) for r in rates})
@@ -171,6 +174,13 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                 on_progress(rounds[-1])
             alive = [cands[k] for k in keep]
         win = alive[0]
+        if rounds_only:
+            origin.load(params, opt)
+            for c in cands:
+                c.snapshot = None
+            ending = {"kept": None, "why": "the rounds only: the winner's run and its ending are the caller's"}
+            decided += "".join("; " + n for n in notes)
+            return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)
         (win.snapshot or origin).load(params, opt)
         from leadline.rate._state import run_steps
 
