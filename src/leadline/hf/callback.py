@@ -80,11 +80,11 @@ class LeadlineCallback(TrainerCallback):
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data."""
         from leadline.hf import prepare
-        from leadline.hf.trainer import is_trainer, trainer_rows
+        from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
         if is_trainer(model):
             trainer = model
-            model, tokenizer, train_dataset = trainer.model, tokenizer or trainer.processing_class, trainer_rows(trainer)
+            model, tokenizer, train_dataset = trainer.model, tokenizer or tokenizer_of(trainer), trainer_rows(trainer)
         elif train_dataset is None:
             raise InputError("LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and train_dataset")
         seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.hf.trainer import is_trainer, loss_policy_of, trainer_rows
+from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
 from leadline.plan import Plan
 
 __all__ = ["Task", "derive_for", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
@@ -200,7 +200,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     policy: dict[str, Any] | None = None
     if is_trainer(model):
         trainer, model = model, model.model
-        tokenizer = tokenizer if tokenizer is not None else getattr(trainer, "processing_class", None)
+        tokenizer = tokenizer if tokenizer is not None else tokenizer_of(trainer)
         policy = loss_policy_of(trainer)
         train_dataset = trainer_rows(trainer)
         if total_steps is None and epochs is None:

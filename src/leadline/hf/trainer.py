@@ -35,6 +35,15 @@ def is_trainer(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("model", "args", "train_dataset", "data_collator", "create_optimizer"))
 
 
+def tokenizer_of(trainer: Any) -> Any:
+    """The trainer's tokenizer: its ``processing_class``, else its collator's."""
+    tok = getattr(trainer, "processing_class", None) or getattr(trainer.data_collator, "tokenizer", None)
+    if tok is None:
+        raise InputError("the trainer holds no tokenizer (processing_class is None and its collator has none); "
+                         "pass processing_class=tokenizer to the Trainer or tokenizer= to derive_for")
+    return tok
+
+
 def loss_policy_of(trainer: Any) -> dict[str, Any]:
     """The trainer's loss policy as data: its class, TRL's policy fields (None for a plain
     Trainer) and ``max_length``."""
