@@ -56,7 +56,7 @@ def test_importing_the_memory_package_loads_no_torch():
 def test_fit_with_data_reads_the_length_mix_and_names_a_missing_file(model_dir, tmp_path, capsys):
     rc = main(["fit", "--model", str(model_dir), "--seq-len", "16", "--batch", "1", "--data", str(tmp_path / "nope.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
-    assert rc == 2 and len(err) == 1 and "--data" in err[0] and "no such file" in err[0]
+    assert rc == 2 and len(err) == 1 and "--data" in err[0] and "does not exist" in err[0]
     data = tmp_path / "rows.jsonl"
     data.write_text('{"text": "a b c"}\n{"text": "a b c d e f g h i j k l m n o p q r s t"}\n')
     rc = main(["fit", "--model", str(model_dir), "--full", "--seq-len", "16", "--batch", "2", "--device", "cpu",

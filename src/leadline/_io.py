@@ -1,8 +1,15 @@
-"""Atomic writes: a reader never sees half a file, and a failed write leaves nothing behind."""
+"""Atomic writes: a reader never sees half a file, and a failed write leaves nothing behind.
+
+The file written has the mode a plain ``open(path, "w")`` would give it: the mode of the file it
+replaces, or for a new file ``0o666`` under the process's umask (``0644`` under the usual 022).
+A path that is a symbolic link is written through: the link's target is replaced atomically and
+the link stays a link.
+"""
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -10,26 +17,54 @@ from pathlib import Path
 def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
-    On any exception the temporary file is removed and ``path`` is untouched.
+    On any exception the temporary file is removed and ``path`` is untouched. Returns ``path``
+    as given (a symbolic link's own path, not its target's).
     """
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        from leadline.errors import InputError
+    given = Path(path)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
+    folder = target.parent if str(target.parent) else Path(".")
+    from leadline.errors import InputError
 
-        raise InputError(f"cannot write {path}: the folder {folder} does not exist; create it or choose another path")
+    if not folder.is_dir():
+        raise InputError(f"cannot write {given}: the folder {folder} does not exist; create it or choose another path")
+    if target.is_dir():
+        raise InputError(f"cannot write {given}: it is a folder; pass a file path inside it, e.g. {given / 'plan.json'}")
     mode = "wb" if isinstance(data, bytes) else "w"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
+        os.chmod(tmp, file_mode(target))
         with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
         raise
-    return path
+    return given
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits ``open(path, "w")`` leaves ``path`` with: its own where it exists,
+    else ``0o666`` under the umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask (read from /proc where it can be, so no thread sees it changed)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    old = os.umask(0o022)
+    os.umask(old)
+    return old

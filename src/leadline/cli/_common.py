@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from leadline.errors import InputError
+
+PLAN_INTS = ("micro_batch", "grad_accum", "total_steps", "seq_len", "warmup_steps", "rows_fit")
+PLAN_RATES = ("lr", "alpha1")
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> None:
@@ -22,6 +28,122 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
                    help="the model's dtype (default float32: a bf16 forward rounds the held-out loss the rate is read from)")
 
 
+def check_data_file(flag: str, path: str | os.PathLike[str], fix: str = "pass a jsonl file of training rows") -> None:
+    """A data file must be a readable file: a missing path and a folder each get their sentence."""
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{flag} {p} is a folder, not a file; {fix}")
+    if not p.exists():
+        raise InputError(f"{flag} {p} does not exist; {fix}")
+    if not p.is_file():
+        raise InputError(f"{flag} {p} is not a regular file; {fix}")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{flag} {p} cannot be read (permission denied); make it readable or {fix}")
+
+
+def check_out_file(flag: str, path: str | os.PathLike[str] | None) -> None:
+    """An output file's folder must exist and be writable, and the path must not be a folder;
+    checked before any work, so a refusal costs nothing and leaves nothing behind."""
+    if path is None:
+        return
+    given = Path(path)
+    p = Path(os.path.realpath(given)) if given.is_symlink() else given
+    folder = p.parent if str(p.parent) else Path(".")
+    if p.is_dir():
+        raise InputError(f"{flag} {given} is a folder; pass a file path, e.g. {flag} {given / 'plan.json'}")
+    if not folder.is_dir():
+        raise InputError(f"{flag} {given}: the folder {folder} does not exist; create it or choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {given}: the folder {folder} is not writable; choose another path")
+
+
+def check_out_folder(flag: str, path: str | os.PathLike[str]) -> None:
+    """An output folder must be new or empty, and its parent must exist."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise InputError(f"{flag} {p} is a file, not a folder; choose a new folder to save the run in")
+    if p.is_dir() and any(p.iterdir()):
+        raise InputError(f"{flag} {p} exists and is not empty; choose a new folder")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{flag} {p}: the folder {parent} does not exist; create it or choose another path")
+    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {p}: the folder {parent} is not writable; choose another path")
+
+
+def check_device(device: str | None) -> None:
+    """``--device``: a name torch knows, and a CUDA card only where this torch has one."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"--device {device} is not a device torch knows; pass cpu, cuda or cuda:N") from None
+    if dev.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = (f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None
+               else "no CUDA card is visible to this process")
+        raise InputError(f"--device {device}: {why}; pass --device cpu, or install a CUDA build of torch on a machine with a card")
+    if dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA card(s), "
+                         f"numbered from 0; pass --device cuda:0")
+
+
+def check_positive(flag: str, value: float | None, *, whole: bool = False, upper: float | None = None,
+                   example: str = "") -> None:
+    """A number that must be finite and above zero (and at most ``upper`` where one is given)."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value <= 0 or (upper is not None and value > upper):
+        bound = f" and at most {upper:g}" if upper is not None else ""
+        kind = "a whole number" if whole else "a number"
+        raise InputError(f"{flag} {value:g} must be {kind} above 0{bound}; pass e.g. {flag} {example or 1}")
+
+
+def read_plan(flag: str, path: str) -> Any:
+    """The plan at ``path``, refused in one sentence when a newer leadline wrote it or a value
+    the run reads has the wrong type (a hand-edited plan)."""
+    from leadline._version import __version__
+    from leadline.plan import Plan
+
+    if Path(path).is_dir():
+        raise InputError(f"{flag} {path} is a folder; pass the plan file `leadline derive --out` wrote")
+    plan = Plan.from_json(path)
+    written = str(getattr(plan, "version", "") or "")
+    if _major(written) is not None and _major(__version__) is not None and _major(written) > _major(__version__):
+        raise InputError(f"{flag} {path} was written by leadline {written}, newer than this leadline {__version__}; "
+                         f"upgrade leadline (pip install -U leadline) or derive the plan again with this one")
+    for name in PLAN_INTS:
+        v = plan.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup_steps" else 1)):
+            low = "0 or more" if name == "warmup_steps" else "1 or more"
+            raise InputError(f"{flag} {path}: its {name} is {v!r}, not a whole number {low}; derive the plan again "
+                             f"rather than editing it, or correct {name} in the file")
+    for name in PLAN_RATES:
+        v = plan.get(name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise InputError(f"{flag} {path}: its {name} is {v!r}, not a rate above 0; derive the plan again "
+                             f"rather than editing it, or correct {name} in the file")
+    return plan
+
+
+def _major(version: str) -> int | None:
+    head = version.split(".")[0].strip().lstrip("v")
+    return int(head) if head.isdigit() else None
+
+
+def check_lora_rank(model: Any, rank: int) -> None:
+    """A LoRA rank above the model's width trains nothing a smaller one would not: refused."""
+    cfg = getattr(model, "config", None)
+    width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
+    if isinstance(width, int) and rank > width:
+        raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds nothing, "
+                         f"pass --lora-rank {min(width, 16)} or less, or --full")
+
+
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model (with LoRA unless --full) and tokenizer the command trains."""
     from leadline.hf.loading import load_model, load_tokenizer
@@ -30,8 +152,11 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 1; or pass --full")
     import torch
 
+    check_device(args.device)
     tok = load_tokenizer(args.model)
     model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    if not args.full:
+        check_lora_rank(model, args.lora_rank)
     torch.manual_seed(args.seed)  # the adapter's init: the same command gives the same plan
     if args.full:
         for p in model.parameters():

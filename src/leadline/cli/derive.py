@@ -27,17 +27,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from leadline.cli._common import (
+        check_data_file,
+        check_device,
+        check_out_file,
+        check_positive,
+        read_plan,
+    )
     from leadline.errors import InputError
 
     out = Path(args.out)
-    if not out.parent.exists():
-        raise InputError(f"--out {out}: the folder {out.parent} does not exist; create it or choose another path")
+    check_out_file("--out", out)  # every output is checked before the derive, so a refusal costs nothing
+    check_out_file("--html", args.html)
+    check_out_file("--resume", args.resume)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
-    if not Path(args.data).is_file():
-        raise InputError(f"--data {args.data} does not exist; pass a jsonl file of training rows")
+    check_positive("--epochs", args.epochs, example="1")
+    check_positive("--max-seconds", args.max_seconds, example="600")
+    if args.seq_len is not None and args.seq_len < 2:
+        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after the shift)")
+    check_positive("--quantile", args.quantile, upper=1.0, example="0.99")
+    check_data_file("--data", args.data)
+    if args.prior is not None:
+        read_plan("--prior", args.prior)
     if args.fit_rank and args.full:
         raise InputError("--fit-rank measures a LoRA rank, and --full trains every weight; drop one of them")
+    check_device(args.device)
     from leadline.distributed.world import job_from_env, launched_by_torchrun
 
     if not launched_by_torchrun():
@@ -50,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
+    import sys
     import time
 
     from leadline.cli._common import Progress, load_for_training
@@ -71,6 +87,10 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
     plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
     plan.model["name"] = str(args.model)
+    for note in _warnings(args, plan):
+        plan.notes.append(note)
+        if main:
+            print(f"leadline derive: note: {note}", file=sys.stderr)
     if not main:
         return 0  # every rank holds the plan; rank 0 writes and prints it
     plan.to_json(out)
@@ -82,6 +102,27 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
     if args.html:
         print(f"wrote {plan.html(args.html)}")
     return 0
+
+
+def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:
+    """What the derive accepted but the user should know: rows in mixed formats, a prior
+    derived on other data."""
+    notes = []
+    formats = plan["rows"].evidence.get("formats", {}) if "rows" in plan else {}
+    if isinstance(formats, dict) and len(formats) > 1:
+        shown = ", ".join(f"{k} {n}" for k, n in formats.items())
+        notes.append(f"the rows of --data {args.data} mix formats ({shown}): each row is scored by its own format's "
+                     "policy; put one format in a file if that is not what you meant")
+    if "seq_len" in plan and plan["seq_len"].evidence.get("rule") == "positions":
+        notes.append(f"seq_len: {plan['seq_len'].source}")
+    if args.prior is not None:
+        prior = Plan.from_json(args.prior)
+        theirs, ours = prior.data.get("sha256"), plan.data.get("sha256")
+        if theirs and ours and theirs != ours:
+            notes.append(f"the prior plan {args.prior} was derived on other data (its content hash differs from "
+                         f"--data {args.data}); what this plan kept of it holds only as far as the two train alike: "
+                     "derive without --prior to measure this data afresh")
+    return notes
 
 
 def plan_scale_out_table(plan: Plan) -> str:

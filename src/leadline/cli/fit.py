@@ -45,6 +45,8 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from leadline.cli._common import check_device, check_lora_rank
+    from leadline.errors import InputError
     from leadline.hf.loading import default_model_path, load_model
     from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
     from leadline.memory.model_step import (
@@ -57,15 +59,23 @@ def run(args: argparse.Namespace) -> int:
 
     for name in ("--seq-len", "--batch", "--lora-rank", "--card-gb"):
         _positive(name, getattr(args, name[2:].replace("-", "_")))
+    if args.seq_len < 2:
+        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after the shift); "
+                         "pass the length you train at, e.g. --seq-len 512")
+    check_device(args.device)
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
     path = args.model or default_model_path()
     lengths = _lengths(args.data, path, args.seq_len) if args.data else None  # bad data fails before the model loads
     model = load_model(path, device=args.device, dtype=_dtype(args.dtype))
+    _check_positions(model, args.seq_len)
+    if rank is not None:
+        check_lora_rank(model, rank)
     card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
     trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
     model = full_finetune(model) if rank is None else add_lora(model, rank)
     if args.gradient_checkpointing:
         _checkpointing(model, True)
+    _check_absurd(model, args, card_bytes)
     step = ModelStep(model)
     result = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, lengths=lengths,
                          estimate=lambda r, n: estimate_step_bytes(model, r, n), suggest=not args.no_suggest)
@@ -103,6 +113,40 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.fits else 1
 
 
+ABSURD = 4.0  # a shape estimated over this many times the room is bad input, not a measurement
+
+
+def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) -> None:
+    """A shape the estimate puts more than ABSURD x over the room is refused before any step
+    runs, with the most rows the estimate puts within the room (the search for what would fit
+    would otherwise walk real steps of up to that many rows)."""
+    from leadline.errors import InputError
+    from leadline.memory import estimate_step_bytes
+    from leadline.memory.readings import format_bytes, memory_for
+
+    est = estimate_step_bytes(model, args.batch, args.seq_len)
+    room = memory_for(next(model.parameters()).device, card_bytes=card_bytes).room()
+    if est is None or not room or est <= ABSURD * room:
+        return
+    lo, hi = 0, args.batch
+    while lo < hi:  # the most rows the estimate puts within the room, by bisection
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if (estimate_step_bytes(model, mid, args.seq_len) or 0) <= room else (lo, mid - 1)
+    fix = f"pass --batch {lo} or fewer" if lo else "not even one row fits by the estimate: pass a shorter --seq-len"
+    raise InputError(f"--batch {args.batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by the estimate, "
+                     f"{est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and run fit on that")
+
+
+def _check_positions(model: Any, seq_len: int) -> None:
+    """A length beyond the model's positions is not a shape it can train at."""
+    from leadline.errors import InputError
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(positions, int) and seq_len > positions:
+        raise InputError(f"--seq-len {seq_len} is longer than the model's positions (max_position_embeddings {positions}); "
+                         f"pass --seq-len {positions} or less")
+
+
 def _dtype(name: str | None) -> Any:
     if name is None:
         return None
@@ -136,14 +180,12 @@ def _adapters_alternative(result: Any, step: Any, model: Any, args: argparse.Nam
 
 def _lengths(data: str, model_path: str, seq_len: int) -> list[int]:
     """The rows' lengths in tokens as the loader reads them, cut at the configured length."""
-    from pathlib import Path
 
+    from leadline.cli._common import check_data_file
     from leadline.corpus import tokenize_rows
-    from leadline.errors import InputError
     from leadline.hf.loading import load_tokenizer
 
-    if not Path(data).is_file():
-        raise InputError(f"--data {data}: no such file; pass the training jsonl whose length mix the step runs through")
+    check_data_file("--data", data, "pass the training jsonl whose length mix the step runs through")
     tok = load_tokenizer(model_path)
     return [min(seq_len, len(r.input_ids)) for r in tokenize_rows(data, tok)]
 

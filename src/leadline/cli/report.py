@@ -12,9 +12,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.plan import Plan
+    from leadline.cli._common import check_out_file, read_plan
 
-    plan = Plan.from_json(args.plan)
+    check_out_file("--html", args.html)
+    plan = read_plan("plan", args.plan)
     if args.why:
         if args.why not in plan:
             from leadline.errors import InputError

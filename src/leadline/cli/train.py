@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from leadline.cli._common import add_model_arguments
 
@@ -24,14 +23,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from leadline.cli._common import load_for_training
+    from leadline.cli._common import (
+        check_data_file,
+        check_device,
+        check_out_folder,
+        check_positive,
+        load_for_training,
+        read_plan,
+    )
     from leadline.errors import InputError
-    from leadline.plan import Plan
     from leadline.train import train_with_plan
 
-    plan = Plan.from_json(args.plan)
+    check_data_file("--data", args.data, "pass the jsonl the plan was derived on")
+    check_out_folder("--out", args.out)
+    plan = read_plan("--plan", args.plan)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
+    if args.recipe:
+        if args.batch < 1:
+            raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
+        check_positive("--lr", args.lr, example="2e-4")
+        if not 0.0 <= args.warmup_ratio < 1.0:
+            raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not including) 1; "
+                             "pass e.g. --warmup-ratio 0.03")
+    check_device(args.device)
     if not args.recipe and plan.data.get("sha256"):
         from leadline.provenance import content_hash
 
@@ -44,10 +59,6 @@ def run(args: argparse.Namespace) -> int:
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
                            micro_batch=recipe_micro_batch(args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
-    if not Path(args.data).is_file():
-        raise InputError(f"--data {args.data} does not exist; pass the jsonl the plan was derived on")
-    if Path(args.out).exists() and any(Path(args.out).iterdir()):
-        raise InputError(f"--out {args.out} exists and is not empty; choose a new folder")
     model, tok = load_for_training(args)
     want = plan.model.get("trained_parameters")
     have = sum(p.numel() for p in model.parameters() if p.requires_grad)

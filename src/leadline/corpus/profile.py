@@ -43,7 +43,7 @@ class CorpusProfile:
     sha256: str
     rows: int
     seq_len: int
-    seq_len_rule: str  # "longest", "quantile" or "given"
+    seq_len_rule: str  # "longest", "quantile", "given" or "positions" (the model's, shorter than the rows)
     quantile: float | None
     longest: int
     tokens_read: int
@@ -78,6 +78,16 @@ class CorpusProfile:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def mixed_formats(self) -> str | None:
+        """One sentence when the rows come in more than one format (each row's loss then follows
+        its own format's policy, which is rarely meant), else None."""
+        if len(self.formats) < 2:
+            return None
+        fmt = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_number(n)}" for k, n in self.formats.items())
+        return (f"the rows of {self.source} mix formats ({fmt}): each row is scored by its own format's policy; "
+                "put one format in a file if that is not what you meant")
+
     def describe(self) -> str:
         """The profile as a person reads it, one fact a line."""
         f = format_number
@@ -87,6 +97,8 @@ class CorpusProfile:
             rule = "the longest row"
         elif self.seq_len_rule == "quantile":
             rule = f"the {self.quantile:g} quantile of row lengths"
+        elif self.seq_len_rule == "positions":
+            rule = f"the model's positions (the longest row has {format_number(self.longest)} tokens)"
         else:
             rule = "given"
         if self.truncated_rows:
@@ -110,6 +122,8 @@ class CorpusProfile:
         if self.ignored_fields:
             ign = ", ".join(f"{k} ({f(n)} rows)" for k, n in self.ignored_fields.items())
             lines.append(f"fields not read        {ign}; map them with --field ROLE=KEY to use them")
+        if self.mixed_formats:
+            lines.append(f"formats mixed          {self.mixed_formats}")
         if self.skipped_rows:
             lines.append(f"rows skipped           {f(self.skipped_rows)}: " + "; ".join(self.skipped))
         lines.append(f"took                   {self.seconds:.3g} s ({f(round(self.rows_per_second))} rows/s)")
@@ -133,11 +147,18 @@ class CorpusProfile:
                         f"the {self.quantile:g} quantile (nearest rank) of row lengths in {src}; truncation cuts "
                         f"{self.truncated_rows:,} rows and {self.truncated_scored_share:.2%} of the scored tokens",
                         {"rule": "quantile", "quantile": self.quantile, "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
+        elif self.seq_len_rule == "positions":
+            seq = Value(self.seq_len, "derived",
+                        f"the model's positions (max_position_embeddings {self.seq_len}), shorter than the longest row of {src} "
+                        f"({self.longest:,} tokens); truncation at it cuts {self.truncated_rows:,} rows and "
+                        f"{self.truncated_scored_share:.2%} of the scored tokens",
+                        {"rule": "positions", "positions": self.seq_len, "longest": self.longest, "lengths": self.lengths,
+                         "length_bins": self.length_bins, **truncation})
         else:
             seq = Value(self.seq_len, "given", f"given; truncation at it cuts {self.truncated_rows:,} rows of {src} and {self.truncated_scored_share:.2%} of the scored tokens",
                         {"rule": "given", "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
         return {
-            "rows": Value(self.rows, "measured", f"rows read from {src}",
+            "rows": Value(self.rows, "measured", f"rows read from {src}" + (f"; {self.mixed_formats}" if self.mixed_formats else ""),
                           {"formats": self.formats, "ignored_fields": self.ignored_fields, "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
             "tokens_read": Value(self.tokens_read, "measured", f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
                                  {"tokens_untruncated": self.tokens_untruncated}, unit="tokens"),
@@ -213,6 +234,7 @@ def profile_corpus(
     bad_rows: str = "raise",
     batch_size: int = 1000,
     on_progress: Callable[[RowReader], None] | None = None,
+    positions: int | None = None,
 ) -> CorpusProfile:
     """Profile a corpus: rows, tokens read, scored tokens, the length, the loss policy.
 
@@ -227,6 +249,9 @@ def profile_corpus(
             With ``seq_len`` given, a row with nothing left to score at it is a bad row.
         batch_size: rows per tokenizer call.
         on_progress: called with the reader after each batch (``rows``, ``bytes_read``).
+        positions: the model's positions (``max_position_embeddings``): a ``seq_len`` beyond
+            them is refused; a longest row or quantile beyond them is cut to them (rule
+            ``positions``), with the share of scored tokens the cut costs in its source.
 
     Raises:
         InputError: bad rows, an empty corpus, or a corpus with no scored tokens.
@@ -235,6 +260,9 @@ def profile_corpus(
         raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the rows")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2):
         raise InputError(f"seq_len must be an int of at least 2 tokens, got {seq_len!r}")
+    if seq_len is not None and positions is not None and seq_len > positions:
+        raise InputError(f"seq_len {seq_len} (--seq-len) is longer than the model's positions (max_position_embeddings "
+                         f"{positions}); pass {positions} or less")
     if quantile is not None and not 0.0 < float(quantile) <= 1.0:
         raise InputError(f"quantile must be in (0, 1], got {quantile}; pass e.g. 0.99 to keep 99% of rows whole")
     try:
@@ -255,11 +283,11 @@ def profile_corpus(
     lengths = hist.as_dict(hist.lengths)
     if not lengths:
         raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
-    return _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0)
+    return _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0, positions)
 
 
 def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, lengths: dict[int, int],
-               seq_len: int | None, quantile: float | None, seconds: float) -> CorpusProfile:
+               seq_len: int | None, quantile: float | None, seconds: float, positions: int | None = None) -> CorpusProfile:
     scored_at = hist.as_dict(hist.scored_at)
     first = hist.as_dict(hist.first_scored)
     per_row = hist.as_dict(hist.scored_per_row)
@@ -270,6 +298,8 @@ def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Hi
         length, rule = L.length_at_quantile(lengths, float(quantile)), "quantile"
     else:
         length, rule = longest, "longest"
+    if positions is not None and length > positions:
+        length, rule = positions, "positions"
     rows = L.total(lengths)
     scored_whole = L.total(scored_at)
     cut = L.count_at_or_above(scored_at, length)

@@ -38,6 +38,7 @@ BAD_ROWS = ("raise", "report", "skip")
 ROLES = ("text", "prompt", "completion", "messages", "input_ids", "labels", "instruction", "input", "output", "question", "answer")
 KNOWN = "text, prompt+completion, messages, input_ids(+labels), instruction+output, question+answer"
 _SHOWN = 3  # problems quoted by name in a report
+GIVEN = "the rows given"  # the source of rows passed in memory
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,8 @@ class Problems:
         """One row cannot be used: raise now, or count it."""
         self.count += 1
         if self.mode == "raise":
-            raise InputError(f"{where} {reason}; {fix}, or pass bad_rows='report' (--bad-rows report) to list every such row")
+            shell = f" (from the shell: leadline corpus {self.source} --bad-rows report)" if self.source != GIVEN else ""
+            raise InputError(f"{where} {reason}; {fix}, or list every such row with bad_rows='report'{shell}")
         if len(self.first) < _SHOWN:
             short = where[len(self.source) + 1:] if where.startswith(self.source + " ") else where
             self.first.append(f"{short} {reason}")
@@ -80,7 +82,7 @@ class Problems:
     def finish(self) -> None:
         """After the last row: in ``report`` mode, one sentence for all the problems."""
         if self.mode == "report" and self.count:
-            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' (--bad-rows skip) to drop them")
+            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' to drop them")
 
 
 class RowReader:
@@ -94,7 +96,7 @@ class RowReader:
 
     def __init__(self, path_or_rows: Any, *, fields: Mapping[str, str] | None = None, problems: Problems | None = None) -> None:
         self.path = _as_path(path_or_rows)
-        self.source = str(self.path) if self.path is not None else "the rows given"
+        self.source = str(self.path) if self.path is not None else GIVEN
         self._rows = path_or_rows
         self.fields = _check_fields(fields)
         self.problems = problems if problems is not None else Problems("raise", self.source)
@@ -131,6 +133,8 @@ class RowReader:
                 yield f"rows[{i}]", row
             return
         p = self.path
+        if p.is_dir():
+            raise InputError(f"data file {p} is a folder, not a file; pass a JSON Lines file (one JSON object per line)")
         if not p.is_file():
             raise InputError(f"data file {p} does not exist; pass a JSON Lines file (one JSON object per line)")
         self.bytes_total = p.stat().st_size
@@ -144,7 +148,7 @@ class RowReader:
                 try:
                     yield where, json.loads(line)
                 except json.JSONDecodeError as e:
-                    self.problems.record(where, f"is not JSON ({e.msg} at column {e.colno})")
+                    self.problems.record(where, f"is not JSON ({_json_reason(e)})")
                 except UnicodeDecodeError:
                     self.problems.record(where, "is not UTF-8 text")
 
@@ -158,7 +162,7 @@ class RowReader:
         kind = detect(row)
         if kind is None:
             has = ", ".join(sorted(map(str, raw))) or "no fields"
-            self.problems.record(where, f"has none of the known fields (it has {has}; known: {KNOWN})", "rename its fields or map them with fields= (--field ROLE=KEY)")
+            self.problems.record(where, f"has none of the known fields (it has {has}; known: {KNOWN})", "rename its fields (in Python, fields= maps other keys to these)")
             return None
         used = _USED[kind]
         data = {k: row[k] for k in used if k in row}
@@ -292,6 +296,13 @@ def _check_fields(fields: Mapping[str, str] | None) -> dict[str, str]:
         if role not in ROLES or not isinstance(key, str) or not key:
             raise InputError(f"fields maps {role!r} -> {key!r}; a role is one of {', '.join(ROLES)} and a key is a field name")
     return dict(fields)
+
+
+def _json_reason(e: json.JSONDecodeError) -> str:
+    """The decoder's reason and column, read once: its message can end in "at" ("Unterminated
+    string starting at")."""
+    msg = e.msg[:-3] if e.msg.endswith(" at") else e.msg
+    return f"{msg} at column {e.colno}"
 
 
 def _as_path(x: Any) -> Path | None:

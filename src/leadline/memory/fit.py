@@ -331,6 +331,19 @@ def _run(result: FitResult, step: Any, mem: DeviceMemory, rows: int, length: int
     return rung
 
 
+def _most_allowed(guard: _Guard, rows: int, length: int) -> int:
+    """The most rows up to ``rows`` the guard allows at ``length``, by bisection (the guard's
+    bound grows with the rows), so a batch of a million rows costs twenty estimates, not a million."""
+    lo, hi = 0, rows
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if guard.allows(mid, length):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def _suggest(result: FitResult, step: Any, mem: DeviceMemory, guard: _Guard, repeats: int) -> None:
     """The most rows at the length and the longest length at the rows, each by bisection over
     the candidates the guard allows, each candidate a real run of ``repeats`` steps."""
@@ -344,7 +357,7 @@ def _suggest(result: FitResult, step: Any, mem: DeviceMemory, guard: _Guard, rep
         return rung.verdict == "fits" and (mem.on_cuda or (rung.peak_bytes or 0) <= room)
 
     if rows > 1:
-        cands = [r for r in range(1, rows) if guard.allows(r, length)]
+        cands = list(range(1, _most_allowed(guard, rows - 1, length) + 1))
         best = largest_passing(cands, lambda r: passes(r, length, "rows"))[0] if cands else None
         if best is not None:
             result.add_alternative("rows", f"{_shape(best, length)} (measured {format_bytes(peaks[(best, length)])})",
