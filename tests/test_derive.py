@@ -9,7 +9,7 @@ import pytest
 
 from helpers import DATA
 from leadline import InputError, Plan, Value
-from leadline._phases import tensors_digest
+from leadline.derive.no_trace import tensors_digest
 
 
 def _lora(model):
@@ -107,7 +107,9 @@ def test_plan_round_trips_and_reports(derived, tmp_path):
     plan = derived[0]
     plan.to_json(tmp_path / "p.json")
     assert Plan.from_json(tmp_path / "p.json") == plan
-    page = plan.html(tmp_path / "r.html").read_text()
+    from leadline.report.html import write_html
+
+    page = write_html(plan, tmp_path / "r.html").read_text()
     assert page.count("<svg") >= 4  # ramp, noise probe, first step, past the format
     from leadline.report.plots import render_svg
 
@@ -143,7 +145,7 @@ def _toy():
     return w, opt, train_step_of, held_out
 
 
-PHASES = ["_anchor", "_first_step", "_rate", "_warmup"]
+PHASES = ["anchor", "first_step", "rate", "warmup"]
 
 
 @pytest.mark.parametrize("phase", PHASES)
@@ -151,22 +153,23 @@ def test_exception_in_any_phase_restores_everything(phase, monkeypatch):
     import torch
 
     import leadline.derive as d
+    from leadline.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     digest = tensors_digest([w])
     rng = torch.random.get_rng_state().clone()
-    real = getattr(d, phase)
+    real = getattr(phases, phase)
 
     def broken(*a, **k):
         with torch.no_grad():
             w.add_(1.0)
         torch.rand(3)
         opt.param_groups[0]["lr"] = 99.0
-        if phase != "_warmup":
+        if phase != "warmup":
             real(*a, **k)
         raise RuntimeError(f"boom in {phase}")
 
-    monkeypatch.setattr(d, phase, broken)
+    monkeypatch.setattr(phases, phase, broken)
     with pytest.raises(RuntimeError, match="boom"):
         d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                  held_out_losses=held_out, total_steps=20)
@@ -187,24 +190,25 @@ def test_generic_derive_measures_the_rate_on_a_toy():
 
 def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     import leadline.derive as d
+    from leadline.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     resume = tmp_path / "derive.json"
-    real = d._rate
+    real = phases.rate
 
     def killed(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(d, "_rate", killed)
+    monkeypatch.setattr(phases, "rate", killed)
     with pytest.raises(KeyboardInterrupt):
         d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                  held_out_losses=held_out, total_steps=20, resume=resume)
     saved = json.loads(resume.read_text())
     assert saved["finished"] == ["first_step", "anchor"]
-    monkeypatch.setattr(d, "_rate", real)
+    monkeypatch.setattr(phases, "rate", real)
     calls = []
-    real_first = d._first_step
-    monkeypatch.setattr(d, "_first_step", lambda *a, **k: calls.append(1) or {})
+    real_first = phases.first_step
+    monkeypatch.setattr(phases, "first_step", lambda *a, **k: calls.append(1) or {})
     events: list[dict] = []
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, resume=resume, on_progress=events.append)
@@ -213,7 +217,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     assert "alpha1" in plan and "lr" in plan
     assert not resume.exists()
     # the resumed plan is the uninterrupted one: same numbers, phase by phase (the toy is deterministic)
-    monkeypatch.setattr(d, "_first_step", real_first)
+    monkeypatch.setattr(phases, "first_step", real_first)
     w2, opt2, step_of2, held2 = _toy()
     whole = d.derive(named_weights=[("w", w2)], trained_as="weights", optimizer=opt2, train_step_of=step_of2,
                      held_out_losses=held2, total_steps=20)
@@ -224,16 +228,17 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
     import time
 
     import leadline.derive as d
+    from leadline.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
-    real = d._first_step
+    real = phases.first_step
 
     def slow(*a, **k):
         out = real(*a, **k)
         time.sleep(0.3)
         return out
 
-    monkeypatch.setattr(d, "_first_step", slow)
+    monkeypatch.setattr(phases, "first_step", slow)
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, max_seconds=0.2)
     assert any("rate: not reached within max_seconds" in n for n in plan.notes)
@@ -333,18 +338,18 @@ def test_a_short_run_reads_fewer_rates_around_the_anchor_from_its_minimum_horizo
 def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower_of_its_answer_and_the_anchor():
     from types import SimpleNamespace
 
-    from leadline._derive_phases import _cut_rate
+    from leadline.rate.policy import cut_rate
 
     plan = Plan()
     plan.set("lr_anchor", Value(4.57e-4, "constant", "rewrite / 32"))
     # the H200's 37-step plan: the budget stopped the look-ahead at 10 steps, its answer 4.82e-3
-    la = SimpleNamespace(lr=4.82e-3, horizon_steps=10, stopped_because="budget: horizon 20 needed 40 more steps, 24 left",
+    la = SimpleNamespace(lr=4.82e-3, horizon_steps=10, stop="budget", stopped_because="budget: horizon 20 needed 40 more steps, 24 left",
                          evidence=lambda: {"plot": "lookahead"})
-    out = _cut_rate(plan, la, 37)["lr"]
+    out = cut_rate(plan, la, 37)["lr"]
     assert out.value == 4.57e-4 and out.kind == "constant"
     assert "its step budget stopped the look-ahead at 10 steps, before its 16-step minimum horizon" in out.source
-    assert _cut_rate(plan, SimpleNamespace(lr=4.82e-3, horizon_steps=16, stopped_because="budget", evidence=dict), 37) == {}
-    assert _cut_rate(plan, SimpleNamespace(lr=3e-4, horizon_steps=10, stopped_because="budget", evidence=dict), 37) == {}
+    assert cut_rate(plan, SimpleNamespace(lr=4.82e-3, horizon_steps=16, stop="budget", stopped_because="budget", evidence=dict), 37) == {}
+    assert cut_rate(plan, SimpleNamespace(lr=3e-4, horizon_steps=10, stop="budget", stopped_because="budget", evidence=dict), 37) == {}
 
 
 def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alpha1_and_the_anchor(monkeypatch):
@@ -368,10 +373,11 @@ def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):
     import time
 
     import leadline.derive as d
+    from leadline.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
-    real = d._first_step
-    monkeypatch.setattr(d, "_first_step", lambda *a, **k: (time.sleep(0.3), real(*a, **k))[1])
+    real = phases.first_step
+    monkeypatch.setattr(phases, "first_step", lambda *a, **k: (time.sleep(0.3), real(*a, **k))[1])
     plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                     held_out_losses=held_out, total_steps=20, max_seconds=0.1)
     assert "warmup_steps" in plan and "weight_decay" in plan
@@ -424,10 +430,11 @@ def test_full_effort_on_the_tiny_model_runs_the_lookahead():
 
 def test_a_resume_file_from_another_run_is_refused(tmp_path, monkeypatch):
     import leadline.derive as d
+    from leadline.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     resume = tmp_path / "derive.json"
-    monkeypatch.setattr(d, "_rate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    monkeypatch.setattr(phases, "rate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
         d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                  held_out_losses=held_out, total_steps=20, resume=resume)
@@ -472,21 +479,21 @@ def test_max_seconds_stops_before_a_read_that_would_not_fit():
 
 
 def _grown_past_format(monkeypatch, rung_seconds):
-    """_past_format with a reading that grew to 200 tokens, a first ramp that stopped at its
+    """The past_format phase with a reading that grew to 200 tokens, a first ramp that stopped at its
     upper limit of 4 rows, and a fake ramp whose every rung takes ``rung_seconds``."""
     from types import SimpleNamespace
 
     import torch
 
-    import leadline.derive as d
     import leadline.memory as memory
     import leadline.noise.past_format as pfm
-    from leadline._phases import PhaseRunner
+    from leadline.derive import phases
+    from leadline.derive.runner import PhaseRunner
     from leadline.plan import Plan, Value
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(3.0, "measured", "step 0", {"se_tokens": 0.5}, unit="scored tokens"))
-    plan.set("rows_fit", Value(4, "measured", "ramp", {"stopped_because": "reached the upper limit of 4 rows"}, unit="rows"))
+    plan.set("rows_fit", Value(4, "measured", "ramp", {"stop": "upper_limit", "stopped_because": "reached the upper limit of 4 rows"}, unit="rows"))
     for name, v in (("scored_tokens_per_row", 2.0), ("alpha1", 0.01), ("seq_len", 32), ("rows", 400),
                     ("t_micro_seconds", 0.2), ("t_step_seconds", 0.01), ("scored_tokens", 800)):
         plan.set(name, Value(v, "measured", "given here"))
@@ -506,7 +513,8 @@ def _grown_past_format(monkeypatch, rung_seconds):
     opt = torch.optim.AdamW([w])
     step_fn = lambda rows, length, repeats=3: SimpleNamespace(micro_seconds=[0.19] * repeats)  # noqa: E731
     runner = PhaseRunner(plan, max_seconds=30.0)
-    out = d._past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, {}, None, runner)
+    out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
+                             runner).as_values()
     return plan, out, ramps
 
 

@@ -41,7 +41,7 @@ from helpers import DATA, make_model, make_tokenizer
 from peft import LoraConfig, get_peft_model
 from transformers import Trainer, TrainingArguments
 from leadline.corpus import collate, tokenize_rows
-from leadline.hf import derive_for
+from leadline.hf import derive_for, training_arguments
 
 out = sys.argv[1]
 tok = make_tokenizer()
@@ -49,8 +49,8 @@ model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alp
                        lora_dropout=0.0, task_type="CAUSAL_LM"))
 plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=3)  # joins torchrun's job itself
 rank = torch.distributed.get_rank()
-args = plan.training_arguments(TrainingArguments(output_dir=os.path.join(out, "run"), use_cpu=True, report_to=[],
-                                                 save_strategy="no", ddp_backend="gloo", disable_tqdm=True))
+args = training_arguments(plan, TrainingArguments(output_dir=os.path.join(out, "run"), use_cpu=True, report_to=[],
+                                                  save_strategy="no", ddp_backend="gloo", disable_tqdm=True))
 rows = [r.truncated(plan.seq_len) for r in tokenize_rows(str(DATA / "text.jsonl"), tok)]
 trainer = Trainer(model=model, args=args, train_dataset=rows,
                   data_collator=lambda batch: collate(batch, tok.pad_token_id).model_inputs())

@@ -50,7 +50,7 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     """A: derive_for on the tiny LoRA Llama; then the single-process probe on the same rows."""
     import torch
 
-    from leadline._phases import tensors_digest
+    from leadline.derive.no_trace import tensors_digest
     from leadline.distributed import plan_digest
     from leadline.hf import prepare, trained_named_weights
     from leadline.noise import ModelGradFn, measure_noise_scale
@@ -106,7 +106,7 @@ def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
 
 def _failure(rank: int, tok: Any, inject: Any) -> dict[str, Any]:
 
-    from leadline._phases import tensors_digest
+    from leadline.derive.no_trace import tensors_digest
 
     model = _lora_model(tok)
     before = tensors_digest(list(model.parameters()))
@@ -168,7 +168,7 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
     """E: a tight max_seconds, and rank 1's derive clock starting 2 s after rank 0's: by its own
     clock rank 0 would skip phases rank 1 runs, and the job would hang. The budget left is the
     least on any rank, so both skip the same phases."""
-    import leadline.derive as d
+    import leadline.derive.recipe as d
     from leadline.hf import derive_for
 
     real = d.describe_data
@@ -296,7 +296,7 @@ def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, An
     """derive_for on a sharded full fine-tune: the plan, the weights and grads after, and on an
     unsharded copy alone, alpha1 at the world's first step and the anchor's rewrite scale."""
     from leadline import Plan
-    from leadline._phases import tensors_digest
+    from leadline.derive.no_trace import tensors_digest
     from leadline.distributed import plan_digest
     from leadline.distributed.sharded import _local
 
@@ -341,7 +341,7 @@ def _scenario_fsdp_lora(rank: int, tok: Any) -> dict[str, Any]:
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from leadline._phases import tensors_digest
+    from leadline.derive.no_trace import tensors_digest
     from leadline.distributed import plan_digest
 
     model = FullyShardedDataParallel(_lora_model(tok), device_id=torch.device("cpu"), use_orig_params=True)

@@ -294,13 +294,13 @@ class FakeRank:
 
 
 def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_path):
-    from leadline._phases import PhaseRunner
+    from leadline.derive.runner import PhaseRunner, Values
     from leadline.distributed.phases import AgreedPhaseRunner
 
     resume = tmp_path / "derive.json"
     done = Plan()
     writer = PhaseRunner(done, resume_path=resume)
-    writer.run("noise", lambda: {"noise_scale_tokens": Value(123.0, "measured", "the probe")})
+    writer.run("noise", Values, {"noise_scale_tokens": Value(123.0, "measured", "the probe")})
     main = AgreedPhaseRunner(Plan(), resume_path=resume, world=FakeRank(0))
     assert main.restored == ["noise"] and main.plan.get("noise_scale_tokens") == 123.0
     sent = ("ok", main.finished, main.plan.to_dict(), main.extra)
@@ -308,25 +308,27 @@ def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_
     other_dir.mkdir()
     other = AgreedPhaseRunner(Plan(), resume_path=other_dir / "derive.json", world=FakeRank(1, from_rank0=sent))
     assert other.restored == ["noise"] and other.plan.get("noise_scale_tokens") == 123.0
-    other.run("step", lambda: {"tokens_per_step": Value(10.0, "derived", "B*")})
+    other.run("step", Values, {"tokens_per_step": Value(10.0, "derived", "B*")})
     assert not (other_dir / "derive.json").exists(), "only rank 0 writes the resume file"
     with pytest.raises(InputError, match="not a leadline resume file"):
         AgreedPhaseRunner(Plan(), resume_path=resume, world=FakeRank(1, from_rank0=("error", f"resume file {resume} is not a leadline resume file")))
 
 
 def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
+    from leadline.derive.runner import Values
     from leadline.distributed.phases import AgreedPhaseRunner
+    from leadline.plan import Skipped
 
     r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=FakeRank(1, other_left=-1.0))
     assert r.seconds_left() == -1.0  # the other rank is out of time: so is this one
-    assert not r.run("anchor", lambda: {"x": Value(1, "derived", "x")})
-    assert any("not reached within max_seconds" in n for n in r.plan.notes)
+    assert r.run("anchor", Values, {"x": Value(1, "derived", "x")}) is None
+    assert r.plan.skipped == [Skipped("anchor", "not_reached", max_seconds=100.0)]
     unbounded = AgreedPhaseRunner(Plan(), world=FakeRank(1))
     assert unbounded.seconds_left() is None and "all_min" not in unbounded.world.calls
 
 
 def test_every_rank_stops_before_the_same_read_on_the_slowest_ranks_time():
-    from leadline._phases import OutOfTime
+    from leadline.budget import OutOfTime
     from leadline.distributed.phases import AgreedPhaseRunner
 
     world = FakeRank(1, other_left=1e9)
@@ -341,12 +343,15 @@ def test_every_rank_stops_before_the_same_read_on_the_slowest_ranks_time():
     assert "all_max" not in unbounded.world.calls
 
 
-def test_plan_scale_out_method_matches_the_function():
+def test_the_plan_keeps_no_scale_out_of_its_own():
+    """One scale_out: the function of leadline.distributed, which the CLI's table prints."""
     from leadline import Plan, Value
-    from leadline.distributed.scale_out import scale_out
+    from leadline.cli.derive import plan_scale_out_table
+    from leadline.distributed import scale_out
 
     p = Plan()
     for n, v in {"noise_scale_tokens": 4000.0, "micro_batch": 4, "grad_accum": 2, "t_micro_seconds": 0.05,
                  "t_step_seconds": 0.01, "scored_tokens_per_row": 100.0, "tokens_per_step": 800.0, "rows_fit": 8}.items():
         p.set(n, Value(v, "measured", "test"))
-    assert p.scale_out().table() == scale_out(p).table()
+    assert not hasattr(p, "scale_out")
+    assert plan_scale_out_table(p) == scale_out(p).table()

@@ -1,6 +1,7 @@
 import pytest
 
 from leadline import InputError, Plan, Value
+from leadline.hf import training_arguments
 
 
 def _plan():
@@ -15,7 +16,7 @@ def _plan():
 
 
 def test_fields_from_plan():
-    f = _plan().training_arguments()
+    f = training_arguments(_plan())
     assert f == {
         "per_device_train_batch_size": 3, "gradient_accumulation_steps": 5, "learning_rate": 3.2e-4,
         "warmup_steps": 10, "weight_decay": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.999,
@@ -27,7 +28,7 @@ def test_fills_real_training_arguments(tmp_path):
     from transformers import TrainingArguments
 
     args = TrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, per_device_train_batch_size=8, report_to=[])
-    new = _plan().training_arguments(args, max_steps=7)
+    new = training_arguments(_plan(), args, max_steps=7)
     assert new.per_device_train_batch_size == 3 and new.gradient_accumulation_steps == 5
     assert new.learning_rate == 3.2e-4 and new.max_steps == 7 and new.warmup_steps == 10
     assert args.learning_rate == 1e-3  # the original is untouched
@@ -35,4 +36,4 @@ def test_fills_real_training_arguments(tmp_path):
 
 def test_empty_plan_is_refused():
     with pytest.raises(InputError, match="derive one first"):
-        Plan().training_arguments()
+        training_arguments(Plan())

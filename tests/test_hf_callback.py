@@ -41,9 +41,11 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
         mb = collate([TokenizedRow.from_labels(f["input_ids"], f["labels"]) for f in feats], tok.pad_token_id)
         return mb.model_inputs()
 
-    args = plan.training_arguments(TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
-                                                     save_strategy="no", use_cpu=True, remove_unused_columns=False),
-                                   max_steps=8)
+    from leadline.hf import training_arguments
+
+    args = training_arguments(plan, TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
+                                                      save_strategy="no", use_cpu=True, remove_unused_columns=False),
+                              max_steps=8)
     assert args.learning_rate == plan.lr and args.lr_scheduler_type == "constant_with_warmup"
     cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"))
     hooks_before = len(m._global_forward_pre_hooks)

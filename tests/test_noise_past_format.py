@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leadline._phases import tensors_digest
+from leadline.derive.no_trace import tensors_digest
 from leadline.errors import InputError
 from leadline.noise import measure_noise_scale
 from leadline.noise.past_format import noise_past_format

@@ -7,7 +7,6 @@ import pytest
 from leadline.errors import InputError
 from leadline.noise import (
     NoiseScale,
-    scale_out,
     steps_and_tokens,
     time_optimal_tokens,
     tokens_per_step,
@@ -69,11 +68,8 @@ def test_takes_a_noise_scale_result_and_refuses_what_is_not_measured():
         tokens_per_step(900, rows_fit=4, tokens_per_micro_batch=100, t_step_seconds=0.1, t_micro_seconds=[])
 
 
-def test_steps_and_tokens_at_batch_b_and_scale_out():
+def test_steps_and_tokens_at_batch_b():
     assert steps_and_tokens(5_000, 5_000) == (2.0, 2.0)  # at the knee both are twice their minimum
     assert steps_and_tokens(1_000, 4_000, s_min=100, e_min=1e6) == (500.0, 1.25e6)
-    rows = scale_out(8_000, 2_000, gpus=(1, 4, 16))
-    assert [r["batch_tokens"] for r in rows] == [2_000, 8_000, 32_000]
-    assert rows[1]["speedup"] == pytest.approx(5 / 2)  # 1 + 8000/2000 = 5 steps -> 2
-    assert rows[2]["speedup"] == pytest.approx(5 / 1.25)  # past the knee the steps barely fall
+    assert steps_and_tokens(8_000, 8_000)[0] / steps_and_tokens(32_000, 8_000)[0] == pytest.approx(2 / 1.25)
     assert time_optimal_tokens(40_000, 2_000, 0.05, 0.2) == pytest.approx(4472.13595499958)

@@ -19,7 +19,7 @@ def _params(n: int) -> tuple[list, torch.optim.Optimizer]:
 
 
 def test_snapshots_live_on_the_card_when_there_is_room_and_restore_exactly():
-    from leadline.rate._state import Snapshot
+    from leadline.rate.state import Snapshot
 
     params, opt = _params(1 << 20)
     snap = Snapshot.take(params, opt)
@@ -32,7 +32,7 @@ def test_snapshots_live_on_the_card_when_there_is_room_and_restore_exactly():
 
 
 def test_under_a_tight_cap_snapshots_go_to_the_host():
-    from leadline.rate._state import Snapshot
+    from leadline.rate.state import Snapshot
 
     params, opt = _params(64 << 20)  # 256 MB of weights, 768 MB with Adam's state
     total = torch.cuda.get_device_properties(0).total_memory

@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from leadline._derive_phases import _timed, _timed_held, held_estimate, step_estimate
-from leadline._phases import OutOfTime, PhaseRunner
+from leadline.budget import OutOfTime
 from leadline.corpus.splits import split_rows
-from leadline.plan import Plan, Value
+from leadline.derive.runner import PhaseRunner
+from leadline.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
+from leadline.plan import Plan, Skipped, Value
 
 
 def _plan(t_micro: float = 2.0, rows_fit: int = 4, t_step: float = 0.5) -> Plan:
@@ -43,13 +44,13 @@ def test_a_first_read_that_cannot_fit_is_not_started():
     runner = PhaseRunner(Plan(), max_seconds=20.0, started=time.monotonic() - 8.0)  # 12 s left
     calls: list[int] = []
     reader = _reader(40, calls)
-    held = _timed_held(reader, runner.ensure, held_estimate(_plan(), reader))  # 10 s estimated, 15 with the margin
+    held = timed_reads(reader, runner.ensure, held_estimate(_plan(), reader))  # 10 s estimated, 15 with the margin
     with pytest.raises(OutOfTime):
         held()
     assert calls == []
     # the same read with the budget to spare runs
     roomy = PhaseRunner(Plan(), max_seconds=100.0)
-    assert len(_timed_held(reader, roomy.ensure, held_estimate(_plan(), reader))()) == 40 and calls == [1]
+    assert len(timed_reads(reader, roomy.ensure, held_estimate(_plan(), reader))()) == 40 and calls == [1]
 
 
 def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart():
@@ -59,7 +60,7 @@ def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart(
     def train_step_of(mb, accum):
         return lambda t: taken.append((mb, accum))
 
-    of = _timed(train_step_of, runner.ensure, step_estimate(_plan()))
+    of = timed_steps(train_step_of, runner.ensure, step_estimate(_plan()))
     of(1, 1)(0)  # 0.5 + 0.5 s estimated: runs
     with pytest.raises(OutOfTime):
         of(8, 2)(0)  # 16 rows: 8.5 s estimated, 12.75 with the margin, against 12 left: not started
@@ -74,7 +75,7 @@ def test_split_reader_says_its_rows():
 def test_a_ramp_that_cannot_end_is_not_started():
     from types import SimpleNamespace
 
-    from leadline._derive_phases import _memory
+    from leadline.derive.phases import memory
 
     plan = Plan()
     plan.set("seq_len", Value(32, "measured", "corpus", unit="tokens"))
@@ -85,10 +86,10 @@ def test_a_ramp_that_cannot_end_is_not_started():
         raise AssertionError("the ramp must not start")
 
     step_fn.device = "cpu"
-    ctx = {"noise": SimpleNamespace(k=2, seconds=20.0)}  # 10 s a draw: the least ramp about 20 s
+    noise = SimpleNamespace(k=2, seconds=20.0)  # 10 s a draw: the least ramp about 20 s
     runner = PhaseRunner(plan, max_seconds=40.0, started=time.monotonic() - 15.0)  # 25 s left, 30 needed with the margin
     with pytest.raises(OutOfTime):
-        _memory(step_fn, plan, None, None, ctx, runner=runner)
+        memory(step_fn, plan, None, None, noise, runner=runner)
     assert calls == []
 
 
@@ -97,8 +98,9 @@ def test_a_phase_that_needs_an_unresolved_value_is_skipped_with_a_note():
     plan.set("noise_scale_tokens", Value(None, "measured", "the noise scale did not resolve (stopped: time)", unit="scored tokens"))
     runner = PhaseRunner(plan, max_seconds=100.0)
     ran: list[int] = []
-    assert not runner.run("step", lambda: ran.append(1) or {}, needs=("noise_scale_tokens",))
-    assert ran == [] and any("step: not run, it needs noise_scale_tokens" in n for n in plan.notes)
+    assert runner.run("step", lambda: ran.append(1) or {}, needs=("noise_scale_tokens",)) is None
+    assert ran == [] and plan.skipped == [Skipped("step", "needs", needs=("noise_scale_tokens",))]
+    assert plan.notes == ["step: not run, it needs noise_scale_tokens, which no earlier phase produced or resolved"]
 
 
 def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
@@ -107,7 +109,7 @@ def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
 
     plan = Plan()
     plan.set("lr", Value(4.6e-4, "constant", "the anchor", unit="per step"))
-    plan.notes.append("step: not reached within max_seconds=40")
+    plan.skipped.append(Skipped("step", "not_reached", max_seconds=40.0))
     with pytest.raises(InputError, match=r"no micro_batch: its derive ran out of time \(step: not reached within max_seconds=40\); derive again with a larger --max-seconds"):
         train_with_plan(None, None, [], plan)
     with pytest.raises(InputError, match="derive it with `leadline derive`"):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from leadline._io import write_atomic
 from leadline._version import __version__
@@ -115,6 +115,60 @@ def format_number(x: Any) -> str:
     return str(x)
 
 
+SkipReason = Literal["needs", "not_reached", "cut"]
+"""Why a phase of derive() left no values: a value it needs is missing, max_seconds was spent
+before it started, max_seconds cut it while it ran (its state restored)."""
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A phase of derive() that left no values, and why (``plan.skipped``).
+
+    Args:
+        phase: the phase's name (``"rate"``, ``"first_step"``, ...).
+        reason: one of :data:`SkipReason`.
+        needs: the values it needed and did not have (reason ``"needs"``).
+        max_seconds: the bound that stopped it (reasons ``"not_reached"`` and ``"cut"``).
+        seconds: how long it ran before the cut (reason ``"cut"``).
+
+    Examples:
+        >>> Skipped("rate", "not_reached", max_seconds=30.0).sentence()
+        'rate: not reached within max_seconds=30'
+        >>> Skipped("step", "needs", needs=("rows_fit",)).out_of_time
+        False
+    """
+
+    phase: str
+    reason: SkipReason
+    needs: tuple[str, ...] = ()
+    max_seconds: float | None = None
+    seconds: float = 0.0
+
+    @property
+    def out_of_time(self) -> bool:
+        """True when max_seconds, not a missing value, stopped the phase."""
+        return self.reason != "needs"
+
+    def sentence(self) -> str:
+        """The note shown for it."""
+        if self.reason == "needs":
+            return (f"{self.phase}: not run, it needs {', '.join(self.needs)}, which no earlier phase produced "
+                    "or resolved")
+        if self.reason == "not_reached":
+            return f"{self.phase}: not reached within max_seconds={self.max_seconds:g}"
+        return (f"{self.phase}: cut by max_seconds={self.max_seconds:g} after {self.seconds:.1f} s of it; "
+                "its state was restored")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "reason": self.reason, "needs": list(self.needs),
+                "max_seconds": self.max_seconds, "seconds": self.seconds}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Skipped:
+        return cls(str(d["phase"]), d["reason"], tuple(d.get("needs") or ()), d.get("max_seconds"),
+                   float(d.get("seconds") or 0.0))
+
+
 @dataclass
 class Plan:
     """The derived hyperparameters, each a :class:`Value`, and the record of where they came from.
@@ -127,6 +181,8 @@ class Plan:
         held_out: the rows derive() split off, as data: ``{"train": [...], "held_out": [...],
             "test": [...]}`` row indices into the corpus.
         notes: phase-level remarks (what a time budget did not reach, a fallback taken).
+        skipped: the phases that left no values, each a :class:`Skipped` (its sentence is in
+            ``notes`` too).
         version: the leadline version that made it.
         created: seconds since the epoch.
     """
@@ -137,6 +193,7 @@ class Plan:
     data: dict[str, Any] = field(default_factory=dict)
     held_out: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
     version: str = __version__
     created: float = field(default_factory=time.time)
 
@@ -214,6 +271,7 @@ class Plan:
             "data": self.data,
             "held_out": self.held_out,
             "notes": list(self.notes),
+            "skipped": [s.to_dict() for s in self.skipped],
             "values": {n: v.to_dict() for n, v in self.values.items()},
         }
 
@@ -230,6 +288,7 @@ class Plan:
             raise InputError(f"{origin} is not a leadline plan (no 'leadline_plan': {PLAN_FORMAT} with 'values'); pass a file written by plan.to_json() or `leadline derive --out`")
         try:
             values = {n: Value.from_dict(v) for n, v in d["values"].items()}
+            skipped = [Skipped.from_dict(s) for s in d.get("skipped") or []]
         except (KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{origin} is not a leadline plan: a value is missing its field {e}; regenerate it with `leadline derive`") from None
         return cls(
@@ -239,6 +298,7 @@ class Plan:
             data=dict(d.get("data") or {}),
             held_out=dict(d.get("held_out") or {}),
             notes=list(d.get("notes") or []),
+            skipped=skipped,
             version=str(d.get("version", "unknown")),
             created=float(d.get("created", 0.0)),
         )
@@ -265,25 +325,3 @@ class Plan:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
-
-    def training_arguments(self, args: Any = None, **overrides: Any) -> Any:
-        """Hugging Face ``TrainingArguments`` / TRL ``SFTConfig`` with this plan's numbers
-        (per-device batch, accumulation, rate, warmup, scheduler, decay, betas, steps);
-        without ``args`` the fields as a dict. See :mod:`leadline.hf.args`."""
-        from leadline.hf.args import training_arguments
-
-        return training_arguments(self, args, **overrides)
-
-    def scale_out(self, gpus: Any = (1, 2, 4, 8, 16, 32, 64), **kw: Any) -> Any:
-        """How far data parallelism pays for this plan: global batch, steps and tokens to the
-        same loss, and predicted wall time per GPU count (see :mod:`leadline.distributed`)."""
-        from leadline.distributed.scale_out import scale_out
-
-        return scale_out(self, gpus, **kw)
-
-    # ---- the page -----------------------------------------------------------------------
-    def html(self, path: str | os.PathLike[str]) -> Path:
-        """Write a self-contained HTML report (inline SVG plots) to ``path`` atomically."""
-        from leadline.report.html import render_plan
-
-        return write_atomic(path, render_plan(self))

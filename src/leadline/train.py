@@ -24,8 +24,8 @@ from leadline.stats import mean_se
 def _need(plan: Plan, *names: str) -> None:
     missing = [n for n in names if plan.get(n) is None]
     if missing:
-        cut = [n for n in plan.notes if "max_seconds" in n and ("not reached" in n or "cut by" in n)]
-        fix = (f": its derive ran out of time ({cut[0]}); derive again with a larger --max-seconds" if cut
+        cut = [s for s in plan.skipped if s.out_of_time]
+        fix = (f": its derive ran out of time ({cut[0].sentence()}); derive again with a larger --max-seconds" if cut
                else "; derive it with `leadline derive` (and the same --data) first")
         raise InputError(f"the plan has no {', '.join(missing)}{fix}")
 

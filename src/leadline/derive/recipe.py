@@ -13,7 +13,8 @@
 
 The noise is measured before the ramp (SPEC lists the ramp first) because the ramp's upper
 limit is the rows the target step needs, which only the noise scale says. The time budget,
-progress and resume wrap the calls (:mod:`leadline._phases`); derive() leaves no trace.
+progress and resume wrap the calls (:mod:`leadline.derive.runner`); derive() leaves no trace
+(:mod:`leadline.derive.no_trace`).
 """
 
 from __future__ import annotations
@@ -24,31 +25,16 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from leadline._derive_phases import (  # noqa: F401 (re-exported: the phases are patched here in tests)
-    MEMORY_SHARE,
-    _anchor,
-    _corpus,
-    _first_step,
-    _length,
-    _memory,
-    _noise,
-    _past_format,
-    _pick_rate,
-    _quick_rate,
-    _rate,
-    _step,
-    _timed,
-    _timed_held,
-    _warmup,
-    held_estimate,
-    step_estimate,
-)
-from leadline._phases import PhaseRunner, ProgressFn, leave_no_trace
+from leadline.derive import phases
+from leadline.derive.no_trace import leave_no_trace
+from leadline.derive.runner import PhaseRunner, ProgressFn
+from leadline.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
+from leadline.rate.policy import fallback_rate
 
 EFFORTS = ("quick", "full")
 TRAINED_AS = ("factors", "weights")
@@ -157,52 +143,58 @@ def derive(
         from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
     fingerprint = {"data": plan.data.get("sha256"), "trained_parameters": plan.model.get("trained_parameters"),
                    "trained_as": trained_as, "effort": effort, "total_steps": total_steps, "epochs": epochs,
-                   "seq_len": seq_len, "quantile": quantile}
+                   "seq_len": seq_len, "quantile": quantile, "seed": plan.held_out.get("seed")}
     runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
                          resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                          **({"started": started} if started is not None else {}),
                          **({"world": world} if world is not None else {}))
     optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
-    ctx: dict[str, Any] = {}
     with leave_no_trace(params, optimizers), forbid_spill(device if device is not None else "cpu"):
         if profile is not None:
-            runner.run("corpus", lambda: (ctx.__setitem__("profile", profile), profile.as_values())[1])
+            runner.run("corpus", phases.given_profile, profile)
         elif data is not None or rows is not None:
-            runner.run("corpus", lambda: _corpus(data if data is not None else rows, tokenizer, seq_len, quantile, ctx))
+            from leadline.corpus import profile_corpus
+
+            runner.run("corpus", profile_corpus, data if data is not None else rows, tokenizer, seq_len=seq_len,
+                       quantile=quantile)
         if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
-            plan.set("seq_len", Value(int(seq_len), "given", "the run's length, given by the caller (no corpus was profiled)", unit="tokens"))
+            plan.set("seq_len", Value(int(seq_len), "given", "the run's length, given by the caller (no corpus was profiled)",
+                                      unit="tokens"))
+        noise = None
         if grad_fn is not None:
-            runner.run("noise", lambda: _noise(grad_fn, runner, ctx, world))
+            noise = runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
         if step_fn is not None:
-            runner.run("memory", lambda: _memory(step_fn, plan, lengths, prior, ctx, world, params, runner), needs=())
+            runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
         if step_fn is not None and grad_fn is not None:
-            runner.run("step", lambda: _step(plan, ctx, world, step_fn=step_fn if world is None else None),
+            runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
+                       step_fn=step_fn if world is None else None,
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
         rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
+        first = None
         if rate_ready:
-            held = _timed_held(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
-            timed_steps = _timed(train_step_of, runner.ensure, step_estimate(plan))
-            runner.run("first_step", lambda: _first_step(params, optimizer, timed_steps, held, plan, ctx, loss_resolution))
+            held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
+            steps_of = timed_steps(train_step_of, runner.ensure, step_estimate(plan))
+            first = runner.run("first_step", phases.first_step, params, optimizer, steps_of, held, plan, loss_resolution)
             if grad_fn is not None and step_fn is not None and world is None:
-                runner.run("past_format", lambda: _past_format(params, optimizer, train_step_of, grad_fn, step_fn, plan, ctx,
-                                                               lengths, runner, named, trained_as),
+                runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
+                           noise, lengths, runner, named, trained_as,
                            needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
-            runner.run("anchor", lambda: _anchor(named, trained_as, plan, grad_fn), always=True)
+            runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         if total_steps is None and epochs is not None:
-            runner.run("length", lambda: _length(plan, epochs), needs=("tokens_per_step", "scored_tokens"), always=True)
+            runner.run("length", phases.length, plan, epochs, needs=("tokens_per_step", "scored_tokens"), always=True)
         elif total_steps is not None:
             plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
         if rate_ready:
-            runner.run("rate", lambda: _rate(params, optimizer, timed_steps, held, plan,
-                                             effort, prior, ctx, runner.check_time),
-                       needs=("alpha1",))
-        runner.run("warmup", lambda: _warmup(plan, optimizer), always=True)
+            runner.run("rate", phases.rate, params, optimizer, steps_of, held, plan, effort, prior,
+                       first.first if first is not None else None, runner.check_time, needs=("alpha1",))
+        runner.run("warmup", phases.warmup, plan, optimizer, always=True)
     runner.done()
-    _pick_rate(plan)
+    lr = fallback_rate(plan)
+    if lr is not None:
+        plan.set("lr", lr)
     if world is not None:
         from leadline.distributed.sync import broadcast_plan
 
         plan = broadcast_plan(world, plan)  # every rank ends with rank 0's plan, checked by its sha256
     return plan
-

@@ -1,30 +1,48 @@
-"""What wraps derive()'s phases without living inside them: the time budget, progress, the
-resume file, and the guard that makes derive() leave no trace."""
+"""What wraps derive()'s phases without living inside them: the time budget, progress and the
+resume file. A phase is a function that returns its result; the runner puts the result's
+``as_values()`` into the plan and hands the result back to the recipe."""
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
+import functools
 import json
-import random
-import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+from leadline.budget import OutOfTime
 from leadline.errors import InputError
-from leadline.plan import Plan, Value
+from leadline.plan import Plan, Skipped, Value
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
 RESUME_FORMAT = 1
 
 
-class OutOfTime(Exception):
-    """Raised inside a phase (from its progress callback) when derive's max_seconds is spent;
-    the phase's own guard restores what it touched, and the runner records the cut."""
+class Measured(Protocol):
+    """What a phase returns: a result object that says its values for the plan."""
+
+    def as_values(self) -> Mapping[str, Value]: ...
+
+
+R = TypeVar("R", bound=Measured)
+
+
+@dataclass(frozen=True)
+class Values:
+    """The result of a phase that is arithmetic on numbers already in the plan: its values alone.
+
+    Examples:
+        >>> Values({"weight_decay": Value(0.0, "constant", "no decay")}).as_values()["weight_decay"].value
+        0.0
+    """
+
+    values: Mapping[str, Value]
+
+    def as_values(self) -> Mapping[str, Value]:
+        return self.values
 
 
 @dataclass
@@ -32,8 +50,9 @@ class PhaseRunner:
     """Runs derive()'s phases in order under one time budget, reports progress, and keeps
     a resume file (the plan so far and the finished phases, written atomically after each).
 
-    A phase is ``fn() -> dict[str, Value]``; its values go into the plan. A phase that the
-    budget does not reach is listed in ``plan.notes`` and in :attr:`skipped`.
+    A phase is ``fn(*args, **kwargs) -> result`` with ``result.as_values()``; its values go
+    into the plan. A phase that leaves no values is a :class:`~leadline.plan.Skipped` on
+    ``plan.skipped`` (its sentence in ``plan.notes``) and its name in :attr:`skipped`.
     """
 
     plan: Plan
@@ -41,13 +60,15 @@ class PhaseRunner:
     on_progress: ProgressFn | None = None
     resume_path: Path | None = None
     fingerprint: dict[str, Any] = field(default_factory=dict)
-    started: float = field(default_factory=time.monotonic)
+    started: float | None = None
     finished: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
         if self.max_seconds is not None and not self.max_seconds > 0:
             raise InputError(f"max_seconds must be a positive number of seconds, got {self.max_seconds!r}")
         if self.resume_path is not None:
@@ -87,6 +108,7 @@ class PhaseRunner:
 
     # ---- budget and progress ------------------------------------------------------------
     def elapsed(self) -> float:
+        assert self.started is not None
         return time.monotonic() - self.started
 
     def seconds_left(self) -> float | None:
@@ -120,43 +142,50 @@ class PhaseRunner:
         if self.on_progress is not None:
             self.on_progress({"phase": phase, "status": status, "elapsed_s": self.elapsed(), **info})
 
-    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = (),
-            always: bool = False) -> bool:
-        """Run one phase unless it finished in a resumed derive, the budget is spent, or a
-        value it needs is missing. Returns True when the phase's values are in the plan.
+    def run(self, name: str, fn: Callable[..., R], /, *args: Any, needs: Sequence[str] = (), always: bool = False,
+            **kwargs: Any) -> R | None:
+        """Run one phase, ``fn(*args, **kwargs)``, unless it finished in a resumed derive, the
+        budget is spent, or a value it needs is missing. Returns the phase's result, its values
+        in the plan; None when the phase did not run here (resumed: its values came back from
+        the resume file; skipped: see ``plan.skipped``).
         ``always``: arithmetic on numbers already measured, run whatever the budget says."""
         if name in self.restored:
             self.progress(name, "resumed")
-            return True
-        missing = [n for n in needs if self.plan.get(n) is None]  # a value that did not resolve (None) is missing too
+            return None
+        missing = tuple(n for n in needs if self.plan.get(n) is None)  # a value that did not resolve is missing too
         if missing:
-            self.skipped.append(name)
-            self.plan.notes.append(f"{name}: not run, it needs {', '.join(missing)}, which no earlier phase produced or resolved")
-            self.progress(name, "skipped", reason=f"needs {', '.join(missing)}")
-            return False
+            self._skip(Skipped(name, "needs", needs=missing), reason=f"needs {', '.join(missing)}")
+            return None
         left = self.seconds_left()
         if left is not None and left <= 0 and not always:
-            self.skipped.append(name)
-            self.plan.notes.append(f"{name}: not reached within max_seconds={self.max_seconds:g}")
-            self.progress(name, "skipped", reason="max_seconds")
-            return False
+            self._skip(Skipped(name, "not_reached", max_seconds=self.max_seconds), reason="max_seconds")
+            return None
         self.progress(name, "start")
         t0 = time.monotonic()
         try:
-            values = fn() or {}
+            result = self._call(name, functools.partial(fn, *args, **kwargs))
         except OutOfTime:
-            self.skipped.append(name)
             took = time.monotonic() - t0
-            self.plan.notes.append(f"{name}: cut by max_seconds={self.max_seconds:g} after {took:.1f} s of it; its state was restored")
-            self.progress(name, "skipped", reason="cut by max_seconds")
-            return False
+            self._skip(Skipped(name, "cut", max_seconds=self.max_seconds, seconds=took), reason="cut by max_seconds")
+            return None
+        values = result.as_values()
         for n, v in values.items():
             self.plan.set(n, v)
         self.finished.append(name)
         self._save()
-        self.progress(name, "done", seconds=time.monotonic() - t0,
-                      summary="; ".join(f"{n}={v.value}" for n, v in values.items() if not isinstance(v.value, (list, dict))))
-        return True
+        summary = "; ".join(f"{n}={v.value}" for n, v in values.items() if not isinstance(v.value, (list, dict)))
+        self.progress(name, "done", seconds=time.monotonic() - t0, summary=summary)
+        return result
+
+    def _call(self, name: str, call: Callable[[], R]) -> R:
+        """Run the phase (a job's runner runs it as an agreement of every rank)."""
+        return call()
+
+    def _skip(self, skipped: Skipped, *, reason: str) -> None:
+        self.skipped.append(skipped.phase)
+        self.plan.skipped.append(skipped)
+        self.plan.notes.append(skipped.sentence())
+        self.progress(skipped.phase, "skipped", reason=reason)
 
     def done(self) -> None:
         """derive() finished: the resume file is no longer needed."""
@@ -164,49 +193,3 @@ class PhaseRunner:
             self.resume_path.unlink()
 
 
-# ---- no trace ---------------------------------------------------------------------------
-def tensors_digest(tensors: Sequence[Any]) -> str:
-    """sha256 over the bytes of ``tensors`` (moved to the CPU): equal digests, equal weights."""
-    h = hashlib.sha256()
-    for t in tensors:
-        a = t.detach()
-        if a.dtype.is_floating_point and a.dtype.itemsize == 2:
-            a = a.view(__import__("torch").int16)
-        h.update(a.contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
-
-
-@contextlib.contextmanager
-def leave_no_trace(params: Sequence[Any] = (), optimizers: Sequence[Any] = ()) -> Iterator[None]:
-    """Restore on every exit path what derive() may touch: the trained tensors' values (from a
-    copy kept on the CPU), the optimizers' state and hyperparameters, the RNG states of Python,
-    NumPy and torch (CPU and CUDA)."""
-    torch = sys.modules.get("torch")
-    py_state = random.getstate()
-    np_mod = sys.modules.get("numpy")
-    np_state = np_mod.random.get_state() if np_mod is not None else None
-    torch_state = torch.random.get_rng_state() if torch is not None else None
-    cuda_states = None
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        cuda_states = torch.cuda.get_rng_state_all()
-    copies = [p.detach().to("cpu", copy=True) for p in params]
-    groups = [[{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups] for opt in optimizers]
-    try:
-        yield
-    finally:
-        if copies:
-            with torch.no_grad():
-                for p, c in zip(params, copies):
-                    p.copy_(c.to(p.device))
-                    p.grad = None
-        for opt, saved in zip(optimizers, groups):
-            opt.state.clear()
-            for g, s in zip(opt.param_groups, saved):
-                g.update(s)
-        random.setstate(py_state)
-        if np_state is not None:
-            np_mod.random.set_state(np_state)
-        if torch_state is not None:
-            torch.random.set_rng_state(torch_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)

@@ -30,13 +30,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from leadline.distributed.agree import agreed
 from leadline.distributed.noise_math import world_draws
 from leadline.errors import InputError
 from leadline.noise.estimator import Draw, NoiseSums
-from leadline.noise.gradfn import _batch_of
+from leadline.noise.gradfn import batch_inputs
 from leadline.noise.probe import DEFAULT_MAX_K, MIN_DRAWS, NoiseScale
 
 _clock: Callable[[], float] = time.perf_counter
@@ -190,7 +191,7 @@ class DDPNoise:
             mb = None
         if mb is None:
             return None, {}, 0
-        kwargs, t_r = _batch_of(mb, i)
+        kwargs, t_r = batch_inputs(mb, i)
         if t_r is None:
             labels = kwargs.get("labels")
             if labels is None:
@@ -231,7 +232,7 @@ class DDPNoise:
         got = world.all_gather([float(t_r), r, x])
         return world_draws(prev_t, prev_sq, [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], dd, per_rank=per_rank)
 
-    def measure(self, budget_s: float | None = None) -> NoiseScale:
+    def measure(self, budget_s: float | None = None) -> DDPNoiseScale:
         """Draw until the estimate settles (or k, max_k, the data, the time): the probe's rule
         (:func:`~leadline.noise.measure_noise_scale`), decided on draws every rank shares."""
         import torch
@@ -290,26 +291,33 @@ class DDPNoise:
             for p in params:
                 p.grad = None
         b = est.b_noise_tokens
-        return NoiseScale(
+        return DDPNoiseScale(
             b_noise_tokens=b, se_tokens=est.se_tokens, confirmed_tokens=None if b is None else min(b, prev_t),
             k=len(micro_tokens), micro_tokens=micro_tokens, resolved=est.resolved, settled=est.settled,
             lower_bound=est.lower_bound, upper_bound=est.upper_bound, stopped_because=stopped, estimate=est,
-            draws=draws, skipped=skipped, seconds=max(0.0, _clock() - start), records=records,
+            draws=draws, skipped=skipped, seconds=max(0.0, _clock() - start), records=records, world_size=n_w,
         )
 
 
-def noise_values(noise: NoiseScale, world: Any) -> dict[str, Any]:
-    """The plan's noise values, their sentence saying where they were read."""
-    from leadline.plan import Value
+@dataclass
+class DDPNoiseScale(NoiseScale):
+    """The noise scale read from DDP's all-reduce: a :class:`~leadline.noise.NoiseScale` whose
+    plan values say where they were read (``world_size`` ranks, through the hook)."""
 
-    how = (f"read from DDP's all-reduce on {world.world_size} ranks (each rank's micro-batch the small batch)"
-           if world.world_size <= 2 else
-           f"read from DDP's all-reduce on {world.world_size} ranks (the world's step mean is each draw)")
-    out = {}
-    for name, v in noise.as_values().items():
-        ev = dict(v.evidence) if isinstance(v.evidence, dict) else {"evidence": v.evidence}
-        ev.update(via="ddp_hook", world_size=world.world_size)
-        if name == "noise_scale_tokens":
-            ev["method"] = METHOD
-        out[name] = Value(v.value, v.kind, f"{v.source}; {how}", ev, v.seconds, v.unit)
-    return out
+    world_size: int = 1
+
+    def as_values(self) -> dict[str, Any]:
+        """The plan's noise values, their sentence saying where they were read."""
+        from leadline.plan import Value
+
+        n = self.world_size
+        how = (f"read from DDP's all-reduce on {n} ranks (each rank's micro-batch the small batch)" if n <= 2 else
+               f"read from DDP's all-reduce on {n} ranks (the world's step mean is each draw)")
+        out = {}
+        for name, v in super().as_values().items():
+            ev = dict(v.evidence) if isinstance(v.evidence, dict) else {"evidence": v.evidence}
+            ev.update(via="ddp_hook", world_size=n)
+            if name == "noise_scale_tokens":
+                ev["method"] = METHOD
+            out[name] = Value(v.value, v.kind, f"{v.source}; {how}", ev, v.seconds, v.unit)
+        return out

@@ -1,7 +1,7 @@
 """derive()'s phases inside a job: the runner that keeps the ranks in step, the memory phase
 that takes the least card, and the step that counts the whole world.
 
-- :class:`AgreedPhaseRunner` — :class:`~leadline._phases.PhaseRunner` whose every phase ends in
+- :class:`AgreedPhaseRunner` — :class:`~leadline.derive.runner.PhaseRunner` whose every phase ends in
   an agreement (:func:`~leadline.distributed.agree.agreed`), whose time budget is the least
   left on any rank (so every rank skips the same phases, and a look-ahead cut by
   ``max_seconds`` is cut at the same step on every rank), and whose resume file is rank 0's
@@ -20,12 +20,13 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from leadline._phases import OutOfTime, PhaseRunner
+from leadline.budget import OutOfTime
+from leadline.derive.runner import PhaseRunner
 from leadline.distributed.agree import agreed
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
@@ -36,7 +37,7 @@ BUCKET_BYTES = 25 * 1024 * 1024
 
 @dataclass
 class AgreedPhaseRunner(PhaseRunner):
-    """A :class:`~leadline._phases.PhaseRunner` for a job (see the module)."""
+    """A :class:`~leadline.derive.runner.PhaseRunner` for a job (see the module)."""
 
     world: Any = None
 
@@ -85,11 +86,8 @@ class AgreedPhaseRunner(PhaseRunner):
         if self.world.is_main:
             super().done()
 
-    def run(self, name: str, fn: Callable[[], Mapping[str, Value] | None], *, needs: Sequence[str] = (), **kw: Any) -> bool:
-        from leadline._phases import OutOfTime
-
-        return super().run(name, lambda: agreed(self.world, fn, f"derive's {name} phase", passthrough=(OutOfTime,)),
-                           needs=needs, **kw)
+    def _call(self, name: str, call: Callable[[], Any]) -> Any:
+        return agreed(self.world, call, f"derive's {name} phase", passthrough=(OutOfTime,))
 
 
 # ---- the memory phase ---------------------------------------------------------------------
@@ -188,7 +186,7 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
         McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11.
     """
     from leadline.noise import tokens_per_step
-    from leadline.noise.step import _tok
+    from leadline.noise.step import format_tokens
 
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise InputError(f"world_step(world_size={world_size!r}) needs the whole number of GPUs, >= 1")
@@ -210,9 +208,9 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
     return {
         "tokens_per_step": Value(
             sp.tokens_per_step, "derived",
-            f"B* = sqrt(B_noise {_tok(b)} × {w} GPUs × {_tok(m)} tokens a micro-batch × (t_step {float(t_step_seconds):.4g} s + all-reduce "
-            f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = {_tok(sp.b_star_tokens)}{clamp}: the world's step "
-            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, {_tok(rows_step * float(tokens_per_row))} tokens",
+            f"B* = sqrt(B_noise {format_tokens(b)} × {w} GPUs × {format_tokens(m)} tokens a micro-batch × (t_step {float(t_step_seconds):.4g} s + all-reduce "
+            f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = {format_tokens(sp.b_star_tokens)}{clamp}: the world's step "
+            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, {format_tokens(rows_step * float(tokens_per_row))} tokens",
             evidence=ev, unit="scored tokens"),
         "micro_batch": Value(
             micro, "derived",

@@ -104,11 +104,11 @@ class ScaleRow:
 def _row_fixed(n: int, b_noise: float, per_row: float, rows_fit: int, a: float, c_row: float, t_step: float, comm: float,
                s_min: float) -> dict[str, Any]:
     """A row of the table under the fixed-cost model (the module docstring)."""
-    from leadline.noise.step import _least_time_rows
+    from leadline.noise.step import least_time_rows
 
     c = t_step + comm
     top = max(1, math.floor(b_noise / (n * per_row)))
-    r = _least_time_rows(b_noise, n * per_row, rows_fit, a, c_row, c, None)
+    r = least_time_rows(b_noise, n * per_row, rows_fit, a, c_row, c, None)
     target = r * n * per_row
     clamped = "a row per GPU" if r == 1 else "noise scale" if r == top else None
     accum = -(-r // rows_fit)

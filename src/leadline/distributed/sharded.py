@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.noise.gradfn import _batch_of
+from leadline.noise.gradfn import batch_inputs
 
 
 def _local(t: Any) -> Any:
@@ -136,7 +136,7 @@ class ShardedGradFn:
             mb = self.micro_batch_of(j)
         except IndexError:
             mb = None
-        kwargs, scored = ({}, 0) if mb is None else _batch_of(mb, j)
+        kwargs, scored = ({}, 0) if mb is None else batch_inputs(mb, j)
         if mb is not None and scored is None:
             labels = kwargs.get("labels")
             if labels is None:

@@ -129,7 +129,7 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         WontFit: on every rank, when not even ``start_rows`` rows fit on every rank.
     """
     from leadline.memory.decide import RampSearch, confirmation_lengths
-    from leadline.memory.ramp import RampResult, WontFit, _nothing_fits, probe
+    from leadline.memory.ramp import RampResult, WontFit, nothing_fits, probe
     from leadline.memory.readings import memory_for
 
     t0 = time.perf_counter()
@@ -219,7 +219,7 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         seconds=time.perf_counter() - t0,
     )
     if result.micro_batch == 0:
-        raise WontFit(_nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded model)", result)
+        raise WontFit(nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded model)", result)
     return result, ranks
 
 

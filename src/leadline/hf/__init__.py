@@ -4,7 +4,7 @@ schedule and the memory watch inside ``Trainer``.
 
     from leadline.hf import derive_for
     plan = derive_for(model, tokenizer, "train.jsonl", total_steps=300)
-    args = plan.training_arguments(TrainingArguments(output_dir="out"))
+    args = training_arguments(plan, TrainingArguments(output_dir="out"))
     trainer = Trainer(model=model, args=args, ..., callbacks=[plan_callback(plan, ...)])
 """
 

@@ -79,7 +79,7 @@ class LeadlineCallback(TrainerCallback):
         """Build the held-out reader and the train step from the data the plan was derived on
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data."""
-        from leadline.hf import prepare
+        from leadline.hf.task import prepare
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
         if is_trainer(model):

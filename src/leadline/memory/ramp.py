@@ -316,7 +316,7 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
         seconds=time.perf_counter() - t0,
     )
     if result.micro_batch == 0:
-        raise WontFit(_nothing_fits(result), result)
+        raise WontFit(nothing_fits(result), result)
     return result
 
 
@@ -363,11 +363,11 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
         seconds=time.perf_counter() - t0,
     )
     if kept == 0:
-        raise WontFit(_nothing_fits(result), result)
+        raise WontFit(nothing_fits(result), result)
     return result
 
 
-def _nothing_fits(result: RampResult) -> str:
+def nothing_fits(result: RampResult) -> str:
     """The sentence for a ramp that kept nothing: the rung at the fewest rows that failed (a
     search OOM, or a retry in the repeats or the length mix), its peak, and the fix."""
     fewest = min((r.rows for r in result.rungs), default=1)

@@ -3,7 +3,8 @@
 - :func:`measure_noise_scale` / :class:`ModelGradFn` / :class:`NoiseScale`: the probe
   (McCandlish et al., 2018, B_noise = tr(Σ)/|G|², unequal scored tokens per micro-batch).
 - :func:`tokens_per_step`: B* = sqrt(B_noise × m × t_step / t_micro), the micro-batch cut to
-  it, grad_accum; :func:`steps_and_tokens` / :func:`scale_out`: the arithmetic at batch B.
+  it, grad_accum; :func:`steps_and_tokens`: the arithmetic at batch B
+  (how far more GPUs pay: :func:`leadline.distributed.scale_out`).
 - :class:`NoiseMonitor` / :class:`Controller`: the noise from an accumulating loop's own
   micro-batches.
 - The estimator as pure math: :class:`Draw`, :class:`NoiseSums`, :class:`NoiseEstimate`,
@@ -26,7 +27,6 @@ from leadline.noise.monitor import Controller, NoiseMonitor, Suggestion
 from leadline.noise.probe import NoiseScale, measure_noise_scale
 from leadline.noise.step import (
     StepPlan,
-    scale_out,
     steps_and_tokens,
     time_optimal_tokens,
     tokens_per_step,
@@ -45,7 +45,6 @@ __all__ = [
     "mccandlish_two_batch",
     "measure_noise_scale",
     "noise_scale_from_draws",
-    "scale_out",
     "steps_and_tokens",
     "time_optimal_tokens",
     "tokens_per_step",

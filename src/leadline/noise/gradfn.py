@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 _BATCH_KEYS = ("input_ids", "attention_mask", "labels")
 
 
-def _batch_of(mb: Any, i: int) -> tuple[dict[str, Any], int | None]:
+def batch_inputs(mb: Any, i: int) -> tuple[dict[str, Any], int | None]:
     """Model kwargs and the host-side scored-token count (None when not given)."""
     if isinstance(mb, Mapping):
         kwargs = dict(mb)
@@ -83,7 +83,7 @@ class ModelGradFn:
             return None
         if mb is None:
             return None
-        kwargs, scored = _batch_of(mb, i)
+        kwargs, scored = batch_inputs(mb, i)
         if scored is None:
             labels = kwargs.get("labels")
             if labels is None:

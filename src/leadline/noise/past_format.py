@@ -144,7 +144,7 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         rate: the burn-in's rate (default alpha1 / 2).
     """
     from leadline.noise.probe import measure_noise_scale
-    from leadline.rate._state import check_params, group_ratios, no_trace, set_lr
+    from leadline.rate.state import check_params, group_ratios, no_trace, set_lr
     from leadline.rate.warmup import warmup_steps_for
 
     t0 = time.perf_counter()

@@ -34,7 +34,13 @@ from leadline.errors import InputError
 from leadline.plan import Value
 
 
-def _tok(x: float) -> str:
+def format_tokens(x: float) -> str:
+    """A token count as the plan's sentences write it.
+
+    Examples:
+        >>> format_tokens(12345.6), format_tokens(33.14)
+        ('12,346', '33.1')
+    """
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
@@ -65,21 +71,6 @@ def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 
     return s_min * (1.0 + b_noise_tokens / batch_tokens), e_min * (1.0 + batch_tokens / b_noise_tokens)
 
 
-def scale_out(b_noise_tokens: float, tokens_per_gpu_step: float, gpus: Sequence[int] = (1, 2, 4, 8)) -> list[dict[str, float]]:
-    """How far data parallelism pays: per GPU count n, the batch n × tokens_per_gpu_step, the
-    steps and tokens to a loss relative to their minima (:func:`steps_and_tokens`), and the
-    steps relative to one GPU (the wall-clock speed-up if a step costs the same at any n)."""
-    one, _ = steps_and_tokens(tokens_per_gpu_step, b_noise_tokens)
-    rows = []
-    for n in gpus:
-        if not (isinstance(n, int) and n >= 1):
-            raise InputError(f"scale_out(gpus=...) needs whole GPU counts >= 1, got {n!r}")
-        b = n * tokens_per_gpu_step
-        s, e = steps_and_tokens(b, b_noise_tokens)
-        rows.append({"gpus": n, "batch_tokens": b, "steps_vs_min": s, "tokens_vs_min": e, "speedup": one / s})
-    return rows
-
-
 def _fixed_cost(t_one: float, t_fit: float, rows_fit: int) -> dict[str, Any]:
     """t(r) = a + c r through (1, t_one) and (rows_fit, t_fit); a >= 0 and c > 0 (a line that
     would fall with rows is read as all fixed cost, the least per-row cost kept)."""
@@ -89,7 +80,7 @@ def _fixed_cost(t_one: float, t_fit: float, rows_fit: int) -> dict[str, Any]:
     return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit}
 
 
-def _least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
+def least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
                      corpus: float | None) -> int:
     """The whole rows r in [1, B_noise/per_row] minimizing (1 + B_noise/(r per_row)) x
     (ceil(r/rows_fit) a + c r + t_step); ties to the smaller r."""
@@ -140,12 +131,12 @@ class StepPlan:
         i = self.inputs
         f = i.get("fixed_cost")
         if f:
-            return (f"the whole rows minimizing (1 + B_noise {_tok(i['b_noise_tokens'])}/B) x (micro-batches x {f['a_seconds']:.4g} s fixed"
+            return (f"the whole rows minimizing (1 + B_noise {format_tokens(i['b_noise_tokens'])}/B) x (micro-batches x {f['a_seconds']:.4g} s fixed"
                     f" + {f['c_seconds_per_row']:.4g} s a row + t_step {i['t_step_seconds']:.4g} s), the fixed cost from t_micro"
                     f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at {i['rows_fit']}:"
-                    f" {_tok(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. 2018)")
-        return (f"B* = sqrt(B_noise {_tok(i['b_noise_tokens'])} × {_tok(i['tokens_per_micro_batch'])} tokens a micro-batch"
-                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {_tok(self.b_star_tokens)}{clamp}"
+                    f" {format_tokens(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. 2018)")
+        return (f"B* = sqrt(B_noise {format_tokens(i['b_noise_tokens'])} × {format_tokens(i['tokens_per_micro_batch'])} tokens a micro-batch"
+                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {format_tokens(self.b_star_tokens)}{clamp}"
                 " (the least time to a loss, McCandlish et al. 2018)")
 
     def as_values(self) -> dict[str, Value]:
@@ -163,7 +154,7 @@ class StepPlan:
             ),
             "grad_accum": Value(
                 self.grad_accum, "derived",
-                f"ceil({i['rows_wanted']} rows a step ({_tok(self.tokens_per_step)} tokens at {_tok(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
+                f"ceil({i['rows_wanted']} rows a step ({format_tokens(self.tokens_per_step)} tokens at {format_tokens(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
                 f" / {i['rows_fit']} that fit) = {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''} of {self.micro_batch} rows",
                 evidence=ev,
             ),
@@ -222,7 +213,7 @@ def tokens_per_step(
         t_one, one_repeats = _seconds("t_micro_one_row_seconds", t_micro_one_row_seconds)
         fixed = _fixed_cost(t_one, t_micro, rows_fit)
         fixed["t_micro_one_row_repeats"] = one_repeats
-        b_star = _least_time_rows(b_noise, per_row, rows_fit, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
+        b_star = least_time_rows(b_noise, per_row, rows_fit, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
                                   corpus_scored_tokens) * per_row
     target, clamped = b_star, None
     if target > b_noise:

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from leadline import stats
-from leadline.rate._state import HeldOut, Snapshot, TrainStep, finite, read_held_out, run_steps
 from leadline.rate.compare import compare
+from leadline.rate.state import HeldOut, Snapshot, TrainStep, finite, read_held_out, run_steps
 from leadline.rate.warmup import linear_decay_lr
 
 

@@ -186,7 +186,7 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
     """
     import torch
 
-    from leadline.rate._state import check_params, finite, no_trace, read_held_out
+    from leadline.rate.state import check_params, finite, no_trace, read_held_out
 
     t0 = time.perf_counter()
     params = check_params(params, opt)

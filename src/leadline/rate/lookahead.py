@@ -158,7 +158,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     """Measure the rate by running the real optimizer ahead (see the module docstring).
 
     Args:
-        params, opt, train_step, held_out_losses_per_row: as in :mod:`leadline.rate._state`.
+        params, opt, train_step, held_out_losses_per_row: as in :mod:`leadline.rate.state`.
         alpha1: the first safe step (a float or :class:`FirstStep`).
         total_steps: the run's length T in optimizer steps.
         effort: ``"full"`` runs the look-ahead; ``"quick"`` runs nothing and returns alpha1 and
@@ -200,9 +200,9 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0,
                          stop="quick")
 
-    from leadline._phases import OutOfTime
+    from leadline.budget import OutOfTime
     from leadline.rate._run import Candidate
-    from leadline.rate._state import check_params, group_ratios, no_trace, read_held_out
+    from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
     first = w if first_horizon is None else int(first_horizon)

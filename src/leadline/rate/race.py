@@ -86,7 +86,7 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
     """Race ``rates`` inside a run of ``total_steps`` optimizer steps (see the module docstring).
 
     Args:
-        params, opt, train_step: as in :mod:`leadline.rate._state`; ``train_step(t)`` is called
+        params, opt, train_step: as in :mod:`leadline.rate.state`; ``train_step(t)`` is called
             for t in 0..T-1 by each candidate while it runs.
         held_out: ``held_out_losses_per_row()``.
         rates: the candidates (e.g. ``lookahead_lr(..., effort="quick").rates``).
@@ -109,8 +109,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
     if not isinstance(total_steps, int) or total_steps < 2:
         raise InputError(f"total_steps must be the run's length in optimizer steps (>= 2), got {total_steps!r}")
     from leadline.rate._run import Candidate, race_ending
-    from leadline.rate._state import Snapshot, check_params, group_ratios, no_trace, read_held_out
     from leadline.rate.lookahead import beta1_of
+    from leadline.rate.state import Snapshot, check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
     a1 = min(rates) if alpha1 is None else float(alpha1)
@@ -182,7 +182,7 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             decided += "".join("; " + n for n in notes)
             return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)
         (win.snapshot or origin).load(params, opt)
-        from leadline.rate._state import run_steps
+        from leadline.rate.state import run_steps
 
         if copy_at > win.done:
             run_steps(opt, train_step, win.done, copy_at, win.lr_at, ratios)

@@ -103,7 +103,7 @@ class LookaheadSchedule:
                  held_out_losses_per_row: Callable[[], Sequence[float]], config: ScheduleConfig, *,
                  total_steps: int, alpha: float = 0.05, keep_checks: int = 3, place: str = "auto",
                  on_check: Callable[[dict[str, Any]], None] | None = None) -> None:
-        from leadline.rate._state import check_params, group_ratios
+        from leadline.rate.state import check_params, group_ratios
 
         if not isinstance(config, ScheduleConfig):
             raise InputError("config must come from lookahead_from(plan)")
@@ -140,7 +140,7 @@ class LookaheadSchedule:
 
     def before(self, step: int) -> None:
         """Call before each optimizer step: the check at multiples of h, the copy at T - 2h, the rate."""
-        from leadline.rate._state import Snapshot, set_lr
+        from leadline.rate.state import Snapshot, set_lr
 
         if self.finished:
             raise InputError("this LookaheadSchedule has finished; build a new one for another run")
@@ -156,7 +156,7 @@ class LookaheadSchedule:
 
     # ---- the checks ------------------------------------------------------------------
     def _read(self) -> list[float]:
-        from leadline.rate._state import read_held_out
+        from leadline.rate.state import read_held_out
 
         losses = read_held_out(self.held_out, self.rows)
         self.rows = len(losses)
@@ -170,7 +170,7 @@ class LookaheadSchedule:
             self.on_check(row)
 
     def _new_best(self, step: int, losses: list[float]) -> _Check:
-        from leadline.rate._state import Snapshot
+        from leadline.rate.state import Snapshot
 
         if len(self.chain) >= self.keep_checks:
             snap = self.chain.pop(1).snapshot

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import html
 import json
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from leadline.plan import Plan, Value, format_number
@@ -99,3 +101,11 @@ def render_plan(plan: Plan) -> str:
         f"{const_html}{'<ul>' + notes + '</ul>' if notes else ''}"
         f"<h2>Where it was measured</h2>{meta_html}{held_html}<h2>Evidence</h2>{sections}</body></html>\n"
     )
+
+
+def write_html(plan: Plan, path: str | os.PathLike[str]) -> Path:
+    """Write the plan's self-contained HTML report (inline SVG plots) to ``path`` atomically;
+    returns the path."""
+    from leadline._io import write_atomic
+
+    return write_atomic(path, render_plan(plan))
