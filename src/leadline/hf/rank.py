@@ -71,8 +71,12 @@ def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] =
             put_back()
             raise
 
-    try:
-        return rank_to_fit(step_at_rank, rows, length, ranks=ranks, card_bytes=card_bytes)
+    import torch
+
+    device = next(model.parameters()).device
+    try:  # a probe adapter's init draws from torch's generator: the caller's draws are put back
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return rank_to_fit(step_at_rank, rows, length, ranks=ranks, card_bytes=card_bytes)
     finally:
         put_back()
         model.train(was_training)  # ModelStep put it in training mode

@@ -7,10 +7,12 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
+from leadline.hf.precision import check_trainable, checkpointing, precision_of
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
 from leadline.plan import Plan
 
@@ -139,7 +141,9 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     from leadline.corpus import profile_corpus, split_rows, tokenize_rows
 
     source = _rows_of(train_dataset)
-    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile, fields=fields)
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile, fields=fields,
+                          positions=positions if isinstance(positions, int) else None)
     rows = [r.truncated(prof.seq_len) for r in tokenize_rows(source, tokenizer, fields=fields)]
     rows = [r for r in rows if r.scored_tokens > 0]
     if len(rows) < 8:
@@ -163,7 +167,8 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
                max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
-               probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False) -> Plan:
+               probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
+               progress: bool | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
@@ -174,6 +179,13 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     ``peft_config``), for the trainer's ``max_steps`` (else its epochs) unless ``total_steps``
     or ``epochs`` is given. The plan's ``loss_policy`` records that policy, and
     :func:`~leadline.hf.training_arguments` carries it into the SFTConfig the run trains with.
+    A trainer whose args turn gradient checkpointing on (Trainer does it in ``train()``) is
+    measured with it on, and it is put back after.
+
+    The model is measured as it trains (:mod:`leadline.hf.precision`): a bf16 base, a
+    bitsandbytes 4-bit/8-bit base under a LoRA adapter (QLoRA; on a CUDA GPU), gradient
+    checkpointing; the plan's ``precision`` says which, and the rate phases read the held-out
+    loss at that precision's resolution. A quantized base without an adapter is refused.
 
     The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
@@ -188,18 +200,27 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
     fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf.rank`),
     within ``max_seconds`` when one is given.
+
+    ``progress``: a bar over the phases on stderr (:class:`~leadline.progress.PhaseBar`);
+    ``None`` (the default) shows it when stderr is a terminal and no ``on_progress`` is given.
     """
+    import sys
     import time
 
     from leadline.derive import derive
+    from leadline.progress import PhaseBar, wants_bar
     from leadline.distributed.world import join_job
     from leadline.memory import TrainingStep
     from leadline.provenance import describe_model
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     policy: dict[str, Any] | None = None
+    checkpointed: tuple[bool, Any] | None = None  # a trainer's run turns checkpointing on in train(): measure with it on
     if is_trainer(model):
+        from leadline.hf.precision import trainer_checkpointing
+
         trainer, model = model, model.model
+        checkpointed = trainer_checkpointing(trainer)
         tokenizer = tokenizer if tokenizer is not None else tokenizer_of(trainer)
         policy = loss_policy_of(trainer)
         train_dataset = trainer_rows(trainer)
@@ -225,6 +246,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         sharded = is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
     inner = model.module if sharded and hasattr(model, "module") else model  # FullyShardedDataParallel's model, for what it says of itself
     was_training = model.training
+    check_trainable(inner)  # a quantized base without an adapter, or off CUDA: one sentence before anything runs
     task, prof = prepare(model, tokenizer, train_dataset, seq_len=seq_len, quantile=quantile, held_out=held_out,
                       test=test, seed=seed, probe_rows=probe_rows, fields=fields)
     named = trained_named_weights(model)
@@ -235,7 +257,14 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     grad_fn: Any = None
     step_fn: Any = TrainingStep(task.loss_of, task.optimizer)
     train_step_of, held_out_losses = task.train_step_of, None
+    bar = None
+    if progress or (progress is None and on_progress is None and wants_bar(sys.stderr)):
+        bar = PhaseBar()
+        on_progress = bar if on_progress is None else _both(bar, on_progress)
+    scoped = ExitStack()
     try:
+        if checkpointed is not None:
+            scoped.enter_context(checkpointing(inner, *checkpointed))
         if world is not None and sharded:
             from leadline.distributed.sharded_job import ShardedWorldTask
 
@@ -266,6 +295,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         )
         from leadline.memory.model_step import adapter_dtype_note
 
+        plan.set("precision", precision_of(inner).as_value())
         if policy is not None:
             from leadline.hf.trainer import policy_value
 
@@ -282,6 +312,9 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
             for name, value in fit_rank_values(plan, model, seconds_left=left).items():
                 plan.set(name, value)
     finally:
+        if bar is not None:
+            bar.close()
+        scoped.close()
         if job is not None:
             job.close()
         model.train(was_training)
@@ -289,6 +322,14 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     if job is not None:
         plan.notes.extend(job.notes)
     return plan
+
+
+def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def call(ev: dict[str, Any]) -> None:
+        for fn in fns:
+            fn(ev)
+
+    return call
 
 
 def _probe(model: Any, task: Task, params: list[Any]) -> Any:
@@ -308,13 +349,11 @@ def _probe(model: Any, task: Task, params: list[Any]) -> Any:
 
 
 def _loss_resolution(model: Any) -> float:
-    """The grain of the held-out loss: bf16/fp16 forwards round it at ~1e-3 of its size."""
-    import torch
-
+    """The grain of the held-out loss: bf16/fp16 forwards (a 4-bit base computing in bf16
+    included) round it at ~1e-3 of its size."""
     from leadline.rate.first_step import BF16_RESOLUTION, RESOLUTION
 
-    dtype = getattr(model, "dtype", None)
-    return BF16_RESOLUTION if dtype in (torch.bfloat16, torch.float16) else RESOLUTION
+    return BF16_RESOLUTION if precision_of(model).half else RESOLUTION
 
 
 def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:
