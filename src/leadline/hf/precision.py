@@ -1,0 +1,151 @@
+"""How a Hugging Face model will train: its base's dtype, a bitsandbytes 4-bit/8-bit base
+(QLoRA), the dtype its forward computes in, and gradient checkpointing.
+
+derive_for() measures the model as it is — the ramp's peak, the step timings, the noise probe
+and the rate phases all run through the same forward and backward the run will — so what
+matters is that the model is set up as the run will use it (gradient checkpointing on when the
+run turns it on) and that the plan says how it was measured (``precision`` in the plan).
+The held-out loss of a bf16/fp16 forward is rounded at about 1e-3 of its size; the rate phases
+read it with that resolution.
+
+Pure reading of attributes: no bitsandbytes import, nothing changed but what
+:func:`checkpointing` sets and puts back.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Value
+
+HALF = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Precision:
+    """The model as it trains.
+
+    Attributes:
+        dtype: the dtype holding most of the base's floating-point entries (``"bfloat16"``).
+        quantization: ``"4-bit nf4"`` / ``"4-bit fp4"`` / ``"8-bit"`` (bitsandbytes), or None.
+        compute_dtype: what the forward computes in (a 4-bit base: its ``bnb_4bit_compute_dtype``).
+        checkpointing: gradient (activation) checkpointing on.
+        adapter: the model trains through a PEFT adapter.
+    """
+
+    dtype: str
+    quantization: str | None
+    compute_dtype: str
+    checkpointing: bool
+    adapter: bool
+
+    @property
+    def half(self) -> bool:
+        """The forward computes in bf16/fp16: the held-out loss has their resolution."""
+        return self.compute_dtype in HALF
+
+    def describe(self) -> str:
+        base = f"a {self.quantization} base (bitsandbytes, computing in {self.compute_dtype})" if self.quantization else f"a {self.dtype} base"
+        how = "a LoRA adapter over " if self.adapter else "every weight of "
+        ckpt = "gradient checkpointing on" if self.checkpointing else "gradient checkpointing off"
+        return f"{how}{base}, {ckpt}"
+
+    def as_value(self) -> Value:
+        grain = "the held-out loss read at bf16/fp16's resolution (1e-3 of its size)" if self.half else "the held-out loss read at float32's resolution"
+        return Value(asdict(self), "given", f"the model as it trains: {self.describe()}; the ramp, the timings, the noise probe "
+                     f"and the rate phases ran through that forward and backward; {grain}", evidence=asdict(self))
+
+
+def _name(dtype: Any) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _quant_config(model: Any) -> dict[str, Any] | None:
+    cfg = getattr(getattr(model, "config", None), "quantization_config", None)
+    if cfg is None:
+        return None
+    as_dict = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg) if isinstance(cfg, dict) else vars(cfg)
+    method = as_dict.get("quant_method", "bitsandbytes")
+    method = str(getattr(method, "value", method))  # transformers keeps it as a str Enum
+    return as_dict if "bitsandbytes" in method else {**as_dict, "_other": method}
+
+
+def precision_of(model: Any) -> Precision:
+    """Read :class:`Precision` from a (PEFT) causal LM."""
+    counts: Counter[str] = Counter()
+    for p in model.parameters():
+        if p.is_floating_point() and not p.requires_grad:
+            counts[_name(p.dtype)] += p.numel()
+    if not counts:  # a full fine-tune: every weight trained
+        counts.update(_name(p.dtype) for p in model.parameters() if p.is_floating_point())
+    dtype = counts.most_common(1)[0][0] if counts else "float32"
+    q = _quant_config(model)
+    quantization, compute = None, dtype
+    if q is not None and "_other" in q:
+        quantization = str(q["_other"])
+    elif q is not None and q.get("load_in_4bit"):
+        quantization = f"4-bit {q.get('bnb_4bit_quant_type', 'fp4')}"
+        compute = _name(q.get("bnb_4bit_compute_dtype") or "float32")
+    elif q is not None and q.get("load_in_8bit"):
+        quantization = "8-bit"
+    ckpt = bool(getattr(model, "is_gradient_checkpointing", False) or getattr(model, "is_activation_checkpointing", False))
+    return Precision(dtype, quantization, compute, ckpt, hasattr(model, "peft_config"))
+
+
+def check_trainable(model: Any) -> Precision:
+    """The precision, or one sentence when a quantized base is trained without an adapter or
+    its quantization cannot train on this machine."""
+    prec = precision_of(model)
+    if prec.quantization and not prec.adapter:
+        raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base trains only "
+                         "through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass peft_config= to SFTTrainer")
+    if prec.quantization and prec.quantization[0] in "48":
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise InputError(f"the model's base is quantized ({prec.quantization}, bitsandbytes) but sits on {device}; "
+                             "bitsandbytes trains a quantized base on a CUDA GPU: load it there (device_map='cuda') or load it unquantized")
+    return prec
+
+
+@contextmanager
+def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) -> Iterator[None]:
+    """Gradient checkpointing set to ``on`` inside the block as Trainer sets it for the run
+    (``activation_checkpointing_enable`` with the trainer's kwargs), put back after."""
+    was = precision_of(model).checkpointing
+    if on == was:
+        yield
+        return
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    enable = getattr(inner, "activation_checkpointing_enable", None) or getattr(inner, "gradient_checkpointing_enable", None)
+    disable = getattr(inner, "activation_checkpointing_disable", None) or getattr(inner, "gradient_checkpointing_disable", None)
+    if on and (enable is None or not getattr(inner, "supports_gradient_checkpointing", True)):
+        raise InputError(f"{type(inner).__name__} does not support gradient checkpointing; turn it off "
+                         "(gradient_checkpointing=False, or leave out --gradient-checkpointing)")
+    try:
+        if on:
+            enable(**({"activation_checkpointing_kwargs": kwargs} if kwargs and "activation" in enable.__name__ else
+                      {"gradient_checkpointing_kwargs": kwargs} if kwargs else {}))
+        else:
+            disable()
+        yield
+    finally:
+        if was:
+            enable()
+        elif disable is not None:
+            disable()
+
+
+def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the trainer's run turns gradient checkpointing on (Trainer does it in train()),
+    and the kwargs it passes, less the ones Trainer takes for itself."""
+    args = trainer.args
+    on = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+    kw = dict(getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None) or {})
+    for k in ("every_n_layers", "offload", "selective"):
+        kw.pop(k, None)
+    return on, kw or None

@@ -1,0 +1,133 @@
+"""derive_for measures the model as it trains: bf16, a bitsandbytes 4-bit/8-bit base under
+LoRA (QLoRA), gradient checkpointing; the plan's ``precision`` says so."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import DATA, make_model, make_tokenizer
+
+
+def _lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+
+
+def _four_bit(model):
+    """The tiny model carrying a 4-bit bitsandbytes config, as from_pretrained(quantization_config=...)
+    leaves it (its weights stay float here: bitsandbytes' 4-bit path needs CUDA)."""
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    model.config.quantization_config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                          bnb_4bit_compute_dtype=torch.bfloat16)
+    return model
+
+
+def test_reads_float32_bf16_and_checkpointing():
+    import torch
+
+    from leadline.hf.precision import precision_of
+
+    tok = make_tokenizer()
+    p = precision_of(_lora(make_model(vocab_size=len(tok))))
+    assert (p.dtype, p.quantization, p.compute_dtype, p.checkpointing, p.adapter) == ("float32", None, "float32", False, True)
+    base = make_model(vocab_size=len(tok)).to(torch.bfloat16)
+    base.gradient_checkpointing_enable()
+    p = precision_of(_lora(base))
+    assert p.dtype == "bfloat16" and p.half and p.checkpointing
+    full = precision_of(make_model(vocab_size=len(tok)).to(torch.bfloat16))  # a full fine-tune: every weight trained
+    assert full.dtype == "bfloat16" and not full.adapter
+
+
+def test_a_four_bit_base_is_read_with_its_compute_dtype():
+    from leadline.hf.precision import precision_of
+    from leadline.hf.task import _loss_resolution
+    from leadline.rate.first_step import BF16_RESOLUTION
+
+    model = _lora(_four_bit(make_model()))
+    p = precision_of(model)
+    assert p.quantization == "4-bit nf4" and p.compute_dtype == "bfloat16" and p.adapter
+    assert _loss_resolution(model) == BF16_RESOLUTION  # the rate phases read the loss at bf16's grain
+    assert "4-bit nf4" in p.as_value().source
+
+
+def test_a_quantized_base_without_adapter_or_off_cuda_is_one_sentence():
+    from leadline.errors import InputError
+    from leadline.hf import derive_for
+
+    tok = make_tokenizer()
+    with pytest.raises(InputError, match="has no adapter"):
+        derive_for(_four_bit(make_model(vocab_size=len(tok))), tok, str(DATA / "text.jsonl"))
+    with pytest.raises(InputError, match="CUDA GPU"):
+        derive_for(_lora(_four_bit(make_model(vocab_size=len(tok)))), tok, str(DATA / "text.jsonl"))
+
+
+def test_checkpointing_on_a_model_without_it_is_one_sentence():
+    from leadline.errors import InputError
+    from leadline.hf.precision import checkpointing
+
+    model = make_model()
+    model.supports_gradient_checkpointing = False
+    with pytest.raises(InputError, match="does not support gradient checkpointing"), checkpointing(model, True):
+        pass
+
+
+def test_a_trainer_with_checkpointing_is_measured_with_it_on_in_bf16(tmp_path, monkeypatch):
+    """SFTTrainer on a bf16 base with LoRA and gradient_checkpointing=True: derive runs the
+    checkpointed forward, the plan says bf16 and checkpointing, and the model is put back."""
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import torch
+    import transformers.modeling_utils as mu
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from leadline.hf import derive_for
+
+    calls = []
+    real = mu.checkpoint  # what gradient_checkpointing_enable hands the layers
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(mu, "checkpoint", counted)
+    tok = make_tokenizer()
+    ds = datasets.load_dataset("json", data_files=str(DATA / "prompt_completion.jsonl"), split="train")
+    cfg = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=8, dataset_num_proc=None,
+                    bf16=True, gradient_checkpointing=True)
+    trainer = SFTTrainer(model=make_model(vocab_size=len(tok)).to(torch.bfloat16), args=cfg, train_dataset=ds,
+                         processing_class=tok, peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    on_before = bool(trainer.model.is_gradient_checkpointing)
+    assert not on_before  # Trainer turns it on in train(), not before
+    plan = derive_for(trainer)
+    prec = plan["precision"].value
+    assert prec["dtype"] == "bfloat16" and prec["checkpointing"] is True and prec["adapter"] is True
+    assert calls, "derive never ran a checkpointed forward"
+    assert bool(trainer.model.is_gradient_checkpointing) == on_before  # put back as Trainer left it
+    assert plan.micro_batch >= 1 and plan.lr > 0
+
+
+@pytest.mark.gpu
+def test_qlora_four_bit_base_on_cuda(tmp_path):
+    """The real QLoRA path: a 4-bit nf4 base (bitsandbytes) under LoRA, gradient checkpointing
+    on, derived on the GPU."""
+    pytest.importorskip("bitsandbytes")
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from helpers import save_model_dir
+    from leadline.hf import derive_for
+
+    folder = save_model_dir(tmp_path / "tiny")
+    tok = make_tokenizer()
+    q = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=q, device_map="cuda")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = _lora(model)
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8)
+    prec = plan["precision"].value
+    assert prec["quantization"] == "4-bit nf4" and prec["compute_dtype"] == "bfloat16" and prec["checkpointing"]
+    assert plan.micro_batch >= 1 and plan.lr > 0
