@@ -214,4 +214,7 @@ def test_derive_for_gives_the_golden_plan_on_the_tiny_model(monkeypatch):
         path.write_text(json.dumps(got, indent=1, sort_keys=True, allow_nan=True) + "\n", encoding="utf-8")
     want = json.loads(path.read_text(encoding="utf-8"))
     assert {"noise_scale_tokens", "rows_fit", "alpha1", "lr", "noise_scale_past_format_tokens"} <= set(want["values"])
+    # derive_for may add values of its own beside derive's (the precision it trains at): every
+    # stored value is still there and the same
+    got["values"] = {n: v for n, v in got["values"].items() if n in want["values"]}
     _same(got, want, "derive_for")
