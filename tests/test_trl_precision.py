@@ -131,3 +131,32 @@ def test_qlora_four_bit_base_on_cuda(tmp_path):
     prec = plan["precision"].value
     assert prec["quantization"] == "4-bit nf4" and prec["compute_dtype"] == "bfloat16" and prec["checkpointing"]
     assert plan.micro_batch >= 1 and plan.lr > 0
+
+
+def test_cli_load_in_4bit_off_cuda_is_one_sentence(tmp_path, capsys):
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    folder = save_model_dir(tmp_path / "tiny")
+    capsys.readouterr()  # saving the model writes a bar
+    out = tmp_path / "plan.json"
+    base = ["derive", "--model", str(folder), "--data", str(DATA / "text.jsonl"), "--steps", "8", "--device", "cpu", "--out", str(out)]
+    assert main([*base, "--load-in-4bit"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--load-in-4bit" in err and ("CUDA GPU" in err or "bitsandbytes" in err) and len(err.splitlines()) == 1
+    assert main([*base, "--load-in-8bit", "--full"]) == 2
+    assert "not --full" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_gradient_checkpointing_is_measured_and_recorded(tmp_path):
+    from helpers import save_model_dir
+    from leadline import Plan
+    from leadline.cli import main
+
+    folder = save_model_dir(tmp_path / "tiny")
+    out = tmp_path / "plan.json"
+    assert main(["derive", "--model", str(folder), "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "8",
+                 "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--out", str(out)]) == 0
+    prec = Plan.from_json(out)["precision"].value
+    assert prec["checkpointing"] is True and prec["quantization"] is None and prec["adapter"] is True

@@ -26,6 +26,12 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
     p.add_argument("--seed", type=int, default=0, help="the seed of the split, the row order and the adapter's init (default 0)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="the model's dtype (default float32: a bf16 forward rounds the held-out loss the rate is read from)")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--load-in-4bit", action="store_true",
+                   help="QLoRA: the base in 4-bit nf4 through bitsandbytes, computing in --dtype (CUDA; with LoRA)")
+    q.add_argument("--load-in-8bit", action="store_true", help="the base in 8-bit through bitsandbytes (CUDA; with LoRA)")
+    p.add_argument("--gradient-checkpointing", action="store_true",
+                   help="recompute activations in the backward: measure and train with it on")
 
 
 def check_data_file(flag: str, path: str | os.PathLike[str], fix: str = "pass a jsonl file of training rows") -> None:
@@ -153,10 +159,17 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     check_device(args.device)
+    bits = 4 if getattr(args, "load_in_4bit", False) else 8 if getattr(args, "load_in_8bit", False) else None
+    if bits is not None and args.full:
+        raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass --lora-rank R) or load the base unquantized")
     tok = load_tokenizer(args.model)
-    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype))
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype), bits=bits)
     if not args.full:
         check_lora_rank(model, args.lora_rank)
+    if getattr(args, "gradient_checkpointing", False):
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; leave the flag out")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(args.seed)  # the adapter's init: the same command gives the same plan
     if args.full:
         for p in model.parameters():

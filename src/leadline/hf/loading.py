@@ -46,9 +46,12 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     return tok
 
 
-def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any = None) -> Any:
+def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any = None, bits: int | None = None) -> Any:
     """A causal LM from a Hugging Face folder or a GGUF file, on ``device`` (default: the GPU if
-    there is one, else the CPU), in ``dtype`` (default: bfloat16 on a GPU that has it, else float32)."""
+    there is one, else the CPU), in ``dtype`` (default: bfloat16 on a GPU that has it, else float32).
+
+    ``bits=4`` (nf4, computing in ``dtype``) or ``bits=8``: the base quantized by bitsandbytes
+    as it loads, on a CUDA device (QLoRA: train it through a LoRA adapter)."""
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -60,6 +63,8 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
     if dtype is None:
         dtype = torch.bfloat16 if (str(device).startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
     kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
+    if bits is not None:
+        return _load_quantized(folder, gguf, bits, dtype, device)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
     except TypeError:
@@ -67,6 +72,30 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder save_pretrained() wrote or a .gguf") from None
     return model.to(device)
+
+
+def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device: Any) -> Any:
+    """The base quantized by bitsandbytes as it loads, or one sentence on why it cannot be."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    if bits not in (4, 8):
+        raise InputError(f"bits={bits} is not 4 or 8; bitsandbytes loads a base in 4-bit or 8-bit")
+    if gguf:
+        raise InputError(f"--load-in-{bits}bit needs a Hugging Face folder, not a .gguf file; pass the folder save_pretrained() wrote")
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise InputError(f"--load-in-{bits}bit needs bitsandbytes; pip install 'leadline[qlora]' (on a machine with a CUDA GPU)")
+    if not str(device).startswith("cuda") or not torch.cuda.is_available():
+        raise InputError(f"--load-in-{bits}bit trains a quantized base on a CUDA GPU, and this run is on {device}; "
+                         "pass --device cuda on a machine with one, or leave the flag out")
+    q = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype) if bits == 4
+         else BitsAndBytesConfig(load_in_8bit=True))
+    try:
+        return AutoModelForCausalLM.from_pretrained(folder, quantization_config=q, dtype=dtype, device_map=str(device))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load {folder} in {bits}-bit ({str(e).splitlines()[0][:160]}); load it unquantized") from None
 
 
 def default_model_path() -> Path:
