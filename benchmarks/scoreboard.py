@@ -1,0 +1,735 @@
+"""The scoreboard: leadline against the searches it replaces, side by side, task by task.
+
+"Should I run leadline, or sweep, or just use 2e-4?" Every arm trains SmolLM2-135M-Instruct
+with LoRA r16 (alpha 32, every linear layer) on the same training rows, seed 0, and is judged
+on the same test rows, which no arm trains or decides on.
+
+Tasks (``--task``):
+  debian_sections  4-class topic of a Debian package from its description; accuracy by the
+                   summed log-prob of each label after the prompt; McNemar.
+  man_sections     4-class manual section (1 commands, 2 system calls, 3 library functions,
+                   8 administration) from a man page's one-line description
+                   (benchmarks/data/README.md); accuracy as above; McNemar.
+  gsm_symbolic     a worked solution to a grade-school word problem; test cross-entropy per
+                   completion token (paired t over rows) and exact match of the number after
+                   ``####`` in a greedy generation (McNemar).
+  debian_summary   a package's one-line summary written from its long description
+                   (benchmarks/data/README.md); test cross-entropy per token (paired t).
+
+Arms (``--arms``), each the way its users run it; an arm's cost is the wall seconds of its own
+processes (model loading included, the same for every arm), deciding and training:
+  recipe           AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero, one pass
+                   (``leadline train --recipe``: the same rows, collation and loss as every arm).
+  sweep            the recipe at 8 rates log-spaced over 1e-5..3e-3; the swept optimum is the
+                   rate with the lowest loss on the run's unseen split (rows no arm trains on,
+                   not the test rows); the grid's summed time is the sweep's cost.
+  lr_find          Lightning's LR range test (``Tuner.lr_find``: 100 steps, 1e-8..1, its
+                   ``suggestion()``), then the recipe at the suggested rate.
+  optuna           TPE (seed 0, 3 random start-up trials so that TPE proposes the other 5;
+                   the default 10 would leave all 8 random) over the rate (1e-5..3e-3, log),
+                   rows a step (4, 8, 16, 32) and the warmup's share (0..0.1), 8 trials of the
+                   full run; each trial's objective is its loss on the run's unseen split; the
+                   best trial is the arm; the trials' summed time its cost.
+  schedulefree     ``schedulefree.AdamWScheduleFree`` at its documented defaults (lr 0.0025,
+                   no warmup), 16 rows a step, one pass, evaluated at its averaged weights.
+  leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
+  leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``.
+  pichak is not an arm yet: running it as its README prescribes needs its own adapter code.
+
+Decision rules, written before any run (``RULES`` below is what the table prints):
+  W   a leadline arm WINS against an arm when its test metric is better with p < 0.05
+      (McNemar for accuracy and exact match; paired t over rows for cross-entropy);
+  L   it LOSES when the metric is worse with p < 0.05; otherwise the two TIE;
+  C   an arm COLLAPSED when one answer takes over 60% of the test rows on a task whose
+      majority class is below 40%;
+  $   leadline's cost is reported as a ratio to the sweep's summed cost; "a fraction of a
+      search's cost" means below 0.5.
+Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
+are.
+
+One arm at a time, resumable: each finished unit (an arm, or one rate of the sweep, or one
+optuna trial) is written into ``--out`` at once, and a rerun skips what is there, so a cut
+call loses one unit.
+
+    PYTHONPATH=src python3 benchmarks/scoreboard.py --task debian_sections \\
+        --model /root/assets/smol.gguf --data-dir /root/assets/data \\
+        --out benchmarks/results/scoreboard_debian_sections.json --stop-after 520
+    python3 benchmarks/scoreboard.py --table --readme README.md   # the README's table
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+T0 = time.perf_counter()
+SWEEP_RATES = [1e-5 * (3e-3 / 1e-5) ** (k / 7) for k in range(8)]
+OPTUNA_TRIALS = 8
+RULES = {
+    "W": "a leadline arm wins against an arm when its test metric is better with p < 0.05 (McNemar for accuracy "
+         "and exact match, paired t over rows for cross-entropy)",
+    "L": "it loses when the metric is worse with p < 0.05; otherwise the two tie",
+    "C": "an arm collapsed when one answer takes over 60% of the test rows (majority class below 40%)",
+    "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
+}
+ARMS = ["recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "sweep", "optuna"]
+
+
+def log(*a: Any) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s]", *a, flush=True)
+
+
+# ---- the tasks ----------------------------------------------------------------------------
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _take(rows: list[dict[str, Any]], n: int, seed: int = 0) -> list[dict[str, Any]]:
+    if n <= 0 or n >= len(rows):
+        return rows
+    pick = list(range(len(rows)))
+    random.Random(seed).shuffle(pick)
+    return [rows[i] for i in sorted(pick[:n])]
+
+
+def load_task(name: str, data_dir: Path, train_rows: int, test_rows: int) -> dict[str, Any]:
+    """The task's training rows (prompt/completion) and test rows, as every arm sees them."""
+    local = HERE / "data"
+    if name == "debian_sections":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": r["text"][:600] + "\nSection:", "completion": " " + r["label"]}
+        train = read_jsonl(data_dir / "debian_sections_train.jsonl")
+        test = read_jsonl(data_dir / "debian_sections_test.jsonl")
+        kind, labels = "classify", ["games", "net", "science", "sound"]
+    elif name == "man_sections":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": "Manual page: " + r["text"] + "\nSection:", "completion": " " + r["label"]}
+        train = read_jsonl(local / "man_sections_train.jsonl")
+        test = read_jsonl(local / "man_sections_test.jsonl")
+        kind, labels = "classify", ["1", "2", "3", "8"]
+    elif name == "gsm_symbolic":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": r["question"] + "\n", "completion": r["answer_cot"], "answer": r.get("answer")}
+        train = read_jsonl(data_dir / "gsm_symbolic_train.jsonl")
+        test = read_jsonl(data_dir / "gsm_symbolic_test.jsonl")
+        kind, labels = "generate", None
+    elif name == "debian_summary":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": r["prompt"][:600] + "\nSummary:", "completion": " " + r["completion"]}
+        train = read_jsonl(local / "debian_summary_train.jsonl")
+        test = read_jsonl(local / "debian_summary_test.jsonl")
+        kind, labels = "generate", None
+    else:
+        raise SystemExit(f"--task {name} is not a task; pass one of debian_sections, man_sections, gsm_symbolic, debian_summary")
+    tr = [pc(r) for r in _take(train, train_rows)]
+    te = []
+    for r in _take(test, test_rows):
+        row = pc(r)
+        if kind == "classify":
+            row["label"] = r["label"]
+        te.append(row)
+    return {"name": name, "kind": kind, "labels": labels, "train": tr, "test": te}
+
+
+# ---- running an arm's processes -----------------------------------------------------------
+def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
+    """One process of an arm, timed; its output kept beside the results."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    t = time.perf_counter()
+    with log_path.open("w") as f:
+        try:
+            rc: int | str = subprocess.run([sys.executable, *args], stdout=f, stderr=subprocess.STDOUT, env=env,
+                                           timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = f"timeout after {timeout:g} s"
+    secs = time.perf_counter() - t
+    log(" ".join(a for a in args[:3]), f"rc={rc}", f"{secs:.1f}s")
+    return {"argv": args, "rc": rc, "seconds": secs, "output_tail": log_path.read_text()[-1500:]}
+
+
+def leadline(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
+    return proc(["-m", "leadline", *args], log_path, timeout)
+
+
+def run_json(run_dir: Path) -> dict[str, Any] | None:
+    p = run_dir / "run.json"
+    if not p.exists():
+        return None
+    r = json.loads(p.read_text())
+    r.pop("curve", None)
+    return r
+
+
+def unseen_loss(run: dict[str, Any] | None) -> float | None:
+    """The run's loss on its unseen split (rows neither trained on nor in the scoreboard's test)."""
+    after = (run or {}).get("test_loss_after") or {}
+    m = after.get("mean")
+    return float(m) if isinstance(m, (int, float)) and math.isfinite(m) else None
+
+
+class Board:
+    """The task's results file: every finished unit written at once."""
+
+    def __init__(self, path: Path, task: dict[str, Any], argv: list[str]) -> None:
+        self.path = path
+        self.data: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+        self.data.setdefault("units", {})
+        self.data.update({
+            "benchmark": "scoreboard", "task": task["name"], "kind": task["kind"], "rules": RULES,
+            "train_rows": len(task["train"]), "test_rows": len(task["test"]),
+            "command": " ".join(["python3", "benchmarks/scoreboard.py", *argv]), "commit": _commit(),
+            "machine": _machine(),
+        })
+
+    def has(self, unit: str) -> bool:
+        return unit in self.data["units"] and not self.data["units"][unit].get("failed")
+
+    def put(self, unit: str, rec: dict[str, Any]) -> None:
+        self.data["units"][unit] = rec
+        self.save()
+
+    def save(self) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=1, default=str))
+        tmp.replace(self.path)
+
+
+def _commit() -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        head = ""
+    return head or os.environ.get("LEADLINE_COMMIT", "unknown")
+
+
+def _machine() -> dict[str, Any]:
+    out: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    return out
+
+
+# ---- the judge ----------------------------------------------------------------------------
+class Judge:
+    """The test verdict of an adapter: the base model loaded once, each adapter put on and taken
+    off in turn."""
+
+    def __init__(self, model_path: str, task: dict[str, Any], em_rows: int) -> None:
+        from leadline.hf import load_model, load_tokenizer
+
+        self.task = task
+        self.tok = load_tokenizer(model_path)
+        self.base = load_model(model_path)
+        import torch
+
+        self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.base.to(self.dev)
+        self.em_rows = em_rows
+
+    def verdict(self, adapter: Path | None) -> dict[str, Any]:
+        model = self.base
+        if adapter is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(self.base, str(adapter)).to(self.dev)
+        try:
+            if self.task["kind"] == "classify":
+                return self._classify(model)
+            return self._generate(model)
+        finally:
+            if adapter is not None:
+                self.base = model.unload()
+
+    def _seq_scores(self, model: Any, seqs: list[tuple[list[int], int]], batch: int = 64) -> list[tuple[float, int]]:
+        """(summed log-prob, scored tokens) of each sequence's tail after its prompt."""
+        import torch
+
+        out: list[tuple[float, int]] = []
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+        model.eval()
+        with torch.no_grad():
+            for i in range(0, len(seqs), batch):
+                chunk = seqs[i:i + batch]
+                n = max(len(s) for s, _ in chunk)
+                ids = torch.full((len(chunk), n), pad, dtype=torch.long)
+                mask = torch.zeros((len(chunk), n), dtype=torch.long)
+                for j, (s, _) in enumerate(chunk):
+                    ids[j, :len(s)] = torch.tensor(s)
+                    mask[j, :len(s)] = 1
+                logits = model(input_ids=ids.to(self.dev), attention_mask=mask.to(self.dev)).logits.float()
+                logp = torch.log_softmax(logits[:, :-1], dim=-1)
+                tgt = ids[:, 1:].to(self.dev)
+                tok_lp = logp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+                for j, (s, plen) in enumerate(chunk):
+                    out.append((float(tok_lp[j, plen - 1:len(s) - 1].sum()), len(s) - plen))
+        return out
+
+    def _enc(self, text: str) -> list[int]:
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def _classify(self, model: Any) -> dict[str, Any]:
+        labels = self.task["labels"]
+        seqs = []
+        for r in self.task["test"]:
+            p = self._enc(r["prompt"])
+            for lab in labels:
+                seqs.append((p + self._enc(" " + lab) + [self.tok.eos_token_id], len(p)))
+        sc = self._seq_scores(model, seqs)
+        k = len(labels)
+        preds = [labels[max(range(k), key=lambda x: sc[k * i + x][0])] for i in range(len(self.task["test"]))]
+        gold = [r["label"] for r in self.task["test"]]
+        c = Counter(preds)
+        return {"metric": "accuracy", "accuracy": sum(p == g for p, g in zip(preds, gold)) / len(gold),
+                "top_answer_share": c.most_common(1)[0][1] / len(preds), "counts": dict(c), "predictions": preds}
+
+    def _generate(self, model: Any) -> dict[str, Any]:
+        seqs = []
+        for r in self.task["test"]:
+            p = self._enc(r["prompt"])
+            seqs.append((p + self._enc(r["completion"]) + [self.tok.eos_token_id], len(p)))
+        sc = self._seq_scores(model, seqs, batch=32)
+        ce = [-s / max(1, n) for s, n in sc]
+        out: dict[str, Any] = {"metric": "test_ce", "test_ce": sum(ce) / len(ce), "row_ce": ce}
+        if self.task["name"] == "gsm_symbolic" and self.em_rows > 0:
+            rows = self.task["test"][:self.em_rows]
+            texts = self._greedy(model, [r["prompt"] for r in rows], 256)
+            got = [_final_number(t) for t in texts]
+            right = [g is not None and g == _norm_number(str(r["answer"])) for g, r in zip(got, rows)]
+            c = Counter(g for g in got)
+            out.update({"exact_match": sum(right) / len(right), "em_rows": len(rows), "em_right": right,
+                        "top_answer_share": c.most_common(1)[0][1] / len(got), "sample": texts[:2]})
+        return out
+
+    def _greedy(self, model: Any, prompts: list[str], max_new: int, batch: int = 64) -> list[str]:
+        import torch
+
+        texts: list[str] = []
+        self.tok.padding_side = "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        model.eval()
+        with torch.no_grad():
+            for i in range(0, len(prompts), batch):
+                enc = self.tok(prompts[i:i + batch], return_tensors="pt", padding=True, add_special_tokens=False).to(self.dev)
+                gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=self.tok.pad_token_id)
+                texts += self.tok.batch_decode(gen[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return texts
+
+
+def _norm_number(s: str) -> str | None:
+    s = s.replace(",", "").strip()
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return str(int(v)) if v == int(v) else repr(v)
+
+
+def _final_number(text: str) -> str | None:
+    m = re.search(r"####\s*(-?[\d,]*\.?\d+)", text)
+    return _norm_number(m.group(1)) if m else None
+
+
+# ---- the arms ------------------------------------------------------------------------------
+class Arms:
+    def __init__(self, args: argparse.Namespace, task: dict[str, Any], board: Board, judge: Judge) -> None:
+        self.args, self.task, self.board, self.judge = args, task, board, judge
+        self.work = Path(args.work) / task["name"]
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.train = self.work / "train.jsonl"
+        self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
+        self.common = ["--model", args.model, "--data", str(self.train), "--lora-rank", "16", "--seed", "0"]
+        self.base_plan = self.work / "base_plan.json"
+        if not self.base_plan.exists():  # the recipe arms' plan: nothing derived, the split's seed only
+            sys.path.insert(0, str(ROOT / "src"))
+            from leadline.plan import Plan
+
+            p = Plan()
+            p.held_out = {"seed": 0}
+            p.to_json(self.base_plan)
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() - T0 > self.args.stop_after
+
+    def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None) -> None:
+        if adapter is not None and (adapter / "adapter_config.json").exists():
+            t = time.perf_counter()
+            rec["verdict"] = self.judge.verdict(adapter)
+            rec["judge_seconds"] = time.perf_counter() - t
+            m = rec["verdict"]["metric"]
+            log(unit, m, f"{rec['verdict'][m]:.4f}", f"cost {rec.get('decide_seconds', 0) + rec.get('train_seconds', 0):.0f}s")
+        else:
+            rec["failed"] = True
+            log(unit, "FAILED")
+        self.board.put(unit, rec)
+
+    def recipe_run(self, unit: str, lr: float, batch: int = 16, warmup: float = 0.03, decide: float = 0.0,
+                   extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        t = leadline(["train", *self.common, "--plan", str(self.base_plan), "--recipe", "--lr", f"{lr:.6g}", "--batch", str(batch),
+                      "--warmup-ratio", f"{warmup:.4g}", "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
+        rec = {"lr": lr, "rows_per_step": batch, "warmup_ratio": warmup, "decide_seconds": decide, "train_seconds": t["seconds"],
+               "train": t, "run": run_json(run_dir), **(extra or {})}
+        rec["unseen_loss"] = unseen_loss(rec["run"])
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+        return rec
+
+    def untrained(self) -> None:
+        if not self.board.has("untrained"):
+            rec = {"decide_seconds": 0.0, "train_seconds": 0.0, "verdict": self.judge.verdict(None)}
+            self.board.put("untrained", rec)
+
+    def recipe(self) -> None:
+        if not self.board.has("recipe"):
+            self.recipe_run("recipe", 2e-4)
+
+    def sweep(self) -> None:
+        for k, lr in enumerate(SWEEP_RATES):
+            unit = f"sweep_{k}"
+            if self.board.has(unit):
+                continue
+            if self.out_of_time():
+                return
+            self.recipe_run(unit, lr)
+
+    def lr_find(self) -> None:
+        if self.board.has("lr_find"):
+            return
+        out = self.work / "lr_find.json"
+        f = proc([str(HERE / "scoreboard.py"), "--worker", "lr_find", "--model", self.args.model, "--train", str(self.train),
+                  "--worker-out", str(out)], self.work / "lr_find_range.log", self.args.timeout)
+        found = json.loads(out.read_text()) if f["rc"] == 0 and out.exists() else None
+        if not found or not found.get("suggestion"):
+            self.board.put("lr_find", {"failed": True, "range_test": f, "found": found})
+            return
+        self.recipe_run("lr_find", float(found["suggestion"]), decide=f["seconds"], extra={"range_test": found})
+
+    def schedulefree(self) -> None:
+        if self.board.has("schedulefree"):
+            return
+        run_dir = self.work / "run_schedulefree"
+        _rm(run_dir)
+        t = proc([str(HERE / "scoreboard.py"), "--worker", "schedulefree", "--model", self.args.model, "--train", str(self.train),
+                  "--worker-out", str(run_dir)], self.work / "schedulefree.log", self.args.timeout)
+        rec = {"decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
+        rec["unseen_loss"] = unseen_loss(rec["run"])
+        self.finish("schedulefree", rec, run_dir if t["rc"] == 0 else None)
+
+    def leadline_arm(self, effort: str) -> None:
+        unit = f"leadline_{effort}"
+        if self.board.has(unit):
+            return
+        plan = self.work / f"{effort}.json"
+        _rm(plan)
+        d = leadline(["derive", *self.common, "--effort", effort, "--out", str(plan)], self.work / f"derive_{effort}.log",
+                     self.args.timeout)
+        rec: dict[str, Any] = {"derive": d, "decide_seconds": d["seconds"]}
+        if d["rc"] != 0 or not plan.exists():
+            rec["failed"] = True
+            self.board.put(unit, rec)
+            return
+        rec["plan"] = json.loads(plan.read_text())
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        t = leadline(["train", *self.common, "--plan", str(plan), "--out", str(run_dir)], self.work / f"train_{effort}.log",
+                     self.args.timeout)
+        rec.update({"train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)})
+        rec["unseen_loss"] = unseen_loss(rec["run"])
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+
+    def optuna(self) -> None:
+        if self.board.has("optuna"):
+            return
+        import optuna
+        from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        dists = {"lr": FloatDistribution(1e-5, 3e-3, log=True), "rows_per_step": CategoricalDistribution([4, 8, 16, 32]),
+                 "warmup_ratio": FloatDistribution(0.0, 0.1)}
+        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3))
+        for k in range(OPTUNA_TRIALS):  # the trials already run, told to the study so it proposes what it would have
+            u = self.board.data["units"].get(f"optuna_{k}")
+            if u and not u.get("failed") and u.get("unseen_loss") is not None:
+                study.add_trial(optuna.trial.create_trial(params=u["params"], distributions=dists, value=u["unseen_loss"]))
+        for k in range(OPTUNA_TRIALS):
+            unit = f"optuna_{k}"
+            if self.board.has(unit):
+                continue
+            if self.out_of_time():
+                return
+            trial = study.ask(dists)
+            p = dict(trial.params)
+            rec = self.recipe_run(unit, float(p["lr"]), int(p["rows_per_step"]), float(p["warmup_ratio"]), extra={"params": p})
+            if rec.get("unseen_loss") is None:
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            else:
+                study.tell(trial, rec["unseen_loss"])
+        done = [k for k in range(OPTUNA_TRIALS) if self.board.has(f"optuna_{k}")]
+        if len(done) == OPTUNA_TRIALS:
+            self.board.put("optuna", {"trials": OPTUNA_TRIALS, "summary": True})
+
+
+def _rm(p: Path) -> None:
+    import shutil
+
+    if p.is_dir():
+        shutil.rmtree(p)
+    elif p.exists():
+        p.unlink()
+
+
+# ---- the workers: arms that are not leadline's CLI ----------------------------------------
+def _worker_task(model_path: str, train: str) -> tuple[Any, Any, Any, list[Any]]:
+    sys.path.insert(0, str(ROOT / "src"))
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from leadline.hf import load_model, load_tokenizer, prepare, trained_named_weights
+
+    tok = load_tokenizer(model_path)
+    model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)  # the adapter's init, as `leadline train --seed 0` draws it
+    cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    model = get_peft_model(model, cfg)
+    task, _ = prepare(model, tok, train, seed=0)
+    return model, tok, task, [p for _, p in trained_named_weights(model)]
+
+
+def worker_schedulefree(model_path: str, train: str, out: Path) -> None:
+    """AdamWScheduleFree at its defaults, 16 rows a step, one pass, by leadline's own rows,
+    collation and loss; saved at the averaged weights (``optimizer.eval()``)."""
+    import schedulefree
+
+    from leadline.stats import mean_se
+
+    model, _, task, params = _worker_task(model_path, train)
+    opt = schedulefree.AdamWScheduleFree(params)
+    step_of = task.train_step_of(16, 1)
+    steps = max(1, len(task.order) // 16)
+    test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
+    t0 = time.monotonic()
+    model.train()
+    opt.train()
+    losses = []
+    for s in range(steps):
+        opt.zero_grad(set_to_none=True)
+        losses.append(step_of(s))
+        opt.step()
+    opt.eval()
+    model.eval()
+    after = test()
+    m, se = mean_se(after)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    (out / "run.json").write_text(json.dumps({"steps": steps, "seconds": time.monotonic() - t0, "lr": opt.defaults["lr"],
+                                              "final_train_loss": losses[-1], "test_loss_after": {"mean": m, "se": se}}))
+
+
+def worker_lr_find(model_path: str, train: str, out: Path) -> None:
+    """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step."""
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.tuner import Tuner
+
+    model, _, task, params = _worker_task(model_path, train)
+
+    class Module(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+            self.lr = 2e-4
+
+        def training_step(self, idx: list[int], _: int) -> Any:
+            return self.net(**task.batch(idx).to(task.device).model_inputs()).loss
+
+        def configure_optimizers(self) -> Any:
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0)
+
+    loader = torch.utils.data.DataLoader(task.order, batch_size=16, shuffle=False, collate_fn=list)
+    trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=1000, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, precision="32-true", default_root_dir=str(out.parent / "lightning"))
+    t0 = time.monotonic()
+    finder = Tuner(trainer).lr_find(Module(), train_dataloaders=loader, min_lr=1e-8, max_lr=1.0, num_training=100)
+    sug = finder.suggestion() if finder is not None else None
+    out.write_text(json.dumps({"suggestion": sug, "seconds": time.monotonic() - t0, "lr": finder.results["lr"] if finder else None,
+                               "loss": finder.results["loss"] if finder else None}, default=float))
+
+
+# ---- the table ----------------------------------------------------------------------------
+def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
+    units = data["units"]
+    arms: dict[str, dict[str, Any]] = {}
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find"):
+        if name in units and not units[name].get("failed"):
+            arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
+    for prefix, n in (("sweep", len(SWEEP_RATES)), ("optuna", OPTUNA_TRIALS)):
+        done = [units[f"{prefix}_{k}"] for k in range(n) if f"{prefix}_{k}" in units]
+        ok = [u for u in done if not u.get("failed") and u.get("unseen_loss") is not None]
+        if len(done) == n and ok:
+            best = min(ok, key=lambda u: u["unseen_loss"])
+            arms[prefix] = {**best, "cost": sum(u.get("decide_seconds", 0) + u.get("train_seconds", 0) for u in done),
+                            "picked": f"lr {best['lr']:.3g}, {best['rows_per_step']} rows a step, warmup {best['warmup_ratio']:.3g}"}
+    return arms
+
+
+def compare(task_kind: str, a: dict[str, Any], b: dict[str, Any], gold: list[str]) -> dict[str, Any] | None:
+    """a against b on the same test rows: the difference in the metric (a's better is positive) and p."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from leadline import stats
+
+    va, vb = a.get("verdict") or {}, b.get("verdict") or {}
+    if task_kind == "classify":
+        if "predictions" not in va or "predictions" not in vb:
+            return None
+        ra = [x == g for x, g in zip(va["predictions"], gold)]
+        rb = [x == g for x, g in zip(vb["predictions"], gold)]
+        m = stats.mcnemar(ra, rb)
+        return {"diff": m.accuracy_a - m.accuracy_b, "p": m.p_value}
+    if "row_ce" not in va or "row_ce" not in vb:
+        return None
+    d = stats.paired_difference(vb["row_ce"], va["row_ce"])  # positive when a's CE is lower
+    return {"diff": d.mean, "p": d.p_two_sided}
+
+
+def outcome(c: dict[str, Any] | None) -> str:
+    if c is None:
+        return "–"
+    word = "win" if c["diff"] > 0 and c["p"] < 0.05 else "loss" if c["diff"] < 0 and c["p"] < 0.05 else "tie"
+    p = "p < 0.0001" if c["p"] < 1e-4 else f"p {c['p']:.2g}"
+    return f"{c['diff']:+.4f} ({p}, {word})"
+
+
+def table(paths: list[Path]) -> str:
+    lines = []
+    for path in paths:
+        data = json.loads(path.read_text())
+        arms = arms_of(data)
+        kind = data["kind"]
+        metric = "accuracy" if kind == "classify" else "test CE/token"
+        gold = data.get("gold", [])
+        lines += [f"**{data['task']}** ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
+                  f"{data['test_rows']:,} test rows; {metric}"
+                  f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{path.relative_to(ROOT)}`)", "",
+                  "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
+                  "|---|---|---|---|---|---|"]
+        order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "leadline_quick", "leadline_full"]
+        for name in order:
+            if name not in arms:
+                ran = sum(1 for k in data["units"] if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
+                n = len(SWEEP_RATES) if name == "sweep" else OPTUNA_TRIALS
+                lines.append(f"| {name} | {f'{ran} of {n} runs so far' if ran else 'not run'} | | | | |")
+                continue
+            a = arms[name]
+            v = a.get("verdict") or {}
+            val = v.get(v.get("metric", ""), float("nan"))
+            extra = f" (EM {v['exact_match']:.3f})" if "exact_match" in v else ""
+            vs_r = outcome(compare(kind, a, arms["recipe"], gold)) if "recipe" in arms and name not in ("recipe", "untrained") else ""
+            vs_s = outcome(compare(kind, a, arms["sweep"], gold)) if "sweep" in arms and name not in ("sweep", "untrained") else ""
+            top = f"{v['top_answer_share']:.0%}" if "top_answer_share" in v else ""
+            cost = "" if name == "untrained" else f"{a.get('decide_seconds', 0):.0f} + {a.get('train_seconds', 0):.0f}"
+            if name in ("sweep", "optuna"):
+                cost = f"{a['cost']:.0f} in all ({a['picked']})"
+            lines.append(f"| {name} | {val:.4f}{extra} | {vs_r} | {vs_s} | {top} | {cost} |")
+        if "sweep" in arms:
+            for name in ("leadline_quick", "leadline_full"):
+                if name in arms:
+                    lines.append(f"- {name} cost {arms[name]['cost'] / arms['sweep']['cost']:.2f}x the sweep's "
+                                 f"{arms['sweep']['cost']:.0f} s and {arms[name]['cost'] / arms['recipe']['cost']:.2f}x the recipe's "
+                                 f"one run." if "recipe" in arms else "")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_readme(readme: Path, text: str) -> None:
+    s = readme.read_text()
+    a, b = "<!-- scoreboard:start -->", "<!-- scoreboard:end -->"
+    if a not in s or b not in s:
+        raise SystemExit(f"{readme} has no {a} ... {b} markers; add them where the table goes")
+    head, rest = s.split(a, 1)
+    _, tail = rest.split(b, 1)
+    readme.write_text(head + a + "\n" + text + "\n" + b + tail)
+
+
+# ---- main ---------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--task", default="debian_sections")
+    ap.add_argument("--model", default="/root/assets/smol.gguf")
+    ap.add_argument("--data-dir", default="/root/assets/data")
+    ap.add_argument("--out", help="the task's results JSON (default benchmarks/results/scoreboard_<task>.json)")
+    ap.add_argument("--work", default="/tmp/scoreboard")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--train-rows", type=int, default=2000, help="training rows every arm gets (a seeded sample)")
+    ap.add_argument("--test-rows", type=int, default=0, help="test rows (0: all)")
+    ap.add_argument("--em-rows", type=int, default=200, help="gsm_symbolic: test rows judged by greedy exact match")
+    ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
+    ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
+    ap.add_argument("--readme", help="with --table: write it into this file between the scoreboard markers")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--train", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        fn = {"schedulefree": worker_schedulefree, "lr_find": worker_lr_find}[args.worker]
+        fn(args.model, args.train, Path(args.worker_out))
+        return 0
+    if args.table:
+        text = table(sorted(RESULTS.glob("scoreboard_*.json")))
+        if args.readme:
+            write_readme(Path(args.readme), text)
+        print(text)
+        return 0
+    sys.path.insert(0, str(ROOT / "src"))
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    task = load_task(args.task, Path(args.data_dir), args.train_rows, args.test_rows)
+    out = Path(args.out or RESULTS / f"scoreboard_{args.task}.json")
+    board = Board(out, task, argv)
+    if task["kind"] == "classify":
+        board.data["gold"] = [r["label"] for r in task["test"]]
+    board.save()
+    judge = Judge(args.model, task, args.em_rows)
+    arms = Arms(args, task, board, judge)
+    arms.untrained()
+    for name in args.arms.split(","):
+        if arms.out_of_time():
+            log("stopping: --stop-after reached; rerun the same command to go on")
+            break
+        log("arm", name)
+        try:
+            {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
+             "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
+             "leadline_full": lambda: arms.leadline_arm("full")}[name]()
+        except Exception:  # recorded with the arm; the other arms still run
+            board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})
+            board.save()
+            log(name, "raised; recorded in failures")
+    log("wrote", out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
