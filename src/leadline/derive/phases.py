@@ -14,6 +14,13 @@ from typing import Any
 from leadline.budget import OutOfTime
 from leadline.derive.runner import PhaseRunner, Values
 from leadline.errors import InputError
+from leadline.pieces import (
+    CountedSource,
+    LockstepStep,
+    ResizableSource,
+    SelfMeasuringSource,
+    ShardedSource,
+)
 from leadline.plan import Plan, Value
 
 MEMORY_SHARE = 0.3
@@ -91,7 +98,7 @@ def noise(grad_fn: Any, seconds_left: float | None, world: Any = None) -> Any:
     from leadline.noise import measure_noise_scale
 
     budget = None if seconds_left is None else max(1.0, 0.3 * seconds_left)
-    if world is not None and hasattr(grad_fn, "measure"):  # the noise from DDP's all-reduce
+    if world is not None and isinstance(grad_fn, SelfMeasuringSource):  # the noise from DDP's all-reduce
         return grad_fn.measure(budget_s=budget)
     return measure_noise_scale(grad_fn, budget_s=budget)
 
@@ -150,7 +157,7 @@ def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan 
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
-    if world is not None and callable(getattr(step_fn, "lockstep_memory", None)):  # sharded: every rank in step
+    if world is not None and isinstance(step_fn, LockstepStep):  # a sharded model: every rank in step
         res, values = step_fn.lockstep_memory(int(length), lengths=lengths, max_rows=max_rows, start_rows=start,
                                               should_stop=stop)
         return MemoryPhase(res, values)
@@ -241,11 +248,11 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
         return PastFormatPhase(None, None, {})
     mb, accum = burn_in_batch(plan)
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    if callable(getattr(grad_fn, "with_rows", None)) and mb * accum > int(getattr(grad_fn, "rows_per_draw", 1) or 1):
+    if isinstance(grad_fn, ResizableSource) and mb * accum > int(grad_fn.rows_per_draw or 1):
         # the late reading draws a training step's rows at a time: past the format B_noise is tens
         # to hundreds of tokens, beyond the reach of the step-0 probe's small draws (docs/noise.md)
         grad_fn = grad_fn.with_rows(mb * accum)
-    rows_per_draw = getattr(grad_fn, "rows_per_draw", None)
+    rows_per_draw = grad_fn.rows_per_draw if isinstance(grad_fn, CountedSource) else None
     if not rows_per_draw:
         micro = getattr(step0, "micro_tokens", None) or []
         rows_per_draw = max(1, round((sum(micro) / len(micro)) / per_row)) if micro else 1
@@ -298,7 +305,7 @@ def anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: A
     """The anchor rate; on a sharded model the norms of the whole tensors (``grad_fn.weight_norms``)."""
     from leadline.rate import anchor_rate
 
-    norms = grad_fn.weight_norms(named) if callable(getattr(grad_fn, "weight_norms", None)) else None
+    norms = grad_fn.weight_norms(named) if isinstance(grad_fn, ShardedSource) else None
     return anchor_rate(named, trained_as=trained_as, batch_tokens=plan.get("tokens_per_step"),
                        b_noise_tokens=plan.get("noise_scale_tokens"), norms=norms)
 

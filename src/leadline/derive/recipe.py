@@ -32,6 +32,7 @@ from leadline.derive.timed import held_estimate, step_estimate, timed_reads, tim
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
+from leadline.pieces import device_of, optimizer_of
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
 from leadline.rate.policy import fallback_rate
@@ -129,7 +130,7 @@ def derive(
         prior = Plan.from_json(prior)
     named = list(named_weights or [])
     params = [w for _, w in named]
-    device = device if device is not None else getattr(step_fn, "device", None)
+    device = device if device is not None else device_of(step_fn)
     plan = Plan(machine=describe_machine(device if params or step_fn is not None else None),
                 model=dict(model_info or {}), held_out=dict(held_out or {}))
     if named:
@@ -148,7 +149,7 @@ def derive(
                          resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                          **({"started": started} if started is not None else {}),
                          **({"world": world} if world is not None else {}))
-    optimizers = [o for o in {id(o): o for o in (optimizer, getattr(step_fn, "optimizer", None)) if o is not None}.values()]
+    optimizers = [o for o in {id(o): o for o in (optimizer, optimizer_of(step_fn)) if o is not None}.values()]
     with leave_no_trace(params, optimizers), forbid_spill(device if device is not None else "cpu"):
         if profile is not None:
             runner.run("corpus", phases.given_profile, profile)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from leadline.pieces import CountedReader
 from leadline.plan import Plan
 
 
@@ -75,6 +76,6 @@ def held_estimate(plan: Plan, held_out: Callable[[], Sequence[float]]) -> Callab
     taken as half a forward+backward (LoRA's backward skips the frozen weights' gradients, so
     half is the cautious share). 0 when the reader does not say its rows or nothing was timed."""
     def est() -> float:
-        per_row, n = _seconds_per_row(plan), getattr(held_out, "rows", None)
+        per_row, n = _seconds_per_row(plan), (held_out.rows if isinstance(held_out, CountedReader) else None)
         return 0.0 if per_row is None or not isinstance(n, int) else 0.5 * per_row * n
     return est

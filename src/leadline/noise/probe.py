@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from leadline.errors import InputError
 from leadline.noise._stream import MeanStream, as_tensor_list
 from leadline.noise.estimator import Draw, NoiseEstimate, NoiseSums
+from leadline.pieces import ShardedSource
 from leadline.plan import Value
 
 if TYPE_CHECKING:
@@ -209,9 +210,10 @@ def measure_noise_scale(
     limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
     if k is not None and max_k is not None:
         limit = min(limit, int(max_k))
-    if reduce is None:
-        reduce = getattr(grad_fn, "reduce_sums", None)
-    agree_stop = getattr(grad_fn, "agree_stop", None)  # ranks drawing one sharded gradient stop together
+    sharded = isinstance(grad_fn, ShardedSource)
+    if reduce is None and sharded:
+        reduce = grad_fn.reduce_sums
+    agree_stop = grad_fn.agree_stop if sharded else None  # ranks drawing one sharded gradient stop together
     stream, sums = MeanStream(reduce=reduce), NoiseSums()
     micro_tokens: list[int] = []
     records: list[Draw] = []

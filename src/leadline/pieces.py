@@ -1,0 +1,124 @@
+"""The pieces a user passes to derive(), each contract named once as a :class:`typing.Protocol`.
+
+- :class:`GradientSource` — ``grad_fn(i) -> (gradient, scored_tokens)`` or None when the data
+  ran out (the noise phase). Optional parts, each its own protocol: :class:`CountedSource` (the
+  rows a draw reads), :class:`ResizableSource`
+  (draws of more rows past the format), :class:`ShardedSource` (ranks that hold shards of one
+  gradient: sums all-reduced, stops agreed, whole-tensor norms), :class:`SelfMeasuringSource`
+  (a source that runs the noise phase itself: DDP's all-reduce).
+- :class:`TimedStep` — ``step_fn(rows, length, repeats=1) -> StepTiming`` on ``device`` (the
+  memory phase); :class:`LockstepStep` the sharded model's ramp with every rank in step.
+- :class:`HeldOutReader` — ``held_out_losses() -> [loss per row]`` on fixed rows;
+  :class:`CountedReader` says how many rows it reads (for the time bound's first estimate).
+
+:class:`~leadline.noise.ModelGradFn`, :class:`~leadline.distributed.ShardedGradFn`,
+:class:`~leadline.memory.TrainingStep` and the Hugging Face task's readers satisfy them; so does a
+plain function with the attributes set. Loads no torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class GradientSource(Protocol):
+    """``grad_fn(i) -> (gradient, scored_tokens)``: micro-batch i's gradient of the mean loss
+    over its scored tokens (a tensor or a list of tensors), or None when the data ran out."""
+
+    def __call__(self, i: int) -> tuple[Any, int] | None: ...
+
+
+@runtime_checkable
+class CountedSource(Protocol):
+    """A gradient source that says how many rows one draw reads."""
+
+    rows_per_draw: int
+
+
+@runtime_checkable
+class ResizableSource(Protocol):
+    """A gradient source that draws ``rows_per_draw`` rows at a time and can draw more: ``with_rows``
+    returns the same source over draws of ``rows`` rows (a :class:`CountedSource`)."""
+
+    rows_per_draw: int
+
+    def with_rows(self, rows: int) -> GradientSource: ...
+
+
+@runtime_checkable
+class ShardedSource(Protocol):
+    """A gradient source whose ranks each hold a shard of one gradient (FSDP)."""
+
+    def reduce_sums(self, sums: Any) -> None: ...
+
+    def agree_stop(self, stopping: bool) -> bool: ...
+
+    def weight_norms(self, named: Iterable[tuple[str, Any]]) -> dict[str, tuple[float, int]]: ...
+
+
+@runtime_checkable
+class SelfMeasuringSource(Protocol):
+    """A gradient source that measures the noise scale itself (DDP's all-reduce): ``measure``
+    returns a :class:`~leadline.noise.NoiseScale` whose values say where they were read."""
+
+    def measure(self, budget_s: float | None = None) -> Any: ...
+
+
+@runtime_checkable
+class TimedStep(Protocol):
+    """``step_fn(rows, length, repeats=1) -> StepTiming``: the real training step at a shape, on
+    ``device``. A :class:`~leadline.memory.TrainingStep` also has its ``optimizer``."""
+
+    device: Any
+
+    def __call__(self, rows: int, length: int, repeats: int = 1) -> Any: ...
+
+
+@runtime_checkable
+class LockstepStep(Protocol):
+    """A training step through a sharded model: the ramp with every rank in step."""
+
+    def lockstep_memory(self, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
+                        start_rows: int = 1, should_stop: Any = None) -> tuple[Any, Mapping[str, Any]]: ...
+
+
+@runtime_checkable
+class HeldOutReader(Protocol):
+    """``held_out_losses() -> [loss per row]``: the mean loss of each fixed held-out row."""
+
+    def __call__(self) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class CountedReader(Protocol):
+    """A held-out reader that says how many rows one read reads."""
+
+    rows: int
+
+    def __call__(self) -> Sequence[float]: ...
+
+
+@runtime_checkable
+class HasOptimizer(Protocol):
+    """A training step that owns its optimizer (derive restores it with the rest)."""
+
+    optimizer: Any
+
+
+def optimizer_of(step_fn: Any) -> Any:
+    """The optimizer a training step owns, None where it owns none."""
+    return step_fn.optimizer if isinstance(step_fn, HasOptimizer) else None
+
+
+def device_of(step_fn: Any) -> Any:
+    """The device a training step runs on, None where it does not say.
+
+    Examples:
+        >>> def step(rows, length, repeats=1): ...
+        >>> step.device = "cpu"
+        >>> device_of(step), device_of(lambda r, n, repeats=1: None)
+        ('cpu', None)
+    """
+    return step_fn.device if isinstance(step_fn, TimedStep) else None
