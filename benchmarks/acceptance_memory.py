@@ -1,13 +1,13 @@
-"""Issue 4's acceptance on the card, case by case, from the committed memory_ramp results.
+"""The memory ramp's acceptance on the card, case by case, from the committed memory_ramp results.
 
 CPU only: reads ``benchmarks/results/memory_ramp_*.json`` and prints one markdown row per case
 (mode, card, length) with, for each rule, the verdict of the newest file that judged it and that
 file's name, and how far the watch saw the room shrink during the newest 300-step run (memory
-outside the allocator growing after the ramp). Newest is by the session suffix (``_sN``; a file without one is older than ``_s8``,
-the first session that named its files). Files of designs the ramp no longer runs (named
-``_interleaved_corpus_order``, or the first run whose ramp kept 4 where the truth was 3) are
-left out and listed. R4 is read under its last rule only (paired steps at one set of lengths,
-the order-balanced 2-se interval): ``_r4_sN`` files and the session-9 re-reading.
+outside the allocator growing after the ramp). The files of a case, oldest first: the ramp
+against the corpus order longest first (``_longest_first*``), the ramp itself, its truth measured
+again (``_truth_repeat``), the watch's cost side by side (``_watch_cost``: R4 read as paired steps
+at one set of lengths, the order-balanced 2-se interval) and its re-reading
+(``memory_ramp_watch_cost_rejudged.json``).
 
     python3 benchmarks/acceptance_memory.py --out benchmarks/results/acceptance_memory.md
 """
@@ -22,13 +22,15 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 RULES = ("R1", "R2", "R3", "R5")
-# designs measured and replaced (README: the ramp's mix from an emptied cache, longest first)
-SUPERSEDED = {"memory_ramp_lora16_6gb_seq512.json", "memory_ramp_lora16_6gb_seq512_interleaved_corpus_order.json"}
+ORDER = ("_longest_first", "", "_truth_repeat", "_watch_cost")
 
 
-def session(name: str) -> int:
-    m = re.search(r"_s(\d+)\.json$", name)
-    return int(m.group(1)) if m else 0
+def rank(name: str) -> int:
+    """A file's place among its case's files (see the module docstring), newest last."""
+    for i, suffix in reversed(list(enumerate(ORDER))):
+        if suffix and suffix in name:
+            return i
+    return ORDER.index("")
 
 
 def r4_reading(case: dict[str, Any]) -> dict[str, Any] | None:
@@ -40,16 +42,12 @@ def r4_reading(case: dict[str, Any]) -> dict[str, Any] | None:
     return {"ratio": bal["ratio"], "low": bal["low"], "high": bal["high"], "verdict": bal["verdict"], "bound": oh.get("bound")}
 
 
-def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]], list[str]]:
+def collect(results: Path) -> dict[tuple[str, float, int], dict[str, Any]]:
     cases: dict[tuple[str, float, int], dict[str, Any]] = {}
-    skipped: list[str] = []
-    files = sorted(results.glob("memory_ramp_*.json"), key=lambda p: (session(p.name), p.name))
+    files = sorted(results.glob("memory_ramp_*.json"), key=lambda p: (rank(p.name), p.name))
     for f in files:
-        if f.name in SUPERSEDED:
-            skipped.append(f.name)
-            continue
         data = json.loads(f.read_text())
-        if "cases" not in data:  # the re-reading of session 9's R4 files
+        if "cases" not in data:  # the re-reading of the watch-cost files
             continue
         for c in data["cases"]:
             if "_expandable" in f.name:
@@ -63,14 +61,14 @@ def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]]
             if c.get("truth") and c["truth"].get("b_true") is not None:
                 row["truth"] = (c["truth"]["b_true"], (c.get("ramp") or {}).get("micro_batch"), f.name)
             r4 = r4_reading(c)
-            if r4 is not None and "_r4_" in f.name:
+            if r4 is not None and "_watch_cost" in f.name:
                 row["R4"] = (r4, f.name)
             watch = (c.get("run") or {}).get("watch") or {}
             if watch.get("start_room_bytes") and watch.get("least_room_bytes"):
                 row["room_lost"] = ((watch["start_room_bytes"] - watch["least_room_bytes"]) / 1e6, f.name)
             if c.get("R4b"):
                 row["R4b"] = ((c.get("overhead") or {}).get("bound"), f.name)
-    rejudged = results / "memory_ramp_r4_rejudged_s9.json"
+    rejudged = results / "memory_ramp_watch_cost_rejudged.json"
     if rejudged.exists():
         for name, judged in json.loads(rejudged.read_text())["judged"].items():
             m = re.match(r"memory_ramp_(\w+?)_(\d+)gb_seq(\d+)_", name)
@@ -79,7 +77,7 @@ def collect(results: Path) -> tuple[dict[tuple[str, float, int], dict[str, Any]]
                 j = judged[0]
                 cases[key]["R4"] = ({"ratio": j["ratio"], "low": j["low"], "high": j["high"], "verdict": j["verdict"]},
                                     f"{rejudged.name}, re-reading {name}")
-    return cases, skipped
+    return cases
 
 
 def table(cases: dict[tuple[str, float, int], dict[str, Any]]) -> str:
@@ -112,9 +110,8 @@ def main() -> int:
     ap.add_argument("--results", default=str(RESULTS))
     ap.add_argument("--out", default="", help="also write the table here")
     args = ap.parse_args()
-    cases, skipped = collect(Path(args.results))
-    text = (f"Issue 4's acceptance from the committed results ({len(cases)} cases; "
-            f"left out as replaced designs: {', '.join(f'`{s}`' for s in skipped) or 'none'}).\n"
+    cases = collect(Path(args.results))
+    text = (f"The memory ramp's acceptance from the committed results ({len(cases)} cases).\n"
             "Written by `python3 benchmarks/acceptance_memory.py --out benchmarks/results/acceptance_memory.md`.\n\n"
             + table(cases) + "\n")
     print(text)

@@ -4,7 +4,7 @@ step, rate_lookahead.py's E8 set-up), judged on the first ``--judge`` test rows.
 there is one (TF32 matmuls unless ``--no-tf32``), else the CPU.
 
 Why: on the H200 the look-ahead's rate (2.09e-4) with the warmup from alpha1 (1.29e-4, 10
-steps) read 0.185 on 256 test rows against 0.167 without it (session 8, `rate_e8_full_s8.json`);
+steps) read 0.185 on 256 test rows against 0.167 without it (session 8, `rate_e8_full.json`);
 on the CPU (float32, no TF32, 128 rows) the same two runs differed by +0.0043 ± 0.0040
 (`e8_warmup_cpu.json`). The rate and alpha1 are the H200's (given, not measured here).
 
