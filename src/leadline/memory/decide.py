@@ -22,11 +22,13 @@ before a rung whose peak, extrapolated on the line through the last two rungs' m
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 from leadline.memory.readings import format_bytes
+from leadline.stats import median, t_quantile
 
 VERDICTS = ("fits", "squeezed", "oom")
 
@@ -155,7 +157,20 @@ class ThroughputSearch:
     """The off-CUDA rule: the micro-batch where rows per second stop improving, within RAM.
 
     Drive it with ``while (rows := s.next()) is not None: ...; s.record(rows,
-    rows_per_second, peak_bytes)``; ``kept`` and ``stopped_because`` once it returns None.
+    rows_per_second, peak_bytes, repeats)``; ``kept`` and ``stopped_because`` once it returns None.
+
+    A doubling is taken only when its gain is more than ``min_gain`` beyond the spread of the
+    repeats: with each rung's rows per second per repeat (``repeats``), the one-sided test
+
+        mean(log r2) - mean(log r1) - t(0.95, n1 + n2 - 2) x se  >=  log(1 + min_gain)
+
+    (se the standard error of the difference, from the repeats' own variances; Welch's
+    difference with pooled degrees of freedom). When the medians gain ``min_gain`` but the test
+    does not pass, both rungs are measured once more (``next()`` asks for them again; their
+    repeats pool) and the test is read again; a gain that still does not pass is a tie, and a
+    tie keeps the smaller batch. So timings that jitter by a few percent around the threshold
+    give the same micro-batch run after run, and a clear gain (tens of percent) still passes.
+    Without repeats the medians alone decide.
     """
 
     room_bytes: int | None = None
@@ -163,6 +178,10 @@ class ThroughputSearch:
     min_gain: float = 0.05
     baseline_bytes: int | None = None
     points: list[tuple[int, float, int]] = field(default_factory=list)
+    repeats: dict[int, list[float]] = field(default_factory=dict)
+    confidence: float = 0.99
+    remeasured: set[int] = field(default_factory=set)
+    pending: list[int] = field(default_factory=list)
     kept: int | None = None
     stopped_because: str = ""
     stop: RampStop = ""
@@ -170,7 +189,9 @@ class ThroughputSearch:
     def hurry(self, reason: str) -> None:
         """Stop searching: keep the rows with the most rows per second measured so far."""
         if self.kept is None and self.points:
-            self.kept = max(self.points, key=lambda p: (p[1], -p[0]))[0]
+            best = max(self.points, key=lambda p: (p[1], -p[0]))
+            low = self.spread(best[0], best[1])[0]  # the fewest rows whose fastest repeat reaches the best's slowest
+            self.kept = min(p[0] for p in self.points if self.spread(p[0], p[1])[1] >= low)
             self.stop = "hurried"
             self.stopped_because = f"{reason}: the rows with the most rows per second measured so far"
 
@@ -179,16 +200,32 @@ class ThroughputSearch:
             return None
         if not self.points:
             return 1
+        if self.pending:
+            return self.pending.pop(0)
         rows, rps, peak = self.points[-1]
         if len(self.points) >= 2:
             prev_rows, prev_rps, _ = self.points[-2]
             gain = rps / prev_rps - 1.0 if prev_rps > 0 else float("inf")
+            sure = self.sure_gain(prev_rows, rows)
             if gain < self.min_gain:
                 self.kept = prev_rows
                 self.stop = "no_gain"
                 self.stopped_because = (
                     f"doubling {prev_rows} -> {rows} rows gained {gain:+.1%} rows per second, "
                     f"less than {self.min_gain:.0%}"
+                )
+                return None
+            if sure < self.min_gain and rows in self.repeats and rows not in self.remeasured:
+                self.remeasured.update((prev_rows, rows))  # neither sure nor a loss by the medians: measure both again
+                self.pending = [prev_rows, rows]
+                return self.pending.pop(0)
+            if sure < self.min_gain:
+                self.kept = prev_rows
+                self.stop = "no_gain"
+                self.stopped_because = (
+                    f"doubling {prev_rows} -> {rows} rows gained {gain:+.1%} rows per second by the medians, "
+                    f"but only {sure:+.1%} at {self.confidence:.0%} confidence over the repeats' spread: "
+                    f"not surely more than {self.min_gain:.0%}, a tie, so the smaller is kept"
                 )
                 return None
         if self.room_bytes is not None and peak > self.room_bytes:
@@ -214,8 +251,40 @@ class ThroughputSearch:
                 return None
         return nxt
 
-    def record(self, rows: int, rows_per_second: float, peak_bytes: int) -> None:
-        self.points.append((int(rows), float(rows_per_second), int(peak_bytes)))
+    def record(self, rows: int, rows_per_second: float, peak_bytes: int, repeats: Sequence[float] = ()) -> None:
+        """One rung: its rows per second (the median), its peak, and each repeat's rows per
+        second where it ran several."""
+        rows = int(rows)
+        known = [i for i, p in enumerate(self.points) if p[0] == rows]
+        if known and rows in self.remeasured:  # measured again: the repeats pool, the point keeps its place
+            pooled = self.repeats.get(rows, []) + [float(r) for r in repeats if r > 0]
+            self.repeats[rows] = pooled
+            i = known[-1]
+            self.points[i] = (rows, median(pooled) if pooled else float(rows_per_second), max(self.points[i][2], int(peak_bytes)))
+            return
+        self.points.append((rows, float(rows_per_second), int(peak_bytes)))
+        if len(repeats) > 1 and all(r > 0 for r in repeats):
+            self.repeats[rows] = [float(r) for r in repeats]
+
+    def spread(self, rows: int, rows_per_second: float) -> tuple[float, float]:
+        """The slowest and the fastest repeat's rows per second at ``rows`` (the median twice
+        where no repeats were recorded)."""
+        xs = self.repeats.get(int(rows))
+        return (min(xs), max(xs)) if xs else (rows_per_second, rows_per_second)
+
+    def sure_gain(self, smaller: int, larger: int) -> float:
+        """The gain of ``larger`` over ``smaller`` rows at the lower end of its one-sided
+        ``confidence`` interval (see the class docstring); the medians' gain without repeats."""
+        a, b = self.repeats.get(smaller), self.repeats.get(larger)
+        if not a or not b:
+            med = {r: rps for r, rps, _ in self.points}
+            return med[larger] / med[smaller] - 1.0 if med.get(smaller) else float("inf")
+        la, lb = [math.log(x) for x in a], [math.log(x) for x in b]
+        ma, mb = sum(la) / len(la), sum(lb) / len(lb)
+        va = sum((x - ma) ** 2 for x in la) / (len(la) - 1)
+        vb = sum((x - mb) ** 2 for x in lb) / (len(lb) - 1)
+        se = math.sqrt(va / len(la) + vb / len(lb))
+        return math.exp(mb - ma - t_quantile(self.confidence, len(la) + len(lb) - 2) * se) - 1.0
 
 
 def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_steps: int = 16) -> list[int]:

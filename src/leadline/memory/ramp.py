@@ -346,7 +346,8 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
             search.stop = "out_of_memory"
             break
         timings[rows] = timing
-        search.record(rows, rung.rows_per_second, rung.peak_bytes or 0)
+        repeats_s = [t for t in getattr(timing, "micro_seconds", None) or [] if t > 0]
+        search.record(rows, rung.rows_per_second, rung.peak_bytes or 0, [rows / t for t in repeats_s])
         if should_stop is not None and should_stop(rung):
             search.hurry("max_seconds")
     kept = search.kept or 0

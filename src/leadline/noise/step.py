@@ -71,13 +71,42 @@ def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 
     return s_min * (1.0 + b_noise_tokens / batch_tokens), e_min * (1.0 + batch_tokens / b_noise_tokens)
 
 
-def _fixed_cost(t_one: float, t_fit: float, rows_fit: int) -> dict[str, Any]:
+def _fixed_cost(t_one: float, t_fit: float, rows_fit: int, one_repeats: Sequence[float] = (),
+                fit_repeats: Sequence[float] = ()) -> dict[str, Any]:
     """t(r) = a + c r through (1, t_one) and (rows_fit, t_fit); a >= 0 and c > 0 (a line that
-    would fall with rows is read as all fixed cost, the least per-row cost kept)."""
+    would fall with rows is read as all fixed cost, the least per-row cost kept).
+
+    A fixed cost the repeats cannot tell from zero is zero: with repeats at both shapes, a is
+    kept only when it is above zero at 99% one-sided confidence,
+    ``(rows_fit mean(t_one) - mean(t_fit)) / (rows_fit - 1) - t(0.99, n1 + n2 - 2) x se > 0``
+    (se from the repeats' own variances); otherwise a = 0 and t(r) = r t_fit / rows_fit (the
+    simpler model), so a few percent of jitter cannot move the step between the two.
+
+    Examples:
+        >>> round(_fixed_cost(0.05, 0.12, 8)["a_seconds"], 6)
+        0.04
+        >>> _fixed_cost(0.0164, 0.1166, 8, [0.0150, 0.0164, 0.0170], [0.110, 0.1166, 0.125])["a_seconds"]
+        0.0
+    """
     c = (t_fit - t_one) / (rows_fit - 1)
     c = max(c, 1e-3 * t_fit / rows_fit)
     a = max(0.0, t_fit - c * rows_fit)
-    return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit}
+    out: dict[str, Any] = {}
+    if a > 0 and len(one_repeats) > 1 and len(fit_repeats) > 1 and not _surely_positive(one_repeats, fit_repeats, rows_fit):
+        out["a_within_spread_seconds"] = a
+        a, c = 0.0, t_fit / rows_fit
+    return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit, **out}
+
+
+def _surely_positive(one: Sequence[float], fit: Sequence[float], rows_fit: int, confidence: float = 0.99) -> bool:
+    """Whether the fixed cost ``(rows_fit t_one - t_fit) / (rows_fit - 1)`` is above zero at
+    ``confidence``, one-sided, from the repeats (Welch's standard error, pooled degrees of freedom)."""
+    m1, m2 = sum(one) / len(one), sum(fit) / len(fit)
+    v1 = sum((x - m1) ** 2 for x in one) / (len(one) - 1)
+    v2 = sum((x - m2) ** 2 for x in fit) / (len(fit) - 1)
+    a = (rows_fit * m1 - m2) / (rows_fit - 1)
+    se = math.sqrt(rows_fit**2 * v1 / len(one) + v2 / len(fit)) / (rows_fit - 1)
+    return a - stats.t_quantile(confidence, len(one) + len(fit) - 2) * se > 0
 
 
 def least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
@@ -133,7 +162,9 @@ class StepPlan:
         if f:
             return (f"the whole rows minimizing (1 + B_noise {format_tokens(i['b_noise_tokens'])}/B) x (micro-batches x {f['a_seconds']:.4g} s fixed"
                     f" + {f['c_seconds_per_row']:.4g} s a row + t_step {i['t_step_seconds']:.4g} s), the fixed cost from t_micro"
-                    f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at {i['rows_fit']}:"
+                    f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at {i['rows_fit']}"
+                    + (f" ({f['a_within_spread_seconds']:.4g} s fixed by the medians, within the repeats' spread of zero)"
+                       if f.get("a_within_spread_seconds") else "") + ":"
                     f" {format_tokens(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. 2018)")
         return (f"B* = sqrt(B_noise {format_tokens(i['b_noise_tokens'])} × {format_tokens(i['tokens_per_micro_batch'])} tokens a micro-batch"
                 f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {format_tokens(self.b_star_tokens)}{clamp}"
@@ -211,7 +242,7 @@ def tokens_per_step(
     fixed = None
     if t_micro_one_row_seconds is not None and rows_fit > 1:
         t_one, one_repeats = _seconds("t_micro_one_row_seconds", t_micro_one_row_seconds)
-        fixed = _fixed_cost(t_one, t_micro, rows_fit)
+        fixed = _fixed_cost(t_one, t_micro, rows_fit, one_repeats, micro_repeats)
         fixed["t_micro_one_row_repeats"] = one_repeats
         b_star = least_time_rows(b_noise, per_row, rows_fit, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
                                   corpus_scored_tokens) * per_row
