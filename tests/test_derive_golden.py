@@ -142,7 +142,8 @@ def _scenarios(clock: Clock, tmp_path: Path) -> dict:
 
 def _same(a, b, where: str) -> None:
     if isinstance(a, float) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-12), f"{where}: {a!r} != {b!r}"
+        same = (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-6, abs=1e-12)
+        assert same, f"{where}: {a!r} != {b!r}"
     elif isinstance(a, dict) and isinstance(b, dict):
         assert sorted(a) == sorted(b), f"{where}: keys {sorted(a)} != {sorted(b)}"
         for k in a:

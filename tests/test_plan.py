@@ -101,8 +101,10 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
 
 
 def test_html_is_self_contained_and_shows_every_value(tmp_path):
+    from leadline.report.html import write_html
+
     p = _plan()
-    out = p.html(tmp_path / "r.html")
+    out = write_html(p, tmp_path / "r.html")
     page = out.read_text()
     for name in p:
         assert f"id='{name}'" in page

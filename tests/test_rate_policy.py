@@ -48,8 +48,8 @@ def test_a_lookahead_cut_before_its_minimum_horizon_takes_the_anchor_and_says_wh
     assert "its step budget stopped the look-ahead at 10 steps, before its 16-step minimum horizon" in by_budget.source
     assert by_budget.evidence["lookahead"] == {"plot": "lookahead"}
     by_time = policy.cut_rate(plan, _la(4.82e-3, 10, "max_seconds"), 400)["lr"]
-    assert by_time.source.startswith("the anchor, below the look-ahead's 0.00482: max_seconds cut the look-ahead at 10 steps, "
-                                     "before its 50-step minimum horizon")
+    assert by_time.source.startswith("the anchor, below the look-ahead's 0.00482: max_seconds cut the look-ahead at "
+                                     "10 steps, before its 50-step minimum horizon")
 
 
 def test_a_lookahead_past_its_minimum_horizon_or_below_the_anchor_keeps_its_answer():

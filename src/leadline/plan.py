@@ -59,7 +59,8 @@ class Value:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise InputError(f"Value kind {self.kind!r} is not one of {', '.join(KINDS)}; pick the one that says where the number came from")
+            raise InputError(f"Value kind {self.kind!r} is not one of {', '.join(KINDS)}; pick the one that says where "
+                             "the number came from")
         if not isinstance(self.source, str) or not self.source.strip():
             raise InputError("a Value needs a source sentence saying where its number came from; pass source='...'")
         seconds = float(self.seconds)
@@ -284,13 +285,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any], *, origin: str = "the data") -> Plan:
-        if not isinstance(d, Mapping) or d.get("leadline_plan") != PLAN_FORMAT or not isinstance(d.get("values"), Mapping):
-            raise InputError(f"{origin} is not a leadline plan (no 'leadline_plan': {PLAN_FORMAT} with 'values'); pass a file written by plan.to_json() or `leadline derive --out`")
+        is_plan = isinstance(d, Mapping) and d.get("leadline_plan") == PLAN_FORMAT
+        if not is_plan or not isinstance(d.get("values"), Mapping):
+            raise InputError(f"{origin} is not a leadline plan (no 'leadline_plan': {PLAN_FORMAT} with 'values'); "
+                             "pass a file written by plan.to_json() or `leadline derive --out`")
         try:
             values = {n: Value.from_dict(v) for n, v in d["values"].items()}
             skipped = [Skipped.from_dict(s) for s in d.get("skipped") or []]
         except (KeyError, TypeError, AttributeError) as e:
-            raise InputError(f"{origin} is not a leadline plan: a value is missing its field {e}; regenerate it with `leadline derive`") from None
+            raise InputError(f"{origin} is not a leadline plan: a value is missing its field {e}; regenerate it with "
+                             "`leadline derive`") from None
         return cls(
             values=values,
             machine=dict(d.get("machine") or {}),
@@ -316,11 +320,13 @@ class Plan:
             try:
                 text = p.read_text(encoding="utf-8")
             except (OSError, UnicodeDecodeError) as e:
-                raise InputError(f"plan file {p} cannot be read as text ({e.__class__.__name__}); pass a JSON plan") from None
+                raise InputError(f"plan file {p} cannot be read as text ({e.__class__.__name__}); pass a JSON "
+                                 "plan") from None
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
-            raise InputError(f"{origin} is not a leadline plan: not JSON ({e.msg} at line {e.lineno}); pass a file written by `leadline derive --out`") from None
+            raise InputError(f"{origin} is not a leadline plan: not JSON ({e.msg} at line {e.lineno}); pass a file "
+                             "written by `leadline derive --out`") from None
         return cls.from_dict(d, origin=origin)
 
     def __eq__(self, other: object) -> bool:

@@ -43,7 +43,8 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
     p.set("micro_batch", Value(mb, "given", "the recipe's", unit="rows"))
     p.set("grad_accum", Value(rows_per_step // mb, "given", "the recipe's"))
     p.set("lr", Value(float(lr), "given", "the recipe's", unit="per step"))
-    p.set("warmup_ratio", Value(float(warmup_ratio), "given", "the recipe's: warmup from 0 over this share of the steps"))
+    p.set("warmup_ratio", Value(float(warmup_ratio), "given",
+                                "the recipe's: warmup from 0 over this share of the steps"))
     p.set("weight_decay", Value(0.0, "given", "the recipe's"))
     p.set("ending", Value("linear", "given", "the recipe's: linear decay to zero"))
     if total_steps:
@@ -94,7 +95,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
     if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
-        raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was derived on")
+        raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
+                         "derived on")
     named = trained_named_weights(model)
     params = [p for _, p in named]
     betas = tuple(plan.get("betas") or (0.9, 0.999))
@@ -108,7 +110,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         schedule = False
         warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
     held = task.held_out_losses()
-    test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id) if task.split.test else None
+    test = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
+            if task.split.test else None)
 
     before = test() if test else None
     model.train()
@@ -133,7 +136,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
             opt.zero_grad(set_to_none=True)
             loss = train_step(step)
             if not math.isfinite(loss):
-                raise InputError(f"the training loss became {loss} at step {step}; the rate {opt.param_groups[0]['lr']:.3g} is too high for these rows")
+                rate = opt.param_groups[0]["lr"]
+                raise InputError(f"the training loss became {loss} at step {step}; the rate {rate:.3g} is too high for "
+                                 "these rows")
             opt.step()
             rec = {"step": step, "loss": loss, "lr": float(opt.param_groups[0]["lr"]), "seconds": time.monotonic() - t0}
             curve.append(rec)

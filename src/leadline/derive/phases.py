@@ -278,7 +278,8 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
                            budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
     out = dict(pf.as_values())
     v = out["noise_scale_past_format_tokens"]
-    out["noise_scale_past_format_tokens"] = Value(v.value, v.kind, f"{v.source}; the reading in draws of {rows_per_draw} rows",
+    out["noise_scale_past_format_tokens"] = Value(v.value, v.kind,
+                                                  f"{v.source}; the reading in draws of {rows_per_draw} rows",
                                                   {**v.evidence, "rows_per_draw": rows_per_draw}, v.seconds, v.unit)
     if not pf.grew or pf.noise is None:
         return PastFormatPhase(pf, None, out)
@@ -287,7 +288,8 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
     result = None
     if need > rows_fit and ev.get("stop") == "upper_limit":  # the first ramp stopped at step 0's rows: go on
-        try:  # each rung must fit in max_seconds; cut, the step is taken at the rows kept (grad_accum makes up the rest)
+        # each rung must fit in max_seconds; cut, the step is taken at the rows kept (grad_accum makes up the rest)
+        try:
             result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit,
                           on_rung=lambda r: runner.ensure(r.seconds))
         except OutOfTime:
@@ -322,13 +324,15 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
     if not isinstance(plan.get("alpha1"), (int, float)):
         return RatePhase(None, {})
     alpha1 = float(plan.get("alpha1"))
-    if prior is not None and isinstance(prior.get("lr"), (int, float)) and isinstance(prior.get("alpha1"), (int, float)):
+    prior_rated = prior is not None and isinstance(prior.get("lr"), (int, float))
+    if prior_rated and isinstance(prior.get("alpha1"), (int, float)):
         ratio = alpha1 / float(prior.get("alpha1"))
         if 0.5 <= ratio <= 2.0:
             lr = float(prior.get("lr"))
             kept = Value(lr, "measured", f"the prior plan's rate, kept: alpha1 re-measured at {alpha1:.3g}, "
                                          f"{ratio:.2f}x the prior's (within 2x)",
-                         evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr}, unit="per step")
+                         evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr},
+                         unit="per step")
             return RatePhase(None, {"lr": kept})
     mb, accum = batch_of(plan)
     total = int(plan.get("total_steps") or 100)
@@ -339,10 +343,10 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
     if short:
         lr = out["lr"]
         rates = ", ".join(f"{alpha1 * 2.0 ** j:.3g}" for j in short["grid"])
-        out["lr"] = Value(lr.value, lr.kind, f"{lr.source}; a short run: {total} steps, whose budget of {2 * total} look-ahead steps "
-                                             f"does not reach the {short['first_horizon']}-step minimum horizon at the default grid, "
-                                             f"so the {len(short['grid'])} rates around the anchor ({rates}) ran from that horizon",
-                          lr.evidence, lr.seconds, lr.unit)
+        how = (f"{lr.source}; a short run: {total} steps, whose budget of {2 * total} look-ahead steps does not "
+               f"reach the {short['first_horizon']}-step minimum horizon at the default grid, so the "
+               f"{len(short['grid'])} rates around the anchor ({rates}) ran from that horizon")
+        out["lr"] = Value(lr.value, lr.kind, how, lr.evidence, lr.seconds, lr.unit)
     out.update(quick_rate(plan, alpha1) if effort == "quick" else cut_rate(plan, la, total))
     return RatePhase(la, out)
 

@@ -43,12 +43,15 @@ TRAINED_AS = ("factors", "weights")
 
 def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None) -> None:
     if effort not in EFFORTS:
-        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, full runs the look-ahead")
+        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, "
+                         "full runs the look-ahead")
     if trained_as not in TRAINED_AS:
-        raise InputError(f"trained_as={trained_as!r} is not one of {', '.join(TRAINED_AS)}; 'factors' for LoRA/PiSSA, 'weights' for anything trained as a weight")
+        raise InputError(f"trained_as={trained_as!r} is not one of {', '.join(TRAINED_AS)}; 'factors' for LoRA/PiSSA, "
+                         "'weights' for anything trained as a weight")
     if total_steps is not None and epochs is not None:
         raise InputError("pass total_steps or epochs, not both")
-    if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
+    whole = isinstance(total_steps, int) and not isinstance(total_steps, bool)
+    if total_steps is not None and (not whole or total_steps < 1):
         raise InputError(f"total_steps must be a whole number of optimizer steps >= 1, got {total_steps!r}")
     if epochs is not None and (not isinstance(epochs, (int, float)) or not epochs > 0 or not math.isfinite(epochs)):
         raise InputError(f"epochs must be a positive number, got {epochs!r}")
@@ -159,7 +162,8 @@ def derive(
             runner.run("corpus", profile_corpus, data if data is not None else rows, tokenizer, seq_len=seq_len,
                        quantile=quantile)
         if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
-            plan.set("seq_len", Value(int(seq_len), "given", "the run's length, given by the caller (no corpus was profiled)",
+            plan.set("seq_len", Value(int(seq_len), "given",
+                                      "the run's length, given by the caller (no corpus was profiled)",
                                       unit="tokens"))
         noise = None
         if grad_fn is not None:
@@ -175,7 +179,8 @@ def derive(
         if rate_ready:
             held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
             steps_of = timed_steps(train_step_of, runner.ensure, step_estimate(plan))
-            first = runner.run("first_step", phases.first_step, params, optimizer, steps_of, held, plan, loss_resolution)
+            first = runner.run("first_step", phases.first_step, params, optimizer, steps_of, held, plan,
+                               loss_resolution)
             if grad_fn is not None and step_fn is not None and world is None:
                 runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
                            noise, lengths, runner, named, trained_as,

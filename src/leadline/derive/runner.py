@@ -85,11 +85,13 @@ class PhaseRunner:
                 raise ValueError
             saved = Plan.from_dict(d["plan"], origin=str(self.resume_path))
         except (OSError, ValueError, KeyError, TypeError):
-            raise InputError(f"resume file {self.resume_path} is not a leadline resume file; delete it or pass another path") from None
+            raise InputError(f"resume file {self.resume_path} is not a leadline resume file; delete it or pass another "
+                             "path") from None
         theirs = d.get("fingerprint", {})
         differ = sorted(k for k in set(theirs) | set(self.fingerprint) if theirs.get(k) != self.fingerprint.get(k))
         if differ:
-            raise InputError(f"resume file {self.resume_path} is from a different run ({', '.join(differ)} differ); delete it or pass another path")
+            raise InputError(f"resume file {self.resume_path} is from a different run ({', '.join(differ)} differ); "
+                             "delete it or pass another path")
         for name, v in saved.values.items():
             self.plan.set(name, v)
         self.plan.held_out = saved.held_out or self.plan.held_out
@@ -102,8 +104,8 @@ class PhaseRunner:
             return
         from leadline._io import write_atomic
 
-        d = {"leadline_resume": RESUME_FORMAT, "finished": self.finished, "plan": self.plan.to_dict(), "extra": self.extra,
-             "fingerprint": self.fingerprint}
+        d = {"leadline_resume": RESUME_FORMAT, "finished": self.finished, "plan": self.plan.to_dict(),
+             "extra": self.extra, "fingerprint": self.fingerprint}
         write_atomic(self.resume_path, json.dumps(d, allow_nan=True))
 
     # ---- budget and progress ------------------------------------------------------------
