@@ -195,6 +195,7 @@ class Board:
             "command": " ".join(["python3", "benchmarks/scoreboard.py", *argv]), "commit": _commit(),
             "machine": _machine(),
         })
+        self.data.setdefault("invocations", []).append({k: self.data[k] for k in ("command", "commit", "machine")})
 
     def has(self, unit: str) -> bool:
         return unit in self.data["units"] and not self.data["units"][unit].get("failed")
@@ -210,6 +211,8 @@ class Board:
 
 
 def _commit() -> str:
+    if os.environ.get("LEADLINE_COMMIT"):  # a copy without its git history names its commit here
+        return os.environ["LEADLINE_COMMIT"]
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -594,7 +597,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return arms
 
 
-def compare(task_kind: str, a: dict[str, Any], b: dict[str, Any], gold: list[str]) -> dict[str, Any] | None:
+def compare(task_kind: str, a: dict[str, Any], b: dict[str, Any], gold: list[str],
+            metric: str = "") -> dict[str, Any] | None:
     """a against b on the same test rows: the difference in the metric (a's better is positive) and p."""
     sys.path.insert(0, str(ROOT / "src"))
     from leadline import stats
@@ -607,10 +611,25 @@ def compare(task_kind: str, a: dict[str, Any], b: dict[str, Any], gold: list[str
         rb = [x == g for x, g in zip(vb["predictions"], gold)]
         m = stats.mcnemar(ra, rb)
         return {"diff": m.accuracy_a - m.accuracy_b, "p": m.p_value}
+    if metric == "exact_match":
+        if "em_right" not in va or "em_right" not in vb:
+            return None
+        m = stats.mcnemar(va["em_right"], vb["em_right"])
+        return {"diff": m.accuracy_a - m.accuracy_b, "p": m.p_value}
     if "row_ce" not in va or "row_ce" not in vb:
         return None
     d = stats.paired_difference(vb["row_ce"], va["row_ce"])  # positive when a's CE is lower
     return {"diff": d.mean, "p": d.p_two_sided}
+
+
+def vs(kind: str, a: dict[str, Any], b: dict[str, Any] | None, gold: list[str]) -> str:
+    """The table's cell for a against b: the metric's outcome, and exact match's where there is one."""
+    if b is None:
+        return ""
+    cell = outcome(compare(kind, a, b, gold))
+    if "em_right" in (a.get("verdict") or {}):
+        cell += "; EM " + outcome(compare(kind, a, b, gold, "exact_match"))
+    return cell
 
 
 def outcome(c: dict[str, Any] | None) -> str:
@@ -622,44 +641,57 @@ def outcome(c: dict[str, Any] | None) -> str:
 
 
 def table(paths: list[Path]) -> str:
-    lines = []
-    for path in paths:
-        data = json.loads(path.read_text())
-        arms = arms_of(data)
-        kind = data["kind"]
-        metric = "accuracy" if kind == "classify" else "test CE/token"
-        gold = data.get("gold", [])
-        lines += [f"**{data['task']}** ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
-                  f"{data['test_rows']:,} test rows; {metric}"
-                  f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{path.relative_to(ROOT)}`)", "",
-                  "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
-                  "|---|---|---|---|---|---|"]
-        order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "leadline_quick", "leadline_full"]
-        for name in order:
-            if name not in arms:
-                ran = sum(1 for k in data["units"] if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
-                n = len(SWEEP_RATES) if name == "sweep" else OPTUNA_TRIALS
-                lines.append(f"| {name} | {f'{ran} of {n} runs so far' if ran else 'not run'} | | | | |")
-                continue
-            a = arms[name]
-            v = a.get("verdict") or {}
-            val = v.get(v.get("metric", ""), float("nan"))
-            extra = f" (EM {v['exact_match']:.3f})" if "exact_match" in v else ""
-            vs_r = outcome(compare(kind, a, arms["recipe"], gold)) if "recipe" in arms and name not in ("recipe", "untrained") else ""
-            vs_s = outcome(compare(kind, a, arms["sweep"], gold)) if "sweep" in arms and name not in ("sweep", "untrained") else ""
-            top = f"{v['top_answer_share']:.0%}" if "top_answer_share" in v else ""
-            cost = "" if name == "untrained" else f"{a.get('decide_seconds', 0):.0f} + {a.get('train_seconds', 0):.0f}"
-            if name in ("sweep", "optuna"):
-                cost = f"{a['cost']:.0f} in all ({a['picked']})"
-            lines.append(f"| {name} | {val:.4f}{extra} | {vs_r} | {vs_s} | {top} | {cost} |")
-        if "sweep" in arms:
-            for name in ("leadline_quick", "leadline_full"):
-                if name in arms:
-                    lines.append(f"- {name} cost {arms[name]['cost'] / arms['sweep']['cost']:.2f}x the sweep's "
-                                 f"{arms['sweep']['cost']:.0f} s and {arms[name]['cost'] / arms['recipe']['cost']:.2f}x the recipe's "
-                                 f"one run." if "recipe" in arms else "")
-        lines.append("")
+    """The README's results: one table a task, from the tasks' results files."""
+    return "\n".join(table_of(json.loads(path.read_text()), path) for path in paths)
+
+
+def table_of(data: dict[str, Any], path: Path) -> str:
+    lines: list[str] = []
+    arms = arms_of(data)
+    kind = data["kind"]
+    metric = "accuracy" if kind == "classify" else "test CE/token"
+    gold = data.get("gold", [])
+    lines += [f"**{data['task']}** ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
+              f"{data['test_rows']:,} test rows; {metric}"
+              f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
+              "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
+              "|---|---|---|---|---|---|"]
+    order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "leadline_quick", "leadline_full"]
+    for name in order:
+        if name not in arms:
+            ran = sum(1 for k in data["units"] if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
+            n = len(SWEEP_RATES) if name == "sweep" else OPTUNA_TRIALS
+            lines.append(f"| {name} | {f'{ran} of {n} runs so far' if ran else 'not run'} | | | | |")
+            continue
+        a = arms[name]
+        v = a.get("verdict") or {}
+        val = v.get(v.get("metric", ""), float("nan"))
+        extra = f" (EM {v['exact_match']:.3f})" if "exact_match" in v else ""
+        vs_r = vs(kind, a, arms.get("recipe"), gold) if name not in ("recipe", "untrained") else ""
+        vs_s = vs(kind, a, arms.get("sweep"), gold) if name not in ("sweep", "untrained") else ""
+        top = f"{v['top_answer_share']:.0%}" if "top_answer_share" in v else ""
+        cost = "" if name == "untrained" else f"{a.get('decide_seconds', 0):.0f} + {a.get('train_seconds', 0):.0f}"
+        if name in ("sweep", "optuna"):
+            cost = f"{a['cost']:.0f} in all ({a['picked']})"
+        lines.append(f"| {name} | {val:.4f}{extra} | {vs_r} | {vs_s} | {top} | {cost} |")
+    first = (data.get("invocations") or [data])[0]
+    lines.append(f"- Made by `{first['command']}` on {data['machine'].get('device', 'an unknown machine')}, "
+                 f"leadline at {str(data['commit'])[:7]}; the same command again resumes where it stopped.")
+    if "sweep" in arms:
+        for name in ("leadline_quick", "leadline_full"):
+            if name in arms:
+                lines.append(f"- {name} cost {arms[name]['cost'] / arms['sweep']['cost']:.2f}x the sweep's "
+                             f"{arms['sweep']['cost']:.0f} s and {arms[name]['cost'] / arms['recipe']['cost']:.2f}x the recipe's "
+                             f"one run." if "recipe" in arms else "")
+    lines.append("")
     return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def write_readme(readme: Path, text: str) -> None:

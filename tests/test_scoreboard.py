@@ -1,0 +1,110 @@
+"""The scoreboard's judging rules (benchmarks/scoreboard.py), on recorded results: which sweep
+rate is the optimum, what counts as a win, the table written into the README."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def sb():
+    spec = importlib.util.spec_from_file_location("scoreboard", ROOT / "benchmarks" / "scoreboard.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["scoreboard"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _unit(preds, lr=2e-4, unseen=0.1, cost=10.0, rows=16):
+    return {"lr": lr, "rows_per_step": rows, "warmup_ratio": 0.03, "decide_seconds": 0.0, "train_seconds": cost,
+            "unseen_loss": unseen, "verdict": {"metric": "accuracy", "accuracy": sum(p == "a" for p in preds) / len(preds),
+                                               "predictions": preds, "top_answer_share": 0.5}}
+
+
+def _board(sb, sweep_units):
+    gold = ["a"] * 40
+    units = {"recipe": _unit(["a"] * 20 + ["b"] * 20)}
+    units.update({f"sweep_{k}": u for k, u in enumerate(sweep_units)})
+    return {"task": "t", "kind": "classify", "train_rows": 100, "test_rows": 40, "gold": gold, "units": units,
+            "machine": {"device": "cpu"}, "commit": "abc1234", "command": "python3 benchmarks/scoreboard.py"}
+
+
+def test_the_swept_optimum_is_chosen_by_the_unseen_split_not_by_the_test_rows(sb):
+    units = [_unit(["a"] * 10 + ["b"] * 30, lr=1e-5 * (k + 1), unseen=1.0, cost=5.0) for k in range(len(sb.SWEEP_RATES))]
+    units[2] = _unit(["a"] * 40, lr=3e-5, unseen=0.9, cost=5.0)  # the best on test, not on the unseen split
+    units[5] = _unit(["a"] * 25 + ["b"] * 15, lr=6e-5, unseen=0.2, cost=5.0)  # the lowest unseen loss
+    arms = sb.arms_of(_board(sb, units))
+    assert arms["sweep"]["lr"] == 6e-5
+    assert arms["sweep"]["cost"] == pytest.approx(5.0 * len(sb.SWEEP_RATES))
+
+
+def test_an_unfinished_sweep_is_no_arm(sb):
+    units = [_unit(["a"] * 40) for _ in range(len(sb.SWEEP_RATES) - 1)]
+    arms = sb.arms_of(_board(sb, units))
+    assert "sweep" not in arms
+    assert "7 of 8 runs so far" in sb.table_of(_board(sb, units), Path("x.json"))
+
+
+def test_a_win_needs_p_below_005_and_a_better_metric(sb):
+    assert sb.outcome({"diff": 0.02, "p": 0.01}).endswith("win)")
+    assert sb.outcome({"diff": -0.02, "p": 0.01}).endswith("loss)")
+    assert sb.outcome({"diff": 0.02, "p": 0.06}).endswith("tie)")
+    assert sb.outcome(None) == "–"
+
+
+def test_accuracy_is_compared_by_mcnemar_on_the_same_rows(sb):
+    gold = ["a"] * 40
+    better = _unit(["a"] * 40)
+    worse = _unit(["a"] * 20 + ["b"] * 20)
+    c = sb.compare("classify", better, worse, gold)
+    assert c["diff"] == pytest.approx(0.5)
+    assert c["p"] < 0.001  # 20 discordant rows, all one way
+
+
+def test_cross_entropy_is_compared_by_a_paired_t_and_lower_is_better(sb):
+    a = {"verdict": {"row_ce": [1.0, 1.1, 0.9, 1.0, 1.05]}}
+    b = {"verdict": {"row_ce": [2.0, 2.1, 1.9, 2.0, 2.05]}}
+    c = sb.compare("generate", a, b, [])
+    assert c["diff"] == pytest.approx(1.0) and c["p"] < 0.001
+
+
+def test_the_table_goes_between_the_readme_markers_and_nowhere_else(sb, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n<!-- scoreboard:start -->\nold\n<!-- scoreboard:end -->\n\nafter\n")
+    sb.write_readme(readme, "new table")
+    assert readme.read_text() == "# x\n\n<!-- scoreboard:start -->\nnew table\n<!-- scoreboard:end -->\n\nafter\n"
+    bare = tmp_path / "BARE.md"
+    bare.write_text("# no markers\n")
+    with pytest.raises(SystemExit, match="markers"):
+        sb.write_readme(bare, "t")
+
+
+def test_the_final_number_is_read_after_the_hashes(sb):
+    assert sb._final_number("so 12 + 3 = 15\n#### 1,215") == "1215"
+    assert sb._final_number("#### 7.0") == "7"
+    assert sb._final_number("no answer here") is None
+
+
+@pytest.mark.parametrize("task", ["man_sections", "debian_summary"])
+def test_the_shipped_tasks_load_from_the_repository(sb, task):
+    t = sb.load_task(task, ROOT / "nowhere", train_rows=50, test_rows=10)
+    assert len(t["train"]) == 50 and len(t["test"]) == 10
+    assert all(r["prompt"] and r["completion"] for r in t["train"])
+    if task == "man_sections":
+        assert {r["label"] for r in t["test"]} <= set(t["labels"])
+
+
+def test_the_committed_results_render(sb):
+    paths = sorted((ROOT / "benchmarks" / "results").glob("scoreboard_*.json"))
+    if not paths:
+        pytest.skip("no scoreboard results committed")
+    text = sb.table(paths)
+    for p in paths:
+        assert json.loads(p.read_text())["task"] in text
