@@ -83,7 +83,8 @@ class NoiseHook:
     def read(self) -> tuple[float, float, float]:
         """(r, x, dd) summed over the buckets of the last synchronising backward."""
         if self._acc is None:
-            raise InputError("NoiseHook.read(): no bucket was all-reduced since begin(); run the backward through the DDP model")
+            raise InputError("NoiseHook.read(): no bucket was all-reduced since begin(); run the backward through the "
+                             "DDP model")
         vals = self._acc.double().cpu().tolist()
         self._acc = None
         return vals[0], vals[1], vals[2]
@@ -104,7 +105,8 @@ class NoiseHook:
             return flat
         dtype = torch.promote_types(buf.dtype, torch.float32)
         if sum(p.numel() for p in params) != buf.numel():
-            raise InputError("a DDP gradient bucket is not its parameters' gradients laid end to end; leadline's noise hook cannot read it")
+            raise InputError("a DDP gradient bucket is not its parameters' gradients laid end to end; leadline's noise "
+                             "hook cannot read it")
         parts = [self._views[id(p)].reshape(-1) if id(p) in self._views else torch.zeros(p.numel(), dtype=dtype, device=buf.device)
                  for p in params]
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=buf.device)
@@ -195,7 +197,8 @@ class DDPNoise:
         if t_r is None:
             labels = kwargs.get("labels")
             if labels is None:
-                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not scored) or scored_tokens")
+                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not "
+                                 "scored) or scored_tokens")
             t_r = int((labels[..., 1:] != -100).sum())
         return mb, kwargs, int(t_r)
 
@@ -212,7 +215,8 @@ class DDPNoise:
             with torch.enable_grad():
                 loss = self.ddp(**batch).loss
             if loss is None or not bool(torch.isfinite(loss.detach())):
-                raise InputError(f"the loss of micro-batch {i} is {None if loss is None else float(loss.detach())} (noise-scale probe under DDP); check these rows and the model's dtype")
+                raise InputError(f"the loss of micro-batch {i} is {None if loss is None else float(loss.detach())} "
+                                 "(noise-scale probe under DDP); check these rows and the model's dtype")
             return loss
 
         loss = agreed(world, forward, f"the noise scale's forward of micro-batch {i}")

@@ -64,7 +64,8 @@ def is_sharded(model: Any) -> bool:
 
 FSDP_SENTENCE = (
     "the model is sharded by FSDP, and WorldTask wraps its model in DDP; "
-    "derive_for runs a sharded model through leadline.distributed.sharded_job.ShardedWorldTask (chosen by itself when is_sharded(model))"
+    "derive_for runs a sharded model through leadline.distributed.sharded_job.ShardedWorldTask (chosen by itself when "
+    "is_sharded(model))"
 )
 
 
@@ -163,8 +164,10 @@ class WorldTask:
         with torch.no_grad():
             for p in self.params:
                 dist.broadcast(p.data, src=0, group=self.world.group)
-        self.notes.append(f"the trained weights differed between ranks (rank {odd[0]} against rank 0): derive used rank 0's, "
-                          "as DDP's first broadcast would train them; seed the adapter's initialisation the same on every rank to avoid it")
+        self.notes.append(f"the trained weights differed between ranks (rank {odd[0]} against rank 0): derive used "
+                          "rank 0's, "
+                          "as DDP's first broadcast would train them; seed the adapter's initialisation the same on "
+                          "every rank to avoid it")
 
     # ---- the noise ------------------------------------------------------------------------
     def grad_fn(self) -> DDPNoise:
@@ -191,7 +194,8 @@ class WorldTask:
                         with torch.enable_grad():
                             loss = ddp(**m.to(task.device).model_inputs()).loss
                         if not bool(torch.isfinite(loss.detach())):
-                            raise InputError(f"the loss of step {step}'s micro-batch {k} is {float(loss.detach())} under DDP; check these rows and the model's dtype")
+                            raise InputError(f"the loss of step {step}'s micro-batch {k} is {float(loss.detach())} "
+                                             "under DDP; check these rows and the model's dtype")
                         return loss
 
                     loss = agreed(world, forward, f"step {step}'s forward (micro-batch {k})")

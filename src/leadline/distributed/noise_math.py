@@ -99,11 +99,13 @@ def world_draws(prev_tokens: float, prev_sq: float, tokens: Sequence[float], inn
     if not all(v > 0 for v in t):
         raise InputError(f"world_draws(tokens={list(tokens)!r}): every rank must score at least one token")
     if not (prev_tokens >= 0 and math.isfinite(prev_tokens) and math.isfinite(prev_sq) and math.isfinite(dd)):
-        raise InputError(f"world_draws needs finite prev_tokens >= 0, prev_sq and dd, got {prev_tokens!r}, {prev_sq!r}, {dd!r}")
+        raise InputError(f"world_draws needs finite prev_tokens >= 0, prev_sq and dd, got {prev_tokens!r}, "
+                         f"{prev_sq!r}, {dd!r}")
     if per_rank is None:
         per_rank = w_n <= 2
     if per_rank and w_n > 2:
-        raise InputError(f"world_draws(per_rank=True) is exact for 1 or 2 ranks only, got {w_n}: the pairwise products are not in one all-reduce")
+        raise InputError(f"world_draws(per_rank=True) is exact for 1 or 2 ranks only, got {w_n}: the pairwise products "
+                         "are not in one all-reduce")
     ts = math.fsum(t)
     d_dot_prev = math.fsum(ti * xi for ti, xi in zip(t, x)) / ts
     final_sq = mean_sq_after(prev_tokens, prev_sq, ts, dd, d_dot_prev)

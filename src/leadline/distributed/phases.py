@@ -152,15 +152,22 @@ def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any, params: 
     shape = f"{rows} rows x {res.length} tokens"
     ev = {**res.evidence(), "ranks": ranks, "world_size": world.world_size}
     values = {
-        "rows_fit": Value(rows, "measured", f"the least of {world.world_size} ranks' ramps, each on its own card ({per_rank}); rank {world.rank}'s: {res.source()}",
+        "rows_fit": Value(rows, "measured", f"the least of {world.world_size} ranks' ramps, each on its own card "
+                                            f"({per_rank}); rank {world.rank}'s: {res.source()}",
                           ev, res.seconds, "rows"),
-        "t_micro_seconds": Value(times[slow_micro][0], "measured", f"the slowest of {world.world_size} ranks (rank {slow_micro}): median of 3 synchronized forward+backward passes of {shape}",
+        "t_micro_seconds": Value(times[slow_micro][0], "measured", f"the slowest of {world.world_size} ranks (rank "
+                                                                   f"{slow_micro}): median of 3 synchronized "
+                                                                   f"forward+backward passes of {shape}",
                                  {"ranks": ranks, "repeats_seconds": micro_reps}, 0.0, "s"),
-        "t_step_seconds": Value(times[slow_step][1], "measured", f"the slowest of {world.world_size} ranks (rank {slow_step}): median of 3 synchronized optimizer updates after {shape}",
+        "t_step_seconds": Value(times[slow_step][1], "measured", f"the slowest of {world.world_size} ranks (rank "
+                                                                 f"{slow_step}): median of 3 synchronized optimizer "
+                                                                 f"updates after {shape}",
                                 {"ranks": ranks, "repeats_seconds": step_reps}, 0.0, "s"),
         "t_allreduce_seconds": Value(ar["seconds"], "measured",
-                                     f"median of {len(ar['repeats_seconds'])} synchronized all-reduces of the trained gradients ({ar['bytes']:,} bytes {ar['dtype']}, "
-                                     f"{ar['buckets']} bucket(s) as DDP sends them) over {world.world_size} ranks ({world.backend}), the slowest rank's; "
+                                     f"median of {len(ar['repeats_seconds'])} synchronized all-reduces of the trained "
+                                     f"gradients ({ar['bytes']:,} bytes {ar['dtype']}, "
+                                     f"{ar['buckets']} bucket(s) as DDP sends them) over {world.world_size} ranks "
+                                     f"({world.backend}), the slowest rank's; "
                                      "DDP overlaps it with the backward, so as a per-step cost it is an upper bound",
                                      ar, 0.0, "s"),
     }
@@ -208,9 +215,12 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
     return {
         "tokens_per_step": Value(
             sp.tokens_per_step, "derived",
-            f"B* = sqrt(B_noise {format_tokens(b)} × {w} GPUs × {format_tokens(m)} tokens a micro-batch × (t_step {float(t_step_seconds):.4g} s + all-reduce "
-            f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = {format_tokens(sp.b_star_tokens)}{clamp}: the world's step "
-            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, {format_tokens(rows_step * float(tokens_per_row))} tokens",
+            f"B* = sqrt(B_noise {format_tokens(b)} × {w} GPUs × {format_tokens(m)} tokens a micro-batch × (t_step "
+            f"{float(t_step_seconds):.4g} s + all-reduce "
+            f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = "
+            f"{format_tokens(sp.b_star_tokens)}{clamp}: the world's step "
+            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, "
+            f"{format_tokens(rows_step * float(tokens_per_row))} tokens",
             evidence=ev, unit="scored tokens"),
         "micro_batch": Value(
             micro, "derived",
@@ -219,9 +229,11 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
             evidence=ev, unit="rows"),
         "grad_accum": Value(
             accum, "derived",
-            f"ceil({wanted} rows a step / ({w} GPUs x {rows_fit} that fit)) = {accum} micro-batch{'es' if accum > 1 else ''} a GPU a step",
+            f"ceil({wanted} rows a step / ({w} GPUs x {rows_fit} that fit)) = {accum} "
+            f"micro-batch{'es' if accum > 1 else ''} a GPU a step",
             evidence=ev),
-        "world_size": Value(w, "measured", "torch.distributed's world size: the GPUs the data-parallel step is spread over", unit="GPUs"),
+        "world_size": Value(w, "measured", "torch.distributed's world size: the GPUs the data-parallel step is spread "
+                                           "over", unit="GPUs"),
     }
 
 

@@ -157,24 +157,30 @@ class ScaleOut:
         for r in self.rows:
             if r.gpus == gpus:
                 return r
-        raise InputError(f"the scale-out table has no row for {gpus} GPUs; it has {', '.join(str(r.gpus) for r in self.rows)}")
+        raise InputError(f"the scale-out table has no row for {gpus} GPUs; it has "
+                         f"{', '.join(str(r.gpus) for r in self.rows)}")
 
     def sentence(self) -> str:
         stop = (f"at {self.stops_paying_at} GPUs the efficiency falls below {self.min_efficiency:.0%}"
-                if self.stops_paying_at is not None else f"no count up to {self.rows[-1].gpus} falls below {self.min_efficiency:.0%} efficiency")
+                if self.stops_paying_at is not None else f"no count up to {self.rows[-1].gpus} falls below "
+                                                         f"{self.min_efficiency:.0%} efficiency")
         return (f"data parallelism pays up to {self.pays_up_to} GPUs ({stop}); one micro-batch a GPU reaches B_noise "
-                f"{_num(self.b_noise_tokens)} tokens at {self.knee_gpus:.3g} GPUs (McCandlish et al. 2018: S_min(1+B_noise/B), E_min(1+B/B_noise))")
+                f"{_num(self.b_noise_tokens)} tokens at {self.knee_gpus:.3g} GPUs (McCandlish et al. 2018: "
+                "S_min(1+B_noise/B), E_min(1+B/B_noise))")
 
     def table(self) -> str:
         unit = "s" if self.absolute else "s x S_min"
-        head = (f"scale-out: B_noise {_num(self.b_noise_tokens)} tokens, {_num(self.tokens_per_micro_batch)} tokens a micro-batch a GPU "
+        head = (f"scale-out: B_noise {_num(self.b_noise_tokens)} tokens, {_num(self.tokens_per_micro_batch)} tokens a "
+                "micro-batch a GPU "
                 f"at t_micro {self.t_micro_seconds:.4g} s, t_step {self.t_step_seconds:.4g} s, {self.comm['text']}")
         cols = f"{'GPUs':>5} {'step tokens':>12} {'accum':>6} {'steps':>9} {'tokens':>12} {'s/step':>9} {'wall (' + unit + ')':>14} {'speed-up':>9} {'eff.':>6}"
         lines = [head, cols]
         for r in self.rows:
             mark = {"noise scale": " (B_noise)", "a row per GPU": " (1 row/GPU)"}.get(r.clamped_by or "", "")
-            lines.append(f"{r.gpus:>5} {_num(r.batch_tokens):>12} {r.grad_accum:>6} {r.steps:>9.4g} {_num(r.tokens):>12} "
-                         f"{r.seconds_per_step:>9.4g} {r.wall_seconds:>14.4g} {r.speedup:>8.3g}x {r.efficiency:>6.0%}{mark}")
+            lines.append(f"{r.gpus:>5} {_num(r.batch_tokens):>12} {r.grad_accum:>6} {r.steps:>9.4g} "
+                         f"{_num(r.tokens):>12} "
+                         f"{r.seconds_per_step:>9.4g} {r.wall_seconds:>14.4g} {r.speedup:>8.3g}x "
+                         f"{r.efficiency:>6.0%}{mark}")
         lines.append(self.sentence())
         lines.extend(f"- {a}" for a in self.assumptions)
         return "\n".join(lines)
@@ -260,7 +266,8 @@ def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens
         comm = {"measured_seconds": None, "world_size": None, "text": "communication unmeasured (taken as free)"}
     else:
         comm = {"measured_seconds": float(comm_seconds_measured), "world_size": int(comm_world_size),
-                "text": f"all-reduce {float(comm_seconds_measured):.4g} s measured on {comm_world_size} GPUs, scaled by the ring's 2(n-1)/n"}
+                "text": f"all-reduce {float(comm_seconds_measured):.4g} s measured on {comm_world_size} GPUs, scaled "
+                        "by the ring's 2(n-1)/n"}
     return ScaleOut(rows=rows, b_noise_tokens=b, tokens_per_micro_batch=m, tokens_per_row=per_row, t_micro_seconds=t_micro,
                     t_step_seconds=t_step, s_min=s_min, absolute=absolute, knee_gpus=b / m, pays_up_to=pays_up_to,
                     stops_paying_at=stops, min_efficiency=min_efficiency, comm=comm, assumptions=list(assumptions))
@@ -288,22 +295,26 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
     need = ("noise_scale_tokens", "rows_fit", "scored_tokens_per_row", "t_micro_seconds", "t_step_seconds")
     missing = [n for n in need if not isinstance(plan.get(n), (int, float)) or isinstance(plan.get(n), bool)]
     if missing:
-        raise InputError(f"the scale-out table needs the plan's {', '.join(missing)}; derive the plan with a model and data (`leadline derive --model ... --data ...`)")
+        raise InputError(f"the scale-out table needs the plan's {', '.join(missing)}; derive the plan with a model and "
+                         "data (`leadline derive --model ... --data ...`)")
     key = "noise_scale_tokens"
     past = plan.get("noise_scale_past_format_tokens")
     notes = []
     if isinstance(past, (int, float)) and not isinstance(past, bool) and math.isfinite(past) and past > 0:
         key = "noise_scale_past_format_tokens"  # the reading the plan's step was taken from
-        notes.append(f"B_noise {_num(float(past))} tokens read past the answer's format (the reading the plan's step was taken from), "
+        notes.append(f"B_noise {_num(float(past))} tokens read past the answer's format (the reading the plan's step "
+                     "was taken from), "
                      f"not {_num(float(plan.get('noise_scale_tokens')))} at step 0")
     b = float(plan.get(key))
     per_row = float(plan.get("scored_tokens_per_row"))
     m = int(plan.get("rows_fit")) * per_row
     ev = plan[key].evidence if isinstance(plan[key].evidence, dict) else {}
     if ev.get("lower_bound"):
-        notes.append("B_noise is a lower bound (|G|² did not resolve): the knee lies further out and the table is pessimistic about many GPUs")
+        notes.append("B_noise is a lower bound (|G|² did not resolve): the knee lies further out and the table is "
+                     "pessimistic about many GPUs")
     elif ev.get("upper_bound"):
-        notes.append("B_noise is an upper bound (S did not resolve): the knee may lie closer and the table is optimistic about many GPUs")
+        notes.append("B_noise is an upper bound (S did not resolve): the knee may lie closer and the table is "
+                     "optimistic about many GPUs")
     elif ev and not ev.get("settled", True):
         notes.append("the noise probe did not settle (coarse B_noise): read the knee with its standard error")
     comm_s = plan.get("t_allreduce_seconds")
@@ -311,28 +322,37 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
     if isinstance(comm_s, (int, float)):
         cev = plan["t_allreduce_seconds"].evidence if isinstance(plan["t_allreduce_seconds"].evidence, dict) else {}
         comm_w = int(cev.get("world_size") or plan.get("world_size") or 0) or None
-        notes.append(f"communication measured on {comm_w} GPUs of one host and scaled by the ring's 2(n-1)/n, counted whole per step "
-                     "(DDP overlaps it with the backward: an upper bound); across hosts the bandwidth is lower and these times optimistic")
+        notes.append(f"communication measured on {comm_w} GPUs of one host and scaled by the ring's 2(n-1)/n, counted "
+                     "whole per step "
+                     "(DDP overlaps it with the backward: an upper bound); across hosts the bandwidth is lower and "
+                     "these times optimistic")
     else:
         comm_s = None
         world = plan.get("world_size")
         if isinstance(world, int) and world > 1:
-            notes.append(f"communication not timed apart (a plan derived on {world} ranks with the model sharded: its all-gathers and "
-                         f"reduce-scatters at {world} ranks are inside the measured t_micro, and the other counts scale them as compute)")
+            notes.append(f"communication not timed apart (a plan derived on {world} ranks with the model sharded: its "
+                         "all-gathers and "
+                         f"reduce-scatters at {world} ranks are inside the measured t_micro, and the other counts "
+                         "scale them as compute)")
         else:
-            notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU is a lower bound; "
+            notes.append("communication unmeasured (a plan derived on one GPU): taken as free, so every wall time "
+                         "beyond one GPU is a lower bound; "
                          "derive under torchrun to measure the all-reduce")
     fixed = _fixed_cost_of(plan)
     if fixed is not None:
-        notes.append(f"a micro-batch costs {fixed['a_seconds']:.4g} s fixed + {fixed['c_seconds_per_row']:.4g} s a row (measured at 1 row "
-                     f"and at {int(plan.get('rows_fit'))}), the model the plan's step was taken with: the rows a GPU are the least-time whole rows")
+        notes.append(f"a micro-batch costs {fixed['a_seconds']:.4g} s fixed + {fixed['c_seconds_per_row']:.4g} s a row "
+                     "(measured at 1 row "
+                     f"and at {int(plan.get('rows_fit'))}), the model the plan's step was taken with: the rows a GPU "
+                     "are the least-time whole rows")
     else:
-        notes.append("a step's compute is taken as proportional to its tokens (t_micro / m per token, the cost model B* comes from): "
+        notes.append("a step's compute is taken as proportional to its tokens (t_micro / m per token, the cost model "
+                     "B* comes from): "
                      "micro-batches smaller than the measured one run less efficiently than that")
     total, step = plan.get("total_steps"), plan.get("tokens_per_step")
     if isinstance(total, (int, float)) and isinstance(step, (int, float)) and step > 0 and total > 0:
         s_min, absolute = float(total) / (1.0 + b / float(step)), True
-        notes.append(f"S_min = total_steps {total:,} / (1 + B_noise / tokens_per_step {_num(float(step))}) = {s_min:.4g}: "
+        notes.append(f"S_min = total_steps {total:,} / (1 + B_noise / tokens_per_step {_num(float(step))}) = "
+                     f"{s_min:.4g}: "
                      "the steps to the loss the plan's run reaches")
     else:
         s_min, absolute = 1.0, False

@@ -66,13 +66,16 @@ class ShardedGradFn:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
-            raise InputError("ShardedGradFn needs torch.distributed initialised (run under torchrun, or init_process_group first)")
+            raise InputError("ShardedGradFn needs torch.distributed initialised (run under torchrun, or "
+                             "init_process_group first)")
         if not callable(micro_batch_of):
-            raise InputError(f"ShardedGradFn(micro_batch_of=...) must be callable j -> micro-batch, got {type(micro_batch_of).__name__}")
+            raise InputError("ShardedGradFn(micro_batch_of=...) must be callable j -> micro-batch, got "
+                             f"{type(micro_batch_of).__name__}")
         self.model, self.micro_batch_of, self.group, self.guard = model, micro_batch_of, group, guard
         self.params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
         if not self.params:
-            raise InputError("ShardedGradFn found no trained tensors (none with requires_grad); pass params= or unfreeze them")
+            raise InputError("ShardedGradFn found no trained tensors (none with requires_grad); pass params= or "
+                             "unfreeze them")
         self.world_size = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._saved: list[Any] | None = None
@@ -140,7 +143,8 @@ class ShardedGradFn:
         if mb is not None and scored is None:
             labels = kwargs.get("labels")
             if labels is None:
-                raise InputError(f"micro-batch {j} has neither labels nor scored_tokens; pass labels (-100 where not scored) or scored_tokens")
+                raise InputError(f"micro-batch {j} has neither labels nor scored_tokens; pass labels (-100 where not "
+                                 "scored) or scored_tokens")
             scored = int((labels[..., 1:] != -100).sum())
         ended, total = self._world_sum([float(mb is None), float(scored)])
         if ended:  # every rank stops at the same draw
@@ -161,8 +165,10 @@ class ShardedGradFn:
                 loss = out.logits.sum() * 0.0
         bad = self._world_sum([float(not bool(torch.isfinite(loss.detach())))])[0]
         if bad:  # agreed before the backward, whose collectives every rank must enter
-            raise InputError(f"the loss of the world's draw {i} is not finite on {int(bad)} rank(s) (sharded noise probe; "
-                             f"this rank's micro-batch {j}: {float(loss.detach())}); check these rows and the model's dtype")
+            raise InputError(f"the loss of the world's draw {i} is not finite on {int(bad)} rank(s) (sharded noise "
+                             "probe; "
+                             f"this rank's micro-batch {j}: {float(loss.detach())}); check these rows and the model's "
+                             "dtype")
         loss.backward()
         grads = []
         for p in self.params:

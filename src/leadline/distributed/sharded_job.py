@@ -57,7 +57,8 @@ VERDICTS = ("fits", "squeezed", "oom")
 
 ORIG_PARAMS_SENTENCE = (
     "the model is wrapped by FullyShardedDataParallel without use_orig_params=True, so its trained tensors are flat "
-    "buffers leadline cannot name or snapshot; wrap it with FullyShardedDataParallel(..., use_orig_params=True) or shard it with fully_shard"
+    "buffers leadline cannot name or snapshot; wrap it with FullyShardedDataParallel(..., use_orig_params=True) or "
+    "shard it with fully_shard"
 )
 
 
@@ -166,8 +167,10 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
             fix = (f"the other ranks' cards held that step: free memory on rank {world.rank}'s card and derive again"
                    + (f" (the most rows that fitted on every rank so far: {fitted[0]})" if fitted[0] else "")
                    if oom else "fix that error and derive again")
-            return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or backward "
-                    f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted the job's "
+            return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or "
+                    "backward "
+                    f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted "
+                    "the job's "
                     f"process groups (FSDP cannot go on past one rank's failure there); {fix}")
 
         line.left(error is not None or oom, sentence, oom, wait_s=3.0 * (time.perf_counter() - t1))
@@ -219,7 +222,8 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         seconds=time.perf_counter() - t0,
     )
     if result.micro_batch == 0:
-        raise WontFit(nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded model)", result)
+        raise WontFit(nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded "
+                                             "model)", result)
     return result, ranks
 
 
@@ -231,20 +235,25 @@ def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[s
     slow_step = max(range(w), key=lambda r: ranks[r].get("t_step_seconds", 0.0))
     ev = {**res.evidence(), "ranks": ranks, "world_size": w}
     n = len(res.micro_seconds)
-    mix = (f", then from an emptied cache through the corpus's length mix ({len(res.lengths_mix)} lengths, longest first, "
+    mix = (f", then from an emptied cache through the corpus's length mix ({len(res.lengths_mix)} lengths, longest "
+           "first, "
            f"the full length after each)" if res.lengths_mix else "")
     return {
         "rows_fit": Value(res.micro_batch, "measured",
-                          f"the lockstep ramp through the sharded model on {w} ranks: the most rows at {res.length} tokens whose real "
-                          f"training step (at lr 0, the optimizer's state held) ran on every rank without running out of memory or an "
+                          f"the lockstep ramp through the sharded model on {w} ranks: the most rows at {res.length} "
+                          "tokens whose real "
+                          "training step (at lr 0, the optimizer's state held) ran on every rank without running out "
+                          "of memory or an "
                           f"allocator retry, then {n} steps in a row at that shape{mix} ({res.stopped_because})",
                           ev, res.seconds, "rows"),
         "t_micro_seconds": Value(res.t_micro_seconds, "measured",
-                                 f"the slowest of {w} ranks (rank {slow_micro}): median of {n} synchronized forward+backward passes of "
+                                 f"the slowest of {w} ranks (rank {slow_micro}): median of {n} synchronized "
+                                 "forward+backward passes of "
                                  f"{shape} through the sharded model (its all-gathers and reduce-scatters included)",
                                  {"ranks": ranks, "repeats_seconds": res.micro_seconds}, 0.0, "s"),
         "t_step_seconds": Value(res.t_step_seconds, "measured",
-                                f"the slowest of {w} ranks (rank {slow_step}): median of {n} synchronized optimizer updates of the "
+                                f"the slowest of {w} ranks (rank {slow_step}): median of {n} synchronized optimizer "
+                                "updates of the "
                                 f"shards after {shape}", {"ranks": ranks, "repeats_seconds": res.step_seconds}, 0.0, "s"),
     }
 
@@ -305,7 +314,8 @@ class ShardedWorldTask:
                         value, loss = 0.0, out.logits.sum() * 0.0
                 bad = world.all_reduce([float(not math.isfinite(value))], "sum")[0]
                 if bad:  # agreed before the backward, whose collectives every rank must enter
-                    raise InputError(f"the loss of step {step}'s micro-batch {k} is not finite on {int(bad)} rank(s) under FSDP "
+                    raise InputError(f"the loss of step {step}'s micro-batch {k} is not finite on {int(bad)} rank(s) "
+                                     "under FSDP "
                                      "(the sharded model's step); check these rows and the model's dtype")
                 loss.backward()
                 loss_sum += value * m.scored_tokens

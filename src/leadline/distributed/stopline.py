@@ -102,7 +102,8 @@ class StopLine:
         except Exception:  # the store went with the rank that hosted it
             if not self.fired:
                 return None
-            got = {"sentence": "another rank stopped the job inside the sharded model's collectives (its sentence was lost "
+            got = {"sentence": "another rank stopped the job inside the sharded model's collectives (its sentence was "
+                               "lost "
                                "with the store)", "rank": -1, "oom": False}
         return WorldAborted(got["sentence"], int(got["rank"]), bool(got["oom"]), [int(got["rank"])])
 
@@ -173,8 +174,10 @@ class StopLine:
                 oom = is_oom(e)
                 verb = "ran out of memory" if oom else "failed"
                 w, rank = self.world.world_size, self.world.rank
-                raise self.stop(f"{what} {verb} on rank {rank} of {w}: {_sentence(e)}; the other ranks may be left inside "
-                                f"the collectives it runs, so leadline aborted the job's process groups (derive cannot go on "
+                raise self.stop(f"{what} {verb} on rank {rank} of {w}: {_sentence(e)}; the other ranks may be left "
+                                "inside "
+                                "the collectives it runs, so leadline aborted the job's process groups (derive cannot "
+                                "go on "
                                 f"after it)", oom) from e
 
     # ---- the marks ---------------------------------------------------------------------------

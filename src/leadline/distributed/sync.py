@@ -25,7 +25,8 @@ def disagreements(decisions: list[dict[str, Any]]) -> list[str]:
     for r, d in enumerate(decisions[1:], start=1):
         for name in DECISIONS:
             if d.get(name) != base.get(name):
-                out.append(f"rank {r} derived {name}={d.get(name)!r} where rank 0 derived {base.get(name)!r}; rank 0's plan stands")
+                out.append(f"rank {r} derived {name}={d.get(name)!r} where rank 0 derived {base.get(name)!r}; rank 0's "
+                           "plan stands")
     return out
 
 
@@ -66,5 +67,6 @@ def broadcast_plan(world: Any, plan: Plan) -> Plan:
         ok = 0.0
     bad = [r for r, v in enumerate(world.all_gather([ok])) if not v[0]]
     if bad or received is None:
-        raise LeadlineError(f"rank {bad[0] if bad else world.rank}'s copy of rank 0's plan does not match its sha256 {digest[:12]}; the broadcast was corrupted, run derive again")
+        raise LeadlineError(f"rank {bad[0] if bad else world.rank}'s copy of rank 0's plan does not match its sha256 "
+                            f"{digest[:12]}; the broadcast was corrupted, run derive again")
     return received
