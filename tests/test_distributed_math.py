@@ -347,7 +347,7 @@ def test_the_plan_keeps_no_scale_out_of_its_own():
     """One scale_out: the function of leadline.distributed, which the CLI's table prints."""
     from leadline import Plan, Value
     from leadline.cli.derive import plan_scale_out_table
-    from leadline.distributed import scale_out
+    from leadline.distributed.scale_out import scale_out
 
     p = Plan()
     for n, v in {"noise_scale_tokens": 4000.0, "micro_batch": 4, "grad_accum": 2, "t_micro_seconds": 0.05,

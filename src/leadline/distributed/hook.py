@@ -107,8 +107,8 @@ class NoiseHook:
         if sum(p.numel() for p in params) != buf.numel():
             raise InputError("a DDP gradient bucket is not its parameters' gradients laid end to end; leadline's noise "
                              "hook cannot read it")
-        parts = [self._views[id(p)].reshape(-1) if id(p) in self._views else torch.zeros(p.numel(), dtype=dtype, device=buf.device)
-                 for p in params]
+        parts = [self._views[id(p)].reshape(-1) if id(p) in self._views
+                 else torch.zeros(p.numel(), dtype=dtype, device=buf.device) for p in params]
         flat = torch.cat(parts).to(dtype) if parts else torch.zeros(0, dtype=dtype, device=buf.device)
         for old in [k for k in self._flat if set(k) & set(key)]:
             del self._flat[old]
@@ -234,7 +234,8 @@ class DDPNoise:
         for p in params:
             p.grad = None
         got = world.all_gather([float(t_r), r, x])
-        return world_draws(prev_t, prev_sq, [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], dd, per_rank=per_rank)
+        return world_draws(prev_t, prev_sq, [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], dd,
+                           per_rank=per_rank)
 
     def measure(self, budget_s: float | None = None) -> DDPNoiseScale:
         """Draw until the estimate settles (or k, max_k, the data, the time): the probe's rule
@@ -277,15 +278,17 @@ class DDPNoise:
                 if empty:  # a rank's micro-batch scores nothing: the step is skipped on every rank
                     skipped += n_w
                     continue
-                new = self._step(i, {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()},
-                                 t_r, total, prev_t, prev_sq, params, per_rank)
+                moved = {k: (v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v)
+                         for k, v in kwargs.items()}
+                new = self._step(i, moved, t_r, total, prev_t, prev_sq, params, per_rank)
                 for d in new:
                     sums.add(d)
                     records.append(d)
                     micro_tokens.append(int(d.tokens))
                     prev_t += d.tokens
                     est = sums.estimate()
-                    draws.append({"k": len(micro_tokens), "tokens": int(prev_t), "estimate": est.b_noise_tokens if est.resolved else None,
+                    draws.append({"k": len(micro_tokens), "tokens": int(prev_t),
+                                  "estimate": est.b_noise_tokens if est.resolved else None,
                                   "se": est.se_tokens, "g2": est.g2, "s": est.s})
                 prev_sq = new[-1].mean_sq
                 if self.k is None and len(micro_tokens) >= MIN_DRAWS and est.settled:

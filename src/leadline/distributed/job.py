@@ -201,7 +201,8 @@ class WorldTask:
                     loss = agreed(world, forward, f"step {step}'s forward (micro-batch {k})")
                     # the last micro-batch's backward all-reduces: a rank that fails inside it
                     # leaves the others in DDP's all-reduce, where no agreement reaches them
-                    with self.line.guard(f"step {step}'s backward (micro-batch {k})") if sync else contextlib.nullcontext():
+                    guard = self.line.guard(f"step {step}'s backward (micro-batch {k})") if sync else None
+                    with guard or contextlib.nullcontext():
                         (loss * (n_w * m.scored_tokens / total)).backward()
                 loss_sum += float(loss.detach()) * m.scored_tokens
                 del loss
@@ -220,7 +221,8 @@ class WorldTask:
         mine = rows[world.rank::world.world_size]
 
         def losses() -> list[float]:
-            local = agreed(world, lambda: row_losses(task.model, mine, None, task.device, pad_id=task.pad_id) if mine else [],
+            local = agreed(world,
+                           lambda: row_losses(task.model, mine, None, task.device, pad_id=task.pad_id) if mine else [],
                            "the held-out read")
             parts = world.gather_object([float(x) for x in local])
             out: list[float] = [0.0] * len(rows)

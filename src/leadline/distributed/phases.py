@@ -124,7 +124,8 @@ def allreduce_seconds(world: Any, params: Sequence[Any], repeats: int = 5) -> di
             "world_size": world.world_size, "backend": world.backend}
 
 
-def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any, params: Sequence[Any]) -> tuple[Any, dict[str, Value]]:
+def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any,
+                 params: Sequence[Any]) -> tuple[Any, dict[str, Value]]:
     """The memory phase in a job: this rank's ramp (``run_ramp()``, agreed: a rank on which not
     even one row fits stops every rank with its sentence), the least kept micro-batch over the
     ranks, the timings at that shape from the slowest rank, and the all-reduce's time.
@@ -147,7 +148,8 @@ def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any, params: 
     slow_micro = max(range(world.world_size), key=lambda r: times[r][0])
     slow_step = max(range(world.world_size), key=lambda r: times[r][1])
     ar = allreduce_seconds(world, params)
-    ranks = [{"rank": r, "rows_kept": kept[r], "t_micro_seconds": times[r][0], "t_step_seconds": times[r][1]} for r in range(world.world_size)]
+    ranks = [{"rank": r, "rows_kept": kept[r], "t_micro_seconds": times[r][0], "t_step_seconds": times[r][1]}
+             for r in range(world.world_size)]
     per_rank = ", ".join(f"rank {r}: {k}" for r, k in enumerate(kept))
     shape = f"{rows} rows x {res.length} tokens"
     ev = {**res.evidence(), "ranks": ranks, "world_size": world.world_size}
@@ -200,7 +202,8 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
     w = world_size
     m = rows_fit * float(tokens_per_row)
     sp = tokens_per_step(noise, rows_fit=w * rows_fit, tokens_per_micro_batch=w * m,
-                         t_step_seconds=float(t_step_seconds) + float(t_allreduce_seconds), t_micro_seconds=t_micro_seconds,
+                         t_step_seconds=float(t_step_seconds) + float(t_allreduce_seconds),
+                         t_micro_seconds=t_micro_seconds,
                          corpus_scored_tokens=corpus_scored_tokens)
     accum = sp.grad_accum
     wanted = max(w, sp.inputs["rows_wanted"])
@@ -208,7 +211,8 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
     rows_step = micro * accum * w
     clamp = f", clamped to {sp.clamped_by}" if sp.clamped_by else ""
     ev = {**sp.inputs, "b_star_tokens": sp.b_star_tokens, "clamped_by": sp.clamped_by, "world_size": w,
-          "rows_fit_per_gpu": rows_fit, "tokens_per_micro_batch_per_gpu": m, "t_optimizer_seconds": float(t_step_seconds),
+          "rows_fit_per_gpu": rows_fit, "tokens_per_micro_batch_per_gpu": m,
+          "t_optimizer_seconds": float(t_step_seconds),
           "t_allreduce_seconds": float(t_allreduce_seconds), "rows_per_step": rows_step,
           "scored_tokens_per_step": rows_step * float(tokens_per_row)}
     b = sp.inputs["b_noise_tokens"]

@@ -101,8 +101,8 @@ class ScaleRow:
     efficiency: float
 
 
-def _row_fixed(n: int, b_noise: float, per_row: float, rows_fit: int, a: float, c_row: float, t_step: float, comm: float,
-               s_min: float) -> dict[str, Any]:
+def _row_fixed(n: int, b_noise: float, per_row: float, rows_fit: int, a: float, c_row: float, t_step: float,
+               comm: float, s_min: float) -> dict[str, Any]:
     """A row of the table under the fixed-cost model (the module docstring)."""
     from leadline.noise.step import least_time_rows
 
@@ -115,10 +115,12 @@ def _row_fixed(n: int, b_noise: float, per_row: float, rows_fit: int, a: float, 
     sec = accum * a + c_row * r + c
     steps = s_min * (1.0 + b_noise / target)
     return {"gpus": n, "batch_tokens": target, "b_star_tokens": target, "clamped_by": clamped, "grad_accum": accum,
-            "steps": steps, "tokens": steps * target, "seconds_per_step": sec, "comm_seconds": comm, "wall_seconds": steps * sec}
+            "steps": steps, "tokens": steps * target, "seconds_per_step": sec, "comm_seconds": comm,
+            "wall_seconds": steps * sec}
 
 
-def _row(n: int, b_noise: float, m: float, per_row: float, t_micro: float, t_step: float, comm: float, s_min: float) -> dict[str, Any]:
+def _row(n: int, b_noise: float, m: float, per_row: float, t_micro: float, t_step: float, comm: float,
+         s_min: float) -> dict[str, Any]:
     c = t_step + comm
     b_star = math.sqrt(b_noise * n * m * c / t_micro)
     target, clamped = b_star, None
@@ -173,7 +175,8 @@ class ScaleOut:
         head = (f"scale-out: B_noise {_num(self.b_noise_tokens)} tokens, {_num(self.tokens_per_micro_batch)} tokens a "
                 "micro-batch a GPU "
                 f"at t_micro {self.t_micro_seconds:.4g} s, t_step {self.t_step_seconds:.4g} s, {self.comm['text']}")
-        cols = f"{'GPUs':>5} {'step tokens':>12} {'accum':>6} {'steps':>9} {'tokens':>12} {'s/step':>9} {'wall (' + unit + ')':>14} {'speed-up':>9} {'eff.':>6}"
+        cols = (f"{'GPUs':>5} {'step tokens':>12} {'accum':>6} {'steps':>9} {'tokens':>12} {'s/step':>9} "
+                f"{'wall (' + unit + ')':>14} {'speed-up':>9} {'eff.':>6}")
         lines = [head, cols]
         for r in self.rows:
             mark = {"noise scale": " (B_noise)", "a row per GPU": " (1 row/GPU)"}.get(r.clamped_by or "", "")
@@ -191,7 +194,8 @@ class ScaleOut:
         return d
 
     def as_values(self) -> dict[str, Value]:
-        return {"scale_out_gpus": Value(self.pays_up_to, "derived", self.sentence(), evidence=self.as_dict(), unit="GPUs")}
+        return {"scale_out_gpus": Value(self.pays_up_to, "derived", self.sentence(), evidence=self.as_dict(),
+                                        unit="GPUs")}
 
 
 def _num(x: float) -> str:
@@ -206,7 +210,8 @@ def _positive(name: str, v: Any, zero_ok: bool = False) -> float:
 
 
 def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens_per_row: float, t_micro_seconds: float,
-                    t_step_seconds: float, *, gpus: Sequence[int] = DEFAULT_GPUS, comm_seconds_measured: float | None = None,
+                    t_step_seconds: float, *, gpus: Sequence[int] = DEFAULT_GPUS,
+                    comm_seconds_measured: float | None = None,
                     comm_world_size: int | None = None, s_min: float = 1.0, absolute: bool = False,
                     min_efficiency: float = MIN_EFFICIENCY, assumptions: Sequence[str] = (),
                     fixed_cost: dict[str, float] | None = None) -> ScaleOut:
@@ -268,8 +273,9 @@ def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens
         comm = {"measured_seconds": float(comm_seconds_measured), "world_size": int(comm_world_size),
                 "text": f"all-reduce {float(comm_seconds_measured):.4g} s measured on {comm_world_size} GPUs, scaled "
                         "by the ring's 2(n-1)/n"}
-    return ScaleOut(rows=rows, b_noise_tokens=b, tokens_per_micro_batch=m, tokens_per_row=per_row, t_micro_seconds=t_micro,
-                    t_step_seconds=t_step, s_min=s_min, absolute=absolute, knee_gpus=b / m, pays_up_to=pays_up_to,
+    return ScaleOut(rows=rows, b_noise_tokens=b, tokens_per_micro_batch=m, tokens_per_row=per_row,
+                    t_micro_seconds=t_micro, t_step_seconds=t_step, s_min=s_min, absolute=absolute, knee_gpus=b / m,
+                    pays_up_to=pays_up_to,
                     stops_paying_at=stops, min_efficiency=min_efficiency, comm=comm, assumptions=list(assumptions))
 
 
@@ -357,8 +363,9 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
     else:
         s_min, absolute = 1.0, False
         notes.append("the plan has no total_steps: steps, tokens and wall times are in units of S_min")
-    return scale_out_table(b, m, per_row, float(plan.get("t_micro_seconds")), float(plan.get("t_step_seconds")), gpus=gpus,
-                           comm_seconds_measured=comm_s, comm_world_size=comm_w, s_min=s_min, absolute=absolute,
+    return scale_out_table(b, m, per_row, float(plan.get("t_micro_seconds")), float(plan.get("t_step_seconds")),
+                           gpus=gpus, comm_seconds_measured=comm_s, comm_world_size=comm_w, s_min=s_min,
+                           absolute=absolute,
                            min_efficiency=min_efficiency, assumptions=notes, fixed_cost=fixed)
 
 
@@ -367,6 +374,7 @@ def _fixed_cost_of(plan: Plan) -> dict[str, float] | None:
     v = plan.values.get("tokens_per_step") if hasattr(plan, "values") else None
     ev = v.evidence if v is not None and isinstance(v.evidence, dict) else {}
     fixed = ev.get("fixed_cost")
-    if isinstance(fixed, dict) and all(isinstance(fixed.get(k), (int, float)) for k in ("a_seconds", "c_seconds_per_row")):
+    if isinstance(fixed, dict) and all(isinstance(fixed.get(k), (int, float))
+                                       for k in ("a_seconds", "c_seconds_per_row")):
         return {"a_seconds": float(fixed["a_seconds"]), "c_seconds_per_row": float(fixed["c_seconds_per_row"])}
     return None

@@ -112,7 +112,8 @@ class ShardedGradFn:
         named = list(named)
         with torch.no_grad():
             local = [_local(t.detach()) for _, t in named]
-            sums = self._world_sum([float(torch.sum(t.double() ** 2)) for t in local] + [float(t.numel()) for t in local])
+            sums = self._world_sum([float(torch.sum(t.double() ** 2)) for t in local]
+                                   + [float(t.numel()) for t in local])
         n = len(named)
         return {name: (sums[i] ** 0.5, int(sums[n + i])) for i, (name, _) in enumerate(named)}
 

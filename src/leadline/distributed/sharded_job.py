@@ -67,7 +67,8 @@ def check_supported(model: Any) -> None:
     ``use_orig_params``."""
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    if any(isinstance(m, FullyShardedDataParallel) and not getattr(m, "_use_orig_params", False) for m in model.modules()):
+    if any(isinstance(m, FullyShardedDataParallel) and not getattr(m, "_use_orig_params", False)
+           for m in model.modules()):
         raise InputError(ORIG_PARAMS_SENTENCE)
 
 
@@ -105,7 +106,8 @@ class ShardedTrainingStep(TrainingStep):
         self.world = world
 
     def lockstep_memory(self, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
-                        start_rows: int = 1, should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
+                        start_rows: int = 1,
+                        should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
         res, ranks = lockstep_ramp(self, self.world, length, lengths=lengths, max_rows=max_rows, start_rows=start_rows,
                                    should_stop=should_stop)
         return res, lockstep_values(res, ranks, self.world)
@@ -117,7 +119,8 @@ def _mix_on(mem: Any) -> bool:
     return getattr(mem.device, "type", None) == "cuda"
 
 
-def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
+def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] | None = None,
+                  max_rows: int | None = None,
                   start_rows: int = 1, repeats: int = 3, mix_steps: int = 16,
                   should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, list[dict[str, Any]]]:
     """The rows a training step fits at ``length`` tokens on every rank, one rung at a time on
@@ -218,7 +221,8 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         micro_batch=search.kept or 0, length=int(length),
         t_micro_seconds=kept[2] if kept else None, t_step_seconds=kept[3] if kept else None,
         rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because, stop=search.stop,
-        max_rows=max_rows, lengths_mix=mix[0::2], micro_seconds=kept[0] if kept else [], step_seconds=kept[1] if kept else [],
+        max_rows=max_rows, lengths_mix=mix[0::2], micro_seconds=kept[0] if kept else [],
+        step_seconds=kept[1] if kept else [],
         seconds=time.perf_counter() - t0,
     )
     if result.micro_batch == 0:
@@ -253,8 +257,8 @@ def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[s
                                  {"ranks": ranks, "repeats_seconds": res.micro_seconds}, 0.0, "s"),
         "t_step_seconds": Value(res.t_step_seconds, "measured",
                                 f"the slowest of {w} ranks (rank {slow_step}): median of {n} synchronized optimizer "
-                                "updates of the "
-                                f"shards after {shape}", {"ranks": ranks, "repeats_seconds": res.step_seconds}, 0.0, "s"),
+                                f"updates of the shards after {shape}",
+                                {"ranks": ranks, "repeats_seconds": res.step_seconds}, 0.0, "s"),
     }
 
 
@@ -335,7 +339,8 @@ class ShardedWorldTask:
             raise InputError("the split has no held_out rows; give split_rows a larger held_out")
         w = world.world_size
         mine = rows[world.rank::w]
-        padded = mine + [mine[-1] if mine else rows[0]] * (-(-len(rows) // w) - len(mine))  # the same count on every rank
+        # the same count on every rank
+        padded = mine + [mine[-1] if mine else rows[0]] * (-(-len(rows) // w) - len(mine))
         per_forward = max(1, MAX_TOKENS // max(len(r.input_ids) for r in rows))  # the same on every rank
 
         def losses() -> list[float]:

@@ -6,8 +6,8 @@ reduce-scattered); under DDP the backward all-reduces. A rank that runs out of m
 raises) inside one leaves the others waiting in the next all-gather, reduce-scatter or
 all-reduce, where no agreement (:mod:`leadline.distributed.agree`) can reach them: they would
 wait for the backend's timeout (10 to 30 minutes), or meet the failing rank's agreement in a
-mismatched collective, and end without a sentence. The stop line is a side channel through the job's c10d store (the rendezvous
-key-value store; no collective):
+mismatched collective, and end without a sentence. The stop line is a side channel through the
+job's c10d store (the rendezvous key-value store; no collective):
 
 - every rank marks the end of each stretch of sharded work (:meth:`StopLine.left`);
 - a rank that failed inside it waits up to ``wait_s`` for every other rank's mark. All there:
@@ -150,10 +150,10 @@ class StopLine:
     @contextmanager
     def guard(self, what: str, passthrough: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
         """Work inside collectives that is not a measurement (a sharded noise draw, training
-        step or held-out read; DDP's all-reducing backward): while inside, the stop key is watched; any failure on this rank stops the job
-        (its collectives may have left the others inside FSDP's), and a failure that the stop
-        caused on this rank raises the stopping rank's sentence. ``passthrough`` exceptions (and
-        :class:`RankFailed`) are the ones every rank raises at the same point, after an
+        step or held-out read; DDP's all-reducing backward): while inside, the stop key is watched;
+        any failure on this rank stops the job (its collectives may have left the others inside
+        FSDP's), and a failure that the stop caused on this rank raises the stopping rank's sentence.
+        ``passthrough`` exceptions (and :class:`RankFailed`) are the ones every rank raises at the same point, after an
         agreement: they pass unchanged."""
         from leadline.distributed.agree import _sentence
         from leadline.memory.readings import is_oom

@@ -8,7 +8,8 @@ from typing import Any
 from leadline.errors import LeadlineError
 from leadline.plan import Plan
 
-DECISIONS = ("rows_fit", "micro_batch", "grad_accum", "tokens_per_step", "noise_scale_tokens", "alpha1", "lr", "warmup_steps", "total_steps")
+DECISIONS = ("rows_fit", "micro_batch", "grad_accum", "tokens_per_step", "noise_scale_tokens", "alpha1", "lr",
+             "warmup_steps", "total_steps")
 """The numbers a run is configured with: compared across ranks before the broadcast."""
 
 
@@ -48,7 +49,8 @@ def broadcast_plan(world: Any, plan: Plan) -> Plan:
         plan: this rank's plan.
     """
     mine = ({n: plan.get(n) for n in DECISIONS},
-            {"rank": world.rank, **{k: plan.machine.get(k) for k in ("device", "device_name", "device_memory_bytes") if k in plan.machine}})
+            {"rank": world.rank, **{k: plan.machine.get(k) for k in ("device", "device_name", "device_memory_bytes")
+                                    if k in plan.machine}})
     got = world.gather_object(mine)
     if world.is_main:
         plan.notes.extend(disagreements([g[0] for g in got]))
