@@ -27,8 +27,8 @@ micro-batch takes a + c r seconds for r rows), T(B, n) = ceil(r / rows_fit) a + 
 t_comm(n) with r = B / (n x tokens a row) rows a GPU, and B*_n is the whole rows a GPU that make
 S(B) T(B, n) least, up to B_noise: the cost model the plan's own step was taken with, so the
 one-GPU row is the plan's step (noise/step.py). A small model's micro-batch is mostly fixed
-cost (on the H200, SmolLM2-135M LoRA at 232 tokens: 0.18 s at 1 row, 0.45 s at 184), and the
-proportional model above then puts the batch far too low and the wall times far too short.
+cost, and the proportional model above then puts the batch far too low and the wall times far
+too short (docs/distributed.md, "Scale-out", has the measured case).
 
 The communication: t_comm(1) = 0; a ring all-reduce moves 2 (n - 1)/n of the gradient per
 GPU, so a time measured on W GPUs is scaled by (2(n-1)/n) / (2(W-1)/W). Unmeasured (a plan
