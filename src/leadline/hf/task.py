@@ -208,9 +208,9 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     import time
 
     from leadline.derive import derive
-    from leadline.progress import PhaseBar, wants_bar
     from leadline.distributed.world import join_job
     from leadline.memory import TrainingStep
+    from leadline.progress import PhaseBar, wants_bar
     from leadline.provenance import describe_model
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases

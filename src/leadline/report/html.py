@@ -1,28 +1,110 @@
-"""Render a plan as one self-contained HTML page: no scripts, no external files."""
+"""Render a plan as one self-contained HTML page a person reads: no scripts, no external files.
+
+The page opens with a summary card (the numbers to train with, each with its kind and one line
+of why, the constants, what derive spent), then one figure per decision with a caption, then
+every value with its whole sentence; the raw evidence sits collapsed under ``<details>``.
+"""
 
 from __future__ import annotations
 
 import html
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
 
-from leadline.plan import Plan, Value, format_number
+from leadline.plan import Plan, Value
 from leadline.report.plots import matplotlib_available, render_svg
 
+# The numbers a run is trained with, in the order a person reads them.
+SUMMARY = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending",
+           "seq_len", "weight_decay")
+WHY_CHARS = 110
+
 _STYLE = """
-body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}
-table{border-collapse:collapse;width:100%;margin:.5rem 0}
-td,th{border:1px solid #ccc;padding:.25rem .5rem;text-align:left;vertical-align:top;font-size:.9rem}
-th{background:#f3f3f3}.kind{font-family:monospace}.constant{background:#fff4e0}
-section{margin:1.5rem 0;border-top:1px solid #ddd}pre{background:#f8f8f8;padding:.5rem;overflow:auto;font-size:.8rem}
+body{font-family:system-ui,sans-serif;max-width:64rem;margin:1.2rem auto;padding:0 1rem;color:#222;line-height:1.35}
+h1{font-size:1.5rem;margin:.2rem 0}h2{font-size:1.2rem;margin:1.4rem 0 .4rem}h3{font-size:1rem;margin:.8rem 0 .2rem}
+table{border-collapse:collapse;width:100%;margin:.4rem 0;table-layout:fixed}
+td,th{border:1px solid #ccc;padding:.2rem .45rem;text-align:left;vertical-align:top;font-size:.86rem;
+overflow-wrap:anywhere}
+th{background:#f3f3f3}.kind{font-family:monospace;font-size:.8rem}
+tr.constant td{background:#fff4e0}tr.measured .kind{color:#1a7f37}tr.derived .kind{color:#0550ae}
+.card{border:2px solid #444;border-radius:6px;padding:.5rem .8rem;margin:.6rem 0}
+.card th:nth-child(1){width:9rem}.card th:nth-child(2){width:10rem}.card th:nth-child(3){width:5.5rem}
+.meta{color:#555;font-size:.85rem;margin:.1rem 0}
+figure{margin:.6rem 0;border-top:1px solid #ddd;padding-top:.4rem}figcaption{font-size:.88rem;margin:.2rem 0}
+svg{max-width:100%;height:auto}details{margin:.2rem 0}summary{cursor:pointer;color:#0550ae;font-size:.85rem}
+pre{background:#f8f8f8;padding:.4rem;overflow:auto;font-size:.75rem;max-height:24rem}
+.wide{overflow-x:auto}
 """
 
 
 def _esc(x: Any) -> str:
     return html.escape(str(x))
+
+
+def sig(x: Any, digits: int = 3) -> str:
+    """A number as a person reads it: ``digits`` significant digits, ints with separators,
+    ``—`` for a missing one; text as it is."""
+    if x is None:
+        return "—"
+    if isinstance(x, bool) or isinstance(x, str):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}" if abs(x) < 10**7 else f"{x:.{digits}g}"
+    if isinstance(x, float):
+        if x != x or x in (float("inf"), float("-inf")):
+            return str(x)
+        if x == 0:
+            return "0"
+        if 1e-3 <= abs(x) < 1e6:
+            s = f"{x:.{digits}g}"
+            return f"{float(s):,.0f}" if "e" in s else s
+        return f"{x:.{digits - 1}e}"
+    if isinstance(x, (list, tuple)):
+        return ", ".join(sig(v, digits) for v in x)
+    return str(x)
+
+
+def value_text(v: Value) -> str:
+    """The value with its unit ("2 rows", "1 row", "0.000457 per step"), ``not resolved`` for None."""
+    if v.value is None:
+        return "not resolved"
+    text = sig(v.value)
+    if v.unit:
+        unit = v.unit
+        if v.value == 1 and unit.endswith("s") and unit not in ("s", "tokens per step"):
+            unit = unit[:-1]
+        text += f" {unit}"
+    return text
+
+
+_PLURAL = re.compile(r"\b1 (rows|steps|tokens|micro-batches|draws|rates|rounds|horizons)\b")
+
+
+def prose(text: str) -> str:
+    """A source sentence for display: "1 rows" read as "1 row"."""
+    return _PLURAL.sub(lambda m: "1 " + ("micro-batch" if m.group(1) == "micro-batches" else m.group(1)[:-1]), text)
+
+
+def short_why(text: str, chars: int = WHY_CHARS) -> str:
+    """The first clause of a source sentence, cut at a word boundary to ``chars`` characters."""
+    text = prose(text)
+    first = re.split(r"; |: (?=[a-z])", text, maxsplit=1)[0]
+    if len(first) <= chars:
+        return first
+    cut = first[: chars - 1].rsplit(" ", 1)[0].rstrip(",;:(")
+    if cut.count("(") > cut.count(")"):  # no parenthesis left open
+        cut = cut[: cut.rindex("(")].rstrip()
+    return cut + "…"
+
+
+def _cell(x: Any) -> str:
+    if isinstance(x, (dict, list)):
+        return _esc(json.dumps(x)[:200] + ("…" if len(json.dumps(x)) > 200 else ""))
+    return _esc(sig(x))
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -32,74 +114,120 @@ def _table(rows: list[dict[str, Any]]) -> str:
             if k not in cols:
                 cols.append(k)
     head = "".join(f"<th>{_esc(c)}</th>" for c in cols)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_esc(format_number(r.get(c)) if not isinstance(r.get(c), (dict, list)) else json.dumps(r.get(c)))}</td>" for c in cols) + "</tr>"
-        for r in rows
-    )
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    layout = " style='table-layout:auto'" if len(cols) <= 4 else ""
+    return f"<div class='wide'><table{layout}><tr>{head}</tr>{body}</table></div>"
 
 
 def _evidence_html(ev: Any) -> str:
-    """Tables for the lists of records in the evidence, a JSON block for the rest."""
+    """The evidence collapsed: its records as tables, the JSON under a second fold."""
     if ev is None:
-        return "<p>No evidence recorded.</p>"
+        return ""
     parts: list[str] = []
     if isinstance(ev, list) and ev and all(isinstance(r, dict) for r in ev):
-        return _table(ev)
-    if isinstance(ev, dict):
-        scalars = {k: v for k, v in ev.items() if not isinstance(v, (list, dict))}
+        parts.append(_table(ev))
+    elif isinstance(ev, dict):
+        scalars = {k: v for k, v in ev.items() if not isinstance(v, (list, dict)) and k != "plot"}
         if scalars:
-            parts.append(_table([scalars]))
+            parts.append(_table([{"field": k, "value": v} for k, v in scalars.items()]))
         for k, v in ev.items():
             if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
                 parts.append(f"<h4>{_esc(k)}</h4>" + _table(v))
-            elif isinstance(v, (list, dict)):
-                parts.append(f"<h4>{_esc(k)}</h4><pre>{_esc(json.dumps(v, indent=1))}</pre>")
-        return "".join(parts)
-    return f"<pre>{_esc(json.dumps(ev, indent=1))}</pre>"
+    parts.append(f"<details><summary>JSON</summary><pre>{_esc(json.dumps(ev, indent=1, default=str))}</pre></details>")
+    return f"<details><summary>evidence</summary>{''.join(parts)}</details>"
 
 
-def _value_section(name: str, v: Value, can_plot: bool) -> str:
-    svg = render_svg(v.evidence)
-    plot = svg or ""
-    if svg is None and isinstance(v.evidence, dict) and "plot" in v.evidence and not can_plot:
-        plot = "<p><em>No plot: matplotlib is not installed (pip install 'leadline[report]').</em></p>"
-    return (
-        f"<section id='{_esc(name)}'><h3>{_esc(name)} = {_esc(format_number(v.value))}"
-        f"{' ' + _esc(v.unit) if v.unit else ''}</h3>"
-        f"<p><span class='kind'>[{_esc(v.kind)}]</span> {_esc(v.source)} "
-        f"<small>({v.seconds:.3g} s)</small></p>{plot}{_evidence_html(v.evidence)}</section>"
-    )
+def _digest(ev: Any) -> str | None:
+    return None if ev is None else json.dumps(ev, sort_keys=True, default=str)
+
+
+def _spent(plan: Plan) -> float:
+    return sum(v.seconds for v in plan.values.values())
+
+
+def _summary_card(plan: Plan) -> str:
+    rows = []
+    for n in SUMMARY:
+        if n not in plan:
+            continue
+        v = plan[n]
+        rows.append(f"<tr class='{_esc(v.kind)}'><td><a href='#{_esc(n)}'>{_esc(n)}</a></td><td>{_esc(value_text(v))}</td>"
+                    f"<td class='kind'>{_esc(v.kind)}</td><td>{_esc(short_why(v.source))}</td></tr>")
+    consts = plan.constants()
+    const = ("constants (not measured here): " + ", ".join(consts) if consts
+             else "no constants: every number was measured, derived or given")
+    kinds: dict[str, int] = {}
+    for v in plan.values.values():
+        kinds[v.kind] = kinds.get(v.kind, 0) + 1
+    counts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    return ("<div class='card'><h2 style='margin-top:0'>Train with</h2>"
+            "<table><tr><th>value</th><th>number</th><th>kind</th><th>why</th></tr>" + "".join(rows) + "</table>"
+            f"<p class='meta'>{_esc(const)}.</p>"
+            f"<p class='meta'>{len(plan.values)} values ({_esc(counts)}); the measurements took {_esc(sig(_spent(plan)))} s.</p></div>")
+
+
+def _figures(plan: Plan, can_plot: bool) -> str:
+    figs: list[str] = []
+    drawn: set[str] = set()
+    for n, v in plan.values.items():
+        ev = v.evidence
+        if not (isinstance(ev, dict) and "plot" in ev):
+            continue
+        key = _digest(ev)
+        if key in drawn:
+            continue
+        drawn.add(key or n)
+        svg = render_svg(ev) if can_plot else None
+        caption = f"<b>{_esc(n)} = {_esc(value_text(v))}</b> ({_esc(v.kind)}): {_esc(short_why(v.source, 200))}"
+        figs.append(f"<figure>{svg or ''}<figcaption>{caption}</figcaption></figure>")
+    if not figs:
+        return ""
+    note = "" if can_plot else "<p class='meta'>The figures need matplotlib (pip install 'leadline[hf]'); the evidence is below as tables.</p>"
+    return "<h2>Decisions</h2>" + note + ("".join(figs) if can_plot else "")
+
+
+def _values(plan: Plan) -> str:
+    shown: dict[str, str] = {}
+    out = []
+    for n, v in plan.values.items():
+        key = _digest(v.evidence)
+        if key is not None and key in shown:
+            ev = f"<p class='meta'>evidence: the same as <a href='#{_esc(shown[key])}'>{_esc(shown[key])}</a></p>"
+        else:
+            ev = _evidence_html(v.evidence)
+            if key is not None:
+                shown[key] = n
+        cost = f" <small>({sig(v.seconds)} s)</small>" if v.seconds else ""
+        out.append(f"<section id='{_esc(n)}'><h3>{_esc(n)} = {_esc(value_text(v))} "
+                   f"<span class='kind'>[{_esc(v.kind)}]</span></h3><p>{_esc(prose(v.source))}{cost}</p>{ev}</section>")
+    return "<h2>Every value</h2>" + "".join(out)
+
+
+def _where(plan: Plan) -> str:
+    parts = []
+    for k, d in (("machine", plan.machine), ("model", plan.model), ("data", plan.data)):
+        if d:
+            parts.append(f"<h3>{k}</h3>" + _table([{"field": f, "value": x} for f, x in d.items()]))
+    held = {k: (f"{len(v)} rows" if isinstance(v, list) else v) for k, v in plan.held_out.items()}
+    if held:
+        parts.append("<h3>rows split off</h3>" + _table([{"part": k, "rows": v} for k, v in held.items()]))
+    return "<details><summary>where it was measured (machine, model, data)</summary>" + "".join(parts) + "</details>"
 
 
 def render_plan(plan: Plan) -> str:
     """The plan as a self-contained HTML page."""
     can_plot = matplotlib_available()
-    rows = "".join(
-        f"<tr class='{_esc(v.kind)}'><td><a href='#{_esc(n)}'>{_esc(n)}</a></td>"
-        f"<td>{_esc(format_number(v.value))}{' ' + _esc(v.unit) if v.unit else ''}</td>"
-        f"<td class='kind'>{_esc(v.kind)}</td><td>{_esc(v.source)}</td></tr>"
-        for n, v in plan.values.items()
-    )
-    consts = plan.constants()
-    const_html = (
-        "<p>Constants (not measured here): " + ", ".join(_esc(c) for c in consts) + "</p>"
-        if consts else "<p>No constants: every number was measured, derived or given.</p>"
-    )
-    meta = {"machine": plan.machine, "model": plan.model, "data": plan.data}
-    meta_html = "".join(f"<h4>{k}</h4>{_table([v]) if v else '<p>not recorded</p>'}" for k, v in meta.items())
-    held = {k: (len(v) if isinstance(v, list) else v) for k, v in plan.held_out.items()}
-    held_html = f"<h4>held-out rows</h4>{_table([held])}" if held else ""
-    notes = "".join(f"<li>{_esc(n)}</li>" for n in plan.notes)
-    sections = "".join(_value_section(n, v, can_plot) for n, v in plan.values.items())
-    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(plan.created))
+    created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(plan.created))
+    device = plan.machine.get("device") or plan.machine.get("device_name") or ""
+    model = plan.model.get("name") or ""
+    about = ", ".join(_esc(x) for x in (model, device) if x)
+    notes = "".join(f"<li>{_esc(prose(n))}</li>" for n in plan.notes)
+    notes_html = f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""
     return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'><title>leadline plan</title>"
-        f"<style>{_STYLE}</style></head><body><h1>leadline plan</h1>"
-        f"<p>leadline {_esc(plan.version)}, made {created}.</p>"
-        f"<table><tr><th>name</th><th>value</th><th>kind</th><th>source</th></tr>{rows}</table>"
-        f"{const_html}{'<ul>' + notes + '</ul>' if notes else ''}"
-        f"<h2>Where it was measured</h2>{meta_html}{held_html}<h2>Evidence</h2>{sections}</body></html>\n"
+        "<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
+        f"<title>leadline plan</title><style>{_STYLE}</style></head><body><h1>leadline plan</h1>"
+        f"<p class='meta'>{about + '; ' if about else ''}leadline {_esc(plan.version)}, {created}</p>"
+        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot)}{_values(plan)}{_where(plan)}</body></html>\n"
     )
 
 

@@ -2,7 +2,7 @@
 
 Each phase registers the plot its evidence asks for with :func:`register_plot`; the shapes
 of the evidence are documented in docs/evidence.md. Drawing needs matplotlib (the ``report``
-extra); without it the report shows the evidence as tables and says why there is no plot.
+and ``hf`` extras); without it the report shows the evidence as tables and says so once.
 """
 
 from __future__ import annotations
@@ -71,8 +71,13 @@ def _ramp(ev: dict[str, Any], ax: Any) -> None:
         y = (peak or ev.get("budget_bytes") or 0) / 2**30
         ax.scatter([r.get("rows")], [y], color=colors.get(r.get("verdict"), "tab:gray"),
                    marker="o" if peak is not None else "x", zorder=3)
-    if ev.get("budget_bytes"):
-        ax.axhline(ev["budget_bytes"] / 2**30, color="black", linestyle="--", label="budget")
+    budget = (ev.get("budget_bytes") or 0) / 2**30
+    top = max([(r.get("peak_bytes") or 0) / 2**30 for r in rungs] or [0])
+    if budget and (not top or budget <= 2 * top):
+        ax.axhline(budget, color="black", linestyle="--", label="budget")
+    elif budget:  # far above the rungs: a line there would flatten them
+        ax.annotate(f"budget {budget:.3g} GiB, above the plot", xy=(0.98, 0.95), xycoords="axes fraction",
+                    ha="right", va="top", fontsize=8)
     ax.set_xlabel("rows per micro-batch")
     ax.set_ylabel("peak GiB")
     ax.set_title("memory ramp: green fits, orange squeezed in, red OOM")
