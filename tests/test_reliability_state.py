@@ -179,3 +179,47 @@ def test_a_plan_value_of_the_wrong_type_is_refused_by_the_cli_reader(tmp_path):
     (tmp_path / "p.json").write_text(json.dumps(d))
     with pytest.raises(InputError, match="micro_batch is True"):
         read_plan("--plan", str(tmp_path / "p.json"))
+
+
+def test_the_ram_bound_turns_an_allocation_past_the_ram_into_an_error_and_is_lifted_after():
+    import subprocess
+    import sys
+
+    code = (
+        "import resource, torch\n"
+        "from leadline.cli._common import ram_bound\n"
+        "from leadline.memory.readings import host_memory_bytes, is_oom\n"
+        "before = resource.getrlimit(resource.RLIMIT_DATA)\n"
+        "available = host_memory_bytes()[0]\n"
+        "with ram_bound('cpu', share=0.05) as bound:\n"
+        "    try:\n"
+        "        torch.empty(2 * available, dtype=torch.uint8)\n"
+        "        print('ALLOCATED')\n"
+        "    except BaseException as e:\n"
+        "        print('REFUSED', is_oom(e))\n"
+        "    small = torch.ones(1_000_000)\n"
+        "print('BOUND', bound is not None, 'RESTORED', resource.getrlimit(resource.RLIMIT_DATA) == before)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "REFUSED True" in out.stdout and "BOUND True RESTORED True" in out.stdout, out.stdout + out.stderr
+
+
+def test_derive_out_of_ram_is_one_sentence_exit_2_and_no_plan(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import save_model_dir
+
+    model = save_model_dir(tmp_path / "tiny")
+    out = tmp_path / "p.json"
+    code = (
+        "import sys, leadline.cli._common as c\n"
+        "c.RAM_SHARE = 0.0  # no room at all: the first allocation past what the process holds fails\n"
+        "from leadline.cli import main\n"
+        f"sys.exit(main(['derive', '--model', {str(model)!r}, '--device', 'cpu', '--steps', '4', "
+        f"'--data', {str(DATA / 'prompt_completion.jsonl')!r}, '--out', {str(out)!r}]))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    said = [line for line in r.stderr.splitlines() if line.startswith("leadline")]
+    assert r.returncode == 2 and len(said) == 1 and "ran out of memory" in said[0] and "--seq-len" in said[0], r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()

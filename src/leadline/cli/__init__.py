@@ -29,6 +29,18 @@ COMMANDS: dict[str, str] = {
 }
 
 
+OUT_OF_MEMORY_FIX = {
+    "derive": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
+    "train": "derive the plan again with a shorter --seq-len, or free memory",
+    "fit": "pass a shorter --seq-len or a smaller --batch",
+}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return (text[0] if text else type(e).__name__)[:160]
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports bad usage in one sentence and exits with code 2."""
 
@@ -62,6 +74,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(importlib.import_module(args._run).run(args) or 0)
     except LeadlineError as e:
         print(f"leadline {args.command}: {e}", file=sys.stderr)
+        return 2
+    except (MemoryError, RuntimeError) as e:
+        from leadline.memory.readings import is_oom
+
+        if not is_oom(e):
+            raise
+        print(f"leadline {args.command}: the machine ran out of memory ({_first_line(e)}); "
+              f"{OUT_OF_MEMORY_FIX.get(args.command, 'free memory or choose a smaller shape')}; "
+              "nothing half-written was kept.", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"leadline {args.command}: interrupted; nothing half-written was kept.", file=sys.stderr)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from leadline.errors import InputError
 
 PLAN_INTS = ("micro_batch", "grad_accum", "total_steps", "seq_len", "warmup_steps", "rows_fit")
 PLAN_RATES = ("lr", "alpha1")
+RAM_SHARE = 0.9  # of the RAM available when the command starts, the most its allocations may add
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> None:
@@ -32,6 +35,52 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
     q.add_argument("--load-in-8bit", action="store_true", help="the base in 8-bit through bitsandbytes (CUDA; with LoRA)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward: measure and train with it on")
+
+
+@contextlib.contextmanager
+def ram_bound(device: str | None, share: float | None = None) -> Iterator[int | None]:
+    """On the CPU, bound what the process may allocate by the machine's RAM: its data
+    (``RLIMIT_DATA``: heap and private mappings) at what it holds now plus ``share`` of the RAM
+    available, so an allocation past the RAM raises where it is made (an out-of-memory rung the
+    ramp measures, or one sentence from the CLI) instead of the kernel's OOM killer ending the
+    process, or another one. The previous limit is put back on exit. Yields the bound in bytes,
+    or None where it does not apply (a CUDA device, no ``resource`` module, no /proc).
+    ``share`` defaults to :data:`RAM_SHARE`."""
+    share = RAM_SHARE if share is None else share
+    on_cpu = device is not None and str(device).startswith("cpu")
+    if not on_cpu and device is None:
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+    limit = _data_limit(share) if on_cpu else None
+    if limit is None:
+        yield None
+        return
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    bound = limit if soft == resource.RLIM_INFINITY else min(limit, soft)
+    bound = bound if hard == resource.RLIM_INFINITY else min(bound, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
+    try:
+        yield bound
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _data_limit(share: float) -> int | None:
+    """The process's data now (VmData) plus ``share`` of the RAM available, or None off Linux."""
+    try:
+        import resource  # noqa: F401
+
+        from leadline.memory.readings import host_memory_bytes
+
+        with open("/proc/self/status", encoding="ascii") as f:
+            data = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
+        available, _ = host_memory_bytes()
+    except (ImportError, OSError, StopIteration, ValueError):
+        return None
+    return data + int(share * available)
 
 
 def check_data_file(flag: str, path: str | os.PathLike[str], fix: str = "pass a jsonl file of training rows") -> None:

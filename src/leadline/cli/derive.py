@@ -68,21 +68,14 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
     import sys
     import time
 
-    from leadline.cli._common import Progress, load_for_training
+    from leadline.cli._common import Progress, load_for_training, ram_bound
 
     t_load = time.perf_counter()
-    model, tok = load_for_training(args)
-    from leadline.hf import derive_for
-
-    bar = Progress() if main else None
-    t0 = time.perf_counter()
-    try:
-        plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
-                          seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
-                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank)
-    finally:
-        if bar is not None:
-            bar.close()
+    with ram_bound(args.device):
+        model, tok = load_for_training(args)
+        bar = Progress() if main else None
+        t0 = time.perf_counter()
+        plan = _derive_for(args, model, tok, bar)
     took, loading = time.perf_counter() - t0, t0 - t_load
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
     plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
@@ -104,6 +97,18 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
 
         print(f"wrote {write_html(plan, args.html)}")
     return 0
+
+
+def _derive_for(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
+    from leadline.hf import derive_for
+
+    try:
+        return derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
+                          seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
+                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:

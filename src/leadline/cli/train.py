@@ -21,7 +21,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
 
     from leadline.cli._common import (
         check_data_file,
@@ -29,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
         check_out_folder,
         check_positive,
         load_for_training,
+        ram_bound,
         read_plan,
     )
     from leadline.errors import InputError
@@ -59,18 +59,14 @@ def run(args: argparse.Namespace) -> int:
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
                            micro_batch=recipe_micro_batch(args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
-    model, tok = load_for_training(args)
-    want = plan.model.get("trained_parameters")
-    have = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    if not args.recipe and isinstance(want, int) and want != have:
-        raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, this one trains {have:,}; pass the same --model and --lora-rank/--full")
-
-    def show(rec: dict) -> None:
-        if rec["step"] % 10 == 0:
-            print(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  {rec['seconds']:.1f}s", file=sys.stderr)
-
-    res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
-                          schedule=not args.no_schedule, on_step=show)
+    with ram_bound(args.device):  # on the CPU: an allocation past the RAM is a sentence, not the OOM killer
+        model, tok = load_for_training(args)
+        want = plan.model.get("trained_parameters")
+        have = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if not args.recipe and isinstance(want, int) and want != have:
+            raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, this one trains {have:,}; pass the same --model and --lora-rank/--full")
+        res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
+                              schedule=not args.no_schedule, on_step=_show)
     rollbacks = sum(1 for c in (res.get("schedule") or {}).get("checks", []) if c.get("action") == "rollback")
     print(f"trained {res['steps']} steps in {res['seconds']:.1f} s; schedule rollbacks: {rollbacks}")
     if "test_loss_after" in res:
@@ -78,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, {a['mean']:.4f} ± {a['se']:.4f} after")
     print(f"saved to {args.out}")
     return 0
+
+
+def _show(rec: dict) -> None:
+    import sys
+
+    if rec["step"] % 10 == 0:
+        print(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  {rec['seconds']:.1f}s", file=sys.stderr)
 
 
 def recipe_micro_batch(rows_per_step: int, rows_fit: int | None) -> int:
