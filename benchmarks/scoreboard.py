@@ -34,7 +34,9 @@ processes (model loading included, the same for every arm), deciding and trainin
                    no warmup), 16 rows a step, one pass, evaluated at its averaged weights.
   leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``.
-  pichak is not an arm yet: running it as its README prescribes needs its own adapter code.
+  pichak_quick     pichak 0.4.1's ``derive(effort="quick")`` then ``race()`` over its grid, as its
+                   README prescribes (benchmarks/pichak_arm.py says where it had to adapt).
+  pichak_full      pichak's full ``derive()`` then its ``LookaheadSchedule``.
 
 Decision rules, written before any run (``RULES`` below is what the table prints):
   W   a leadline arm WINS against an arm when its test metric is better with p < 0.05
@@ -87,7 +89,8 @@ RULES = {
     "C": "an arm collapsed when one answer takes over 60% of the test rows (majority class below 40%)",
     "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
 }
-ARMS = ["recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "sweep", "optuna"]
+ARMS = ["recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
+        "pichak_full"]
 
 
 def log(*a: Any) -> None:
@@ -461,6 +464,23 @@ class Arms:
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
+    def pichak(self, effort: str) -> None:
+        """pichak 0.4.1 as its README prescribes (benchmarks/pichak_arm.py): quick + race(), full +
+        LookaheadSchedule."""
+        unit = f"pichak_{effort}"
+        if self.board.has(unit):
+            return
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        extra = ["--full-train", "schedule"] if effort == "full" else []
+        t = proc([str(HERE / "pichak_arm.py"), "--effort", effort, "--model", self.args.model, "--train", str(self.train),
+                  "--out", str(run_dir), *extra], self.work / f"{unit}.log", self.args.timeout)
+        run = run_json(run_dir)
+        derive = float((run or {}).get("derive_seconds") or 0.0)
+        rec = {"decide_seconds": derive, "train_seconds": t["seconds"] - derive, "train": t, "run": run,
+               "unseen_loss": unseen_loss(run)}
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+
     def optuna(self) -> None:
         if self.board.has("optuna"):
             return
@@ -584,7 +604,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find"):
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "pichak_quick",
+                 "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
     for prefix, n in (("sweep", len(SWEEP_RATES)), ("optuna", OPTUNA_TRIALS)):
@@ -754,7 +775,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
-             "leadline_full": lambda: arms.leadline_arm("full")}[name]()
+             "leadline_full": lambda: arms.leadline_arm("full"), "pichak_quick": lambda: arms.pichak("quick"),
+             "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})
             board.save()
