@@ -170,6 +170,58 @@ class Skipped:
                    float(d.get("seconds") or 0.0))
 
 
+PhaseStatus = Literal["done", "resumed", "needs", "not_reached", "cut"]
+"""What became of a phase: it ran, its values came back from a resume file, or a
+:data:`SkipReason` stopped it."""
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    """Where derive()'s seconds went: one phase, its seconds, the optimizer steps it took on the
+    run's rows, and the plan's training numbers its answer moved (``plan.phases``).
+
+    Args:
+        phase: the phase's name.
+        seconds: its wall time, from its start to its values in the plan.
+        steps: the run's training steps it took (forward, backward and an optimizer update on the
+            run's rows, through ``train_step_of``); the ramp's and the probe's are not steps.
+        changed: the training numbers (:data:`TRAINING_NUMBERS`) that differ after it from before
+            it, where the rate before it is the one the plan would fall back to; empty for a phase
+            whose answer moved none (one that only feeds a later phase, or that confirmed it).
+        status: what became of it, one of :data:`PhaseStatus`.
+
+    Examples:
+        >>> PhaseTime("past_format", 12.5, 61, ()).row()
+        'past_format    12.5 s      61 steps  changed nothing'
+    """
+
+    phase: str
+    seconds: float
+    steps: int = 0
+    changed: tuple[str, ...] = ()
+    status: PhaseStatus = "done"
+
+    def row(self) -> str:
+        """The phase's line in :meth:`Plan.phase_table`."""
+        what = f"changed {', '.join(self.changed)}" if self.changed else "changed nothing"
+        if self.status != "done":
+            what += f" ({self.status.replace('_', ' ')})"
+        return f"{self.phase:<12} {self.seconds:6.1f} s  {self.steps:6d} steps  {what}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "seconds": self.seconds, "steps": self.steps, "changed": list(self.changed),
+                "status": self.status}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PhaseTime:
+        return cls(str(d["phase"]), float(d.get("seconds") or 0.0), int(d.get("steps") or 0),
+                   tuple(d.get("changed") or ()), d.get("status", "done"))
+
+
+TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps")
+"""The numbers a run trains with; :class:`PhaseTime` says which of them a phase moved."""
+
+
 @dataclass
 class Plan:
     """The derived hyperparameters, each a :class:`Value`, and the record of where they came from.
@@ -184,6 +236,8 @@ class Plan:
         notes: phase-level remarks (what a time budget did not reach, a fallback taken).
         skipped: the phases that left no values, each a :class:`Skipped` (its sentence is in
             ``notes`` too).
+        phases: where derive()'s seconds went, a :class:`PhaseTime` per phase in the order run.
+        derive_seconds: derive()'s wall time, from its call to its return (None: not derived).
         version: the leadline version that made it.
         created: seconds since the epoch.
     """
@@ -195,6 +249,8 @@ class Plan:
     held_out: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    phases: list[PhaseTime] = field(default_factory=list)
+    derive_seconds: float | None = None
     version: str = __version__
     created: float = field(default_factory=time.time)
 
@@ -246,7 +302,21 @@ class Plan:
             lines.append("constants: none — every number above was measured, derived or given")
         for note in self.notes:
             lines.append(f"note: {note}")
+        if self.phases:
+            lines.append("")
+            lines.append(self.phase_table())
         return "\n".join(lines)
+
+    def phase_table(self) -> str:
+        """Where derive()'s seconds went: a line per phase (seconds, the run's steps it took,
+        the training numbers it moved), then derive's wall time and the share the phases hold."""
+        rows = [p.row() for p in self.phases]
+        inside = sum(p.seconds for p in self.phases)
+        steps = sum(p.steps for p in self.phases)
+        if self.derive_seconds is not None:
+            rows.append(f"derive: {self.derive_seconds:.1f} s wall, {inside:.1f} s of it in the phases, "
+                        f"{steps} steps on the run's rows")
+        return "where derive's seconds went:\n" + "\n".join("  " + r for r in rows)
 
     def why(self, name: str) -> str:
         """The whole evidence behind one value: its line, its cost, and the structure."""
@@ -273,6 +343,8 @@ class Plan:
             "held_out": self.held_out,
             "notes": list(self.notes),
             "skipped": [s.to_dict() for s in self.skipped],
+            "phases": [p.to_dict() for p in self.phases],
+            "derive_seconds": self.derive_seconds,
             "values": {n: v.to_dict() for n, v in self.values.items()},
         }
 
@@ -292,6 +364,7 @@ class Plan:
         try:
             values = {n: Value.from_dict(v) for n, v in d["values"].items()}
             skipped = [Skipped.from_dict(s) for s in d.get("skipped") or []]
+            timed = [PhaseTime.from_dict(p) for p in d.get("phases") or []]
         except (KeyError, TypeError, AttributeError) as e:
             raise InputError(f"{origin} is not a leadline plan: a value is missing its field {e}; regenerate it with "
                              "`leadline derive`") from None
@@ -303,6 +376,9 @@ class Plan:
             held_out=dict(d.get("held_out") or {}),
             notes=list(d.get("notes") or []),
             skipped=skipped,
+            phases=timed,
+            derive_seconds=(float(d["derive_seconds"]) if isinstance(d.get("derive_seconds"), (int, float))
+                            else None),
             version=str(d.get("version", "unknown")),
             created=float(d.get("created", 0.0)),
         )

@@ -21,7 +21,7 @@ from leadline.pieces import (
     SelfMeasuringSource,
     ShardedSource,
 )
-from leadline.plan import Plan, Value
+from leadline.plan import TRAINING_NUMBERS, Plan, Value
 
 MEMORY_SHARE = 0.3
 """The share of the time left that the memory ramp may take under ``max_seconds`` (the noise
@@ -84,6 +84,21 @@ class RatePhase:
 
     def as_values(self) -> Mapping[str, Value]:
         return self.values
+
+
+def training_numbers(plan: Plan) -> dict[str, Any]:
+    """The numbers the run would train with if derive stopped here: the plan's
+    :data:`~leadline.plan.TRAINING_NUMBERS`, the rate where none is set the one the plan falls
+    back to (:func:`~leadline.rate.policy.fallback_rate`). A phase moved the plan when these differ
+    after it from before it (``plan.phases``)."""
+    from leadline.rate.policy import fallback_rate
+
+    out = {n: plan.get(n) for n in TRAINING_NUMBERS if n in plan}
+    if "lr" not in out:
+        lr = fallback_rate(plan)
+        if lr is not None:
+            out["lr"] = lr.value
+    return out
 
 
 # ---- corpus and noise -------------------------------------------------------------------

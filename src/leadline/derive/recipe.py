@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,13 @@ from typing import Any
 from leadline.derive import phases
 from leadline.derive.no_trace import leave_no_trace
 from leadline.derive.runner import PhaseRunner, ProgressFn
-from leadline.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
+from leadline.derive.timed import (
+    CountedSteps,
+    held_estimate,
+    step_estimate,
+    timed_reads,
+    timed_steps,
+)
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
@@ -126,8 +133,10 @@ def derive(
         device: the accelerator (default: the step's).
 
     Returns:
-        The :class:`~leadline.plan.Plan`.
+        The :class:`~leadline.plan.Plan`; ``plan.phases`` says where its seconds went (a
+        :class:`~leadline.plan.PhaseTime` per phase) and ``plan.derive_seconds`` its wall time.
     """
+    entered = time.monotonic()
     _check(effort, trained_as, total_steps, epochs)
     if isinstance(prior, (str, os.PathLike)):
         prior = Plan.from_json(prior)
@@ -142,6 +151,8 @@ def derive(
     if data is not None or rows is not None:
         plan.data = describe_data(data if data is not None else rows)
     world = current_world()  # None outside a torch.distributed job of more than one process
+    if train_step_of is not None:  # every phase's steps on the run's rows, counted for plan.phases
+        train_step_of = CountedSteps(train_step_of)
     runner_kind: Any = PhaseRunner
     if world is not None:
         from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
@@ -150,6 +161,8 @@ def derive(
                    "seq_len": seq_len, "quantile": quantile, "seed": plan.held_out.get("seed")}
     runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
                          resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
+                         steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
+                         numbers_of=phases.training_numbers,
                          **({"started": started} if started is not None else {}),
                          **({"world": world} if world is not None else {}))
     optimizers = [o for o in {id(o): o for o in (optimizer, optimizer_of(step_fn)) if o is not None}.values()]
@@ -199,6 +212,7 @@ def derive(
     lr = fallback_rate(plan)
     if lr is not None:
         plan.set("lr", lr)
+    plan.derive_seconds = time.monotonic() - entered
     if world is not None:
         from leadline.distributed.sync import broadcast_plan
 

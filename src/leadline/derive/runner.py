@@ -14,7 +14,7 @@ from typing import Any, Protocol, TypeVar
 
 from leadline.budget import OutOfTime
 from leadline.errors import InputError
-from leadline.plan import Plan, Skipped, Value
+from leadline.plan import TRAINING_NUMBERS, PhaseTime, Plan, Skipped, Value
 
 ProgressFn = Callable[[dict[str, Any]], None]
 
@@ -53,6 +53,9 @@ class PhaseRunner:
     A phase is ``fn(*args, **kwargs) -> result`` with ``result.as_values()``; its values go
     into the plan. A phase that leaves no values is a :class:`~leadline.plan.Skipped` on
     ``plan.skipped`` (its sentence in ``plan.notes``) and its name in :attr:`skipped`.
+    Every phase, run or not, is a :class:`~leadline.plan.PhaseTime` on ``plan.phases``: its
+    seconds, the steps ``steps_taken()`` counted during it, and the training numbers
+    ``numbers_of(plan)`` says it moved.
     """
 
     plan: Plan
@@ -65,6 +68,8 @@ class PhaseRunner:
     skipped: list[str] = field(default_factory=list)
     restored: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    steps_taken: Callable[[], int] | None = None
+    numbers_of: Callable[[Plan], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.started is None:
@@ -152,6 +157,7 @@ class PhaseRunner:
         the resume file; skipped: see ``plan.skipped``).
         ``always``: arithmetic on numbers already measured, run whatever the budget says."""
         if name in self.restored:
+            self.plan.phases.append(PhaseTime(name, 0.0, status="resumed"))
             self.progress(name, "resumed")
             return None
         missing = tuple(n for n in needs if self.plan.get(n) is None)  # a value that did not resolve is missing too
@@ -163,27 +169,41 @@ class PhaseRunner:
             self._skip(Skipped(name, "not_reached", max_seconds=self.max_seconds), reason="max_seconds")
             return None
         self.progress(name, "start")
-        t0 = time.monotonic()
+        t0, steps0, before = time.monotonic(), self._steps(), self._numbers()
         try:
             result = self._call(name, functools.partial(fn, *args, **kwargs))
         except OutOfTime:
             took = time.monotonic() - t0
+            self.plan.phases.append(PhaseTime(name, took, self._steps() - steps0, status="cut"))
             self._skip(Skipped(name, "cut", max_seconds=self.max_seconds, seconds=took), reason="cut by max_seconds")
             return None
         values = result.as_values()
         for n, v in values.items():
             self.plan.set(n, v)
+        after = self._numbers()
+        changed = tuple(n for n in TRAINING_NUMBERS if before.get(n) != after.get(n))
+        self.plan.phases.append(PhaseTime(name, time.monotonic() - t0, self._steps() - steps0, changed))
         self.finished.append(name)
         self._save()
         summary = "; ".join(f"{n}={v.value}" for n, v in values.items() if not isinstance(v.value, (list, dict)))
         self.progress(name, "done", seconds=time.monotonic() - t0, summary=summary)
         return result
 
+    def _steps(self) -> int:
+        return int(self.steps_taken()) if self.steps_taken is not None else 0
+
+    def _numbers(self) -> Mapping[str, Any]:
+        if self.numbers_of is not None:
+            return dict(self.numbers_of(self.plan))
+        return {n: self.plan.get(n) for n in TRAINING_NUMBERS if n in self.plan}
+
     def _call(self, name: str, call: Callable[[], R]) -> R:
         """Run the phase (a job's runner runs it as an agreement of every rank)."""
         return call()
 
     def _skip(self, skipped: Skipped, *, reason: str) -> None:
+        if skipped.reason != "cut":  # a cut phase's time is recorded where it was cut
+            self.plan.phases.append(PhaseTime(skipped.phase, 0.0, status=skipped.reason))
         self.skipped.append(skipped.phase)
         self.plan.skipped.append(skipped)
         self.plan.notes.append(skipped.sentence())

@@ -12,6 +12,31 @@ from leadline.pieces import CountedReader
 from leadline.plan import Plan
 
 
+class CountedSteps:
+    """``train_step_of`` whose steps are counted: :attr:`steps` is how many ``train_step(t)``
+    calls (the run's training steps on its rows) every step function it made has taken.
+
+    Examples:
+        >>> of = CountedSteps(lambda mb, accum: (lambda t: float(t)))
+        >>> s = of(4, 2); _ = s(0), s(1)
+        >>> of.steps
+        2
+    """
+
+    def __init__(self, train_step_of: Callable[[int, int], Callable[[int], Any]]) -> None:
+        self.train_step_of = train_step_of
+        self.steps = 0
+
+    def __call__(self, micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
+        inner = self.train_step_of(micro_batch, grad_accum)
+
+        def step(t: int) -> Any:
+            self.steps += 1
+            return inner(t)
+
+        return step
+
+
 def timed_steps(train_step_of: Callable[[int, int], Callable[[int], Any]], ensure: Callable[[float], None],
            estimate: Callable[[int, int], float] | None = None) -> Callable[[int, int], Callable[[int], Any]]:
     """train_step_of whose steps first check that one more step, as long as the last one took,

@@ -1,0 +1,72 @@
+"""Where derive()'s seconds go: ``plan.phases`` holds a PhaseTime per phase, and on a clock that
+moves only when a fake piece runs the phases' seconds add up to derive's wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from leadline.plan import PhaseTime, Plan
+from test_derive_golden import _pieces, clock  # noqa: F401  (the fixture)
+
+
+def _counting(pieces: dict) -> tuple[dict, dict]:
+    calls = {"steps": 0}
+    inner = pieces["train_step_of"]
+
+    def train_step_of(mb, accum):
+        step = inner(mb, accum)
+
+        def counted(t):
+            calls["steps"] += 1
+            return step(t)
+
+        return counted
+
+    return {**pieces, "train_step_of": train_step_of}, calls
+
+
+def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
+    from leadline.derive import derive
+
+    pieces, calls = _counting(_pieces(clock))
+    t0 = clock()
+    plan = derive(**pieces, total_steps=40, effort="full")
+    wall = clock() - t0
+    assert wall > 1.0  # the fakes moved the clock: there is something to account for
+    assert plan.derive_seconds == pytest.approx(wall)
+    assert sum(p.seconds for p in plan.phases) == pytest.approx(wall, rel=0.01)
+    assert sum(p.steps for p in plan.phases) == calls["steps"] > 0
+    by = {p.phase: p for p in plan.phases}
+    assert list(by) == ["corpus", "noise", "memory", "step", "first_step", "past_format", "anchor", "rate", "warmup"]
+    assert by["noise"].steps == by["memory"].steps == 0  # draws and rungs are not the run's steps
+    assert by["past_format"].steps > 0 and by["rate"].steps > 0
+    assert {"micro_batch", "grad_accum", "tokens_per_step"} <= set(by["step"].changed)
+    assert by["noise"].changed == ()  # it feeds the step; it sets none of the numbers the run trains with
+    assert "lr" in by["first_step"].changed  # alpha1: the rate the plan falls back to without a rate phase
+    # a 40-step run: the look-ahead's budget stops it before its minimum horizon and the plan keeps the anchor,
+    # so the rate phase's 50 steps moved no rate (the table says so)
+    assert plan["lr"].source.startswith("the anchor") and "lr" not in by["rate"].changed
+
+
+def test_a_cut_phase_keeps_its_seconds_and_the_table_still_adds_up(clock):  # noqa: F811
+    from leadline.derive import derive
+
+    t0 = clock()
+    plan = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=3.0, started=clock())
+    wall = clock() - t0
+    cut = [p for p in plan.phases if p.status == "cut"]
+    assert [p.phase for p in cut] == ["rate"] and cut[0].seconds > 0 and cut[0].steps > 0
+    assert sum(p.seconds for p in plan.phases) == pytest.approx(wall, rel=0.01)
+
+
+def test_the_table_is_in_the_report_and_survives_json():
+    plan = Plan(phases=[PhaseTime("noise", 2.0), PhaseTime("rate", 8.5, 120, ("lr",)),
+                        PhaseTime("past_format", 0.0, status="not_reached")], derive_seconds=11.0)
+    text = plan.report()
+    assert "where derive's seconds went:" in text
+    assert "rate            8.5 s     120 steps  changed lr" in text
+    assert "changed nothing (not reached)" in text
+    assert "derive: 11.0 s wall, 10.5 s of it in the phases, 120 steps on the run's rows" in text
+    back = Plan.from_json(plan.to_json())
+    assert back.phases == plan.phases and back.derive_seconds == 11.0
+    assert Plan.from_dict({"leadline_plan": 1, "values": {}}).phases == []  # an older plan has no table
