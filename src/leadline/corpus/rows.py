@@ -82,7 +82,7 @@ class Problems:
     def finish(self) -> None:
         """After the last row: in ``report`` mode, one sentence for all the problems."""
         if self.mode == "report" and self.count:
-            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' to drop them")
+            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' (--bad-rows skip) to drop them")
 
 
 class RowReader:
