@@ -51,3 +51,12 @@ def test_the_demo_derives_trains_both_and_reads_the_test_rows(tokenizer, tmp_pat
     assert "trained with the plan" in text and "trained with the default recipe" in text and "plan - recipe" in text
     # the demo ends with the plan's trained weights; both runs started from the same ones
     assert any(not (p.detach() == s).all() for p, s in zip((p for p in model.parameters() if p.requires_grad), start))
+
+
+def test_too_few_rows_is_one_sentence_and_exit_2(tmp_path, capsys):
+    from leadline.cli import main
+
+    assert main(["demo", "--rows", "5", "--out", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--rows 5" in err[0] and "16" in err[0]
+    assert not (tmp_path / "d").exists()

@@ -49,7 +49,7 @@ class Cut:
         return ", ".join(parts)
 
 
-CPU_CUT = Cut(train_rows=32, test_rows=24, description_chars=80, max_seconds=150.0, effort="quick")
+CPU_CUT = Cut(train_rows=32, test_rows=24, description_chars=80, max_seconds=90.0, effort="quick")
 GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None, max_seconds=None, effort="full")
 
 
@@ -107,18 +107,24 @@ def _raced(plan: Any, race: dict[str, Any]) -> None:
 
 
 def _race_grid(plan: Any, say: Any) -> None:
-    """The quick effort's race grid from alpha1 and the anchor when the bound cut derive before
-    its rate phase (the same arithmetic: :func:`leadline.rate.race.quick_race_rates`)."""
+    """The quick effort's race grid when the bound cut derive before its rate phase: from half
+    the anchor up to alpha1 (:func:`leadline.rate.race.quick_race_rates`, the rate phase's own
+    arithmetic), or, with alpha1 cut too, half the anchor to 8x it. The race inside the run
+    measures the winner either way."""
     from leadline.plan import Value
     from leadline.rate.race import quick_race_rates
 
     anchor, alpha1 = plan.get("lr_anchor"), plan.get("alpha1")
-    if not (isinstance(anchor, float) and isinstance(alpha1, float)):
+    if not isinstance(anchor, float):
         return
-    rates = quick_race_rates(anchor, alpha1)
-    plan.set("race_rates", Value(rates, "derived", f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}, "
-                                                   "for race() inside the run (the demo's: derive's bound cut its rate phase)"))
-    say(f"  the race's grid from alpha1 and the anchor: {len(rates)} rates, {rates[0]:.3g} to {rates[-1]:.3g}")
+    if isinstance(alpha1, float):
+        rates = quick_race_rates(anchor, alpha1)
+        why = f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}"
+    else:
+        rates = [anchor * 2.0**j for j in range(-1, 4)]
+        why = "the anchor x 2^j from half the anchor to 8x it (alpha1 was not measured within derive's bound)"
+    plan.set("race_rates", Value(rates, "derived", f"{why}, for race() inside the run (derive's bound cut its rate phase)"))
+    say(f"  the race's grid: {len(rates)} rates, {rates[0]:.3g} to {rates[-1]:.3g} ({why})")
 
 
 def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list[dict[str, Any]], out: Path, cut: Cut,

@@ -93,12 +93,10 @@ def short_why(text: str, chars: int = WHY_CHARS) -> str:
     """The first clause of a source sentence, cut at a word boundary to ``chars`` characters."""
     text = prose(text)
     first = re.split(r"; |: (?=[a-z])", text, maxsplit=1)[0]
-    if len(first) <= chars:
-        return first
-    cut = first[: chars - 1].rsplit(" ", 1)[0].rstrip(",;:(")
+    cut = first if len(first) <= chars else first[: chars - 1].rsplit(" ", 1)[0].rstrip(",;:(")
     if cut.count("(") > cut.count(")"):  # no parenthesis left open
-        cut = cut[: cut.rindex("(")].rstrip()
-    return cut + "…"
+        cut = cut[: cut.rindex("(")].rstrip(" ,;:")
+    return cut + ("…" if cut != text else "")
 
 
 def _cell(x: Any) -> str:
