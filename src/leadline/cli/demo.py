@@ -158,8 +158,16 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
             say(f"  cut: {note}")
     if "race_rates" not in plan and "lookahead_horizon_steps" not in plan and cut.effort == "quick":
         _race_grid(plan, say)
+    missing = [n for n in ("micro_batch", "total_steps") if plan.get(n) is None]
     if "race_rates" not in plan and "lookahead_horizon_steps" not in plan:
-        raise InputError("derive measured no rate within its bound on this machine; run leadline demo on a GPU or with fewer --rows")
+        missing.append("a rate to race or hold")
+    if missing:
+        import os
+
+        load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+        bound = f"derive's bound of {cut.max_seconds:g} s ran out before it measured" if cut.max_seconds else "derive did not measure"
+        raise InputError(f"{bound} {', '.join(missing)} on this machine ({derive_s:.0f} s{load}); "
+                         "run leadline demo on an idle machine, on a GPU, or with fewer --rows")
 
     read_test = _test_reader(model, tokenizer, test, int(plan.seq_len))
     before = read_test()
