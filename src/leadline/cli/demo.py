@@ -185,6 +185,11 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
         runs[name] = {"steps": res["steps"], "seconds": res["seconds"], "test_losses": losses}
         if name == "plan" and res.get("race"):
             _raced(plan, res["race"])
+        elif name == "plan" and isinstance(res.get("ending"), dict):  # the schedule raced the ending at the run's end
+            from leadline.plan import Value
+
+            plan.set("ending", Value(res["ending"].get("kept", "constant"), "measured",
+                                     res["ending"].get("why") or "raced at the end of the run", evidence=res["ending"]))
         say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {res['steps']} steps in {res['seconds']:.0f} s")
 
     numbers = {n: {"value": plan.get(n), "kind": plan.values[n].kind, "unit": plan.values[n].unit}
