@@ -139,8 +139,7 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
 
     from leadline.cli.train import recipe_micro_batch
     from leadline.hf import derive_for
-    from leadline.plan import format_number
-    from leadline.report.html import write_html
+    from leadline.report.html import value_text, write_html
     from leadline.stats import mean_se, paired_difference
     from leadline.train import recipe_plan, train_with_plan
 
@@ -190,13 +189,14 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
 
             plan.set("ending", Value(res["ending"].get("kept", "constant"), "measured",
                                      res["ending"].get("why") or "raced at the end of the run", evidence=res["ending"]))
-        say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {res['steps']} steps in {res['seconds']:.0f} s")
+        steps = f"{res['steps']} step" + ("" if res["steps"] == 1 else "s")
+        say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {steps} in {res['seconds']:.0f} s")
 
     numbers = {n: {"value": plan.get(n), "kind": plan.values[n].kind, "unit": plan.values[n].unit}
                for n in TRAINING_NUMBERS if n in plan}
     say("the plan as trained:")
     for n, v in numbers.items():
-        say(f"  {n:<16} {format_number(v['value']) + (' ' + v['unit'] if v['unit'] else ''):<22} {v['kind']}")
+        say(f"  {n:<16} {value_text(plan.values[n]):<22} {v['kind']}")
     d = paired_difference(runs["plan"]["test_losses"], runs["recipe"]["test_losses"])
     verdict = {"rows": len(before), "before": mean_se(before), "plan": mean_se(runs["plan"]["test_losses"]),
                "recipe": mean_se(runs["recipe"]["test_losses"]), "plan_minus_recipe": d.as_dict()}
