@@ -6,7 +6,6 @@ import argparse
 import contextlib
 import math
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -218,7 +217,10 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     if getattr(args, "gradient_checkpointing", False):
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; leave the flag out")
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(args.seed)  # the adapter's init: the same command gives the same plan
     if args.full:
         for p in model.parameters():
@@ -232,28 +234,8 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     return get_peft_model(model, cfg), tok
 
 
-class Progress:
-    """A progress bar over derive()'s phases (tqdm on a terminal, lines otherwise)."""
+def Progress() -> Any:
+    """The bar over derive()'s phases on stderr: :class:`leadline.progress.PhaseBar`."""
+    from leadline.progress import PhaseBar
 
-    def __init__(self, phases: int = 10) -> None:
-        self.bar: Any = None
-        try:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=phases, unit="phase", file=sys.stderr, dynamic_ncols=True)
-        except ImportError:
-            pass
-
-    def __call__(self, ev: dict[str, Any]) -> None:
-        status, phase = ev.get("status"), ev.get("phase")
-        text = f"{phase}: {status}" + (f" ({ev['summary']})" if ev.get("summary") else "") + (f" — {ev['reason']}" if ev.get("reason") else "")
-        if self.bar is not None:
-            self.bar.set_description_str(text[:70])
-            if status in ("done", "skipped", "resumed"):
-                self.bar.update(1)
-        else:
-            print(f"[{ev.get('elapsed_s', 0):7.1f}s] {text}", file=sys.stderr)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
+    return PhaseBar()

@@ -93,7 +93,8 @@ def precision_of(model: Any) -> Precision:
         compute = _name(q.get("bnb_4bit_compute_dtype") or "float32")
     elif q is not None and q.get("load_in_8bit"):
         quantization = "8-bit"
-    ckpt = bool(getattr(model, "is_gradient_checkpointing", False) or getattr(model, "is_activation_checkpointing", False))
+    ckpt = getattr(model, "is_activation_checkpointing", None)  # transformers >= 5; is_gradient_checkpointing before
+    ckpt = bool(getattr(model, "is_gradient_checkpointing", False) if ckpt is None else ckpt)
     return Precision(dtype, quantization, compute, ckpt, hasattr(model, "peft_config"))
 
 
