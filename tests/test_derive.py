@@ -76,9 +76,10 @@ def test_plan_has_every_phase(derived):
     done = [e["phase"] for e in events if e["status"] == "done"]
     assert done[:3] == ["corpus", "noise", "memory"]
     assert "past_format" in done and "noise_scale_past_format_tokens" in plan
-    # the late reading draws the burn-in's rows at a time, never fewer than the step-0 probe's 2;
-    # on the CPU rows_fit is where rows per second stop improving, which a loaded machine can put at 1
-    assert plan["noise_scale_past_format_tokens"].evidence["rows_per_draw"] == max(2, plan.rows_fit)
+    # the late reading draws the burn-in's rows at a time (the same on every card: accumulated where fewer fit),
+    # never fewer than the step-0 probe's 2
+    ev = plan["noise_scale_past_format_tokens"].evidence
+    assert ev["rows_per_draw"] == max(2, ev["rows_per_step"]) and ev["rows_per_step"] >= plan.rows_fit
     assert plan.model["trained_as"] == "factors" and plan.model["trained_parameters"] > 0
     assert plan.data["sha256"] and plan.machine["torch"]
 

@@ -113,7 +113,10 @@ def test_three_derives_with_jittered_timings_give_the_same_plan(clock):
     assert len({p.rows_fit for p in plans}) == 1, [p["rows_fit"].evidence.get("stopped_because") for p in plans]
     assert len({p.micro_batch for p in plans}) == 1 and len({p.grad_accum for p in plans}) == 1
     tokens = [p.tokens_per_step for p in plans]
-    assert max(tokens) / min(tokens) <= 1.1, tokens  # the times enter through a square root: a few percent at most
+    # the times enter through a square root: a few percent at most, or one whole row where the least-time step
+    # sits near the middle between two (9 and 10 rows here)
+    per_row = plans[0].scored_tokens_per_row
+    assert max(tokens) / min(tokens) <= 1.1 or max(tokens) - min(tokens) <= per_row * (1 + 1e-9), tokens
     rates = [p.lr for p in plans]
     assert math.log2(max(rates) / min(rates)) <= 1.0 + 1e-9, rates  # within one step of the rate grid (2x)
 

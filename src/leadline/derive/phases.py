@@ -220,21 +220,31 @@ def batch_of(plan: Plan) -> tuple[int, int]:
     return int(plan.get("micro_batch", plan.get("rows_fit", 1)) or 1), int(plan.get("grad_accum", 1) or 1)
 
 
-def burn_in_batch(plan: Plan) -> tuple[int, int]:
-    """The first step and the burn-in past the format train at the most rows the ramp kept (its
-    limit was at least the probe's rows), one micro-batch a step; without a ramp, the plan's batch."""
-    if isinstance(plan.get("rows_fit"), int):
-        return int(plan.get("rows_fit")), 1
-    return batch_of(plan)
+def burn_in_batch(plan: Plan, per_card: bool = False) -> tuple[int, int]:
+    """(micro_batch, grad_accum) of the first step and the burn-in past the format: the rows the
+    step-0 noise says a step can need (:func:`rows_needed`, the ramp's upper limit), the same on
+    every card, split over the rows that fit (:func:`~leadline.noise.step.even_split`): a card
+    that holds fewer accumulates. ``per_card`` (a job, whose rows_fit is a rank's): the most rows
+    the ramp kept, one micro-batch a step. Without a ramp, the plan's batch."""
+    from leadline.noise.step import even_split
+
+    fit = plan.get("rows_fit")
+    if not isinstance(fit, int):
+        return batch_of(plan)
+    need = rows_needed(plan)
+    if per_card or need is None:
+        return int(fit), 1
+    return even_split(need, max(1, int(fit)))
 
 
 # ---- the rate ---------------------------------------------------------------------------
 def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
-               held_out: Callable[[], Sequence[float]], plan: Plan, resolution: float | None = None) -> FirstStepPhase:
-    """alpha1, from a step of the burn-in's batch."""
+               held_out: Callable[[], Sequence[float]], plan: Plan, resolution: float | None = None,
+               per_card: bool = False) -> FirstStepPhase:
+    """alpha1, from a step of the burn-in's batch (``per_card``: see :func:`burn_in_batch`)."""
     from leadline.rate import measure_first_step
 
-    mb, accum = burn_in_batch(plan)
+    mb, accum = burn_in_batch(plan, per_card)
     kw = {} if resolution is None else {"resolution": resolution}
     fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out, **kw)
     out = dict(fs.as_values())
@@ -265,8 +275,11 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
     if isinstance(grad_fn, ResizableSource) and mb * accum > int(grad_fn.rows_per_draw or 1):
         # the late reading draws a training step's rows at a time: past the format B_noise is tens
-        # to hundreds of tokens, beyond the reach of the step-0 probe's small draws (docs/noise.md)
-        grad_fn = grad_fn.with_rows(mb * accum)
+        # to hundreds of tokens, beyond the reach of the step-0 probe's small draws (docs/noise.md);
+        # a card that holds fewer rows than the step accumulates them: the same rows on every card
+        from leadline.noise.gradfn import AccumulatedDraws
+
+        grad_fn = grad_fn.with_rows(mb * accum) if accum == 1 else AccumulatedDraws(grad_fn.with_rows(mb), accum)
     rows_per_draw = grad_fn.rows_per_draw if isinstance(grad_fn, CountedSource) else None
     if not rows_per_draw:
         micro = getattr(step0, "micro_tokens", None) or []

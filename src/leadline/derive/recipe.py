@@ -193,7 +193,7 @@ def derive(
             held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
             steps_of = timed_steps(train_step_of, runner.ensure, step_estimate(plan))
             first = runner.run("first_step", phases.first_step, params, optimizer, steps_of, held, plan,
-                               loss_resolution)
+                               loss_resolution, world is not None)
             if grad_fn is not None and step_fn is not None and world is None:
                 runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
                            noise, lengths, runner, named, trained_as,

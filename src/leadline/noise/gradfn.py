@@ -134,3 +134,47 @@ class ModelGradFn:
         finally:
             for p, g in zip(trained, saved):
                 p.grad = g
+
+
+class AccumulatedDraws:
+    """A gradient source whose draw i is ``parts`` draws of ``source`` together: the gradient of
+    the mean loss over their scored tokens, sum_k n_k g_k / sum_k n_k, from draws
+    i x parts ... i x parts + parts - 1 — the rows one draw of ``parts`` times as many rows reads
+    (``Task.draws_of``), on a card that holds only ``source``'s.
+
+    Args:
+        source: a gradient source with ``rows_per_draw`` (``grad_fn(i) -> (gradients, scored)``).
+        parts: how many of its draws make one.
+
+    Examples:
+        >>> import torch
+        >>> src = lambda i: ([torch.tensor([float(i)])], i + 1)
+        >>> src.rows_per_draw = 2
+        >>> both = AccumulatedDraws(src, 2)
+        >>> g, n = both(1)                   # draws 2 and 3: (3 x 2 + 4 x 3) / 7
+        >>> round(float(g[0]), 4), n, both.rows_per_draw
+        (2.5714, 7, 4)
+    """
+
+    def __init__(self, source: Callable[[int], Any], parts: int) -> None:
+        if not isinstance(parts, int) or parts < 1:
+            raise InputError(f"AccumulatedDraws(parts={parts!r}) needs a whole number of draws >= 1")
+        self.source, self.parts = source, parts
+        self.rows_per_draw = int(getattr(source, "rows_per_draw", 1) or 1) * parts
+
+    def __call__(self, i: int) -> tuple[list[Any], int] | None:
+        total, acc = 0, None
+        for k in range(self.parts):
+            got = self.source(i * self.parts + k)
+            if got is None:
+                return None  # the rows ran out inside the draw, as one draw of all its rows would
+            grads, scored = got
+            if not scored:
+                continue
+            weighted = [g.float() * scored for g in grads]
+            acc = weighted if acc is None else [a.add_(w) for a, w in zip(acc, weighted)]
+            total += scored
+            dtypes = [g.dtype for g in grads]
+        if acc is None:
+            return [], 0
+        return [(a / total).to(d) for a, d in zip(acc, dtypes)], total

@@ -17,9 +17,13 @@ card is bound by kernel launches instead: on the H200, SmolLM2-135M LoRA took 0.
 and about as long for 1 (benchmarks/results/e2e_debian_failed_bf16.json, the ramp's rungs in
 memory_ramp_lora16_6gb_seq512.json). Given the forward+backward at ONE row as well,
 t(r) = a + c r is fitted through the two shapes (a: the fixed cost of a micro-batch), a step of
-r rows costs ceil(r / rows_fit) a + c r + t_step, and the step is the whole number of rows that
-minimizes (1 + B_noise/B) x that time over [one row, B_noise] — the same least-time rule, with
-the fixed cost counted.
+r rows costs a + c r + t_step on a card that holds it in one micro-batch, and the step is the
+whole number of rows that minimizes (1 + B_noise/B) x that time over [one row, B_noise] — the
+same least-time rule, with the fixed cost counted.
+
+The card decides the micro-batch and grad_accum, not the step: a card that holds fewer rows than
+the step accumulates (:func:`even_split`) and pays its extra micro-batches' fixed cost, which the
+step does not follow (on the same measurements, a card held to fewer rows gets the same step).
 """
 
 from __future__ import annotations
@@ -107,6 +111,26 @@ def _surely_positive(one: Sequence[float], fit: Sequence[float], rows_fit: int, 
     a = (rows_fit * m1 - m2) / (rows_fit - 1)
     se = math.sqrt(rows_fit**2 * v1 / len(one) + v2 / len(fit)) / (rows_fit - 1)
     return a - stats.t_quantile(confidence, len(one) + len(fit) - 2) * se > 0
+
+
+def even_split(rows: int, rows_fit: int) -> tuple[int, int]:
+    """(micro_batch, grad_accum) for a step of ``rows`` rows on a card that fits ``rows_fit``.
+
+    The fewest micro-batches, ceil(rows / rows_fit), or one more, where that splits the rows
+    exactly; else the nearest even split, round(rows / grad_accum) rows each (the step off by
+    less than grad_accum / 2 rows).
+
+    Examples:
+        >>> even_split(16, 32), even_split(16, 9), even_split(18, 4), even_split(50, 8)
+        ((16, 1), (8, 2), (3, 6), (7, 7))
+    """
+    if rows < 1 or rows_fit < 1:
+        raise InputError(f"even_split needs rows >= 1 and rows_fit >= 1, got {rows!r}, {rows_fit!r}")
+    fewest = -(-rows // rows_fit)
+    for accum in (fewest, fewest + 1):
+        if rows % accum == 0 and rows // accum <= rows_fit:
+            return rows // accum, accum
+    return min(rows_fit, max(1, round(rows / fewest))), fewest
 
 
 def least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
@@ -219,8 +243,7 @@ def tokens_per_step(
     Returns:
         :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
         [m/rows_fit, B_noise] and to the corpus; rows a step = max(1, round(B*/(m/rows_fit)));
-        grad_accum = ceil(rows a step / rows_fit); micro_batch = round(rows a step / grad_accum).
-        The same inputs give the same plan.
+        micro_batch and grad_accum from :func:`even_split`. The same inputs give the same plan.
 
     References:
         McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11 (steps and tokens at batch B).
@@ -244,7 +267,8 @@ def tokens_per_step(
         t_one, one_repeats = _seconds("t_micro_one_row_seconds", t_micro_one_row_seconds)
         fixed = _fixed_cost(t_one, t_micro, rows_fit, one_repeats, micro_repeats)
         fixed["t_micro_one_row_repeats"] = one_repeats
-        b_star = least_time_rows(b_noise, per_row, rows_fit, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
+        holds_any = max(rows_fit, math.ceil(b_noise / per_row))  # one micro-batch a step: the card does not decide it
+        b_star = least_time_rows(b_noise, per_row, holds_any, fixed["a_seconds"], fixed["c_seconds_per_row"], t_step,
                                   corpus_scored_tokens) * per_row
     target, clamped = b_star, None
     if target > b_noise:
@@ -254,8 +278,7 @@ def tokens_per_step(
     if target < per_row:
         target, clamped = per_row, "one row"
     rows_step = max(1, round(target / per_row))
-    grad_accum = -(-rows_step // rows_fit)
-    micro = min(rows_fit, max(1, round(rows_step / grad_accum)))
+    micro, grad_accum = even_split(rows_step, rows_fit)
     inputs = {
         "b_noise_tokens": b_noise,
         "confirmed_tokens": getattr(noise, "confirmed_tokens", None),
