@@ -186,7 +186,8 @@ def test_generic_derive_measures_the_rate_on_a_toy():
     plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
                   held_out_losses=held_out, total_steps=20)
     assert plan["alpha1"].kind == "measured" and plan.alpha1 > 0
-    assert "lr" in plan and plan.warmup_steps == (10 if plan.lr > plan.alpha1 else 0)
+    assert "lr" in plan and plan.warmup_steps == 0
+    assert plan["warmup_steps"].kind == ("constant" if plan.lr > plan.alpha1 else "derived")
 
 
 def test_resume_continues_after_a_kill(tmp_path, monkeypatch):

@@ -101,8 +101,11 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     assert warmup_lr(0, 1e-5, 1e-4, 10) == 1e-5  # a rate below alpha1 has nothing to warm
     assert [linear_decay_lr(t, 8, 12, 1.0) for t in range(8, 12)] == [1.0, 0.75, 0.5, 0.25]
     v = warmup_values(alpha1=1e-4, lr=2e-4, betas=(0.9, 0.999))
-    assert warmup_values(beta1=0.95)["warmup_steps"].value == 20
-    assert v["warmup_steps"].kind == "derived" and v["warmup_steps"].value == 10
+    # a rate above alpha1: no warmup either, a constant resting on the paired runs that measured it (docs/rate.md)
+    w = v["warmup_steps"]
+    assert w.value == 0 and w.kind == "constant" and "5 of 5" in w.source and "= 10 steps" in w.source
+    assert w.evidence["e8_paired_runs_lost"] == "5 of 5" and "e8_warmup.py" in w.evidence["decide_again"]
+    assert "= 20 steps" in warmup_values(alpha1=1e-4, lr=2e-4, beta1=0.95)["warmup_steps"].source
     # a rate at or below alpha1 has nothing to warm: 0 steps, so Trainer's warmup from zero adds none
     low = warmup_values(alpha1=1e-4, lr=5e-5, betas=(0.9, 0.999))["warmup_steps"]
     assert low.value == 0 and low.source.startswith("none: the rate 5e-05 is at or below alpha1")

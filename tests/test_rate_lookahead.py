@@ -106,7 +106,7 @@ def test_evidence_has_the_plot_shape_and_the_values_their_kinds():
     assert [h["steps"] for h in ev["horizons"]][:2] == [10, 20]  # n doubles from the warmup
     values = la.as_values()
     assert values["lr"].kind == "measured" and values["lookahead_horizon_steps"].value == la.horizon_steps
-    assert values["warmup_steps"].value == 10 and values["weight_decay"].kind == "constant"
+    assert values["warmup_steps"].value == 0 and values["weight_decay"].kind == "constant"  # the run: no warmup
     # candidates continue: every step number was run by each candidate at most once
     assert la.steps_used == len(toy.calls)
 
