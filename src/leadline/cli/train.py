@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         want = plan.model.get("trained_parameters")
         have = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if not args.recipe and isinstance(want, int) and want != have:
-            raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, this one trains {have:,}; pass the same --model and --lora-rank/--full")
+            raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, "
+                             f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
                               schedule=not args.no_schedule, on_step=_show)
     rollbacks = sum(1 for c in (res.get("schedule") or {}).get("checks", []) if c.get("action") == "rollback")

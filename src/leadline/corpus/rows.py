@@ -162,7 +162,8 @@ class RowReader:
         kind = detect(row)
         if kind is None:
             has = ", ".join(sorted(map(str, raw))) or "no fields"
-            self.problems.record(where, f"has none of the known fields (it has {has}; known: {KNOWN})", "rename its fields (in Python, fields= maps other keys to these)")
+            self.problems.record(where, f"has none of the known fields (it has {has}; known: {KNOWN})",
+                                 "rename its fields (in Python, fields= maps other keys to these)")
             return None
         used = _USED[kind]
         data = {k: row[k] for k in used if k in row}
