@@ -1,4 +1,4 @@
-"""GPU validation of the rate and the run (issue 6): the seed's E8 and E11 on SmolLM2-135M.
+"""GPU validation of the rate and the run (issue 6), SmolLM2-135M: look-ahead against a sweep, plan on classification.
 
 Model: SmolLM2-135M-Instruct (/root/assets/smol.gguf through leadline.hf.loading, float32
 weights, TF32 matmuls). Rows: prompt + completion, tokenized here (the prompt's first
@@ -8,7 +8,7 @@ weights (LoRA: the same adapter init), the same rows in the same order, torch se
 AdamW (weight decay 0). The rows the rate phases read ("decision rows", 128 from the training
 file, never trained on) are never the rows that judge.
 
-E8 — the look-ahead against a sweep (gsm_symbolic: prompt question, completion answer_cot;
+The look-ahead against a sweep (``--experiment sweep``; gsm_symbolic: prompt question, completion answer_cot;
 8 rows a step, T = 90 steps). Two modes: a full fine-tune and LoRA r32 (alpha 64, all seven
 projections). The sweep: six constant rates, fixed before the run —
     full: 2.5e-5 5e-5 1e-4 2e-4 4e-4 8e-4        LoRA r32: 2.5e-4 5e-4 1e-3 2e-3 4e-3 8e-3
@@ -17,26 +17,26 @@ rows of gsm_symbolic_test (mean ± SE). The look-ahead: measure_first_step -> al
 lookahead_lr(total_steps=90, effort="full") on the decision rows, then 90 steps at its rate
 (warmup from alpha1 over 10 steps, then constant), judged on the same 256 rows.
 Decision rules (per mode), written before the run:
-  E8-R1  the look-ahead's rate is within 2x of the sweep's best rate;
-  E8-R2  its 90-step judged loss is no worse than the sweep's second best (means);
-  E8-R3  its optimizer steps (lookahead_lr.steps_used) <= 40% of the sweep's (0.4 x 540 = 216).
+  R1  the look-ahead's rate is within 2x of the sweep's best rate;
+  R2  its 90-step judged loss is no worse than the sweep's second best (means);
+  R3  its optimizer steps (lookahead_lr.steps_used) <= 40% of the sweep's (0.4 x 540 = 216).
   A sweep whose best rate sits at an edge of its grid is flagged (R1 is then weaker).
-  Beside the rules (no pass/fail, added after session 6's first E8 run missed R2 in the full
-  mode at a rate 1.15x the sweep's best): the sweep's best rate run again from the same start
+  Beside the rules (no pass/fail; the full mode missed R2 at a rate 1.15x the sweep's best,
+  ``rate_e8.json``): the sweep's best rate run again from the same start
   ("replay_best": how far two runs at one rate land apart on this card, TF32 and atomics
-  included), and the look-ahead's rate constant with no warmup ("lookahead_constant"). From session 7
-  (whose look-ahead arm lost 0.018 to "lookahead_constant" at the same rate): the look-ahead arm's
+  included), the look-ahead's rate constant with no warmup ("lookahead_constant"), and (because the
+  look-ahead arm lost 0.018 to "lookahead_constant" at the same rate) the look-ahead arm's
   schedule (warmup from alpha1) from a fresh optimizer and the base weights ("lookahead_warmup_fresh"),
   which separates the warmup from the state the measurement phases leave.
 
-E11 — the run on debian_sections (prompt text + "\\nSection:", completion " label"; LoRA r16,
+The plan with its schedule on classification (``--experiment schedule``; debian_sections: prompt text + "\\nSection:", completion " label"; LoRA r16,
 alpha 32, all seven projections; 16 rows a step, one pass over 3,104 training rows, T = 194).
 Arms: (a) untrained; (b) the default recipe: AdamW 2e-4, 3% warmup, linear decay to zero;
 (c) the plan alone: alpha1 + the full look-ahead (T = 194), its rate constant after the warmup;
 (d) the same plan + LookaheadSchedule(lookahead_from(look-ahead)) with finish(); (e) quick
 effort: alpha1 + race() inside the run over the quick plan's own grid (derive's: the anchor x 2^j
-from half the anchor up to alpha1 where the anchor is below alpha1 — session 7 ran alpha1 x 2^j,
-j = -1..3, whose every rate spiked past 50 steps, and was cut by its time limit); (f) arm (d) again, whole
+from half the anchor up to alpha1 where the anchor is below alpha1 — a grid of alpha1 x 2^j,
+j = -1..3, spiked past 50 steps at every rate, and its arm was cut by its time limit); (f) arm (d) again, whole
 (alpha1 and the look-ahead measured again, then the schedule), with the process held to a 6 GB
 card (torch.cuda.set_per_process_memory_fraction), unless --cap-gb 0. The batch is the
 recipe's 16 rows in every arm, so the arms differ in the rate and the run only.
@@ -44,9 +44,9 @@ Judged on all 842 test rows: accuracy, each of the four labels scored by the log
 its completion (label + EOS); McNemar (leadline.stats.mcnemar) against the default recipe and
 against the untrained model; the share of the most predicted class.
 Decision rules, written before the run:
-  E11-R1  plan + schedule, uncapped: no class predicted for more than 80% of the test rows;
-  E11-R2  plan + schedule, uncapped: beats the untrained model (higher accuracy, McNemar p < 0.05);
-  E11-R3, E11-R4  the same for arm (f), under the 6 GB cap.
+  R1  plan + schedule, uncapped: no class predicted for more than 80% of the test rows;
+  R2  plan + schedule, uncapped: beats the untrained model (higher accuracy, McNemar p < 0.05);
+  R3, R4  the same for arm (f), under the 6 GB cap.
   Everything else (each arm against the default recipe) is reported with its McNemar p, no
   pass/fail. The peer on this protocol (pichak 0.4.1): untrained 0.822, default recipe 0.956,
   its full plan + schedule collapsed to one class (0.366) on a 6 GB card.
@@ -58,8 +58,8 @@ arm, so a cut-off run keeps what it measured.
 
 Run (cwd = repo root, on the GPU machine, the assets in /root/assets):
     PYTHONPATH=src python3 benchmarks/rate_lookahead.py --out $OUT/rate_lookahead.json
-    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment e8 --out $OUT/rate_e8.json
-    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment e11 --out $OUT/rate_e11.json
+    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment sweep --out $OUT/rate_e8.json
+    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment schedule --out $OUT/rate_e11.json
 CPU smoke run of every code path (a tiny random Llama, a few rows, no pass/fail meaning):
     PYTHONPATH=src .venv/bin/python benchmarks/rate_lookahead.py --smoke --data-dir ../shared/data --out /tmp/rate_smoke.json
 """
@@ -239,7 +239,7 @@ class Setup:
         return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
 
 
-# ---- E8 ------------------------------------------------------------------------------------
+# ---- the look-ahead against a sweep ----------------------------------------------------------
 def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
     steps, per_step = (24, 2) if args.smoke else (90, 8)
     raw = read_jsonl(Path(args.data_dir) / "gsm_symbolic_train.jsonl")
@@ -271,7 +271,7 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
 
 def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: int, m: dict[str, Any],
             save: Callable[[], None], extra_arms: tuple[str, ...] = ("replay_best", "lookahead_constant", "lookahead_warmup_fresh")) -> None:
-    """One mode of E8: the six-rate sweep, then alpha1 + the look-ahead + a run at its rate."""
+    """One mode of the sweep experiment: the six-rate sweep, then alpha1 + the look-ahead + a run at its rate."""
     from leadline.rate import lookahead_lr, measure_first_step
     from leadline.rate.warmup import warmup_lr
     from leadline.stats import paired_difference
@@ -348,7 +348,7 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         save()
 
 
-# ---- E11 -----------------------------------------------------------------------------------
+# ---- the plan with its schedule on classification -------------------------------------------
 def label_predictions(s: Setup, rows: list[dict[str, Any]], max_prompt: int) -> list[str]:
     """Each test row's label: the one whose completion (label + EOS) has the highest log-likelihood."""
     import torch
@@ -549,19 +549,22 @@ def versions() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--experiment", choices=("e8", "e11", "all"), default="all")
-    ap.add_argument("--modes", default="full,lora", help="E8's modes, in order (full, lora)")
+    ap.add_argument("--experiment", choices=("sweep", "schedule", "all"), default="all",
+                    type=lambda v: {"e8": "sweep", "e11": "schedule"}.get(v, v),  # the earlier names, still read
+                    help="sweep: the look-ahead against a six-rate sweep; schedule: the plan with its schedule on "
+                         "classification; all: both")
+    ap.add_argument("--modes", default="full,lora", help="the sweep's modes, in order (full, lora)")
     ap.add_argument("--model", default="/root/assets/smol.gguf")
     ap.add_argument("--data-dir", default="/root/assets/data")
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-prompt", type=int, default=256, help="prompt tokens kept (the start of the prompt)")
-    ap.add_argument("--cap-gb", type=float, default=6.0, help="E11 arm (f): the plan + schedule under this cap; 0 skips it")
-    ap.add_argument("--e11-arms", default="", help="E11: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
+    ap.add_argument("--cap-gb", type=float, default=6.0, help="schedule arm (f): the plan + schedule under this cap; 0 skips it")
+    ap.add_argument("--e11-arms", default="", help="schedule: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
                                                    "plan_schedule, quick_race, plan_schedule_cap); default all")
     ap.add_argument("--e8-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
-                    help="E8's arms beside the rules, by name (comma-separated; empty: none)")
+                    help="the sweep's arms beside the rules, by name (comma-separated; empty: none)")
     ap.add_argument("--e11-baselines", default="",
-                    help="E11: JSON files of earlier runs whose arms (with their per-row results) this run's arms are paired with")
+                    help="schedule: JSON files of earlier runs whose arms (with their per-row results) this run's arms are paired with")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny random Llama, a few rows")
     args = ap.parse_args(argv)
@@ -578,9 +581,9 @@ def main(argv: list[str] | None = None) -> int:
     s = Setup(args)
     result["load_seconds"] = time.perf_counter() - T0
     log(f"model loaded on {s.device}")
-    if args.experiment in ("e8", "all"):
+    if args.experiment in ("sweep", "all"):
         e8(s, args, result, save)
-    if args.experiment in ("e11", "all"):
+    if args.experiment in ("schedule", "all"):
         e11(s, args, result, save)
     result["seconds"] = time.perf_counter() - T0
     save()
