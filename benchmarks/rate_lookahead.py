@@ -29,8 +29,9 @@ Decision rules (per mode), written before the run:
   schedule (warmup from alpha1) from a fresh optimizer and the base weights ("lookahead_warmup_fresh"),
   which separates the warmup from the state the measurement phases leave.
 
-The plan with its schedule on classification (``--experiment schedule``; debian_sections: prompt text + "\\nSection:", completion " label"; LoRA r16,
-alpha 32, all seven projections; 16 rows a step, one pass over 3,104 training rows, T = 194).
+The plan with its schedule on classification (``--experiment schedule``; debian_sections: prompt text +
+"\\nSection:", completion " label"; LoRA r16, alpha 32, all seven projections; 16 rows a step, one pass over
+3,104 training rows, T = 194).
 Arms: (a) untrained; (b) the default recipe: AdamW 2e-4, 3% warmup, linear decay to zero;
 (c) the plan alone: alpha1 + the full look-ahead (T = 194), its rate constant after the warmup;
 (d) the same plan + LookaheadSchedule(lookahead_from(look-ahead)) with finish(); (e) quick
@@ -558,13 +559,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", default="/root/assets/data")
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-prompt", type=int, default=256, help="prompt tokens kept (the start of the prompt)")
-    ap.add_argument("--cap-gb", type=float, default=6.0, help="schedule arm (f): the plan + schedule under this cap; 0 skips it")
-    ap.add_argument("--e11-arms", default="", help="schedule: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
-                                                   "plan_schedule, quick_race, plan_schedule_cap); default all")
+    ap.add_argument("--cap-gb", type=float, default=6.0,
+                    help="schedule arm (f): the plan + schedule under this cap; 0 skips it")
+    ap.add_argument("--e11-arms", default="",
+                    help="schedule: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
+                         "plan_schedule, quick_race, plan_schedule_cap); default all")
     ap.add_argument("--e8-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
                     help="the sweep's arms beside the rules, by name (comma-separated; empty: none)")
     ap.add_argument("--e11-baselines", default="",
-                    help="schedule: JSON files of earlier runs whose arms (with their per-row results) this run's arms are paired with")
+                    help="schedule: JSON files of earlier runs whose arms (with their per-row results) "
+                         "this run's arms are paired with")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
     ap.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny random Llama, a few rows")
     args = ap.parse_args(argv)
