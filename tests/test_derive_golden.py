@@ -25,6 +25,12 @@ import pytest
 from helpers import DATA
 
 GOLDEN = Path(__file__).parent / "data" / "derive_golden.json"
+REPO = str(Path(__file__).resolve().parents[1])
+
+
+def _portable(obj):
+    """The record with the checkout's own path written as <repo>, so a clone anywhere compares."""
+    return json.loads(json.dumps(obj, allow_nan=True, default=str).replace(REPO, "<repo>"))
 
 
 class Clock:
@@ -157,7 +163,7 @@ def _same(a, b, where: str) -> None:
 
 
 def test_derive_gives_the_golden_plans(clock, tmp_path):
-    got = json.loads(json.dumps(_scenarios(clock, tmp_path), allow_nan=True))
+    got = _portable(_scenarios(clock, tmp_path))
     if os.environ.get("LEADLINE_WRITE_GOLDEN") == "1":
         GOLDEN.write_text(json.dumps(got, indent=1, sort_keys=True, allow_nan=True) + "\n", encoding="utf-8")
     want = json.loads(GOLDEN.read_text(encoding="utf-8"))
@@ -209,7 +215,7 @@ def test_derive_for_gives_the_golden_plan_on_the_tiny_model(monkeypatch):
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                                        lora_dropout=0.0, task_type="CAUSAL_LM"))
     plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="quick")
-    got = json.loads(json.dumps(_record(plan), allow_nan=True, default=str))
+    got = _portable(_record(plan))
     path = GOLDEN.with_name("derive_for_golden.json")
     if os.environ.get("LEADLINE_WRITE_GOLDEN") == "1":
         path.write_text(json.dumps(got, indent=1, sort_keys=True, allow_nan=True) + "\n", encoding="utf-8")
