@@ -56,6 +56,7 @@ call loses one unit.
     PYTHONPATH=src python3 benchmarks/scoreboard.py --task debian_sections \\
         --model /root/assets/smol.gguf --data-dir /root/assets/data \\
         --out benchmarks/results/scoreboard_debian_sections.json --stop-after 520
+    (add ``--card-gb 6`` for a 6 GB card: a second process holds the rest; the file gets ``_6gb``)
     python3 benchmarks/scoreboard.py --table --readme README.md   # the README's table
 """
 
@@ -163,6 +164,23 @@ def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
     secs = time.perf_counter() - t
     log(" ".join(a for a in args[:3]), f"rc={rc}", f"{secs:.1f}s")
     return {"argv": args, "rc": rc, "seconds": secs, "output_tail": log_path.read_text()[-1500:]}
+
+
+HOLDER = r"""
+import sys, torch
+free, total = torch.cuda.mem_get_info()
+block = torch.empty(max(0, free - int(float(sys.argv[1]) * 2**30)), dtype=torch.uint8, device="cuda")
+print(f"held {block.numel() / 2**30:.2f} GiB of {total / 2**30:.2f}", flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_card(keep_gb: float) -> subprocess.Popen:
+    """A second process holding all but ``keep_gb`` of the card until its stdin closes."""
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(keep_gb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    log("holder:", child.stdout.readline().strip() if child.stdout else "")
+    return child
 
 
 def leadline(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
@@ -672,7 +690,8 @@ def table_of(data: dict[str, Any], path: Path) -> str:
     kind = data["kind"]
     metric = "accuracy" if kind == "classify" else "test CE/token"
     gold = data.get("gold", [])
-    lines += [f"**{data['task']}** ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
+    on = f", the card held to {data['card_gb']:g} GB" if data.get("card_gb") else ""
+    lines += [f"**{data['task']}**{on} ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
               f"{data['test_rows']:,} test rows; {metric}"
               f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
               "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
@@ -739,6 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--test-rows", type=int, default=0, help="test rows (0: all)")
     ap.add_argument("--em-rows", type=int, default=200, help="gsm_symbolic: test rows judged by greedy exact match")
     ap.add_argument("--timeout", type=float, default=400)
+    ap.add_argument("--card-gb", type=float, default=0.0,
+                    help="a second process holds all but this many GB of the card while the arms run (a smaller card)")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
     ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
     ap.add_argument("--readme", help="with --table: write it into this file between the scoreboard markers")
@@ -759,14 +780,17 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "src"))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     task = load_task(args.task, Path(args.data_dir), args.train_rows, args.test_rows)
-    out = Path(args.out or RESULTS / f"scoreboard_{args.task}.json")
+    card = f"_{args.card_gb:g}gb" if args.card_gb > 0 else ""
+    out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}.json")
     board = Board(out, task, argv)
+    board.data["card_gb"] = args.card_gb or None
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
     board.save()
     judge = Judge(args.model, task, args.em_rows)
     arms = Arms(args, task, board, judge)
     arms.untrained()
+    holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card
     for name in args.arms.split(","):
         if arms.out_of_time():
             log("stopping: --stop-after reached; rerun the same command to go on")
@@ -781,6 +805,9 @@ def main(argv: list[str] | None = None) -> int:
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})
             board.save()
             log(name, "raised; recorded in failures")
+    if holder is not None:
+        holder.stdin.close()
+        holder.wait(timeout=30)
     log("wrote", out)
     return 0
 
