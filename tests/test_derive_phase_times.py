@@ -55,7 +55,9 @@ def test_a_cut_phase_keeps_its_seconds_and_the_table_still_adds_up(clock):  # no
     plan = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=6.0, started=clock())
     wall = clock() - t0
     cut = [p for p in plan.phases if p.status == "cut"]
-    assert [p.phase for p in cut] == ["rate"] and cut[0].seconds > 0 and cut[0].steps > 0
+    # the budget runs out in a phase that trains on the run's rows (the rate; on a loaded machine the
+    # burn-in past the format can be the one cut): it keeps the seconds and the steps it spent
+    assert len(cut) == 1 and cut[0].phase in ("past_format", "rate") and cut[0].seconds > 0 and cut[0].steps > 0
     assert sum(p.seconds for p in plan.phases) == pytest.approx(wall, rel=0.01)
 
 
