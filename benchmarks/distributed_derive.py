@@ -36,7 +36,7 @@ Decision rules, written before the run:
       by McNemar p < 0.05 on the 842 test rows.
   R6  scale-out: the predicted S_b / S_a is nearer the measured ratio (in log) than both the
       perfect-scaling ratio 1/factor and no gain (1), and within 30% of it.
-  R7  (written in session 9, before any run) the plan derived on 2 GPUs with the model sharded by
+  R7  (written before any run) the plan derived on 2 GPUs with the model sharded by
       fully_shard (``derive --shard fsdp2`` under torchrun -> derive_2_fsdp.json) against the
       DDP one (derive_2.json): B_noise within 10%, the rate within one grid step
       (|log2(lr_fsdp / lr_ddp)| <= 1), and its rows a step (micro x accum x 2) within a factor 2.

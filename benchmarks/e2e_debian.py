@@ -3,7 +3,7 @@ SmolLM2-135M-Instruct, LoRA r16, debian_sections, against the untrained model an
 recipe run by the same CLI path.
 
 Rows: prompt = the package description + "\\nSection:", completion = " " + the label (the
-same format as benchmarks/rate_lookahead.py's E11). derive holds out 10% of the 4,683
+same format as benchmarks/rate_lookahead.py's schedule experiment). derive holds out 10% of the 4,683
 training rows for its decisions and 10% more it never reads; the verdict is on all 842 rows of
 debian_sections_test, which nothing trains or decides on.
 
@@ -27,7 +27,7 @@ Decision rules, written before the run:
       X s"), model loading not counted (the issue's bound: a full derive in at most 110 s);
   R4  both plans beat the untrained model (higher accuracy, McNemar p < 0.05).
   R5  (arm `bound`) derive --effort full --max-seconds 40 finishes within 40 s of its own time.
-  R7  (arms `bound,train_bound,recipe`, added in session 6 before any run of it) the plan cut
+  R7  (arms `bound,train_bound,recipe`, added before any run of it) the plan cut
       by --max-seconds 40 and trained loses nothing to the recipe (McNemar, as R1) and does not
       collapse (no class above 80%): what a tight bound costs the run.
   R6  (`--card-gb 6`: a second process holds all but 6 GB of the card for every arm, as a

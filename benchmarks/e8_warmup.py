@@ -1,10 +1,11 @@
-"""E8's warmup question: the look-ahead's rate run 90 steps under several warmups, full
-fine-tune of SmolLM2-135M in float32, from the same weights and the same rows (gsm_symbolic, 8 a
-step, rate_lookahead.py's E8 set-up), judged on the first ``--judge`` test rows. On the GPU when
-there is one (TF32 matmuls unless ``--no-tf32``), else the CPU.
+"""The warmup question of the sweep experiment: the look-ahead's rate run 90 steps under several
+warmups, full fine-tune of SmolLM2-135M in float32, from the same weights and the same rows
+(gsm_symbolic, 8 a step, ``rate_lookahead.py --experiment sweep``'s set-up), judged on the first
+``--judge`` test rows. On the GPU when there is one (TF32 matmuls unless ``--no-tf32``), else the
+CPU.
 
 Why: on the H200 the look-ahead's rate (2.09e-4) with the warmup from alpha1 (1.29e-4, 10
-steps) read 0.185 on 256 test rows against 0.167 without it (session 8, `rate_e8_full.json`);
+steps) read 0.185 on 256 test rows against 0.167 without it (`rate_e8_full.json`);
 on the CPU (float32, no TF32, 128 rows) the same two runs differed by +0.0043 ± 0.0040
 (`e8_warmup_cpu.json`). The rate and alpha1 are the H200's (given, not measured here).
 
@@ -27,7 +28,7 @@ arms): whether the same test rows lose to the warmup in every run (CPU, seconds)
 ``--order-seed K`` (K > 0) trains on the same rows in another order (shuffled by K). Rule for the
 orders, written before they run: the warmup's cost belongs to the schedule, not to one order of the
 rows, when "the warmup costs" holds in every order run; when it holds in some orders and not in
-others, the cost is the trajectory's, and E8's R2 miss is one draw of it.
+others, the cost is the trajectory's, and the sweep experiment's R2 miss is one draw of it.
 """
 
 from __future__ import annotations
@@ -88,11 +89,13 @@ def main() -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--data-dir", required=True)
     ap.add_argument("--judge", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=2.0906784646132948e-4, help="the H200 look-ahead's rate (session 7)")
+    ap.add_argument("--lr", type=float, default=2.0906784646132948e-4, help="the H200 look-ahead's rate on this set-up")
     ap.add_argument("--alpha1", type=float, default=1.2910852417671376e-4, help="the H200's alpha1")
     ap.add_argument("--arms", default="constant,warmup,warmup5,warmup20,warmup_zero")
-    ap.add_argument("--steps", type=int, default=90, help="optimizer steps (E8: 90; fewer only to smoke-test)")
-    ap.add_argument("--order-seed", type=int, default=0, help="0: E8's order; K > 0: the same rows shuffled by K")
+    ap.add_argument("--steps", type=int, default=90,
+                    help="optimizer steps (the sweep experiment's 90; fewer only to smoke-test)")
+    ap.add_argument("--order-seed", type=int, default=0,
+                    help="0: the sweep experiment's order; K > 0: the same rows shuffled by K")
     ap.add_argument("--no-tf32", action="store_true", help="float32 matmuls on the GPU (TF32 off)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()

@@ -1,7 +1,8 @@
-"""Write the GGUF model as a Hugging Face folder (float32 safetensors + tokenizer), once per
-device machine, so that each CLI call loads it in seconds instead of dequantizing the GGUF
-again (26-40 s a call on the H200 in session 3, from the plans' "loading the model" notes). The weights are the GGUF's dequantized weights, bit for bit: the script
-checks the folder's logits against the GGUF's on a few tokens and refuses to finish otherwise.
+"""Write the GGUF model as a Hugging Face folder (float32 safetensors + tokenizer), once per device
+machine, so that each CLI call loads it in seconds instead of dequantizing the GGUF again (26-40 s a
+call on the H200, from the plans' "loading the model" notes). The weights are the GGUF's dequantized
+weights, bit for bit: the script checks the folder's logits against the GGUF's on a few tokens and
+refuses to finish otherwise.
 
     python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf /root/assets/smol_hf
 """

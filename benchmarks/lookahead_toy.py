@@ -8,7 +8,7 @@ held-out loss on 256 rows; then measure_first_step + lookahead_lr(total_steps=T,
 from the same start, and a T-step run at its rate.
 
 Decision rule, written before this file's first recorded run (an exploratory run of the same
-code came first, in session 6, with the same outcome):
+code came first, with the same outcome):
   R1  at every T the look-ahead's rate is within 2x of the sweep's best grid rate.
 Reported beside it, no pass/fail: the loss at the look-ahead's rate against the sweep's best,
 and the horizons it read with their trend slopes. One seed; the toy is deterministic.

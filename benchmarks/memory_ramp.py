@@ -17,7 +17,7 @@ R1 ramp vs truth. The truth b_true is the largest b (up to ``--max-rows``, the r
    same cap without an OOM and without the allocator's retry counter growing (found by
    galloping up from the ramp's b and bisecting).
    PASS when b_true - 1 <= b_ramp <= b_true (equal, or one rung below); b_ramp > b_true FAILS
-   (the ramp kept a batch a run cannot hold). From session 8 a ramp that keeps nothing (not even
+   (the ramp kept a batch a run cannot hold). A ramp that keeps nothing (not even
    1 row) is held to the same truth: PASS when 1 row cannot run the truth's steps either.
 R2 ``--run-steps`` (300) optimizer steps at b_ramp over the mix, watched: PASS with 0 OOMs and
    0 allocator retries.
@@ -27,7 +27,7 @@ R3 a second process (its CUDA context alive from the start, as another program's
    the run either finished or stopped with leadline's RoomShrank sentence; any other exception
    FAILS. (The small card is simulated, so the process can take memory the card "has not got";
    a real card could not give more than its free memory.)
-R4 (from session 9) the watch's cost by paired steps: ``--pairs`` (40) pairs of single optimizer
+R4 the watch's cost by paired steps: ``--pairs`` (40) pairs of single optimizer
    steps at b, both steps of pair i at the same micro-batch lengths, one unwatched (no watch
    hooks; the cap set once before the pairs, moved only by the watched steps' readings) and one watched (one SpillWatch kept across the pairs,
    so its throttle is in its steady state; installed before its step and removed after, outside
@@ -37,26 +37,26 @@ R4 (from session 9) the watch's cost by paired steps: ``--pairs`` (40) pairs of 
    so drift cancels; each step timed between synchronizations as the other rules' steps are; one
    AdamW (lr 1e-5) across the pairs. Recorded: each pair's seconds, the median per-pair ratio
    watched / unwatched, the mean log ratio and its standard error. PASS when the median per-pair
-   ratio <= 1.01; sessions up to 8 compared blocks of 10 steps (recorded in their JSON).
-   Session 9 ran this on three cases and found the first step at a pair's new lengths 1.35-2.08x
+   ratio <= 1.01; earlier results compared blocks of 10 steps (recorded in their JSON).
+   On three cases, pairs at varying lengths found the first step at a pair's new lengths 1.35-2.08x
    slower than the second, whichever arm ran first: the per-pair ratios split into two modes and
-   their median judges the boundary between them. So, from after session 9 (written before its
-   next run): every pair runs at one set of micro-batch lengths (drawn once from the mix: the
-   watch's cost does not depend on them, and new shapes were the slow steps), after one untimed
-   step at them, and the estimate is
-   the order-balanced mean log ratio d = (mean over A-B pairs + mean over B-A pairs) / 2, its
-   standard error from the two orders' variances. PASS when exp(d + 2 se) <= 1.01; FAIL when
-   exp(d - 2 se) > 1.01; otherwise UNRESOLVED (the card's spread is wider than the 1% judged).
-R4b written before session 8's cases, because R4's blocks spread by more than the 1% they judge
+   their median judges the boundary between them. So (written before the next run): every pair
+   runs at one set of micro-batch lengths (drawn once from the mix: the watch's cost does not
+   depend on them, and new shapes were the slow steps), after one untimed step at them, and the
+   estimate is the order-balanced mean log ratio d = (mean over A-B pairs + mean over B-A pairs)
+   / 2, its standard error from the two orders' variances. PASS when exp(d + 2 se) <= 1.01; FAIL
+   when exp(d - 2 se) > 1.01; otherwise UNRESOLVED (the card's spread is wider than the 1%
+   judged).
+R4b written before the cases it judges, because R4's blocks spread by more than the 1% they judge
    (the first four 6 GB cases read 0.949, 1.108, 0.990, 1.064 while the watch's own reports put
    its cost at 0.40-0.62% of each block): the bound 1 + the largest ``overhead_fraction`` the
    watch reports for a watched block (the seconds of its own readings over the block's
-   seconds; what it can add to the loop) <= 1.01. From session 9 one report, the watch's after
-   R4's pairs: its readings' seconds over the seconds of the watched steps only.
+   seconds; what it can add to the loop) <= 1.01. With R4's pairs, one report, the watch's after
+   the pairs: its readings' seconds over the seconds of the watched steps only.
 R5 measure_fit (given the corpus's lengths, as ``leadline fit --data`` does) at b_ramp says fits
    and at the first rung the ramp refused says refused; its
    peak at b_ramp against the R2 run's peak allocated: PASS when probe / real >= 1.0 (the probe
-   may be conservative, never low). From session 6 "the probe's peak" is what it tells a run to
+   may be conservative, never low). "The probe's peak" is what it tells a run to
    plan on, ``run_peak_bytes`` (the measured peak + LONG_RUN_DRIFT, 2%); the measured peak's ratio
    is still recorded. The 2% was set from the three cases measured before it (0.9988, 0.998,
    0.992: low every time), so only the cases run after it test it.
@@ -461,7 +461,7 @@ def main() -> int:
     ap.add_argument("--no-second-process", action="store_true")
     ap.add_argument("--checks", default="R1,R2,R3,R4,R5",
                     help="the rules to run per case (R1 only when named; R5 needs R2's run): "
-                         "the whole set took 254-358 s a case on the H200 in session 2, its 300-step run (R2) 154 s of that")
+                         "the whole set took 254-358 s a case on the H200, its 300-step run (R2) 154 s of that")
     ap.add_argument("--out", required=True, help="the JSON file (or a folder for memory_ramp.json)")
     ap.add_argument("--rejudge", nargs="+", metavar="JSON",
                     help="no run: R4's order-balanced estimate (order_balanced) of these results' paired steps, written to --out")

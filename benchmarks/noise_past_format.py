@@ -1,7 +1,7 @@
 """The noise scale at step 0 against the noise scale after a few steps (the seed's pitfall
 "B_noise at step 0 favours the easiest direction"): is the step-0 reading the format's?
 
-SmolLM2-135M-Instruct, LoRA r16, float32, rows in the E11 format (prompt = description +
+SmolLM2-135M-Instruct, LoRA r16, float32, rows in debian_sections' format (prompt = description +
 "\\nSection:", completion = " " + label) or gsm_symbolic (question -> answer_cot). The probe
 (:func:`leadline.noise.measure_noise_scale`, 2 rows a draw) reads rows from the END of the
 shuffled training order; training reads from its start, so no probed row was trained on.

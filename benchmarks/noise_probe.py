@@ -29,8 +29,8 @@ Decision rules, written before the run:
 R1 (A)  the two draws agree: |B_1 - B_2| / mean(B_1, B_2) <= 0.10.
 R2 (B)  each draw is within max(10%, 2 × sqrt(se_draw² + se_truth²)) of the brute-force truth.
 R3 (D)  the monitor's per-micro-batch time ratio <= 1.01 (the published monitor: 1.07).
-R3b (D) written before session 7's run, because R3's interleaved blocks spread by more than the
-        1% they judge (session 5: plain blocks 0.16-0.21 s a micro-batch): the bound
+R3b (D) written before the run it judges, because R3's interleaved blocks spread by more than the
+        1% they judge (plain blocks 0.16-0.21 s a micro-batch): the bound
         1 + (micro()'s and step()'s own CPU time in the monitored loop + their kernels' device
         time) / the plain micro-batch's time <= 1.01 — what the monitor can add whether the
         loop waits on the CPU or on the GPU.

@@ -1,10 +1,10 @@
-"""Do the rate phases leave the run where a fresh start would? (issue 6, E8's full-mode gap)
+"""Do the rate phases leave the run where a fresh start would? (issue 6, the sweep's full-mode gap)
 
-E8's full fine-tune on the H200 (sessions 6 and 7): the look-ahead's rate, run after the
-phases with its warmup from alpha1, lost 0.016-0.018 of held-out loss to the same rate run
-from a fresh optimizer. This script asks the narrower question directly, on the real model:
-N training steps with a warmup, once from a fresh AdamW and once on the optimizer that
-``measure_first_step`` and ``lookahead_lr`` have just used (every weight trained, tied
+The sweep experiment's full fine-tune on the H200 (``rate_lookahead.py --experiment sweep``): the
+look-ahead's rate, run after the phases with its warmup from alpha1, lost 0.016-0.018 of held-out
+loss to the same rate run from a fresh optimizer. This script asks the narrower question directly,
+on the real model: N training steps with a warmup, once from a fresh AdamW and once on the optimizer
+that ``measure_first_step`` and ``lookahead_lr`` have just used (every weight trained, tied
 embeddings included), from the same weights, on the same rows.
 
 Decision rule, written before the run: PASS when the two runs' weights after N steps are

@@ -6,7 +6,7 @@ Two efforts:
          for the whole run, with ``alpha1=plan.values["first_step"]`` (the call the quick
          plan's own note spells out).
   full   the full ``derive(...)`` (its default effort) then ``race(...)`` over
-         ``race_rates(lookahead_from(plan), steps)`` - the README's core snippet and its E19
+         ``race_rates(lookahead_from(plan), steps)`` - the README's core snippet and its own
          "pichak full" arm; ``--full-train schedule`` trains with ``LookaheadSchedule`` instead
          (what the full plan's note says: "TRAIN WITH LookaheadSchedule(...)").
 

@@ -1,10 +1,10 @@
 """The SpillWatch's cost on a step that is all module calls (CPU), side by side with no watch.
 
 Why: on the H200, memory_ramp's R4 cannot resolve 1% (steps spread by more than that, and
-session 9's paired steps read 0.95-1.02 with +-8% intervals), while the watch's own reports
-(R4b) time only its readings. Before session 9 the watch also held a global module forward
-pre-hook, which sends every module call in the process through ``Module._call_impl``'s slow path
-and calls Python for each: a cost R4b never counted. This benchmark measures what R4b cannot,
+its paired steps read 0.95-1.02 with +-8% intervals), while the watch's own reports
+(R4b) time only its readings. The watch holds no global module forward pre-hook: one sends every
+module call in the process through ``Module._call_impl``'s slow path and calls Python for each, a
+cost R4b does not count. This benchmark measures what R4b cannot,
 where it is largest: a step whose time is almost all module dispatch (a 30-layer Llama as
 narrow as a test model, SmolLM2-135M's module tree, 1 row of 16 tokens), which is the regime of
 a small model's GPU step, whose CPU launches the kernels.
@@ -13,7 +13,7 @@ Arms, the same steps (forward + backward + AdamW at lr 0 + zero_grad):
   bare       no hooks
   watch      leadline's SpillWatch, as ``forbid_spill`` installs it (readings of the host's
              memory, throttled to 1% of elapsed time), after its first optimizer step
-  global     a global forward pre-hook doing what the watch's did before session 9 (a dict
+  global     a global forward pre-hook doing what a watch holding one would (a dict
              lookup per module call), for the contrast
 Each rep runs ``--steps`` steps of each arm in a rotating order; the ratio to bare is the
 geometric mean over reps of (arm seconds / bare seconds in that rep), with its 2-se interval.
