@@ -29,7 +29,7 @@ loss whatever grad_accum is — the published monitor read the scaled increment,
 
 :class:`Controller` (opt-in) moves grad_accum toward B* and sets the rate to
 anchor × min(1, sqrt(B/B_noise)) (Malladi et al., 2022). On a real model it lost to the
-fixed plan (the seed's E6); it stays opt-in.
+fixed plan (in the seed, SmolLM2-135M); it stays opt-in.
 """
 
 from __future__ import annotations
@@ -356,7 +356,7 @@ class Controller:
     step now takes. It keeps grad_accum >= ``min_grad_accum`` (2: one micro-batch a step reads
     no noise). As a context manager it puts the optimizer's rates back on exit.
 
-    On SmolLM2-135M (the seed's E6) this lost to the fixed plan: 0.5706 against B*'s 0.5233.
+    On SmolLM2-135M (in the seed) this lost to the fixed plan: 0.5706 against B*'s 0.5233.
     """
 
     def __init__(

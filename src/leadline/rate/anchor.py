@@ -8,7 +8,7 @@ lr * sqrt(numel W) reaches ||W||_F, so its **rewrite scale** is
 
 and the model's is the smallest over the trained tensors — the **binding** tensor, the first
 one a too-large rate rewrites. Tensors that are all zero (classic LoRA's B) have no size and
-are skipped. The anchor divides it by a divisor measured once in the seed (E5, SmolLM2-135M):
+are skipped. The anchor divides it by a divisor measured once in the seed (SmolLM2-135M):
 
     /32   trained as factors (LoRA/PiSSA): rewrite/32 was the first scale that learned
     /320  trained as weights (full fine-tune, grown neurons, a new head): best of four
@@ -114,7 +114,7 @@ class AnchorRate:
     caveat: str | None = None
 
     def as_values(self) -> dict[str, Value]:
-        """``rewrite_scale`` (derived from the weights), ``rate_divisor`` (constant, seed E5) and
+        """``rewrite_scale`` (derived from the weights), ``rate_divisor`` (constant, from the seed) and
         ``lr_anchor`` (constant: it rests on the divisor nobody measured here)."""
         caveat = f"; {self.caveat}" if self.caveat else ""
         cut = (f" x sqrt(B {self.batch_tokens:.0f} / B_noise {self.b_noise_tokens:.0f}) = x{self.cut:.3g}"

@@ -34,11 +34,12 @@ the warmup is the low rates catching up, not a trend to extrapolate. Never above
 unstable or diverged.
 
 Why the minimum horizon: at step 0 every row agrees on the answer's format (the end token),
-and a short horizon rewards the rate that learns the format fastest — seed E8 (LoRA's best at
-2 and 4 steps was twice the winner) and the E11 collapse. ``min_horizon`` defaults to
+and a short horizon rewards the rate that learns the format fastest — in the seed's sweep LoRA's
+best at 2 and 4 steps was twice the winner, and the format trap's collapse (docs/rate.md).
+``min_horizon`` defaults to
 max(16, T/8) steps, so the answer is read past the format.
 
-References: the seed's E5/E8 (the look-ahead against a six-rate sweep); Li et al. 2018
+References: the seed's look-ahead against a six-rate sweep; Li et al. 2018
 (Hyperband) for continued candidates; Lan & DeMets 1983 for the sequential bar.
 """
 

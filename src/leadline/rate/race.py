@@ -11,7 +11,7 @@ Jamieson & Talwalkar 2016; Li et al. 2018. The boundaries double from the end of
 T/16; a short horizon favours the rate that learns the answer's format fastest); the last
 decides the winner **by a test**: the best mean wins when every other rate is significantly
 worse; otherwise the lowest rate among those not significantly worse (a tie goes to the rate
-least likely to spike late — the seed's E11 collapse came from the highest). The winner runs
+least likely to spike late — the format trap's collapse in docs/rate.md came from the highest). The winner runs
 to the end; at T - 2h a copy is kept, and the ending is raced: the same 2h steps rerun from
 the copy with the rate falling linearly to zero, kept unless the constant ending is better
 by a one-sided paired t test (:func:`leadline.rate._run.race_ending`).
