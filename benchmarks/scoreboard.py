@@ -696,7 +696,8 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
               "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|"]
-    order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "leadline_quick", "leadline_full"]
+    order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
+             "leadline_quick", "leadline_full"]
     for name in order:
         if name not in arms:
             ran = sum(1 for k in data["units"] if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
