@@ -20,18 +20,23 @@ RAM_SHARE = 0.9  # of the RAM available when the command starts, the most its al
 def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> None:
     p.add_argument("--model", required=True, help="a Hugging Face folder or a .gguf file")
     if data:
-        p.add_argument("--data", required=True, help="training rows, jsonl (text, prompt/completion, messages, input_ids/labels, ...)")
+        p.add_argument("--data", required=True,
+                       help="training rows, jsonl (text, prompt/completion, messages, input_ids/labels, ...)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--lora-rank", type=int, default=16, metavar="R", help="train LoRA adapters of rank R on every linear layer (default 16)")
+    g.add_argument("--lora-rank", type=int, default=16, metavar="R",
+                   help="train LoRA adapters of rank R on every linear layer (default 16)")
     g.add_argument("--full", action="store_true", help="train every weight (a full fine-tune)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
-    p.add_argument("--seed", type=int, default=0, help="the seed of the split, the row order and the adapter's init (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the seed of the split, the row order and the adapter's init (default 0)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="the model's dtype (default float32: a bf16 forward rounds the held-out loss the rate is read from)")
+                   help="the model's dtype (default float32: a bf16 forward rounds the held-out loss the rate is read "
+                        "from)")
     q = p.add_mutually_exclusive_group()
     q.add_argument("--load-in-4bit", action="store_true",
                    help="QLoRA: the base in 4-bit nf4 through bitsandbytes, computing in --dtype (CUDA; with LoRA)")
-    q.add_argument("--load-in-8bit", action="store_true", help="the base in 8-bit through bitsandbytes (CUDA; with LoRA)")
+    q.add_argument("--load-in-8bit", action="store_true",
+                   help="the base in 8-bit through bitsandbytes (CUDA; with LoRA)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward: measure and train with it on")
 
@@ -140,7 +145,8 @@ def check_device(device: str | None) -> None:
     if not torch.cuda.is_available():
         why = (f"this torch ({torch.__version__}) is built without CUDA" if torch.version.cuda is None
                else "no CUDA card is visible to this process")
-        raise InputError(f"--device {device}: {why}; pass --device cpu, or install a CUDA build of torch on a machine with a card")
+        raise InputError(f"--device {device}: {why}; pass --device cpu, or install a CUDA build of torch on a machine "
+                         "with a card")
     if dev.index is not None and dev.index >= torch.cuda.device_count():
         raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA card(s), "
                          f"numbered from 0; pass --device cuda:0")
@@ -172,7 +178,8 @@ def read_plan(flag: str, path: str) -> Any:
                          f"upgrade leadline (pip install -U leadline) or derive the plan again with this one")
     for name in PLAN_INTS:
         v = plan.get(name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "warmup_steps" else 1)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v,
+                                                                    int) or v < (0 if name == "warmup_steps" else 1)):
             low = "0 or more" if name == "warmup_steps" else "1 or more"
             raise InputError(f"{flag} {path}: its {name} is {v!r}, not a whole number {low}; derive the plan again "
                              f"rather than editing it, or correct {name} in the file")
@@ -194,7 +201,8 @@ def check_lora_rank(model: Any, rank: int) -> None:
     cfg = getattr(model, "config", None)
     width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
     if isinstance(width, int) and rank > width:
-        raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds nothing, "
+        raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds "
+                         "nothing, "
                          f"pass --lora-rank {min(width, 16)} or less, or --full")
 
 
@@ -209,14 +217,16 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     check_device(args.device)
     bits = 4 if getattr(args, "load_in_4bit", False) else 8 if getattr(args, "load_in_8bit", False) else None
     if bits is not None and args.full:
-        raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass --lora-rank R) or load the base unquantized")
+        raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass "
+                         "--lora-rank R) or load the base unquantized")
     tok = load_tokenizer(args.model)
     model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype), bits=bits)
     if not args.full:
         check_lora_rank(model, args.lora_rank)
     if getattr(args, "gradient_checkpointing", False):
         if not getattr(model, "supports_gradient_checkpointing", False):
-            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient checkpointing; leave the flag out")
+            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
+                             "checkpointing; leave the flag out")
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
@@ -230,7 +240,8 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
-    cfg = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+    cfg = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0,
+                     task_type="CAUSAL_LM")
     return get_peft_model(model, cfg), tok
 
 

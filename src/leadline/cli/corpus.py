@@ -10,13 +10,20 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", help="a JSON Lines file: text, prompt/completion, messages, input_ids/labels, instruction/output or question/answer rows")
-    p.add_argument("--tokenizer", metavar="PATH_OR_GGUF", help="the tokenizer the run trains with: a Hugging Face folder or a .gguf file (not needed for input_ids rows)")
+    p.add_argument("data",
+                   help="a JSON Lines file: text, prompt/completion, messages, input_ids/labels, instruction/output or "
+                        "question/answer rows")
+    p.add_argument("--tokenizer", metavar="PATH_OR_GGUF",
+                   help="the tokenizer the run trains with: a Hugging Face folder or a .gguf file (not needed for "
+                        "input_ids rows)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
-    length.add_argument("--quantile", type=float, metavar="Q", help="the length that keeps this share of rows whole, e.g. 0.99; reports what truncation cuts")
-    p.add_argument("--field", action="append", default=[], metavar="ROLE=KEY", help="read KEY as ROLE, e.g. --field prompt=question --field completion=answer_cot")
-    p.add_argument("--bad-rows", choices=("raise", "report", "skip"), default="raise", help="stop at the first bad row (raise), list them all (report) or drop them (skip)")
+    length.add_argument("--quantile", type=float, metavar="Q",
+                        help="the length that keeps this share of rows whole, e.g. 0.99; reports what truncation cuts")
+    p.add_argument("--field", action="append", default=[], metavar="ROLE=KEY",
+                   help="read KEY as ROLE, e.g. --field prompt=question --field completion=answer_cot")
+    p.add_argument("--bad-rows", choices=("raise", "report", "skip"), default="raise",
+                   help="stop at the first bad row (raise), list them all (report) or drop them (skip)")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
 
 

@@ -23,7 +23,8 @@ from typing import Any
 from leadline.errors import InputError
 
 # The numbers that drive training, in the order a person reads them.
-TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending", "seq_len")
+TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending",
+                    "seq_len")
 RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
 
 
@@ -54,9 +55,11 @@ GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None, max_secon
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="demo-out", metavar="DIR", help="where the plan, its HTML report and both runs go (default demo-out)")
+    p.add_argument("--out", default="demo-out", metavar="DIR",
+                   help="where the plan, its HTML report and both runs go (default demo-out)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if there is one)")
-    p.add_argument("--rows", type=int, default=None, metavar="N", help="training rows (default: 32 on the CPU, all 512 on a GPU)")
+    p.add_argument("--rows", type=int, default=None, metavar="N",
+                   help="training rows (default: 32 on the CPU, all 512 on a GPU)")
 
 
 def shorten(row: dict[str, Any], chars: int | None) -> dict[str, Any]:
@@ -99,10 +102,12 @@ def _raced(plan: Any, race: dict[str, Any]) -> None:
     from leadline.plan import Value
 
     plan.set("lr", Value(float(race["chosen_lr"]), "measured",
-                         f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} held-out rows "
+                         f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} held-out "
+                         "rows "
                          f"({race['decided_by']})", evidence=race, unit="per step"))
     ending = race.get("ending") or {}
-    plan.set("ending", Value(ending.get("kept", "constant"), "measured", ending.get("why") or "raced at the end of the run",
+    plan.set("ending",
+             Value(ending.get("kept", "constant"), "measured", ending.get("why") or "raced at the end of the run",
                              evidence=ending))
 
 
@@ -123,7 +128,8 @@ def _race_grid(plan: Any, say: Any) -> None:
     else:
         rates = [anchor * 2.0**j for j in range(-1, 4)]
         why = "the anchor x 2^j from half the anchor to 8x it (alpha1 was not measured within derive's bound)"
-    plan.set("race_rates", Value(rates, "derived", f"{why}, for race() inside the run (derive's bound cut its rate phase)"))
+    plan.set("race_rates",
+             Value(rates, "derived", f"{why}, for race() inside the run (derive's bound cut its rate phase)"))
     say(f"  the race's grid: {len(rates)} rates, {rates[0]:.3g} to {rates[-1]:.3g} ({why})")
 
 
@@ -164,7 +170,8 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
         import os
 
         load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-        bound = f"derive's bound of {cut.max_seconds:g} s ran out before it measured" if cut.max_seconds else "derive did not measure"
+        bound = (f"derive's bound of {cut.max_seconds:g} s ran out before it measured" if cut.max_seconds
+                 else "derive did not measure")
         raise InputError(f"{bound} {', '.join(missing)} on this machine ({derive_s:.0f} s{load}); "
                          "run leadline demo on an idle machine, on a GPU, or with fewer --rows")
 
@@ -172,7 +179,8 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
     before = read_test()
     runs: dict[str, dict[str, Any]] = {}
     recipe = recipe_plan(lr=RECIPE["lr"], rows_per_step=RECIPE["rows_per_step"], warmup_ratio=RECIPE["warmup_ratio"],
-                         micro_batch=recipe_micro_batch(RECIPE["rows_per_step"], plan.get("rows_fit", plan.get("micro_batch"))),
+                         micro_batch=recipe_micro_batch(RECIPE["rows_per_step"],
+                                                        plan.get("rows_fit", plan.get("micro_batch"))),
                          seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
     for name, p in (("plan", plan), ("recipe", recipe)):
         with torch.no_grad():
@@ -229,7 +237,8 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     if args.rows is not None and args.rows < 16:
-        raise InputError(f"--rows {args.rows} is too few: derive needs at least 16 training rows; pass --rows 16 or more")
+        raise InputError(f"--rows {args.rows} is too few: derive needs at least 16 training rows; pass --rows 16 or "
+                         "more")
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     cut = GPU_CUT if on_gpu else CPU_CUT
     if args.rows is not None:
@@ -238,7 +247,8 @@ def run(args: argparse.Namespace) -> int:
     read = lambda name: [json.loads(s) for s in (data / name).read_text().splitlines() if s.strip()]  # noqa: E731
     train, test = read("debian_sections_demo_train.jsonl"), read("debian_sections_demo_test.jsonl")
     where = f"the GPU ({torch.cuda.get_device_name(0)})" if on_gpu else "the CPU (no CUDA device)"
-    print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16, debian_sections ({len(train)} training rows, "
+    print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16, debian_sections ({len(train)} training "
+          "rows, "
           f"{len(test)} test rows)\nthis run: {cut.sentence()}", flush=True)
     t0 = time.perf_counter()
     path = default_model_path()
@@ -247,7 +257,9 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     from peft import LoraConfig, get_peft_model
 
-    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
+    model = get_peft_model(model,
+                           LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0,
+                                      task_type="CAUSAL_LM"))
     print(f"model loaded: {time.perf_counter() - t0:.0f} s", flush=True)
     run_demo(model, tok, train, test, out, cut, say=lambda s: print(s, flush=True))
     return 0

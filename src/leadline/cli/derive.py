@@ -11,19 +11,26 @@ from leadline.plan import Plan
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--effort", choices=("quick", "full"), default="quick", help="quick: alpha1 and a rate grid; full: the look-ahead (default quick)")
+    p.add_argument("--effort", choices=("quick", "full"), default="quick",
+                   help="quick: alpha1 and a rate grid; full: the look-ahead (default quick)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
-    g.add_argument("--epochs", type=float, metavar="E", help="the run's length in passes over the training rows (default 1)")
+    g.add_argument("--epochs", type=float, metavar="E",
+                   help="the run's length in passes over the training rows (default 1)")
     p.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
-    p.add_argument("--quantile", type=float, metavar="Q", help="instead, the length that keeps this share of rows whole")
-    p.add_argument("--max-seconds", type=float, metavar="S", help="a bound on the whole derive; what it does not reach is listed")
-    p.add_argument("--resume", metavar="FILE", help="continue a cut-off derive from this file (written after each phase)")
-    p.add_argument("--prior", metavar="PLAN", help="check an earlier plan with short measurements instead of starting over")
+    p.add_argument("--quantile", type=float, metavar="Q",
+                   help="instead, the length that keeps this share of rows whole")
+    p.add_argument("--max-seconds", type=float, metavar="S",
+                   help="a bound on the whole derive; what it does not reach is listed")
+    p.add_argument("--resume", metavar="FILE",
+                   help="continue a cut-off derive from this file (written after each phase)")
+    p.add_argument("--prior", metavar="PLAN",
+                   help="check an earlier plan with short measurements instead of starting over")
     p.add_argument("--out", required=True, metavar="PLAN", help="where to write the plan (JSON, atomically)")
     p.add_argument("--html", metavar="OUT", help="also write the HTML report")
     p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
-    p.add_argument("--fit-rank", action="store_true", help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
+    p.add_argument("--fit-rank", action="store_true",
+                   help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     check_positive("--epochs", args.epochs, example="1")
     check_positive("--max-seconds", args.max_seconds, example="600")
     if args.seq_len is not None and args.seq_len < 2:
-        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after the shift)")
+        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
+                         "the shift)")
     check_positive("--quantile", args.quantile, upper=1.0, example="0.99")
     check_data_file("--data", args.data)
     if args.prior is not None:

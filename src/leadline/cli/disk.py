@@ -15,17 +15,26 @@ def _ints(text: str) -> list[int]:
     except ValueError:
         out = []
     if not out or min(out) < 1:
-        raise InputError(f"--depths {text!r} is not a comma-separated list of positive integers; pass e.g. 1,2,3,4,6,8,16,32")
+        raise InputError(f"--depths {text!r} is not a comma-separated list of positive integers; pass e.g. "
+                         "1,2,3,4,6,8,16,32")
     return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("files", nargs="+", help="files on the disk to measure (a quoted glob such as 'models/*.safetensors' is expanded; a folder means the files in it)")
-    p.add_argument("--depths", default="1,2,3,4,6,8,16,32", help="queue depths (reader threads) to sweep, comma-separated (default: %(default)s)")
+    p.add_argument("files", nargs="+",
+                   help="files on the disk to measure (a quoted glob such as 'models/*.safetensors' is expanded; a "
+                        "folder means the files in it)")
+    p.add_argument("--depths", default="1,2,3,4,6,8,16,32",
+                   help="queue depths (reader threads) to sweep, comma-separated (default: %(default)s)")
     p.add_argument("--block-mib", type=float, default=4.0, help="size of one read in MiB (default: %(default)s)")
-    p.add_argument("--mib-per-depth", type=float, default=256.0, help="MiB read at each depth in each round (default: %(default)s; at least two reads per reader)")
-    p.add_argument("--rounds", type=int, default=3, help="passes over the depths, ascending and descending in turn; each depth reports its median (default: %(default)s)")
-    p.add_argument("--buffered", action="store_true", help="also sweep through the page cache, beside the real sweep, to show what a buffered benchmark would claim")
+    p.add_argument("--mib-per-depth", type=float, default=256.0,
+                   help="MiB read at each depth in each round (default: %(default)s; at least two reads per reader)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="passes over the depths, ascending and descending in turn; each depth reports its median "
+                        "(default: %(default)s)")
+    p.add_argument("--buffered", action="store_true",
+                   help="also sweep through the page cache, beside the real sweep, to show what a buffered benchmark "
+                        "would claim")
     p.add_argument("--json", action="store_true", help="print the sweep as JSON")
 
 

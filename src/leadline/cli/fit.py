@@ -22,11 +22,13 @@ DEFAULT_RANK = 16
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="a Hugging Face folder or a .gguf file (default: the embedded SmolLM2-135M)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--lora-rank", type=int, metavar="R", help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
+    g.add_argument("--lora-rank", type=int, metavar="R",
+                   help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
     g.add_argument("--full", action="store_true", help="a full fine-tune: every weight trained")
     p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row")
     p.add_argument("--batch", type=int, required=True, metavar="B", help="rows per micro-batch")
-    p.add_argument("--data", metavar="FILE", help="the training jsonl: on a GPU the step is also run through its length mix "
+    p.add_argument("--data", metavar="FILE",
+                   help="the training jsonl: on a GPU the step is also run through its length mix "
                    "(longest first, the full length after each), as derive's ramp confirms a batch")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
     p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
@@ -60,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
     for name in ("--seq-len", "--batch", "--lora-rank", "--card-gb"):
         _positive(name, getattr(args, name[2:].replace("-", "_")))
     if args.seq_len < 2:
-        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after the shift); "
+        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
+                         "the shift); "
                          "pass the length you train at, e.g. --seq-len 512")
     check_device(args.device)
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
@@ -133,8 +136,10 @@ def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) 
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if (estimate_step_bytes(model, mid, args.seq_len) or 0) <= room else (lo, mid - 1)
     fix = f"pass --batch {lo} or fewer" if lo else "not even one row fits by the estimate: pass a shorter --seq-len"
-    raise InputError(f"--batch {args.batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by the estimate, "
-                     f"{est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and run fit on that")
+    raise InputError(f"--batch {args.batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by the "
+                     "estimate, "
+                     f"{est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and run fit on "
+                     "that")
 
 
 def _check_positions(model: Any, seq_len: int) -> None:
@@ -143,7 +148,8 @@ def _check_positions(model: Any, seq_len: int) -> None:
 
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(positions, int) and seq_len > positions:
-        raise InputError(f"--seq-len {seq_len} is longer than the model's positions (max_position_embeddings {positions}); "
+        raise InputError(f"--seq-len {seq_len} is longer than the model's positions (max_position_embeddings "
+                         f"{positions}); "
                          f"pass --seq-len {positions} or less")
 
 

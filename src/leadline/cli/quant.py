@@ -9,7 +9,8 @@ import sys
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="a .safetensors file, a folder of them, or a .gguf file")
-    p.add_argument("--layers", default=None, help="layer indices, comma-separated, or 'all' (default: the first, middle and last)")
+    p.add_argument("--layers", default=None,
+                   help="layer indices, comma-separated, or 'all' (default: the first, middle and last)")
     p.add_argument("--group", type=int, default=64, help="values per quantization group (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
@@ -26,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
             try:
                 layers = [int(x) for x in args.layers.split(",") if x.strip()]
             except ValueError:
-                raise InputError(f"--layers {args.layers!r} is not a comma-separated list of layer indices or 'all'; pass e.g. 0,15,29") from None
+                raise InputError(f"--layers {args.layers!r} is not a comma-separated list of layer indices or 'all'; "
+                                 "pass e.g. 0,15,29") from None
     report = quant_error(
         args.model,
         layers=layers,

@@ -12,12 +12,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="the plan `leadline derive --out` wrote for this model and data")
     p.add_argument("--out", required=True, metavar="DIR", help="where to save the adapter (or weights) and run.json")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: the plan's total_steps)")
-    p.add_argument("--no-schedule", action="store_true", help="train at the plan's rate without the LookaheadSchedule (not advised)")
-    p.add_argument("--recipe", action="store_true", help="ignore --plan's numbers and train the default recipe by the same path: "
+    p.add_argument("--no-schedule", action="store_true",
+                   help="train at the plan's rate without the LookaheadSchedule (not advised)")
+    p.add_argument("--recipe", action="store_true",
+                   help="ignore --plan's numbers and train the default recipe by the same path: "
                    "AdamW at --lr, --batch rows a step, --warmup-ratio warmup, linear decay to zero (for comparisons)")
     p.add_argument("--lr", type=float, default=2e-4, help="with --recipe: the rate (default 2e-4)")
     p.add_argument("--batch", type=int, default=16, help="with --recipe: rows a step (default 16)")
-    p.add_argument("--warmup-ratio", type=float, default=0.03, help="with --recipe: the warmup's share of the steps (default 0.03)")
+    p.add_argument("--warmup-ratio", type=float, default=0.03,
+                   help="with --recipe: the warmup's share of the steps (default 0.03)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,20 +47,23 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
         check_positive("--lr", args.lr, example="2e-4")
         if not 0.0 <= args.warmup_ratio < 1.0:
-            raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not including) 1; "
+            raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
+                             "including) 1; "
                              "pass e.g. --warmup-ratio 0.03")
     check_device(args.device)
     if not args.recipe and plan.data.get("sha256"):
         from leadline.provenance import content_hash
 
         if content_hash(args.data) != plan.data["sha256"]:
-            raise InputError(f"the plan {args.plan} was derived on other data than --data {args.data} (the content hash differs); pass the data it was derived on or derive again")
+            raise InputError(f"the plan {args.plan} was derived on other data than --data {args.data} (the content "
+                             "hash differs); pass the data it was derived on or derive again")
     if args.recipe:
         from leadline.train import recipe_plan
 
         derived = plan
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
-                           micro_batch=recipe_micro_batch(args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
+                           micro_batch=recipe_micro_batch(args.batch,
+                                                          derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
     with ram_bound(args.device):  # on the CPU: an allocation past the RAM is a sentence, not the OOM killer
         model, tok = load_for_training(args)
@@ -72,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"trained {res['steps']} steps in {res['seconds']:.1f} s; schedule rollbacks: {rollbacks}")
     if "test_loss_after" in res:
         b, a = res["test_loss_before"], res["test_loss_after"]
-        print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, {a['mean']:.4f} ± {a['se']:.4f} after")
+        print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, "
+              f"{a['mean']:.4f} ± {a['se']:.4f} after")
     print(f"saved to {args.out}")
     return 0
 
@@ -81,7 +88,8 @@ def _show(rec: dict) -> None:
     import sys
 
     if rec["step"] % 10 == 0:
-        print(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  {rec['seconds']:.1f}s", file=sys.stderr)
+        print(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  lr {rec['lr']:.3g}  {rec['seconds']:.1f}s",
+              file=sys.stderr)
 
 
 def recipe_micro_batch(rows_per_step: int, rows_fit: int | None) -> int:
