@@ -48,7 +48,8 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
     try:
         out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # jinja raises its own errors for a template's exceptions
-        raise TemplateError(f"cannot be rendered by the tokenizer's chat template ({type(e).__name__}: {str(e)[:120]})") from None
+        raise TemplateError(f"cannot be rendered by the tokenizer's chat template ({type(e).__name__}: "
+                            f"{str(e)[:120]})") from None
     if not isinstance(out, str):
         raise TemplateError("renders to something other than text through the chat template")
     return out
@@ -65,19 +66,22 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str
         b = render(tokenizer, messages[: i + 1])
         if not b.startswith(a) or not full.startswith(b):
             raise TemplateError(
-                f"renders turn {i} differently once later turns are added, so its assistant tokens cannot be found by prefix; "
+                f"renders turn {i} differently once later turns are added, so its assistant tokens cannot be found by "
+                "prefix; "
                 "use a chat template with {% generation %} markers"
             )
         spans.append((len(a), len(b)))
     return full, spans
 
 
-def completion_span(tokenizer: Any, prompt: list[dict[str, Any]], completion: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+def completion_span(tokenizer: Any, prompt: list[dict[str, Any]],
+                    completion: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
     """A conversational prompt/completion rendered, and the span of the completion."""
     a = render(tokenizer, prompt, generation_prompt=True)
     full = render(tokenizer, prompt + completion)
     if not full.startswith(a):
-        raise TemplateError("renders its prompt differently once the completion is added, so the completion cannot be found by prefix")
+        raise TemplateError("renders its prompt differently once the completion is added, so the completion cannot be "
+                            "found by prefix")
     return full, [(len(a), len(full))]
 
 

@@ -64,7 +64,8 @@ class MicroBatch:
         if self.attention == "padded":
             return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": self.labels}
         # no cache: Hugging Face models read packed boundaries from position_ids only without one
-        packed = {"input_ids": self.input_ids, "position_ids": self.position_ids, "labels": self.labels, "use_cache": False}
+        packed = {"input_ids": self.input_ids, "position_ids": self.position_ids, "labels": self.labels,
+                  "use_cache": False}
         if self.attention == "varlen":
             return packed
         return {**packed, "attention_mask": block_causal_mask(self.position_ids, self.mask_dtype)}
@@ -101,11 +102,13 @@ def collate(rows: Sequence[TokenizedRow], pad_id: int | None, pad_to: int | None
     if not rows:
         raise InputError("collate needs at least one row; pass a non-empty list of TokenizedRow")
     if pad_id is None:
-        raise InputError("collate needs a pad id; pass tokenizer.pad_token_id (or the EOS id when the tokenizer has no pad token)")
+        raise InputError("collate needs a pad id; pass tokenizer.pad_token_id (or the EOS id when the tokenizer has no "
+                         "pad token)")
     longest = max(len(r.input_ids) for r in rows)
     length = longest if pad_to is None else int(pad_to)
     if longest > length:
-        raise InputError(f"a row of {longest} tokens does not fit pad_to={length}; truncate the rows with row.truncated({length}) first")
+        raise InputError(f"a row of {longest} tokens does not fit pad_to={length}; truncate the rows with "
+                         f"row.truncated({length}) first")
     scored = sum(r.scored_tokens for r in rows)
     tokens = sum(len(r.input_ids) for r in rows)
     ids = [list(r.input_ids) + [pad_id] * (length - len(r.input_ids)) for r in rows]

@@ -51,10 +51,12 @@ def _chunks(order: list[int], lengths: list[int], micro_batch: int | None, max_t
 def _oom_types() -> tuple[type[BaseException], ...]:
     import torch
 
-    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
+    return tuple(t for t in (getattr(torch, "OutOfMemoryError", None),
+                             getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
 
 
-def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None = None, device: Any = None, *, pad_id: int = 0,
+def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None = None, device: Any = None, *,
+               pad_id: int = 0,
                max_tokens: int = MAX_TOKENS) -> list[float]:
     """Per-row mean cross-entropy over each row's scored tokens, in the order of ``rows``.
 
@@ -76,13 +78,16 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
     import torch
     import torch.nn.functional as F
 
-    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1):
-        raise InputError(f"row_losses needs micro_batch an int >= 1 (or None for forwards of up to max_tokens), got {micro_batch!r}")
+    if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
+                                    or micro_batch < 1):
+        raise InputError("row_losses needs micro_batch an int >= 1 (or None for forwards of up to max_tokens), got "
+                         f"{micro_batch!r}")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
         raise InputError(f"row_losses needs max_tokens an int >= 1, got {max_tokens!r}")
     for i, r in enumerate(rows):
         if r.scored_tokens < 1:
-            raise InputError(f"row {i} ({r.where or 'in memory'}) has no scored token, so it has no mean loss; drop it from the held-out rows")
+            raise InputError(f"row {i} ({r.where or 'in memory'}) has no scored token, so it has no mean loss; drop it "
+                             "from the held-out rows")
     if device is None:
         device = next(model.parameters()).device
     lengths = [len(r.input_ids) for r in rows]
@@ -102,10 +107,13 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
         mb = mb.to(device)
         targets = shifted.index_select(1, cols).to(device)
         if keep:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, logits_to_keep=cols.to(device)).logits
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                           logits_to_keep=cols.to(device)).logits
         else:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits.index_select(1, cols.to(device))
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100, reduction="none")
+            logits = model(input_ids=mb.input_ids,
+                           attention_mask=mb.attention_mask).logits.index_select(1, cols.to(device))
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
+                             reduction="none")
         sums = ce.view(len(chunk), -1).sum(dim=1).tolist()
         for i, s, c in zip(chunk, sums, counts):
             out[i] = s / c

@@ -90,7 +90,9 @@ def attention_for(model: Any) -> tuple[str, Any, str | None]:
                 dtype = torch.float32
         return "block_mask", dtype, None
     what = f"attention implementation {impl!r}" if impl else "a model without a Hugging Face config"
-    return "padded", None, f"{what} takes neither a 4D block mask nor varlen position ids here, so rows are not packed (one row per micro-batch)"
+    return ("padded", None,
+            f"{what} takes neither a 4D block mask nor varlen position ids here, so rows are not packed (one row per "
+            "micro-batch)")
 
 
 def pack_steps(rows: Sequence[TokenizedRow], seq_len: int, *, model: Any = None, attention: str = "auto") -> Packing:

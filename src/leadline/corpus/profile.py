@@ -112,13 +112,15 @@ class CorpusProfile:
             f"corpus                 {self.source}",
             f"rows                   {f(self.rows)}  ({fmt})",
             f"tokens read            {f(self.tokens_read)}  at seq_len ({f(self.tokens_untruncated)} whole)",
-            f"scored tokens          {f(self.scored_tokens)}  what the loss scores ({f(self.scored_tokens_untruncated)} whole)",
+            f"scored tokens          {f(self.scored_tokens)}  what the loss scores "
+            f"({f(self.scored_tokens_untruncated)} whole)",
             f"scored tokens per row  {f(self.scored_tokens_per_row)} mean at seq_len; whole rows: {_spread(sp)}",
             f"row length (tokens)    {_spread(self.lengths)}",
             f"seq_len                {f(self.seq_len)}  {rule}",
             f"truncation             {cut}",
         ]
-        lines += [f"loss policy            {p}" if i == 0 else f"                       {p}" for i, p in enumerate(self.loss_policy)]
+        lines += [f"loss policy            {p}" if i == 0 else f"                       {p}" for i,
+                  p in enumerate(self.loss_policy)]
         if self.ignored_fields:
             ign = ", ".join(f"{k} ({f(n)} rows)" for k, n in self.ignored_fields.items())
             lines.append(f"fields not read        {ign}; map them with --field ROLE=KEY to use them")
@@ -146,27 +148,39 @@ class CorpusProfile:
             seq = Value(self.seq_len, "derived",
                         f"the {self.quantile:g} quantile (nearest rank) of row lengths in {src}; truncation cuts "
                         f"{self.truncated_rows:,} rows and {self.truncated_scored_share:.2%} of the scored tokens",
-                        {"rule": "quantile", "quantile": self.quantile, "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
+                        {"rule": "quantile", "quantile": self.quantile, "lengths": self.lengths,
+                         "length_bins": self.length_bins, **truncation})
         elif self.seq_len_rule == "positions":
             seq = Value(self.seq_len, "derived",
-                        f"the model's positions (max_position_embeddings {self.seq_len}), shorter than the longest row of {src} "
+                        f"the model's positions (max_position_embeddings {self.seq_len}), shorter than the longest row "
+                        f"of {src} "
                         f"({self.longest:,} tokens); truncation at it cuts {self.truncated_rows:,} rows and "
                         f"{self.truncated_scored_share:.2%} of the scored tokens",
-                        {"rule": "positions", "positions": self.seq_len, "longest": self.longest, "lengths": self.lengths,
+                        {"rule": "positions", "positions": self.seq_len, "longest": self.longest,
+                         "lengths": self.lengths,
                          "length_bins": self.length_bins, **truncation})
         else:
-            seq = Value(self.seq_len, "given", f"given; truncation at it cuts {self.truncated_rows:,} rows of {src} and {self.truncated_scored_share:.2%} of the scored tokens",
+            seq = Value(self.seq_len, "given",
+                        f"given; truncation at it cuts {self.truncated_rows:,} rows of {src} and "
+                        f"{self.truncated_scored_share:.2%} of the scored tokens",
                         {"rule": "given", "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
         return {
-            "rows": Value(self.rows, "measured", f"rows read from {src}" + (f"; {self.mixed_formats}" if self.mixed_formats else ""),
-                          {"formats": self.formats, "ignored_fields": self.ignored_fields, "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
-            "tokens_read": Value(self.tokens_read, "measured", f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
+            "rows": Value(self.rows, "measured",
+                          f"rows read from {src}" + (f"; {self.mixed_formats}" if self.mixed_formats else ""),
+                          {"formats": self.formats, "ignored_fields": self.ignored_fields,
+                           "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
+            "tokens_read": Value(self.tokens_read, "measured",
+                                 f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
                                  {"tokens_untruncated": self.tokens_untruncated}, unit="tokens"),
-            "scored_tokens": Value(self.scored_tokens, "measured", f"labels the loss scores in {src} at seq_len {self.seq_len}, after the causal shift",
-                                   {"loss_policy": self.loss_policy, "scored_tokens_untruncated": self.scored_tokens_untruncated},
+            "scored_tokens": Value(self.scored_tokens, "measured",
+                                   f"labels the loss scores in {src} at seq_len {self.seq_len}, after the causal shift",
+                                   {"loss_policy": self.loss_policy,
+                                    "scored_tokens_untruncated": self.scored_tokens_untruncated},
                                    seconds=self.seconds, unit="tokens"),
-            "scored_tokens_per_row": Value(self.scored_tokens_per_row, "measured", f"scored tokens per row of {src} at seq_len {self.seq_len}, the mean",
-                                           {"untruncated": self.scored_per_row, "bins_untruncated": self.scored_bins}, unit="tokens"),
+            "scored_tokens_per_row": Value(self.scored_tokens_per_row, "measured",
+                                           f"scored tokens per row of {src} at seq_len {self.seq_len}, the mean",
+                                           {"untruncated": self.scored_per_row, "bins_untruncated": self.scored_bins},
+                                           unit="tokens"),
             "seq_len": seq,
         }
 
@@ -208,7 +222,9 @@ class _Histograms:
         first[ids] = pos[idx[at]]
         if seq_len is not None and (first >= seq_len).any():
             for i in np.flatnonzero(first >= seq_len):
-                problems.record(rows[i].where, f"has {int(first[i]):,} tokens before its first scored token, so at seq_len {seq_len} nothing is left to score",
+                problems.record(rows[i].where,
+                                f"has {int(first[i]):,} tokens before its first scored token, so at seq_len {seq_len} "
+                                "nothing is left to score",
                                 "raise --seq-len or shorten the prompt")
             keep = [r for r, f in zip(rows, first) if f < seq_len]
             if keep:
@@ -257,7 +273,8 @@ def profile_corpus(
         InputError: bad rows, an empty corpus, or a corpus with no scored tokens.
     """
     if seq_len is not None and quantile is not None:
-        raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the rows")
+        raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the "
+                         "rows")
     if seq_len is not None and (isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2):
         raise InputError(f"seq_len must be an int of at least 2 tokens, got {seq_len!r}")
     if seq_len is not None and positions is not None and seq_len > positions:
@@ -287,7 +304,8 @@ def profile_corpus(
 
 
 def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, lengths: dict[int, int],
-               seq_len: int | None, quantile: float | None, seconds: float, positions: int | None = None) -> CorpusProfile:
+               seq_len: int | None, quantile: float | None, seconds: float,
+               positions: int | None = None) -> CorpusProfile:
     scored_at = hist.as_dict(hist.scored_at)
     first = hist.as_dict(hist.first_scored)
     per_row = hist.as_dict(hist.scored_per_row)

@@ -35,7 +35,8 @@ from typing import Any
 from leadline.errors import InputError
 
 BAD_ROWS = ("raise", "report", "skip")
-ROLES = ("text", "prompt", "completion", "messages", "input_ids", "labels", "instruction", "input", "output", "question", "answer")
+ROLES = ("text", "prompt", "completion", "messages", "input_ids", "labels", "instruction", "input", "output",
+         "question", "answer")
 KNOWN = "text, prompt+completion, messages, input_ids(+labels), instruction+output, question+answer"
 _SHOWN = 3  # problems quoted by name in a report
 GIVEN = "the rows given"  # the source of rows passed in memory
@@ -59,7 +60,8 @@ class Problems:
 
     def __init__(self, mode: str = "raise", source: str = "the rows") -> None:
         if mode not in BAD_ROWS:
-            raise InputError(f"bad_rows={mode!r} is not one of {', '.join(BAD_ROWS)}; pick how a row that cannot be used is handled")
+            raise InputError(f"bad_rows={mode!r} is not one of {', '.join(BAD_ROWS)}; pick how a row that cannot be "
+                             "used is handled")
         self.mode = mode
         self.source = source
         self.count = 0
@@ -69,7 +71,8 @@ class Problems:
         """One row cannot be used: raise now, or count it."""
         self.count += 1
         if self.mode == "raise":
-            shell = f" (from the shell: leadline corpus {self.source} --bad-rows report)" if self.source != GIVEN else ""
+            shell = (f" (from the shell: leadline corpus {self.source} --bad-rows report)" if self.source != GIVEN
+                     else "")
             raise InputError(f"{where} {reason}; {fix}, or list every such row with bad_rows='report'{shell}")
         if len(self.first) < _SHOWN:
             short = where[len(self.source) + 1:] if where.startswith(self.source + " ") else where
@@ -77,12 +80,14 @@ class Problems:
 
     def summary(self) -> str:
         more = f", and {self.count - len(self.first)} more" if self.count > len(self.first) else ""
-        return f"{self.count:,} row{'s' if self.count != 1 else ''} of {self.source} cannot be used ({'; '.join(self.first)}{more})"
+        return (f"{self.count:,} row{'s' if self.count != 1 else ''} of {self.source} cannot be used "
+                f"({'; '.join(self.first)}{more})")
 
     def finish(self) -> None:
         """After the last row: in ``report`` mode, one sentence for all the problems."""
         if self.mode == "report" and self.count:
-            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' (--bad-rows skip) to drop them")
+            raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' (--bad-rows skip) to drop "
+                             "them")
 
 
 class RowReader:
@@ -94,7 +99,8 @@ class RowReader:
     ``bytes_read`` / ``bytes_total`` (files only, for progress).
     """
 
-    def __init__(self, path_or_rows: Any, *, fields: Mapping[str, str] | None = None, problems: Problems | None = None) -> None:
+    def __init__(self, path_or_rows: Any, *, fields: Mapping[str, str] | None = None,
+                 problems: Problems | None = None) -> None:
         self.path = _as_path(path_or_rows)
         self.source = str(self.path) if self.path is not None else GIVEN
         self._rows = path_or_rows
@@ -120,13 +126,15 @@ class RowReader:
                 yield ex
         self.sha256 = h.hexdigest()
         if seen == 0:
-            fix = "pass a JSON Lines file with one JSON object per line" if self.path is not None else "pass at least one row"
+            fix = ("pass a JSON Lines file with one JSON object per line" if self.path is not None else "pass at least "
+                                                                                                        "one row")
             raise InputError(f"{self.source} holds no rows; {fix}")
 
     def _raw(self, h: Any) -> Iterator[tuple[str, Any]]:
         if self.path is None:
             if isinstance(self._rows, (str, bytes, Mapping)) or not isinstance(self._rows, Iterable):
-                raise InputError(f"rows must be a path to a JSON Lines file or a list of dicts, got {type(self._rows).__name__}; pass one of those")
+                raise InputError("rows must be a path to a JSON Lines file or a list of dicts, got "
+                                 f"{type(self._rows).__name__}; pass one of those")
             for i, row in enumerate(self._rows):
                 h.update(json.dumps(_plain(row), sort_keys=True, default=str).encode())
                 h.update(b"\n")
@@ -134,7 +142,8 @@ class RowReader:
             return
         p = self.path
         if p.is_dir():
-            raise InputError(f"data file {p} is a folder, not a file; pass a JSON Lines file (one JSON object per line)")
+            raise InputError(f"data file {p} is a folder, not a file; pass a JSON Lines file (one JSON object per "
+                             "line)")
         if not p.is_file():
             raise InputError(f"data file {p} does not exist; pass a JSON Lines file (one JSON object per line)")
         self.bytes_total = p.stat().st_size
@@ -211,7 +220,9 @@ def detect(row: Mapping[str, Any]) -> str | None:
     if "messages" in row:
         return "messages"
     if "prompt" in row and "completion" in row:
-        return "chat_prompt_completion" if isinstance(row["prompt"], list) or isinstance(row["completion"], list) else "prompt_completion"
+        return "chat_prompt_completion" if isinstance(row["prompt"],
+                                                      list) or isinstance(row["completion"],
+                                                                          list) else "prompt_completion"
     if "text" in row:
         return "text"
     if "instruction" in row and "output" in row:
@@ -281,8 +292,11 @@ def _bad_tokenized(d: dict[str, Any]) -> str | None:
     if labels is None:
         d["labels"] = list(ids)
         return None if len(ids) > 1 else "has one token and no labels (nothing to score after the shift)"
-    if not isinstance(labels, list) or len(labels) != len(ids) or not all(type(t) is int and (t >= 0 or t == -100) for t in labels):
-        return f"has 'labels' that are not a list of {len(ids)} ints, one per input id (a token id, or -100 for not scored)"
+    if not isinstance(labels,
+                      list) or len(labels) != len(ids) or not all(type(t) is int and (t >= 0 or t == -100)
+                                                                  for t in labels):
+        return (f"has 'labels' that are not a list of {len(ids)} ints, one per input id (a token id, or -100 for not "
+                "scored)")
     if all(t == -100 for t in labels[1:]):
         return "has every label after the first at -100 (nothing to score)"
     return None
@@ -292,10 +306,12 @@ def _check_fields(fields: Mapping[str, str] | None) -> dict[str, str]:
     if not fields:
         return {}
     if not isinstance(fields, Mapping):
-        raise InputError(f"fields must map a role to a key, like {{'completion': 'answer_cot'}}, got {type(fields).__name__}")
+        raise InputError("fields must map a role to a key, like {'completion': 'answer_cot'}, got "
+                         f"{type(fields).__name__}")
     for role, key in fields.items():
         if role not in ROLES or not isinstance(key, str) or not key:
-            raise InputError(f"fields maps {role!r} -> {key!r}; a role is one of {', '.join(ROLES)} and a key is a field name")
+            raise InputError(f"fields maps {role!r} -> {key!r}; a role is one of {', '.join(ROLES)} and a key is a "
+                             "field name")
     return dict(fields)
 
 
@@ -331,7 +347,8 @@ def _json_type(x: Any) -> str:
     return type(x).__name__
 
 
-def read_rows(path_or_rows: str | os.PathLike[str] | Iterable[Any], *, fields: Mapping[str, str] | None = None, bad_rows: str = "raise") -> Iterator[Example]:
+def read_rows(path_or_rows: str | os.PathLike[str] | Iterable[Any], *, fields: Mapping[str, str] | None = None,
+              bad_rows: str = "raise") -> Iterator[Example]:
     """Stream the usable rows of a JSON Lines file or of an in-memory list as :class:`Example`.
 
     Args:

@@ -132,9 +132,11 @@ class RowEncoder:
 
     def _need_tokenizer(self, kind: str) -> None:
         if self.tok is None:
-            raise InputError(f"{self.problems.source} has rows in the {kind} format, which need a tokenizer; pass tokenizer= (--tokenizer PATH_OR_GGUF)")
+            raise InputError(f"{self.problems.source} has rows in the {kind} format, which need a tokenizer; pass "
+                             "tokenizer= (--tokenizer PATH_OR_GGUF)")
         if kind in ("messages", "chat_prompt_completion") and self.template is None:
-            raise InputError(f"{self.problems.source} has chat rows but the tokenizer has no chat template; use a tokenizer with one or rows in the prompt/completion format")
+            raise InputError(f"{self.problems.source} has chat rows but the tokenizer has no chat template; use a "
+                             "tokenizer with one or rows in the prompt/completion format")
 
     def _with_eos(self, ids: list[int]) -> list[int]:
         if self.eos_id is not None and (not ids or ids[-1] != self.eos_id):
@@ -196,7 +198,9 @@ class RowEncoder:
         try:
             return self._generation_masks([e.data["messages"]])[0]
         except Exception as err:  # jinja raises its own errors for a template's exceptions
-            self.problems.record(e.where, f"cannot be rendered by the tokenizer's chat template ({type(err).__name__}: {str(err)[:120]})")
+            self.problems.record(e.where,
+                                 f"cannot be rendered by the tokenizer's chat template ({type(err).__name__}: "
+                                 f"{str(err)[:120]})")
             return None
 
     def _chat_prompt_completion(self, exs: list[Example]) -> list[TokenizedRow | None]:
@@ -217,7 +221,8 @@ class RowEncoder:
         if not texts:
             return out
         if not getattr(self.tok, "is_fast", False):
-            raise InputError("finding the scored tokens of chat rows needs a fast tokenizer (offsets); load the tokenizer with use_fast=True")
+            raise InputError("finding the scored tokens of chat rows needs a fast tokenizer (offsets); load the "
+                             "tokenizer with use_fast=True")
         enc = self.tok(texts, add_special_tokens=False, return_offsets_mapping=True)
         for i, ids, offs, sp in zip(keep, enc["input_ids"], enc["offset_mapping"], spans):
             ids = list(ids)
@@ -231,7 +236,9 @@ class RowEncoder:
             if self.vocab is not None:
                 top = max(max(ids), max(labels))
                 if top >= self.vocab:
-                    self.problems.record(e.where, f"has token id {top}, outside the tokenizer's vocabulary of {self.vocab:,}", "tokenize it with this tokenizer")
+                    self.problems.record(e.where,
+                                         f"has token id {top}, outside the tokenizer's vocabulary of {self.vocab:,}",
+                                         "tokenize it with this tokenizer")
                     out.append(None)
                     continue
             out.append(TokenizedRow.from_labels(list(ids), list(labels), e.where))
@@ -248,16 +255,20 @@ class RowEncoder:
         if f["prompt_completion"] or ((f["instruction"] or f["question_answer"]) and self.template is None):
             lines.append(f"prompt/completion rows: the completion and {eos} scored, the prompt not")
         if self.boundary_merges:
-            lines.append(f"{self.boundary_merges:,} prompt/completion rows tokenize differently at the boundary (as TRL warns); their first len(prompt) tokens are not scored")
+            lines.append(f"{self.boundary_merges:,} prompt/completion rows tokenize differently at the boundary (as "
+                         "TRL warns); their first len(prompt) tokens are not scored")
         for kind, what in (("instruction", "instruction/input/output"), ("question_answer", "question/answer")):
             if f[kind]:
-                how = "a user turn and an assistant turn through the chat template" if self.template is not None else "prompt + newline, then the completion"
+                how = ("a user turn and an assistant turn through the chat template" if self.template is not None
+                       else "prompt + newline, then the completion")
                 lines.append(f"{what} rows ({f[kind]:,}): read as {how}")
         if self.chat_methods:
             how = ", ".join(f"{m} {n:,}" for m, n in sorted(self.chat_methods.items()))
-            lines.append(f"chat rows: the assistant turns scored, found by {how}; no EOS added (the template ends each turn)")
+            lines.append(f"chat rows: the assistant turns scored, found by {how}; no EOS added (the template ends each "
+                         "turn)")
         if f["chat_prompt_completion"]:
-            lines.append("conversational prompt/completion rows: what the template writes after the prompt's generation prompt scored")
+            lines.append("conversational prompt/completion rows: what the template writes after the prompt's "
+                         "generation prompt scored")
         if f["tokenized"]:
             lines.append(f"input_ids/labels rows ({f['tokenized']:,}): the labels as given, -100 not scored")
         lines.append("scored tokens = labels after the causal shift (labels[1:] != -100)")
