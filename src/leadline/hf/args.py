@@ -36,12 +36,14 @@ def training_fields(plan: Plan) -> dict[str, Any]:
     for name, field in _FIELDS.items():
         if name in plan:
             v = plan[name].value
-            out[field] = int(v) if field in ("per_device_train_batch_size", "gradient_accumulation_steps", "warmup_steps", "max_steps") else float(v)
+            out[field] = int(v) if field in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                             "warmup_steps", "max_steps") else float(v)
     if "betas" in plan:
         b1, b2 = plan["betas"].value
         out["adam_beta1"], out["adam_beta2"] = float(b1), float(b2)
     if not out:
-        raise InputError("the plan holds none of micro_batch, grad_accum, lr, warmup_steps, weight_decay, betas; derive one first")
+        raise InputError("the plan holds none of micro_batch, grad_accum, lr, warmup_steps, weight_decay, betas; "
+                         "derive one first")
     ending = plan.get("ending", "lookahead")
     out["lr_scheduler_type"] = "linear" if ending == "linear" else "constant_with_warmup"
     return out
@@ -80,6 +82,7 @@ def training_arguments(plan: Plan, args: Any = None, **overrides: Any) -> Any:
         fields = {k: v for k, v in fields.items() if k in known or k not in sft_only}
         unknown = sorted(set(fields) - known)
         if unknown:
-            raise InputError(f"{type(args).__name__} has no field(s) {', '.join(unknown)}; pass TrainingArguments or SFTConfig")
+            raise InputError(f"{type(args).__name__} has no field(s) {', '.join(unknown)}; pass TrainingArguments or "
+                             "SFTConfig")
         return dataclasses.replace(args, **fields)
     raise InputError(f"training_arguments needs a TrainingArguments/SFTConfig, got {type(args).__name__}")

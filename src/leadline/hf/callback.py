@@ -67,7 +67,8 @@ class LeadlineCallback(TrainerCallback):
         quick = bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
         self.race = quick if race is None else bool(race)
         if self.race and not plan.get("race_rates"):
-            raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or leave race unset")
+            raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or "
+                             "leave race unset")
         self.schedule: Any = None
         self.raced: Any = None
         self.ending: dict[str, Any] | None = None
@@ -75,7 +76,8 @@ class LeadlineCallback(TrainerCallback):
         self._driven: Any = None
 
     @classmethod
-    def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None, **kw: Any) -> LeadlineCallback:
+    def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
+                 **kw: Any) -> LeadlineCallback:
         """Build the held-out reader and the train step from the data the plan was derived on
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data."""
@@ -86,11 +88,13 @@ class LeadlineCallback(TrainerCallback):
             trainer = model
             model, tokenizer, train_dataset = trainer.model, tokenizer or tokenizer_of(trainer), trainer_rows(trainer)
         elif train_dataset is None:
-            raise InputError("LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and train_dataset")
+            raise InputError("LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, "
+                             "tokenizer and train_dataset")
         seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
         task, _ = prepare(model, tokenizer, train_dataset, seq_len=plan.get("seq_len"), seed=seed)
         if plan.held_out.get("held_out") and plan.held_out["held_out"] != task.split.held_out:
-            raise InputError("the data's split differs from the plan's held-out rows; pass the train_dataset the plan was derived on")
+            raise InputError("the data's split differs from the plan's held-out rows; pass the train_dataset the plan "
+                             "was derived on")
         step = task.train_step_of(int(plan.get("micro_batch", 1)), int(plan.get("grad_accum", 1)))
         return cls(plan, task.held_out_losses(), step, **kw)
 
@@ -101,13 +105,15 @@ class LeadlineCallback(TrainerCallback):
         from leadline.rate import LookaheadSchedule, lookahead_from
 
         if optimizer is None or lr_scheduler is None:
-            raise InputError("LeadlineCallback needs Trainer's optimizer and lr_scheduler at on_train_begin; use transformers >= 4.45")
+            raise InputError("LeadlineCallback needs Trainer's optimizer and lr_scheduler at on_train_begin; use "
+                             "transformers >= 4.45")
         check_policy(self.plan, args)
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
         params = self.params or [p for p in model.parameters() if p.requires_grad]
         total = int(self.total_steps or state.max_steps or args.max_steps)
         if total < 1:
-            raise InputError("LeadlineCallback needs the run's length: set TrainingArguments.max_steps or pass total_steps")
+            raise InputError("LeadlineCallback needs the run's length: set TrainingArguments.max_steps or pass "
+                             "total_steps")
         device = params[0].device
         if self.cap and device.type == "cuda":
             from leadline.memory import forbid_spill
@@ -116,7 +122,8 @@ class LeadlineCallback(TrainerCallback):
         config = lookahead_from(self.plan)
         if self.race:
             config = self._race(params, optimizer, total, config)
-        self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config, total_steps=total)
+        self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,
+                                          total_steps=total)
         self._driven = _DrivenScheduler(lr_scheduler, optimizer)
 
     def _race(self, params: Sequence[Any], optimizer: Any, total: int, config: Any) -> Any:
@@ -136,7 +143,8 @@ class LeadlineCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         # the ending is decided here, before Trainer's save of the last step reads the weights
-        if self.schedule is not None and not self.schedule.finished and int(state.global_step) >= self.schedule.total_steps:
+        if (self.schedule is not None and not self.schedule.finished
+                and int(state.global_step) >= self.schedule.total_steps):
             self.ending = self.schedule.finish()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -194,4 +202,5 @@ def _rates(self: Any) -> list[float]:
 
 
 def _driven_class(cls: type) -> type:
-    return type(f"LeadlineDriven{cls.__name__}", (cls,), {"get_lr": _rates, "get_last_lr": _rates, "__module__": __name__})
+    return type(f"LeadlineDriven{cls.__name__}", (cls,),
+                {"get_lr": _rates, "get_last_lr": _rates, "__module__": __name__})

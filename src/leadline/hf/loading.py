@@ -22,8 +22,10 @@ def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
         ggufs = sorted(p.glob("*.gguf"))
         if not (p / "config.json").exists() and len(ggufs) == 1:
             return str(p), ggufs[0].name
-        if not (p / "config.json").exists() and not (p / "tokenizer.json").exists() and not (p / "tokenizer_config.json").exists():
-            raise InputError(f"model folder {p} has no config.json, tokenizer files or single .gguf; pass the folder save_pretrained() wrote or a .gguf file")
+        if (not (p / "config.json").exists() and not (p / "tokenizer.json").exists()
+                and not (p / "tokenizer_config.json").exists()):
+            raise InputError(f"model folder {p} has no config.json, tokenizer files or single .gguf; pass the folder "
+                             "save_pretrained() wrote or a .gguf file")
         return str(p), None
     raise InputError(f"model {p} is neither a folder nor a .gguf file; pass one of those")
 
@@ -40,7 +42,8 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     try:
         tok = AutoTokenizer.from_pretrained(folder, **kw)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot read a tokenizer from {path} ({str(e).splitlines()[0][:160]}); pass a folder with tokenizer files or a .gguf") from None
+        raise InputError(f"cannot read a tokenizer from {path} ({str(e).splitlines()[0][:160]}); pass a folder with "
+                         "tokenizer files or a .gguf") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
@@ -70,7 +73,8 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
     except TypeError:
         model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, **kw)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder save_pretrained() wrote or a .gguf") from None
+        raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder "
+                         "save_pretrained() wrote or a .gguf") from None
     return model.to(device)
 
 
@@ -84,9 +88,11 @@ def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device
     if bits not in (4, 8):
         raise InputError(f"bits={bits} is not 4 or 8; bitsandbytes loads a base in 4-bit or 8-bit")
     if gguf:
-        raise InputError(f"--load-in-{bits}bit needs a Hugging Face folder, not a .gguf file; pass the folder save_pretrained() wrote")
+        raise InputError(f"--load-in-{bits}bit needs a Hugging Face folder, not a .gguf file; pass the folder "
+                         "save_pretrained() wrote")
     if importlib.util.find_spec("bitsandbytes") is None:
-        raise InputError(f"--load-in-{bits}bit needs bitsandbytes; pip install 'leadline[qlora]' (on a machine with a CUDA GPU)")
+        raise InputError(f"--load-in-{bits}bit needs bitsandbytes; pip install 'leadline[qlora]' (on a machine with a "
+                         "CUDA GPU)")
     if not str(device).startswith("cuda") or not torch.cuda.is_available():
         raise InputError(f"--load-in-{bits}bit trains a quantized base on a CUDA GPU, and this run is on {device}; "
                          "pass --device cuda on a machine with one, or leave the flag out")
@@ -95,7 +101,8 @@ def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device
     try:
         return AutoModelForCausalLM.from_pretrained(folder, quantization_config=q, dtype=dtype, device_map=str(device))
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot load {folder} in {bits}-bit ({str(e).splitlines()[0][:160]}); load it unquantized") from None
+        raise InputError(f"cannot load {folder} in {bits}-bit ({str(e).splitlines()[0][:160]}); load it "
+                         "unquantized") from None
 
 
 def default_model_path() -> Path:

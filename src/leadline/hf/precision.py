@@ -50,14 +50,17 @@ class Precision:
         return self.compute_dtype in HALF
 
     def describe(self) -> str:
-        base = f"a {self.quantization} base (bitsandbytes, computing in {self.compute_dtype})" if self.quantization else f"a {self.dtype} base"
+        base = (f"a {self.quantization} base (bitsandbytes, computing in {self.compute_dtype})" if self.quantization
+                else f"a {self.dtype} base")
         how = "a LoRA adapter over " if self.adapter else "every weight of "
         ckpt = "gradient checkpointing on" if self.checkpointing else "gradient checkpointing off"
         return f"{how}{base}, {ckpt}"
 
     def as_value(self) -> Value:
-        grain = "the held-out loss read at bf16/fp16's resolution (1e-3 of its size)" if self.half else "the held-out loss read at float32's resolution"
-        return Value(asdict(self), "given", f"the model as it trains: {self.describe()}; the ramp, the timings, the noise probe "
+        grain = ("the held-out loss read at bf16/fp16's resolution (1e-3 of its size)" if self.half
+                 else "the held-out loss read at float32's resolution")
+        return Value(asdict(self), "given",
+                     f"the model as it trains: {self.describe()}; the ramp, the timings, the noise probe "
                      f"and the rate phases ran through that forward and backward; {grain}", evidence=asdict(self))
 
 
@@ -103,13 +106,16 @@ def check_trainable(model: Any) -> Precision:
     its quantization cannot train on this machine."""
     prec = precision_of(model)
     if prec.quantization and not prec.adapter:
-        raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base trains only "
-                         "through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass peft_config= to SFTTrainer")
+        raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base "
+                         "trains only "
+                         "through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass peft_config= "
+                         "to SFTTrainer")
     if prec.quantization and prec.quantization[0] in "48":
         device = next(model.parameters()).device
         if device.type != "cuda":
             raise InputError(f"the model's base is quantized ({prec.quantization}, bitsandbytes) but sits on {device}; "
-                             "bitsandbytes trains a quantized base on a CUDA GPU: load it there (device_map='cuda') or load it unquantized")
+                             "bitsandbytes trains a quantized base on a CUDA GPU: load it there (device_map='cuda') or "
+                             "load it unquantized")
     return prec
 
 
@@ -122,8 +128,11 @@ def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) ->
         yield
         return
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    enable = getattr(inner, "activation_checkpointing_enable", None) or getattr(inner, "gradient_checkpointing_enable", None)
-    disable = getattr(inner, "activation_checkpointing_disable", None) or getattr(inner, "gradient_checkpointing_disable", None)
+    enable = getattr(inner, "activation_checkpointing_enable",
+                     None) or getattr(inner, "gradient_checkpointing_enable", None)
+    disable = getattr(inner, "activation_checkpointing_disable", None) or getattr(inner,
+                                                                                  "gradient_checkpointing_disable",
+                                                                                  None)
     if on and (enable is None or not getattr(inner, "supports_gradient_checkpointing", True)):
         raise InputError(f"{type(inner).__name__} does not support gradient checkpointing; turn it off "
                          "(gradient_checkpointing=False, or leave out --gradient-checkpointing)")
@@ -146,7 +155,8 @@ def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
     and the kwargs it passes, less the ones Trainer takes for itself."""
     args = trainer.args
     on = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
-    kw = dict(getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None) or {})
+    kw = dict(getattr(args, "activation_checkpointing_kwargs", None)
+              or getattr(args, "gradient_checkpointing_kwargs", None) or {})
     for k in ("every_n_layers", "offload", "selective"):
         kw.pop(k, None)
     return on, kw or None

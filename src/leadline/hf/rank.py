@@ -82,7 +82,8 @@ def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] =
         model.train(was_training)  # ModelStep put it in training mode
 
 
-def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None, card_bytes: int | None = None) -> dict[str, Value]:
+def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None,
+                    card_bytes: int | None = None) -> dict[str, Value]:
     """The plan's ``lora_rank_fit`` at its micro-batch and length, or a note why not (returned
     as ``{}`` with the note added to ``plan.notes``)."""
     mb, seq = plan.get("micro_batch"), plan.get("seq_len")
@@ -93,8 +94,10 @@ def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None
     if seconds_left is not None and all(isinstance(x, (int, float)) for x in t):
         need = TRIES * STEPS_A_TRY * (float(t[0]) + float(t[1]))
         if need > seconds_left:
-            plan.notes.append(f"fit_rank: not measured, about {need:.0f} s of real steps ({TRIES} ranks by bisection) against "
-                              f"{max(0.0, seconds_left):.0f} s left of max_seconds; raise max_seconds or run `leadline fit`")
+            plan.notes.append(f"fit_rank: not measured, about {need:.0f} s of real steps ({TRIES} ranks by bisection) "
+                              "against "
+                              f"{max(0.0, seconds_left):.0f} s left of max_seconds; raise max_seconds or run `leadline "
+                              "fit`")
             return {}
     own = int(lora_config_of(model).r)
     found = rank_fit_for(model, mb, seq, card_bytes=card_bytes)

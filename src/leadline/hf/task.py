@@ -32,14 +32,16 @@ def _rows_of(train_dataset: Any) -> Any:
     try:
         return list(train_dataset)
     except TypeError:
-        raise InputError(f"train_dataset must be a jsonl path, a datasets.Dataset or a list of rows, got {type(train_dataset).__name__}") from None
+        raise InputError("train_dataset must be a jsonl path, a datasets.Dataset or a list of rows, got "
+                         f"{type(train_dataset).__name__}") from None
 
 
 def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
     """The tensors the run trains (``requires_grad``), by name."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
-        raise InputError("the model has no trained parameters (requires_grad); wrap it with PEFT or unfreeze the weights you train")
+        raise InputError("the model has no trained parameters (requires_grad); wrap it with PEFT or unfreeze the "
+                         "weights you train")
     return named
 
 
@@ -129,7 +131,8 @@ class Task:
         return self.split.reader(self.model, self.rows, "held_out", device=self.device, pad_id=self.pad_id)
 
 
-def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None, quantile: float | None = None,
+def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None,
+            quantile: float | None = None,
             held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
             fields: dict[str, str] | None = None) -> tuple[Task, Any]:
     """Tokenize the rows as the loader will, profile them, split them, and build the
@@ -147,7 +150,8 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     rows = [r.truncated(prof.seq_len) for r in tokenize_rows(source, tokenizer, fields=fields)]
     rows = [r for r in rows if r.scored_tokens > 0]
     if len(rows) < 8:
-        raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive needs at least 8")
+        raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive "
+                         "needs at least 8")
     if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
         held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
@@ -162,7 +166,8 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     return task, prof
 
 
-def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None, epochs: float | None = None,
+def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
+               epochs: float | None = None,
                effort: str = "quick", seq_len: int | None = None, quantile: float | None = None,
                max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
@@ -215,7 +220,8 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     policy: dict[str, Any] | None = None
-    checkpointed: tuple[bool, Any] | None = None  # a trainer's run turns checkpointing on in train(): measure with it on
+    checkpointed: tuple[bool,
+                        Any] | None = None  # a trainer's run turns checkpointing on in train(): measure with it on
     if is_trainer(model):
         from leadline.hf.precision import trainer_checkpointing
 
@@ -230,21 +236,25 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
             else:
                 epochs = float(trainer.args.num_train_epochs)
     elif train_dataset is None:
-        raise InputError("derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone")
+        raise InputError("derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got "
+                         "a model alone")
     if fit_rank:
         from leadline.hf.rank import lora_config_of
 
-        lora_config_of(model.module if hasattr(model, "module") else model)  # a full fine-tune is refused before anything runs
+        lora_config_of(model.module if hasattr(model,
+                                               "module") else model)  # a full fine-tune is refused before anything runs
     if total_steps is None and epochs is None:
         epochs = 1.0
-    world = join_job(next(model.parameters()).device)  # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
+    # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
+    world = join_job(next(model.parameters()).device)
     sharded = False
     if world is not None:
         from leadline.distributed.job import is_sharded, unwrap
 
         model = unwrap(model)
         sharded = is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
-    inner = model.module if sharded and hasattr(model, "module") else model  # FullyShardedDataParallel's model, for what it says of itself
+    # FullyShardedDataParallel's model, for what it says of itself
+    inner = model.module if sharded and hasattr(model, "module") else model
     was_training = model.training
     check_trainable(inner)  # a quantized base without an adapter, or off CUDA: one sentence before anything runs
     task, prof = prepare(model, tokenizer, train_dataset, seq_len=seq_len, quantile=quantile, held_out=held_out,
@@ -271,7 +281,8 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
             job = ShardedWorldTask(task, [p for _, p in named], world)
             step_fn = job.step_fn()
             # the whole tensors' entries, not this rank's shards'
-            model_info.update(parameters=job.world_numel(list(model.parameters())), trained_parameters=job.world_numel(job.params))
+            model_info.update(parameters=job.world_numel(list(model.parameters())),
+                              trained_parameters=job.world_numel(job.params))
         elif world is not None:
             from leadline.distributed.job import WorldTask
 
@@ -304,7 +315,8 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         if note is not None:
             plan.notes.append(note)
         if fit_rank and world is not None:
-            plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run `leadline fit` on one card")
+            plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run "
+                              "`leadline fit` on one card")
         elif fit_rank:
             from leadline.hf.rank import fit_rank_values
 

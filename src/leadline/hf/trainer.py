@@ -62,10 +62,12 @@ def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
     sequence of prompts alone) are left out: they add no gradient."""
     ds = trainer.train_dataset
     if ds is None:
-        raise InputError("the trainer has no train_dataset; pass train_dataset= to the Trainer/SFTTrainer before derive_for(trainer)")
+        raise InputError("the trainer has no train_dataset; pass train_dataset= to the Trainer/SFTTrainer before "
+                         "derive_for(trainer)")
     columns = list(getattr(ds, "column_names", None) or (ds[0].keys() if len(ds) else []))
     if "input_ids" not in columns:
-        raise InputError(f"the trainer's train_dataset has no input_ids (columns: {', '.join(map(str, columns)) or 'none'}); "
+        raise InputError("the trainer's train_dataset has no input_ids (columns: "
+                         f"{', '.join(map(str, columns)) or 'none'}); "
                          "give SFTTrainer text, prompt/completion or messages rows, or tokenize the rows for Trainer")
     keep = [c for c in columns if c in _COLLATED]
     out: list[dict[str, list[int]]] = []
@@ -74,7 +76,8 @@ def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
         batch = trainer.data_collator([{k: row[k] for k in keep}])
         if "labels" not in batch:
             raise InputError(f"the trainer's data_collator ({type(trainer.data_collator).__name__}) builds no labels; "
-                             "use DataCollatorForLanguageModeling(tokenizer, mlm=False) or give the rows a labels column")
+                             "use DataCollatorForLanguageModeling(tokenizer, mlm=False) or give the rows a labels "
+                             "column")
         ids = batch["input_ids"][0].tolist()
         labels = batch["labels"][0].tolist()
         if "attention_mask" in batch:  # right padding (pad_to_multiple_of) holds nothing to score
@@ -91,7 +94,8 @@ def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
 def policy_value(policy: dict[str, Any], scored_tokens: int, rows: int) -> Value:
     """``loss_policy``: what the trainer's labels score, given by the trainer."""
     shown = ", ".join(f"{k}={policy[k]!r}" for k in POLICY_FIELDS if policy.get(k) is not None)
-    return Value(policy, "given", f"the labels {policy['trainer']} builds ({shown or 'labels as the collator makes them'}): "
+    return Value(policy, "given",
+                 f"the labels {policy['trainer']} builds ({shown or 'labels as the collator makes them'}): "
                  f"{scored_tokens:,} scored tokens on {rows:,} rows, each row collated by the trainer's own collator",
                  evidence={**policy, "scored_tokens": scored_tokens, "rows": rows})
 
