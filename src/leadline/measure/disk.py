@@ -101,7 +101,8 @@ class DiskSweep:
         fss = sorted({str(f["filesystem"]) for f in self.files if f["filesystem"]})
         where = f" on {', '.join(fss)}" if fss else ""
         n = len(self.files)
-        lines = [f"leadline disk: {n} file{'s' if n > 1 else ''}, {size / 2**30:.2f} GiB{where}, {self.bypass}, {self.block_bytes / 2**20:g} MiB reads, one reader thread per queue slot"]
+        lines = [f"leadline disk: {n} file{'s' if n > 1 else ''}, {size / 2**30:.2f} GiB{where}, {self.bypass}, "
+                 f"{self.block_bytes / 2**20:g} MiB reads, one reader thread per queue slot"]
         buf = {r.depth: r for r in self.buffered_rows or []}
         rounds = max(len(r.mb_per_s_rounds) for r in self.rows)
         lines[0] += f", median of {rounds} round{'s' if rounds > 1 else ''}"
@@ -109,31 +110,44 @@ class DiskSweep:
         lines.append(head + (f" {'buffered MB/s (page cache, not the disk)':>42}" if buf else ""))
         q1 = self.rows[0].mb_per_s
         for r in self.rows:
-            mark = " <- optimum" if r.depth == self.optimum_depth else " <- collapsed" if r.depth == self.collapse_depth else ""
+            mark = (" <- optimum" if r.depth == self.optimum_depth else " <- collapsed"
+                    if r.depth == self.collapse_depth else "")
             lo, hi = (min(r.mb_per_s_rounds), max(r.mb_per_s_rounds)) if r.mb_per_s_rounds else (r.mb_per_s, r.mb_per_s)
-            line = f"{'QD' + str(r.depth):>5} {r.mb_per_s:8,.0f} {r.mb_per_s / q1:6.2f}x {f'{lo:,.0f}-{hi:,.0f}':>15} {r.read_ms_median:9.1f} /{r.read_ms_max:8.1f}"
+            line = (f"{'QD' + str(r.depth):>5} {r.mb_per_s:8,.0f} {r.mb_per_s / q1:6.2f}x {f'{lo:,.0f}-{hi:,.0f}':>15} "
+                    f"{r.read_ms_median:9.1f} /{r.read_ms_max:8.1f}")
             if buf:
                 line += f" {buf[r.depth].mb_per_s:42,.0f}"
             lines.append(line + mark)
-        coll = f"from QD{self.collapse_depth} on, throughput stays below {COLLAPSE_FRACTION:.0%} of it (collapsed)" if self.collapse_depth else f"up to QD{self.rows[-1].depth} it does not stay below {COLLAPSE_FRACTION:.0%} of it (no collapse)"
-        lines.append(f"optimum: QD{self.optimum_depth} at {self.optimum_mb_per_s:,.0f} MB/s; QD{self.enough_depth} is the fewest readers within {1 - ENOUGH_FRACTION:.0%} of it; {coll}.")
+        coll = (f"from QD{self.collapse_depth} on, throughput stays below {COLLAPSE_FRACTION:.0%} of it (collapsed)"
+                if self.collapse_depth else f"up to QD{self.rows[-1].depth} it does not stay below "
+                                            f"{COLLAPSE_FRACTION:.0%} of it (no collapse)")
+        lines.append(f"optimum: QD{self.optimum_depth} at {self.optimum_mb_per_s:,.0f} MB/s; QD{self.enough_depth} is "
+                     f"the fewest readers within {1 - ENOUGH_FRACTION:.0%} of it; {coll}.")
         g = self.gain_over_qd1
         if g is not None:
             verdict = "a real gain" if g["ci_low"] > 0 else "not told apart from noise"
-            lines.append(f"QD{self.optimum_depth} against QD{self.rows[0].depth}, paired by round: {g['mean']:+,.0f} MB/s (95% CI {g['ci_low']:+,.0f} to {g['ci_high']:+,.0f}, {int(g['n'])} rounds): {verdict}.")
+            lines.append(f"QD{self.optimum_depth} against QD{self.rows[0].depth}, paired by round: {g['mean']:+,.0f} "
+                         f"MB/s (95% CI {g['ci_low']:+,.0f} to {g['ci_high']:+,.0f}, {int(g['n'])} rounds): {verdict}.")
         if buf:
             top = max(r.mb_per_s for r in buf.values())
-            lines.append(f"buffered: up to {top:,.0f} MB/s, {top / self.optimum_mb_per_s:.1f}x the disk's optimum — that is the page cache, which is why leadline never reports a buffered number as a disk number.")
+            lines.append(f"buffered: up to {top:,.0f} MB/s, {top / self.optimum_mb_per_s:.1f}x the disk's optimum — "
+                         "that is the page cache, which is why leadline never reports a buffered number as a disk "
+                         "number.")
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
 
     def as_values(self) -> dict[str, Value]:
         """The disk's figures as plan values; the buffered arm is never one of them."""
-        ev = {"bypass": self.bypass, "block_bytes": self.block_bytes, "rows": [asdict(r) for r in self.rows], "enough_depth": self.enough_depth, "collapse_depth": self.collapse_depth, "gain_over_qd1": self.gain_over_qd1}
-        src = f"{self.bypass} reads of {self.block_bytes >> 20} MiB, depths {', '.join(str(r.depth) for r in self.rows)}"
+        ev = {"bypass": self.bypass, "block_bytes": self.block_bytes, "rows": [asdict(r) for r in self.rows],
+              "enough_depth": self.enough_depth, "collapse_depth": self.collapse_depth,
+              "gain_over_qd1": self.gain_over_qd1}
+        src = (f"{self.bypass} reads of {self.block_bytes >> 20} MiB, depths "
+               f"{', '.join(str(r.depth) for r in self.rows)}")
         return {
-            "disk_read_mb_per_s": Value(self.optimum_mb_per_s, "measured", f"the fastest depth of a sweep of {src}", ev, self.seconds, unit="MB/s"),
-            "disk_queue_depth": Value(self.optimum_depth, "measured", f"the depth with the highest throughput in a sweep of {src}", ev, self.seconds),
+            "disk_read_mb_per_s": Value(self.optimum_mb_per_s, "measured", f"the fastest depth of a sweep of {src}", ev,
+                                        self.seconds, unit="MB/s"),
+            "disk_queue_depth": Value(self.optimum_depth, "measured",
+                                      f"the depth with the highest throughput in a sweep of {src}", ev, self.seconds),
         }
 
 
@@ -219,8 +233,10 @@ class _WindowsReader:  # pragma: no cover - exercised on Windows only
         self._ct = ctypes
         k32 = ctypes.WinDLL("kernel32", use_last_error=True)
         k32.CreateFileW.restype = wintypes.HANDLE
-        k32.CreateFileW.argtypes = [wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, wintypes.LPVOID, wintypes.DWORD, wintypes.DWORD, wintypes.HANDLE]
-        k32.ReadFile.argtypes = [wintypes.HANDLE, wintypes.LPVOID, wintypes.DWORD, ctypes.POINTER(wintypes.DWORD), wintypes.LPVOID]
+        k32.CreateFileW.argtypes = [wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, wintypes.LPVOID, wintypes.DWORD,
+                                    wintypes.DWORD, wintypes.HANDLE]
+        k32.ReadFile.argtypes = [wintypes.HANDLE, wintypes.LPVOID, wintypes.DWORD, ctypes.POINTER(wintypes.DWORD),
+                                 wintypes.LPVOID]
         k32.CloseHandle.argtypes = [wintypes.HANDLE]
         flags = 0x20000000 if direct else 0x80  # FILE_FLAG_NO_BUFFERING / FILE_ATTRIBUTE_NORMAL
         h = k32.CreateFileW(path, 0x80000000, 0x1, None, 3, flags, None)  # GENERIC_READ, FILE_SHARE_READ, OPEN_EXISTING
@@ -229,7 +245,8 @@ class _WindowsReader:  # pragma: no cover - exercised on Windows only
         self.k32, self.h = k32, h
 
         class Overlapped(ctypes.Structure):
-            _fields_ = [("Internal", ctypes.c_void_p), ("InternalHigh", ctypes.c_void_p), ("Offset", wintypes.DWORD), ("OffsetHigh", wintypes.DWORD), ("hEvent", wintypes.HANDLE)]
+            _fields_ = [("Internal", ctypes.c_void_p), ("InternalHigh", ctypes.c_void_p), ("Offset", wintypes.DWORD),
+                        ("OffsetHigh", wintypes.DWORD), ("hEvent", wintypes.HANDLE)]
 
         self._ov, self._dword = Overlapped, wintypes.DWORD
 
@@ -259,7 +276,8 @@ def _expand(files: Sequence[str | os.PathLike[str]] | str | os.PathLike[str]) ->
         if not os.path.exists(s) and any(c in s for c in "*?["):
             matched = sorted(glob.glob(s))
             if not matched:
-                raise InputError(f"no file matches {s}; pass files on the disk you want measured (e.g. 'models/*.safetensors')")
+                raise InputError(f"no file matches {s}; pass files on the disk you want measured (e.g. "
+                                 "'models/*.safetensors')")
             out.extend(Path(m) for m in matched)
             continue
         p = Path(s)
@@ -268,7 +286,8 @@ def _expand(files: Sequence[str | os.PathLike[str]] | str | os.PathLike[str]) ->
         elif p.is_file():
             out.append(p)
         else:
-            raise InputError(f"disk file {p} does not exist; pass files on the disk you want measured (e.g. a model's .safetensors)")
+            raise InputError(f"disk file {p} does not exist; pass files on the disk you want measured (e.g. a model's "
+                             ".safetensors)")
     if not out:
         raise InputError("no files to read; pass files on the disk you want measured (e.g. a model's .safetensors)")
     return out
@@ -280,7 +299,8 @@ def _check_bypass(paths: list[Path], block_bytes: int) -> None:
     for p in paths:
         fs = filesystem_of(p) if sys.platform.startswith("linux") else None
         if fs in MEMORY_FILESYSTEMS:
-            raise InputError(f"{p} lives on {fs}, which is memory, not a disk, so any number read from it would be a page-cache number; put the file on the disk you want measured")
+            raise InputError(f"{p} lives on {fs}, which is memory, not a disk, so any number read from it would be a "
+                             "page-cache number; put the file on the disk you want measured")
     buf = mmap.mmap(-1, block_bytes)
     try:
         r = _reader(str(paths[0]), direct=True)
@@ -290,7 +310,9 @@ def _check_bypass(paths: list[Path], block_bytes: int) -> None:
             r.close()
     except OSError as e:
         if e.errno in (errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP) or sys.platform == "win32":
-            raise InputError(f"{paths[0]} is on a filesystem that refuses {name} ({e.strerror}), so the page cache cannot be bypassed and leadline will not report a buffered number as a disk number; put the file on the disk you want measured") from None
+            raise InputError(f"{paths[0]} is on a filesystem that refuses {name} ({e.strerror}), so the page cache "
+                             "cannot be bypassed and leadline will not report a buffered number as a disk number; put "
+                             "the file on the disk you want measured") from None
         raise InputError(f"cannot read {paths[0]} ({e.strerror}); pass a readable file") from None
     finally:
         buf.close()
@@ -304,7 +326,8 @@ def _close(readers: list[list[_PosixReader | _WindowsReader]], buffers: list[mma
         b.close()
 
 
-def _run_depth(paths: list[Path], blocks: list[tuple[int, int]], start: int, reads: int, depth: int, block_bytes: int, direct: bool) -> tuple[float, list[float]]:
+def _run_depth(paths: list[Path], blocks: list[tuple[int, int]], start: int, reads: int, depth: int, block_bytes: int,
+               direct: bool) -> tuple[float, list[float]]:
     """``depth`` threads take the next block from a shared counter until ``reads`` are done."""
     readers: list[list[_PosixReader | _WindowsReader]] = []
     buffers: list[mmap.mmap] = []
@@ -316,7 +339,8 @@ def _run_depth(paths: list[Path], blocks: list[tuple[int, int]], start: int, rea
             buffers.append(mmap.mmap(-1, block_bytes))
     except OSError as e:
         _close(readers, buffers)
-        raise InputError(f"cannot open {len(paths)} file(s) {depth} times over for depth {depth} ({e.strerror}); pass fewer files or lower depths") from None
+        raise InputError(f"cannot open {len(paths)} file(s) {depth} times over for depth {depth} ({e.strerror}); pass "
+                         "fewer files or lower depths") from None
     lock = threading.Lock()
     counter = [0]
     latencies: list[float] = []
@@ -356,11 +380,14 @@ def _run_depth(paths: list[Path], blocks: list[tuple[int, int]], start: int, rea
     finally:
         _close(readers, buffers)
     if errors:
-        raise InputError(f"a read failed at queue depth {depth} ({errors[0]}); check the files are readable and not being truncated") from None
+        raise InputError(f"a read failed at queue depth {depth} ({errors[0]}); check the files are readable and not "
+                         "being truncated") from None
     return seconds, latencies
 
 
-def _sweep(paths: list[Path], blocks: list[tuple[int, int]], depths: Sequence[int], block_bytes: int, bytes_per_depth: int, rounds: int, direct: bool, progress: Callable[[str], None], label: str) -> list[DepthRow]:
+def _sweep(paths: list[Path], blocks: list[tuple[int, int]], depths: Sequence[int], block_bytes: int,
+           bytes_per_depth: int, rounds: int, direct: bool, progress: Callable[[str], None],
+           label: str) -> list[DepthRow]:
     """``rounds`` passes over the depths, ascending then descending in turn, so a drift in the
     disk's speed (another tenant, burst credits running out) shows as a spread between rounds
     instead of as a shape of the curve; each depth reports its median round."""
@@ -414,12 +441,15 @@ def disk_queue_depth(
         raise InputError(f"queue depths must be positive integers, got {list(depths)}")
     page = mmap.PAGESIZE
     if block_bytes < page or block_bytes % page:
-        raise InputError(f"block_bytes must be a positive multiple of the page size {page} for an unbuffered read, got {block_bytes}")
+        raise InputError(f"block_bytes must be a positive multiple of the page size {page} for an unbuffered read, got "
+                         f"{block_bytes}")
     blocks = [(i, k * block_bytes) for i, p in enumerate(paths) for k in range(p.stat().st_size // block_bytes)]
     need = 2 * depths[-1]
     if len(blocks) < need:
         have = sum(p.stat().st_size for p in paths)
-        raise InputError(f"the files hold {have / 2**20:.1f} MiB, too small to measure: queue depth {depths[-1]} needs {need * block_bytes / 2**20:.1f} MiB (two reads of {block_bytes / 2**20:g} MiB per reader); pass larger files, smaller blocks or fewer depths")
+        raise InputError(f"the files hold {have / 2**20:.1f} MiB, too small to measure: queue depth {depths[-1]} needs "
+                         f"{need * block_bytes / 2**20:.1f} MiB (two reads of {block_bytes / 2**20:g} MiB per reader); "
+                         "pass larger files, smaller blocks or fewer depths")
     if rounds < 1:
         raise InputError(f"rounds must be at least 1, got {rounds}")
     _check_bypass(paths, block_bytes)
@@ -430,17 +460,24 @@ def disk_queue_depth(
     total = len(blocks) * block_bytes
     read = sum(r.bytes for r in rows) * rounds
     if read > total:
-        notes.append(f"the sweep read {read / 2**30:.2f} GiB from {total / 2**30:.2f} GiB of files, so some blocks were read twice; a drive's own cache may have served them")
+        notes.append(f"the sweep read {read / 2**30:.2f} GiB from {total / 2**30:.2f} GiB of files, so some blocks "
+                     "were read twice; a drive's own cache may have served them")
     if _in_vm():
-        notes.append("this is a virtual machine: the bypass skips this guest's cache, but the host may still cache the disk image")
+        notes.append("this is a virtual machine: the bypass skips this guest's cache, but the host may still cache the "
+                     "disk image")
     worst = max(rows, key=lambda r: r.spread)
     if worst.spread > SPREAD_NOTE:
-        notes.append(f"the disk's speed moved while it was measured: QD{worst.depth}'s rounds span {worst.spread:.0%} of their median ({', '.join(f'{x:,.0f}' for x in worst.mb_per_s_rounds)} MB/s), so depths closer than that are not told apart")
+        notes.append(f"the disk's speed moved while it was measured: QD{worst.depth}'s rounds span {worst.spread:.0%} "
+                     f"of their median ({', '.join(f'{x:,.0f}' for x in worst.mb_per_s_rounds)} MB/s), so depths "
+                     "closer than that are not told apart")
     top = next(r for r in rows if r.depth == optimum)
     gain = gain_over_shallowest(rows, optimum)
-    buffered_rows = _sweep(paths, blocks, depths, block_bytes, bytes_per_depth, rounds, False, progress, "buffered") if buffered else None
-    files_info = [{"path": str(p), "size_bytes": p.stat().st_size, "filesystem": filesystem_of(p) if sys.platform.startswith("linux") else None} for p in paths]
-    return DiskSweep(files_info, bypass_name(), block_bytes, rows, optimum, top.mb_per_s, enough, collapse, buffered_rows, gain, time.perf_counter() - t0, notes=notes)
+    buffered_rows = _sweep(paths, blocks, depths, block_bytes, bytes_per_depth, rounds, False, progress,
+                           "buffered") if buffered else None
+    files_info = [{"path": str(p), "size_bytes": p.stat().st_size,
+                   "filesystem": filesystem_of(p) if sys.platform.startswith("linux") else None} for p in paths]
+    return DiskSweep(files_info, bypass_name(), block_bytes, rows, optimum, top.mb_per_s, enough, collapse,
+                     buffered_rows, gain, time.perf_counter() - t0, notes=notes)
 
 
 def _in_vm() -> bool:

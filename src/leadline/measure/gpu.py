@@ -176,11 +176,15 @@ class GpuReport:
     def text(self) -> str:
         """The report as a person reads it: every figure, its reference, the verdict."""
         sheet = self.datasheet
-        lines = [f"leadline gpu: {self.device_name} ({self.device}), datasheet {sheet.name if sheet else 'unknown for this card'}", self.virtualisation.text()]
-        lines.append(f"launch latency   {self.launch_us:.2f} µs per kernel back-to-back; {self.launch_sync_us:.1f} µs for one launch + synchronize")
+        lines = [f"leadline gpu: {self.device_name} ({self.device}), datasheet "
+                 f"{sheet.name if sheet else 'unknown for this card'}", self.virtualisation.text()]
+        lines.append(f"launch latency   {self.launch_us:.2f} µs per kernel back-to-back; {self.launch_sync_us:.1f} µs "
+                     "for one launch + synchronize")
         sizes = sorted({int(r['bytes']) for t in self.transfers for r in t.sizes})
-        link = f"; the PCIe link's raw rate is {self.pcie_link_gb_per_s:.1f} GB/s per direction" if self.pcie_link_gb_per_s else ""
-        lines.append(f"transfers        best GB/s over sizes {sizes[0] / MIB:g}-{sizes[-1] / MIB:g} MiB (median of repeats){link}")
+        link = (f"; the PCIe link's raw rate is {self.pcie_link_gb_per_s:.1f} GB/s per direction"
+                if self.pcie_link_gb_per_s else "")
+        lines.append(f"transfers        best GB/s over sizes {sizes[0] / MIB:g}-{sizes[-1] / MIB:g} MiB (median of "
+                     f"repeats){link}")
         lines.append(f"{'':17}{'pinned':>9}{'pageable':>10}")
         for d, label in (("h2d", "host->device"), ("d2h", "device->host")):
             cells = []
@@ -191,13 +195,18 @@ class GpuReport:
         if any(not t.saturated for t in self.transfers):
             lines.append("  * not saturated: the two largest sizes differ by more than 10%")
         if self.mem_get_info_seconds is not None:
-            lines.append(f"mem_get_info     {self.mem_get_info_seconds * 1e3:.3g} ms per call (median; slowest {self.mem_get_info_max_seconds * 1e3:.3g} ms)")
-        ref = f" = {self.copy_gb_per_s / (sheet.memory_tb_per_s * 1000):.0%} of the {sheet.memory_tb_per_s:g} TB/s datasheet" if sheet else ""
-        lines.append(f"device copy      {self.copy_gb_per_s:,.0f} GB/s counting read + write ({self.copy_bytes / MIB:g} MiB){ref}")
-        ref = f" = {self.matmul_tflops / sheet.bf16_dense_tflops:.0%} of the {sheet.bf16_dense_tflops:g} TFLOP/s dense bf16 datasheet" if sheet and self.matmul_dtype == "bfloat16" else ""
+            lines.append(f"mem_get_info     {self.mem_get_info_seconds * 1e3:.3g} ms per call (median; slowest "
+                         f"{self.mem_get_info_max_seconds * 1e3:.3g} ms)")
+        ref = (f" = {self.copy_gb_per_s / (sheet.memory_tb_per_s * 1000):.0%} of the {sheet.memory_tb_per_s:g} TB/s "
+               "datasheet" if sheet else "")
+        lines.append(f"device copy      {self.copy_gb_per_s:,.0f} GB/s counting read + write "
+                     f"({self.copy_bytes / MIB:g} MiB){ref}")
+        ref = (f" = {self.matmul_tflops / sheet.bf16_dense_tflops:.0%} of the {sheet.bf16_dense_tflops:g} TFLOP/s "
+               "dense bf16 datasheet" if sheet and self.matmul_dtype == "bfloat16" else "")
         lines.append(f"{self.matmul_dtype + ' matmul':<17}{self.matmul_tflops:,.1f} TFLOP/s ({self.matmul_n}^3){ref}")
         if self.step is not None:
-            lines.append(f"judged against the plan's step: {self.step.step_seconds:.3g} s ({self.step.grad_accum} x {self.step.t_micro_seconds:.3g} s micro-batches + {self.step.t_step_seconds:.3g} s update)")
+            lines.append(f"judged against the plan's step: {self.step.step_seconds:.3g} s ({self.step.grad_accum} x "
+                         f"{self.step.t_micro_seconds:.3g} s micro-batches + {self.step.t_step_seconds:.3g} s update)")
         lines.append(f"verdict: {self.verdict}")
         lines += [f"  {'LIES' if f.lies else 'ok  '} {f.what}: {f.sentence}" for f in self.findings]
         return "\n".join(lines)
@@ -206,14 +215,25 @@ class GpuReport:
         """The card's figures as plan values (each measured here, its evidence attached)."""
         ev = {"device_name": self.device_name, "verdict": self.verdict}
         out = {
-            "gpu_launch_us": Value(self.launch_us, "measured", "median per-kernel time of back-to-back tiny kernels", ev, unit="µs"),
-            "gpu_matmul_tflops": Value(self.matmul_tflops, "measured", f"median of {self.matmul_dtype} {self.matmul_n}³ matmuls", {**ev, "datasheet": asdict(self.datasheet) if self.datasheet else None}, unit="TFLOP/s"),
-            "gpu_copy_gb_per_s": Value(self.copy_gb_per_s, "measured", "device-to-device copy, read plus write bytes over the median time", ev, unit="GB/s"),
+            "gpu_launch_us": Value(self.launch_us, "measured", "median per-kernel time of back-to-back tiny kernels",
+                                   ev, unit="µs"),
+            "gpu_matmul_tflops": Value(self.matmul_tflops, "measured",
+                                       f"median of {self.matmul_dtype} {self.matmul_n}³ matmuls",
+                                       {**ev, "datasheet": asdict(self.datasheet) if self.datasheet else None},
+                                       unit="TFLOP/s"),
+            "gpu_copy_gb_per_s": Value(self.copy_gb_per_s, "measured",
+                                       "device-to-device copy, read plus write bytes over the median time", ev,
+                                       unit="GB/s"),
         }
         for t in self.transfers:
-            out[f"gpu_{t.direction}_{t.memory}_gb_per_s"] = Value(t.best_gb_per_s, "measured", f"{t.direction} {t.memory}: the best median over sizes", {"sizes": t.sizes, "saturated": t.saturated}, unit="GB/s")
+            out[f"gpu_{t.direction}_{t.memory}_gb_per_s"] = Value(t.best_gb_per_s, "measured",
+                                                                  f"{t.direction} {t.memory}: the best median over "
+                                                                  "sizes", {"sizes": t.sizes, "saturated": t.saturated},
+                                                                  unit="GB/s")
         if self.mem_get_info_seconds is not None:
-            out["gpu_mem_get_info_seconds"] = Value(self.mem_get_info_seconds, "measured", "median wall time of one torch.cuda.mem_get_info call", {"max_seconds": self.mem_get_info_max_seconds})
+            out["gpu_mem_get_info_seconds"] = Value(self.mem_get_info_seconds, "measured",
+                                                    "median wall time of one torch.cuda.mem_get_info call",
+                                                    {"max_seconds": self.mem_get_info_max_seconds})
         return out
 
 
@@ -235,41 +255,55 @@ def judge(
     call per micro-batch, as the SpillWatch reads it); without it, against raw thresholds."""
     f: list[Finding] = []
     if shared_card:
-        f.append(Finding("vGPU card", "shared", None, None, True, "the driver reports a vGPU (shared) card: other guests' work runs on it, so any timing here can lie"))
+        f.append(Finding("vGPU card", "shared", None, None, True,
+                         "the driver reports a vGPU (shared) card: other guests' work runs on it, so any timing here "
+                         "can lie"))
     elif shared_card is None:
-        f.append(Finding("virtualisation unknown", None, None, None, False, "the driver's virtualization mode could not be read (no nvidia-smi), so a vGPU cannot be ruled out"))
+        f.append(Finding("virtualisation unknown", None, None, None, False,
+                         "the driver's virtualization mode could not be read (no nvidia-smi), so a vGPU cannot be "
+                         "ruled out"))
     launch_share = None
     if step is not None and launches_per_step:
         launch_share = launches_per_step * launch_us * 1e-6 / step.step_seconds
         lies = launch_share > LAUNCH_SHARE_LIMIT
-        s = f"{launches_per_step:,} launches at {launch_us:.1f} µs are {_pct(launch_share)} of this plan's {step.step_seconds:.3g} s step (limit {LAUNCH_SHARE_LIMIT:.0%})"
+        s = (f"{launches_per_step:,} launches at {launch_us:.1f} µs are {_pct(launch_share)} of this plan's "
+             f"{step.step_seconds:.3g} s step (limit {LAUNCH_SHARE_LIMIT:.0%})")
     else:
         lies = launch_us > LAUNCH_US_LIMIT
-        s = f"a kernel launch costs {launch_us:.1f} µs ({'over' if lies else 'within'} the {LAUNCH_US_LIMIT:g} µs a local card gives)"
+        s = (f"a kernel launch costs {launch_us:.1f} µs ({'over' if lies else 'within'} the {LAUNCH_US_LIMIT:g} µs a "
+             "local card gives)")
         if step is not None:
-            s += f"; launches reach {LAUNCH_SHARE_LIMIT:.0%} of this plan's {step.step_seconds:.3g} s step at {LAUNCH_SHARE_LIMIT * step.step_seconds / (launch_us * 1e-6):,.0f} per step"
+            s += (f"; launches reach {LAUNCH_SHARE_LIMIT:.0%} of this plan's {step.step_seconds:.3g} s step at "
+                  f"{LAUNCH_SHARE_LIMIT * step.step_seconds / (launch_us * 1e-6):,.0f} per step")
     f.append(Finding("launch latency", launch_us, LAUNCH_US_LIMIT, launch_share, lies, s))
     if h2d_gb_per_s and d2h_gb_per_s:
         ratio = max(h2d_gb_per_s, d2h_gb_per_s) / min(h2d_gb_per_s, d2h_gb_per_s)
         slow = "device-to-host" if d2h_gb_per_s < h2d_gb_per_s else "host-to-device"
         lies = ratio > ASYMMETRY_LIMIT
-        s = f"{slow} is {ratio:.3g}x slower than the other direction ({'over' if lies else 'within'} {ASYMMETRY_LIMIT:g}x){': a fabric, not a local PCIe link' if lies else ''}"
+        s = (f"{slow} is {ratio:.3g}x slower than the other direction ({'over' if lies else 'within'} "
+             f"{ASYMMETRY_LIMIT:g}x){': a fabric, not a local PCIe link' if lies else ''}")
         f.append(Finding("direction asymmetry", ratio, ASYMMETRY_LIMIT, None, lies, s))
     if pinning_gain is not None and pinning_gain < 1.1:
-        f.append(Finding("pinning buys nothing", pinning_gain, 1.1, None, False, f"pinned memory is only {pinning_gain:.2g}x faster than pageable: the link, not the host copy, is the limit"))
+        f.append(Finding("pinning buys nothing", pinning_gain, 1.1, None, False,
+                         f"pinned memory is only {pinning_gain:.2g}x faster than pageable: the link, not the host "
+                         "copy, is the limit"))
     if mem_get_info_seconds is not None:
         if step is not None:
             share = mem_get_info_seconds / step.t_micro_seconds
             lies = share > MEM_INFO_SHARE_LIMIT
-            s = f"one mem_get_info costs {mem_get_info_seconds * 1e3:.3g} ms, {_pct(share)} of a {step.t_micro_seconds:.3g} s micro-batch (limit {MEM_INFO_SHARE_LIMIT:.0%})"
+            s = (f"one mem_get_info costs {mem_get_info_seconds * 1e3:.3g} ms, {_pct(share)} of a "
+                 f"{step.t_micro_seconds:.3g} s micro-batch (limit {MEM_INFO_SHARE_LIMIT:.0%})")
         else:
             share = None
             lies = mem_get_info_seconds > MEM_INFO_SECONDS_LIMIT
-            s = f"one mem_get_info costs {mem_get_info_seconds * 1e3:.3g} ms ({'over' if lies else 'within'} {MEM_INFO_SECONDS_LIMIT * 1e3:g} ms; seed 002 met 1.5 s on a fabric)"
+            s = (f"one mem_get_info costs {mem_get_info_seconds * 1e3:.3g} ms ({'over' if lies else 'within'} "
+                 f"{MEM_INFO_SECONDS_LIMIT * 1e3:g} ms; seed 002 met 1.5 s on a fabric)")
         f.append(Finding("mem_get_info cost", mem_get_info_seconds, MEM_INFO_SECONDS_LIMIT, share, lies, s))
     for what, share in (("matmul", matmul_share_of_datasheet), ("device copy", copy_share_of_datasheet)):
         if share is not None and share < DATASHEET_SHARE_NOTE:
-            f.append(Finding(f"{what} below datasheet", share, DATASHEET_SHARE_NOTE, None, False, f"{what} reaches {share:.0%} of the datasheet: a throttled, shared (MIG) or differently-built card"))
+            f.append(Finding(f"{what} below datasheet", share, DATASHEET_SHARE_NOTE, None, False,
+                             f"{what} reaches {share:.0%} of the datasheet: a throttled, shared (MIG) or "
+                             "differently-built card"))
     return f
 
 
@@ -278,7 +312,8 @@ def verdict_of(findings: list[Finding]) -> tuple[bool, str]:
     lies = [x.what for x in findings if x.lies]
     if lies:
         return False, "do not trust timings on this machine: " + ", ".join(lies)
-    card = "the card's virtualisation unknown" if any(x.what == "virtualisation unknown" for x in findings) else "no vGPU"
+    card = "the card's virtualisation unknown" if any(x.what == "virtualisation unknown"
+                                                      for x in findings) else "no vGPU"
     return True, f"timings here can be trusted: {card}; launches, transfers and mem_get_info within limits"
 
 
@@ -310,7 +345,8 @@ def _launch_us(torch: Any, device: Any, sync: Callable[[], None], batches: int, 
     return median(per_launch), median(one)
 
 
-def transfer_bandwidth(device: Any = None, sizes_bytes: tuple[int, ...] = (4 * MIB, 32 * MIB, 256 * MIB, 1024 * MIB), repeats: int = 5, pinned: bool = True) -> list[Transfer]:
+def transfer_bandwidth(device: Any = None, sizes_bytes: tuple[int, ...] = (4 * MIB, 32 * MIB, 256 * MIB, 1024 * MIB),
+                       repeats: int = 5, pinned: bool = True) -> list[Transfer]:
     """H2D and D2H GB/s (10^9 bytes/s) for pageable and, with ``pinned``, pinned host memory."""
     import torch
 
@@ -324,12 +360,16 @@ def transfer_bandwidth(device: Any = None, sizes_bytes: tuple[int, ...] = (4 * M
                 host = torch.ones(n, dtype=torch.uint8, pin_memory=memory == "pinned")
                 dev = torch.ones(n, dtype=torch.uint8, device=device)
                 nb = memory == "pinned"
-                fn = (lambda d=dev, h=host, nb=nb: d.copy_(h, non_blocking=nb)) if direction == "h2d" else (lambda d=dev, h=host, nb=nb: h.copy_(d, non_blocking=nb))
+                fn = (lambda d=dev, h=host,
+                      nb=nb: d.copy_(h,
+                                     non_blocking=nb)) if direction == "h2d" else (lambda d=dev, h=host,
+                                                                                   nb=nb: h.copy_(d, non_blocking=nb))
                 s = median(_timed(fn, sync, repeats))
                 rows.append({"bytes": n, "seconds": s, "gb_per_s": n / s / 1e9})
                 del host, dev
             best = max(r["gb_per_s"] for r in rows)
-            sat = len(rows) < 2 or abs(rows[-1]["gb_per_s"] - rows[-2]["gb_per_s"]) <= 0.1 * max(rows[-1]["gb_per_s"], rows[-2]["gb_per_s"])
+            sat = len(rows) < 2 or abs(rows[-1]["gb_per_s"] - rows[-2]["gb_per_s"]) <= 0.1 * max(rows[-1]["gb_per_s"],
+                                                                                                 rows[-2]["gb_per_s"])
             out.append(Transfer(direction, memory, rows, best, sat))
     return out
 
@@ -352,7 +392,8 @@ def _copy_gb_per_s(torch: Any, device: Any, sync: Callable[[], None], nbytes: in
     return 2 * nbytes / s / 1e9  # a copy reads and writes every byte
 
 
-def _matmul_tflops(torch: Any, device: Any, sync: Callable[[], None], n: int, dtype: Any, repeats: int, per_batch: int = 10) -> float:
+def _matmul_tflops(torch: Any, device: Any, sync: Callable[[], None], n: int, dtype: Any, repeats: int,
+                   per_batch: int = 10) -> float:
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     c = torch.empty(n, n, device=device, dtype=dtype)
@@ -403,7 +444,8 @@ def _smi_card(torch: Any, dev: Any, gpus: list[NvidiaSmiGpu]) -> NvidiaSmiGpu | 
     props = torch.cuda.get_device_properties(dev)
     bus = getattr(props, "pci_bus_id", None)
     if bus is not None:
-        want = f"{int(getattr(props, 'pci_domain_id', 0)):08X}:{int(bus):02X}:{int(getattr(props, 'pci_device_id', 0)):02X}.0"
+        want = (f"{int(getattr(props, 'pci_domain_id', 0)):08X}:{int(bus):02X}:"
+                f"{int(getattr(props, 'pci_device_id', 0)):02X}.0")
         for g in gpus:
             if g.bus_id.upper() == want:
                 return g
@@ -435,9 +477,11 @@ def measure_gpu(
     progress = on_progress or (lambda _msg: None)
     dev = torch.device(device or "cuda")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LeadlineError("no CUDA device is visible to torch here; run leadline gpu on a machine with an NVIDIA GPU and a CUDA build of torch")
+        raise LeadlineError("no CUDA device is visible to torch here; run leadline gpu on a machine with an NVIDIA GPU "
+                            "and a CUDA build of torch")
     if dev.type != "cuda" and not _allow_cpu:
-        raise LeadlineError(f"leadline gpu measures a CUDA device and {dev} is not one; run it on a machine with an NVIDIA GPU and a CUDA build of torch")
+        raise LeadlineError(f"leadline gpu measures a CUDA device and {dev} is not one; run it on a machine with an "
+                            "NVIDIA GPU and a CUDA build of torch")
     if launches_per_step is not None and launches_per_step <= 0:
         raise InputError(f"launches_per_step must be a positive count, got {launches_per_step}")
     if dev.type == "cuda" and dev.index is None:
@@ -465,7 +509,8 @@ def measure_gpu(
         mem_get_info_seconds=mem_s,
         step=step,
         launches_per_step=launches_per_step,
-        matmul_share_of_datasheet=r["matmul_tflops"] / sheet.bf16_dense_tflops if sheet and r["matmul_dtype"] == "bfloat16" else None,
+        matmul_share_of_datasheet=r["matmul_tflops"] / sheet.bf16_dense_tflops if sheet
+        and r["matmul_dtype"] == "bfloat16" else None,
         copy_share_of_datasheet=r["copy_gb_per_s"] / (sheet.memory_tb_per_s * 1000) if sheet else None,
         pinning_gain=max(gains) if gains else None,
     )
@@ -477,7 +522,8 @@ def measure_gpu(
         device=str(dev), device_name=name, virtualisation=virt,
         launch_us=r["launch_us"], launch_sync_us=r["launch_sync_us"], transfers=transfers,
         mem_get_info_seconds=mem_s, mem_get_info_max_seconds=mem_max,
-        copy_gb_per_s=r["copy_gb_per_s"], copy_bytes=r["copy_bytes"], matmul_tflops=r["matmul_tflops"], matmul_n=r["matmul_n"],
+        copy_gb_per_s=r["copy_gb_per_s"], copy_bytes=r["copy_bytes"], matmul_tflops=r["matmul_tflops"],
+        matmul_n=r["matmul_n"],
         matmul_dtype=r["matmul_dtype"], datasheet=sheet, pcie_link_gb_per_s=link, step=step,
         findings=findings, trustworthy=ok, verdict=sentence,
         seconds=time.perf_counter() - t0, machine=describe_machine(dev),

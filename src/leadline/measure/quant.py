@@ -30,7 +30,8 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.plan import Value
 
-SCHEMES: dict[str, tuple[int, bool]] = {"int8_sym": (8, True), "int8_asym": (8, False), "int4_sym": (4, True), "int4_asym": (4, False)}
+SCHEMES: dict[str, tuple[int, bool]] = {"int8_sym": (8, True), "int8_asym": (8, False), "int4_sym": (4, True),
+                                        "int4_asym": (4, False)}
 """scheme name -> (bits, symmetric)."""
 
 UNIFORM_SPREAD = 1.5  # per-layer families within 1.5x of each other: "uniform"
@@ -147,10 +148,12 @@ def _safetensors(paths: list[Path]) -> Iterable[_Tensor]:
         try:
             f = safe_open(str(path), framework="pt")
         except Exception as e:
-            raise InputError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:120]}); pass a .safetensors file, a folder of them or a .gguf") from None
+            raise InputError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0][:120]}); pass a "
+                             ".safetensors file, a folder of them or a .gguf") from None
         for name in f.keys():
             sl = f.get_slice(name)
-            yield _Tensor(name, tuple(sl.get_shape()), str(sl.get_dtype()), lambda step, sl=sl: torch.as_tensor(sl[::step]).to(torch.float32))
+            yield _Tensor(name, tuple(sl.get_shape()), str(sl.get_dtype()), lambda step,
+                          sl=sl: torch.as_tensor(sl[::step]).to(torch.float32))
 
 
 def _gguf(path: Path) -> Iterable[_Tensor]:
@@ -164,7 +167,8 @@ def _gguf(path: Path) -> Iterable[_Tensor]:
     try:
         reader = GGUFReader(str(path))
     except Exception as e:
-        raise InputError(f"{path} is not a readable GGUF file ({str(e).splitlines()[0][:120]}); pass a .gguf written by llama.cpp or gguf-py") from None
+        raise InputError(f"{path} is not a readable GGUF file ({str(e).splitlines()[0][:120]}); pass a .gguf written "
+                         "by llama.cpp or gguf-py") from None
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
 
@@ -189,7 +193,8 @@ def _tensors_of(source: Any) -> tuple[str, str, list[_Tensor]]:
                 return str(p), "safetensors", list(_safetensors(shards))
             if len(ggufs) == 1:
                 return str(ggufs[0]), "gguf", list(_gguf(ggufs[0]))
-            raise InputError(f"model folder {p} holds no .safetensors file and not exactly one .gguf; pass the file itself")
+            raise InputError(f"model folder {p} holds no .safetensors file and not exactly one .gguf; pass the file "
+                             "itself")
         if p.suffix.lower() == ".gguf":
             return str(p), "gguf", list(_gguf(p))
         if p.suffix.lower() == ".safetensors":
@@ -210,7 +215,8 @@ def _tensors_of(source: Any) -> tuple[str, str, list[_Tensor]]:
         if key in seen:
             continue  # a tied weight (lm_head sharing the embeddings) counts once
         seen.add(key)
-        out.append(_Tensor(name, tuple(w.shape), str(w.dtype).replace("torch.", ""), lambda step, w=w: w.detach()[::step].to("cpu", torch.float32)))
+        out.append(_Tensor(name, tuple(w.shape), str(w.dtype).replace("torch.", ""), lambda step,
+                           w=w: w.detach()[::step].to("cpu", torch.float32)))
     return desc, fmt, out
 
 
@@ -258,27 +264,35 @@ class QuantReport:
     def text(self) -> str:
         """One row per family: share of a layer, the four schemes' errors, how it was stored."""
         layers = ", ".join(map(str, self.layers)) or "none"
-        lines = [f"leadline quant: {self.source} ({self.format}), layers {layers} of {self.n_layers}, group {self.group}, relative Frobenius error"]
-        lines.append(f"{'family':<11}{'share of layer':>15}" + "".join(f"{k.replace('_', ' '):>11}" for k in SCHEMES) + "  stored as")
+        lines = [f"leadline quant: {self.source} ({self.format}), layers {layers} of {self.n_layers}, group "
+                 f"{self.group}, relative Frobenius error"]
+        lines.append(f"{'family':<11}{'share of layer':>15}" + "".join(f"{k.replace('_', ' '):>11}" for k in SCHEMES)
+                     + "  stored as")
         for f in self.families:
             share = f"{f.share_of_layer:.1%}" if f.share_of_layer is not None else f"({f.share_of_model:.1%} of all)"
-            lines.append(f"{f.family:<11}{share:>15}" + "".join(f"{f.errors[k]:11.2%}" for k in SCHEMES) + f"  {', '.join(f.stored_as)}")
+            lines.append(f"{f.family:<11}{share:>15}" + "".join(f"{f.errors[k]:11.2%}" for k in SCHEMES)
+                         + f"  {', '.join(f.stored_as)}")
         lines.append(f"{'layers':<11}{'(pooled)':>15}" + "".join(f"{self.layer_errors[k]:11.2%}" for k in SCHEMES))
         per = [f for f in self.families if f.share_of_layer is not None]
         if per:
             lo = min(f.errors["int4_sym"] for f in per)
             hi = max(f.errors["int4_sym"] for f in per)
             word = "uniform" if self.uniform() else "not uniform"
-            lines.append(f"int4 symmetric across the layer families: {lo:.2%}-{hi:.2%}, spread {self.spread['int4_sym']:.2f}x: {word} (uniform means within {UNIFORM_SPREAD:g}x).")
+            lines.append(f"int4 symmetric across the layer families: {lo:.2%}-{hi:.2%}, spread "
+                         f"{self.spread['int4_sym']:.2f}x: {word} (uniform means within {UNIFORM_SPREAD:g}x).")
         lines += [f"note: {x}" for x in self.notes]
         return "\n".join(lines)
 
     def as_values(self) -> dict[str, Value]:
-        ev = {"families": [asdict(f) for f in self.families], "layers": self.layers, "group": self.group, "source": self.source}
-        src = f"round-trip of layers {', '.join(map(str, self.layers))} of {Path(self.source).name}, group {self.group}, relative Frobenius error"
+        ev = {"families": [asdict(f) for f in self.families], "layers": self.layers, "group": self.group,
+              "source": self.source}
+        src = (f"round-trip of layers {', '.join(map(str, self.layers))} of {Path(self.source).name}, group "
+               f"{self.group}, relative Frobenius error")
         return {
-            "quant_int8_error": Value(self.layer_errors["int8_sym"], "measured", f"symmetric int8 {src}", ev, self.seconds),
-            "quant_int4_error": Value(self.layer_errors["int4_sym"], "measured", f"symmetric int4 {src}", ev, self.seconds),
+            "quant_int8_error": Value(self.layer_errors["int8_sym"], "measured", f"symmetric int8 {src}", ev,
+                                      self.seconds),
+            "quant_int4_error": Value(self.layer_errors["int4_sym"], "measured", f"symmetric int4 {src}", ev,
+                                      self.seconds),
         }
 
 
@@ -292,7 +306,8 @@ def _choose_layers(present: list[int], layers: Any) -> list[int]:
     chosen = sorted({int(x) for x in layers})
     missing = [x for x in chosen if x not in present]
     if missing:
-        raise InputError(f"layers {missing} are not in the model, which has layers {present[0]}-{present[-1]}; pass indices in that range or 'all'")
+        raise InputError(f"layers {missing} are not in the model, which has layers {present[0]}-{present[-1]}; pass "
+                         "indices in that range or 'all'")
     return chosen
 
 
@@ -330,7 +345,9 @@ def quant_error(
     by_family: dict[str, dict[str, Any]] = {}
     for t in mats:
         fam = family_of(t.name)
-        d = by_family.setdefault(fam, {"all": 0, "n": 0, "el": 0, "norm2": 0.0, "err2": dict.fromkeys(SCHEMES, 0.0), "stored": set()})
+        d = by_family.setdefault(fam,
+                                 {"all": 0, "n": 0, "el": 0, "norm2": 0.0, "err2": dict.fromkeys(SCHEMES, 0.0),
+                                  "stored": set()})
         d["all"] += math.prod(t.shape)
     todo = [t for t in mats if layer_of(t.name) is None or layer_of(t.name) in chosen]
     progress = on_progress or (lambda _m: None)
@@ -353,10 +370,14 @@ def quant_error(
             d["err2"][k] += err2[k]
     if sampled:
         more = f" and {len(sampled) - 3} more" if len(sampled) > 3 else ""
-        notes.append(f"tensors over {max_elements:,} elements were measured on evenly spaced whole rows: {'; '.join(sampled[:3])}{more}")
+        notes.append(f"tensors over {max_elements:,} elements were measured on evenly spaced whole rows: "
+                     f"{'; '.join(sampled[:3])}{more}")
     quantized = sorted({t.stored_as for t in todo} - _FULL_PRECISION)
     if quantized:
-        notes.insert(0, f"the file stores weights as {', '.join(quantized)}: errors are measured against those dequantized weights, which already sit on a coarse grid, not against the original full-precision ones")
+        notes.insert(0,
+                     f"the file stores weights as {', '.join(quantized)}: errors are measured against those "
+                     "dequantized weights, which already sit on a coarse grid, not against the original full-precision "
+                     "ones")
     families: list[FamilyError] = []
     for fam in FAMILY_ORDER:
         d = by_family.get(fam)
@@ -375,4 +396,5 @@ def quant_error(
         layer_err[k] = math.sqrt(e2 / n2) if n2 > 0 else math.nan
         errs = [f.errors[k] for f in per_layer if f.errors[k] > 0]
         spread[k] = max(errs) / min(errs) if errs else 1.0
-    return QuantReport(desc, fmt, group, chosen, len(present), families, layer_err, spread, notes, time.perf_counter() - t0)
+    return QuantReport(desc, fmt, group, chosen, len(present), families, layer_err, spread, notes,
+                       time.perf_counter() - t0)

@@ -24,16 +24,27 @@ from typing import Any
 
 # NVML's modes as nvidia-smi prints them (lower-cased) -> (is the card shared, meaning).
 _NVSMI_MODES: dict[str, tuple[bool, str]] = {
-    "none": (False, "the driver runs the card directly (no vGPU); a card reached over a fabric also reads None, so the transfer numbers decide whether it is local"),
-    "pass-through": (False, "the whole card is passed through to a virtual machine: kernels run at native speed, host transfers cross the hypervisor's IOMMU"),
-    "vgpu": (True, "the card is a vGPU slice inside a virtual machine: other guests share its time and memory bandwidth, so timings here can lie"),
-    "host vgpu": (True, "this is the hypervisor host of a vGPU setup: guests share this card, so timings depend on their load"),
-    "host vsga": (True, "this is the hypervisor host of a vSGA setup: guests share this card, so timings depend on their load"),
+    "none": (False,
+             "the driver runs the card directly (no vGPU); a card reached over a fabric also reads None, so the "
+             "transfer numbers decide whether it is local"),
+    "pass-through": (False,
+                     "the whole card is passed through to a virtual machine: kernels run at native speed, host "
+                     "transfers cross the hypervisor's IOMMU"),
+    "vgpu": (True,
+             "the card is a vGPU slice inside a virtual machine: other guests share its time and memory bandwidth, so "
+             "timings here can lie"),
+    "host vgpu": (True,
+                  "this is the hypervisor host of a vGPU setup: guests share this card, so timings depend on their "
+                  "load"),
+    "host vsga": (True,
+                  "this is the hypervisor host of a vSGA setup: guests share this card, so timings depend on their "
+                  "load"),
 }
 
 # systemd-detect-virt's container names that reach the GPU through another OS layer.
 _CONTAINER_NOTES: dict[str, str] = {
-    "wsl": "WSL2: the card is reached through Windows' GPU paravirtualisation (WDDM), whose memory can spill to host RAM",
+    "wsl": "WSL2: the card is reached through Windows' GPU paravirtualisation (WDDM), whose memory can spill to host "
+           "RAM",
 }
 
 
@@ -86,7 +97,8 @@ class Virtualisation:
     def text(self) -> str:
         """The summary, then one line per reading with what it means."""
         lines = [f"virtualisation: {self.summary()}"]
-        lines += [f"  {r.source}: {r.reading if r.reading is not None else 'unavailable'} — {r.meaning}" for r in self.readings]
+        lines += [f"  {r.source}: {r.reading if r.reading is not None else 'unavailable'} — {r.meaning}"
+                  for r in self.readings]
         return "\n".join(lines)
 
     def summary(self) -> str:
@@ -167,7 +179,8 @@ def nvidia_smi_reading(gpu: NvidiaSmiGpu) -> tuple[bool | None, str]:
         return _NVSMI_MODES[mode]
     if not mode or mode == "n/a":
         return None, "the driver does not report a virtualization mode for this card"
-    return None, f"the driver reports an unknown virtualization mode {gpu.virtualization_mode!r}; treat the card as possibly shared"
+    return None, (f"the driver reports an unknown virtualization mode {gpu.virtualization_mode!r}; treat the card as "
+                  "possibly shared")
 
 
 def parse_cpuinfo(text: str) -> bool:
@@ -197,7 +210,8 @@ def interpret(
     """
     v = Virtualisation()
     if nvidia_smi is None:
-        v.readings.append(Reading("nvidia-smi -q", None, "nvidia-smi is not available, so the driver's virtualization mode is unknown"))
+        v.readings.append(Reading("nvidia-smi -q", None,
+                                  "nvidia-smi is not available, so the driver's virtualization mode is unknown"))
     else:
         v.gpus = parse_nvidia_smi(nvidia_smi)
         if not v.gpus:
@@ -214,7 +228,8 @@ def interpret(
             v.shared_card = False
     flags: list[bool] = []
     if cpuinfo is None:
-        v.readings.append(Reading("/proc/cpuinfo", None, "no /proc/cpuinfo here, so the CPU's hypervisor flag is unknown"))
+        v.readings.append(Reading("/proc/cpuinfo", None,
+                                  "no /proc/cpuinfo here, so the CPU's hypervisor flag is unknown"))
     else:
         hyp = parse_cpuinfo(cpuinfo)
         flags.append(hyp)
@@ -222,7 +237,8 @@ def interpret(
             Reading(
                 "/proc/cpuinfo",
                 "hypervisor" if hyp else "no hypervisor flag",
-                "the CPU runs under a hypervisor (a virtual machine): launches and host transfers pass through it, and leadline gpu's launch and transfer numbers say what that costs"
+                "the CPU runs under a hypervisor (a virtual machine): launches and host transfers pass through it, and "
+                "leadline gpu's launch and transfer numbers say what that costs"
                 if hyp
                 else "the CPU reports no hypervisor: bare metal, or a hypervisor that hides itself",
             )
@@ -242,7 +258,9 @@ def interpret(
     if detect_container is not None:
         cont = parse_detect_virt(detect_container)
         v.container = cont
-        meaning = _CONTAINER_NOTES.get(cont or "", f"a {cont} container: it shares the host's kernel and adds no cost to GPU timings by itself") if cont else "no container detected"
+        meaning = _CONTAINER_NOTES.get(cont or "",
+                                       f"a {cont} container: it shares the host's kernel and adds no cost to GPU "
+                                       "timings by itself") if cont else "no container detected"
         v.readings.append(Reading("systemd-detect-virt --container", cont or "none", meaning))
     v.vm = any(flags) if flags else None
     return v

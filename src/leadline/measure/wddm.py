@@ -195,12 +195,14 @@ class WddmCounters:
     def _array(self, counter: Any) -> list[tuple[str, int]]:
         ct, wt = self._ct, self._wt
         size, count = wt.DWORD(0), wt.DWORD(0)
-        status = self._pdh.PdhGetFormattedCounterArrayW(counter, self._PDH_FMT_LARGE, ct.byref(size), ct.byref(count), None)
+        status = self._pdh.PdhGetFormattedCounterArrayW(counter, self._PDH_FMT_LARGE, ct.byref(size), ct.byref(count),
+                                                        None)
         if status & 0xFFFFFFFF != self._PDH_MORE_DATA:
             self._check(status, "PdhGetFormattedCounterArrayW")
             return []
         buf = (ct.c_byte * size.value)()
-        self._check(self._pdh.PdhGetFormattedCounterArrayW(counter, self._PDH_FMT_LARGE, ct.byref(size), ct.byref(count), buf), "PdhGetFormattedCounterArrayW")
+        self._check(self._pdh.PdhGetFormattedCounterArrayW(counter, self._PDH_FMT_LARGE, ct.byref(size),
+                                                           ct.byref(count), buf), "PdhGetFormattedCounterArrayW")
         items = ct.cast(buf, ct.POINTER(self._Item))
         return [(items[i].szName or "", int(items[i].FmtValue.largeValue)) for i in range(count.value)]
 
