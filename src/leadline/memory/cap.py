@@ -316,7 +316,8 @@ def forbid_spill(
         elif wddm:
             from leadline.errors import InputError
 
-            raise InputError("wddm=True needs the Windows WDDM counters, which this platform does not have; leave wddm unset")
+            raise InputError("wddm=True needs the Windows WDDM counters, which this platform does not have; leave wddm "
+                             "unset")
     previous = mem.get_cap()
     watch = SpillWatch(mem, max_overhead=max_overhead, ceiling_bytes=previous, counters=counters)
     handle = SpillCap(dev, mem, watch, previous, owner=True)

@@ -231,7 +231,8 @@ class ThroughputSearch:
         if self.room_bytes is not None and peak > self.room_bytes:
             self.kept = self.points[-2][0] if len(self.points) >= 2 else 0
             self.stop = "out_of_room"
-            self.stopped_because = f"{rows} rows peaked at {format_bytes(peak)}, over the {format_bytes(self.room_bytes)} of room"
+            self.stopped_because = (f"{rows} rows peaked at {format_bytes(peak)}, over the "
+                                    f"{format_bytes(self.room_bytes)} of room")
             return None
         if self.max_rows is not None and rows >= self.max_rows:
             self.kept = rows
@@ -260,7 +261,8 @@ class ThroughputSearch:
             pooled = self.repeats.get(rows, []) + [float(r) for r in repeats if r > 0]
             self.repeats[rows] = pooled
             i = known[-1]
-            self.points[i] = (rows, median(pooled) if pooled else float(rows_per_second), max(self.points[i][2], int(peak_bytes)))
+            self.points[i] = (rows, median(pooled) if pooled else float(rows_per_second),
+                              max(self.points[i][2], int(peak_bytes)))
             return
         self.points.append((rows, float(rows_per_second), int(peak_bytes)))
         if len(repeats) > 1 and all(r > 0 for r in repeats):
@@ -319,7 +321,8 @@ def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_
     return [n for s in short for n in (s, length)]
 
 
-def largest_passing(candidates: Sequence[int], passes: Callable[[int], bool]) -> tuple[int | None, list[tuple[int, bool]]]:
+def largest_passing(candidates: Sequence[int],
+                    passes: Callable[[int], bool]) -> tuple[int | None, list[tuple[int, bool]]]:
     """The largest candidate that passes, by bisection over ascending ``candidates`` (passing is
     assumed monotone: if c passes, every smaller candidate passes). Returns it (None when none
     passes) and every ``(candidate, passed)`` tried, in order.

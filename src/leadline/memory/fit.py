@@ -105,8 +105,10 @@ class FitResult:
                                           f"{self.length} tokens on {self.device}", None, 0.0, "bytes")
             if self.device.startswith("cuda"):
                 out["fit_run_peak_bytes"] = Value(self.run_peak_bytes, "derived",
-                                                  f"the measured peak {format_bytes(self.peak_bytes)} plus {LONG_RUN_DRIFT:.0%} for a long "
-                                                  "run's allocator drift (a constant: 0.12-0.83% measured on the H200 over 300 steps)",
+                                                  f"the measured peak {format_bytes(self.peak_bytes)} plus "
+                                                  f"{LONG_RUN_DRIFT:.0%} for a long "
+                                                  "run's allocator drift (a constant: 0.12-0.83% measured on the H200 "
+                                                  "over 300 steps)",
                                                   None, 0.0, "bytes")
         return out
 
@@ -132,14 +134,18 @@ def fit_sentence(r: FitResult) -> str:
     else:
         measured = f"measured a peak resident set of {format_bytes(r.peak_bytes)}"
     if r.verdict == "fits":
-        run = (f"; a long run should plan on {format_bytes(r.run_peak_bytes)} (+{LONG_RUN_DRIFT:.0%}, the allocator's drift)"
+        run = (f"; a long run should plan on {format_bytes(r.run_peak_bytes)} (+{LONG_RUN_DRIFT:.0%}, the allocator's "
+               "drift)"
                if r.device.startswith("cuda") and r.run_peak_bytes is not None else "")
         return f"fits: a training step of {shape} {measured} against {room} of room on {r.device}{run}"
     mixed = next((g for g in r.rungs if g.phase == "mix" and g.verdict != "fits"), None)
     if mixed is not None:
-        what = "ran out of memory" if mixed.verdict == "oom" else "ran only because the allocator emptied its cache and retried"
-        head = (f"refused: a training step of {shape} ran twice at {r.length} tokens, then, through the corpus's length mix, "
-                f"{what} at a step of {mixed.length} tokens ({r.retries} allocator retr{'y' if r.retries == 1 else 'ies'}, "
+        what = ("ran out of memory" if mixed.verdict == "oom" else "ran only because the allocator emptied its cache "
+                                                                   "and retried")
+        head = (f"refused: a training step of {shape} ran twice at {r.length} tokens, then, through the corpus's "
+                "length mix, "
+                f"{what} at a step of {mixed.length} tokens ({r.retries} allocator "
+                f"retr{'y' if r.retries == 1 else 'ies'}, "
                 f"peak {format_bytes(r.peak_bytes)} allocated) against {room} of room on {r.device}")
     elif r.verdict == "too_large" and r.device.startswith("cuda"):
         head = (f"refused before touching the card: a training step of {shape} would need an estimated "
@@ -164,7 +170,8 @@ def fit_sentence(r: FitResult) -> str:
 
 def _scout_peak(r: FitResult) -> str:
     scouts = [g for g in r.rungs if g.phase == "scout"]
-    return " and ".join(f"{_shape(g.rows, g.length)} measured at {format_bytes(g.peak_bytes)}" for g in scouts) or "no scout"
+    return " and ".join(f"{_shape(g.rows, g.length)} measured at {format_bytes(g.peak_bytes)}"
+                        for g in scouts) or "no scout"
 
 
 def _what_would_fit(r: FitResult) -> str:
@@ -175,7 +182,8 @@ def _what_would_fit(r: FitResult) -> str:
                if w not in measured]
     if not r.suggested:
         return "what would fit: fewer rows, a shorter length, " + _or(untried or ["a larger card"]) + " (not measured)"
-    tail = (f" (not measured: {_or(untried)})" if untried else "") + (f"; measured and still over: {', '.join(bad)}" if bad else "")
+    tail = (f" (not measured: {_or(untried)})" if untried else "") + (f"; measured and still over: {', '.join(bad)}"
+                                                                      if bad else "")
     if good:
         return "what would fit: " + _or(good) + tail
     return "nothing measured fits" + (f" ({', '.join(bad)})" if bad else "") + (
@@ -248,7 +256,8 @@ def measure_fit(
                 result.rungs.extend(guard.scout(step, mem, rows, length))
             if guard.allows(rows, length):
                 rung = _run(result, step, mem, rows, length, repeats, "fit")
-                result.peak_bytes, result.reserved_bytes, result.retries = rung.peak_bytes, rung.reserved_bytes, rung.retries
+                result.peak_bytes, result.reserved_bytes, result.retries = (rung.peak_bytes, rung.reserved_bytes,
+                                                                            rung.retries)
                 result.verdict = rung.verdict
                 if rung.verdict == "fits" and mem.on_cuda:
                     _confirm_mix(result, step, mem, rows, length, confirmation_lengths(length, lengths, mix_steps))

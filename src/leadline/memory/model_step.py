@@ -40,7 +40,8 @@ class ModelStep(TrainingStep):
     AdamW (the usual optimizer; its two states per parameter are in the peak). ``close()``
     removes LoRA adapters this step added (used by :func:`~leadline.memory.rank.rank_to_fit`)."""
 
-    def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0, on_close: Callable[[], Any] | None = None) -> None:
+    def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0,
+                 on_close: Callable[[], Any] | None = None) -> None:
         import torch
 
         trained = [p for p in model.parameters() if p.requires_grad]

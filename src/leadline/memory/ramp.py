@@ -243,7 +243,8 @@ def ramp(
         raise InputError(f"ramp's repeats must be >= 1, got {repeats}")
     mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
     if mem.on_cuda:
-        return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung, should_stop)
+        return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung,
+                          should_stop)
     return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung, should_stop, too_long)
 
 
@@ -333,7 +334,8 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
     timings: dict[int, Any] = {}
     while (rows := search.next()) is not None:
         last = rungs[-1]
-        if too_long is not None and search.points and last.seconds and too_long(last.seconds * rows / max(1, last.rows)):
+        if too_long is not None and search.points and last.seconds and too_long(last.seconds * rows / max(1,
+                                                                                                          last.rows)):
             search.hurry("max_seconds")  # the next rung, at the last one's seconds a row, would not fit
             continue
         rung, timing = probe(step, mem, rows, length, repeats, "search", False)
@@ -380,10 +382,13 @@ def nothing_fits(result: RampResult) -> str:
     fixes = "shorten the length, turn on gradient checkpointing or lower the LoRA rank"
     if bad is None:
         return f"{head}: no step ran against {room}; {fixes}"
-    where = {"confirm": "on a repeat", "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase, "")
+    where = {"confirm": "on a repeat", "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase,
+                                                                                                             "")
     if bad.verdict == "squeezed":
-        return (f"{head}: the step {where + ' ' if where else ''}ran only because the allocator emptied its cache and retried "
-                f"(peak {format_bytes(bad.peak_bytes)} allocated, {format_bytes(bad.reserved_bytes)} reserved, against {room}); "
+        return (f"{head}: the step {where + ' ' if where else ''}ran only because the allocator emptied its cache and "
+                "retried "
+                f"(peak {format_bytes(bad.peak_bytes)} allocated, {format_bytes(bad.reserved_bytes)} reserved, against "
+                f"{room}); "
                 f"{fixes}, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against the fragmentation")
     peak = f" (peak {format_bytes(bad.peak_bytes)} before it stopped)" if bad.peak_bytes else ""
     what = "ran out of memory" if bad.verdict == "oom" else f"met {bad.verdict}"

@@ -81,9 +81,11 @@ class TrainingStep:
         resident: Sequence[Any] = (),
     ) -> None:
         if not callable(loss_of):
-            raise InputError("TrainingStep's loss_of must be a callable (rows, length) -> loss; pass e.g. lambda b, n: model(**batch(b, n)).loss")
+            raise InputError("TrainingStep's loss_of must be a callable (rows, length) -> loss; pass e.g. lambda b, n: "
+                             "model(**batch(b, n)).loss")
         if not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "step"):
-            raise InputError(f"TrainingStep's optimizer must be a torch optimizer, got {type(optimizer).__name__}; pass torch.optim.AdamW(trained_params, lr=...)")
+            raise InputError(f"TrainingStep's optimizer must be a torch optimizer, got {type(optimizer).__name__}; "
+                             "pass torch.optim.AdamW(trained_params, lr=...)")
         if per_step_loss is not None and not callable(per_step_loss):
             raise InputError("TrainingStep's per_step_loss must be a no-argument callable returning a loss, or None")
         self.loss_of = loss_of
@@ -114,10 +116,12 @@ class TrainingStep:
 
         rows, length, repeats = int(rows), int(length), int(repeats)
         if rows < 1 or length < 1 or repeats < 1:
-            raise InputError(f"a training step needs rows >= 1, length >= 1 and repeats >= 1, got rows={rows}, length={length}, repeats={repeats}")
+            raise InputError(f"a training step needs rows >= 1, length >= 1 and repeats >= 1, got rows={rows}, "
+                             f"length={length}, repeats={repeats}")
         opt = self.optimizer
         if len(opt.state) > 0:
-            raise InputError("TrainingStep needs a fresh optimizer (no state yet); create it anew, or measure before the run's first step")
+            raise InputError("TrainingStep needs a fresh optimizer (no state yet); create it anew, or measure before "
+                             "the run's first step")
         params = [p for p in self.params() if p.requires_grad]
         saved_lrs = [g["lr"] for g in opt.param_groups]
         sync = _synchronizer(self.device)
@@ -195,4 +199,5 @@ def _check_loss(loss: Any, rows: int, length: int, what: str) -> None:
 def _check_finite(loss: Any, rows: int, length: int, what: str) -> None:
     value = float(loss.detach())
     if value != value or value in (float("inf"), float("-inf")):
-        raise InputError(f"the loss from {what} is {value} at {rows} rows x {length} tokens in the memory step; check those rows and the model's dtype")
+        raise InputError(f"the loss from {what} is {value} at {rows} rows x {length} tokens in the memory step; check "
+                         "those rows and the model's dtype")
