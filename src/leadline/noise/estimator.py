@@ -184,10 +184,12 @@ class NoiseSums:
         """Add one micro-batch's scalars to the current group."""
         t = float(draw.tokens)
         if not (t > 0 and math.isfinite(t)):
-            raise InputError(f"a draw's scored tokens must be a finite number > 0, got {draw.tokens!r}; skip micro-batches that score nothing")
+            raise InputError(f"a draw's scored tokens must be a finite number > 0, got {draw.tokens!r}; skip "
+                             "micro-batches that score nothing")
         r, u = float(draw.innovation_sq), float(draw.mean_sq)
         if not (math.isfinite(r) and math.isfinite(u)):
-            raise InputError(f"a draw's squared norms must be finite, got innovation_sq={r!r}, mean_sq={u!r}; the gradient has inf/NaN (check the loss and its scale)")
+            raise InputError(f"a draw's squared norms must be finite, got innovation_sq={r!r}, mean_sq={u!r}; the "
+                             "gradient has inf/NaN (check the loss and its scale)")
         if not self.groups:
             self.groups.append(_Group())
         grp = self.groups[-1]
@@ -224,7 +226,8 @@ class NoiseSums:
         # each group's |G|² = |m|² - S/T, weighted by its tokens
         g2 = (math.fsum(g.tokens * g.mean_sq for g in groups) - n_g * s) / tokens
         if len(e) < 2:
-            return NoiseEstimate(s / g2 if g2 > 0 else None, None, s, None, g2, None, tokens, draws, n_g, False, False, False)
+            return NoiseEstimate(s / g2 if g2 > 0 else None, None, s, None, g2, None, tokens, draws, n_g, False, False,
+                                 False)
         var_s = s_se * s_se
         tr_sigma2 = var_s * len(e) / 2.0  # var(e)/2
         sum_t = math.fsum(g.sum_t for g in groups)

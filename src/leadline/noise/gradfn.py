@@ -65,12 +65,14 @@ class ModelGradFn:
         row_losses: Callable[[Any, dict[str, Any]], torch.Tensor] | None = None,
     ) -> None:
         if not callable(micro_batch_of):
-            raise InputError(f"ModelGradFn(micro_batch_of=...) must be callable i -> micro-batch, got {type(micro_batch_of).__name__}")
+            raise InputError("ModelGradFn(micro_batch_of=...) must be callable i -> micro-batch, got "
+                             f"{type(micro_batch_of).__name__}")
         self.model = model
         self.micro_batch_of = micro_batch_of
         self.params = [p for p in (params if params is not None else model.parameters()) if p.requires_grad]
         if not self.params:
-            raise InputError("ModelGradFn found no trained tensors (none with requires_grad); pass params= or unfreeze the adapter")
+            raise InputError("ModelGradFn found no trained tensors (none with requires_grad); pass params= or unfreeze "
+                             "the adapter")
         self.row_losses = row_losses
         self.via_backward = False
 
@@ -87,7 +89,8 @@ class ModelGradFn:
         if scored is None:
             labels = kwargs.get("labels")
             if labels is None:
-                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not scored) or scored_tokens")
+                raise InputError(f"micro-batch {i} has neither labels nor scored_tokens; pass labels (-100 where not "
+                                 "scored) or scored_tokens")
             scored = int((labels[..., 1:] != -100).sum())
         if scored == 0:
             return [], 0
@@ -101,9 +104,11 @@ class ModelGradFn:
                 else:
                     loss = self.model(**batch).loss
             if loss is None:
-                raise InputError(f"the model returned no loss for micro-batch {i}; pass labels in the batch or row_losses=")
+                raise InputError(f"the model returned no loss for micro-batch {i}; pass labels in the batch or "
+                                 "row_losses=")
             if not bool(torch.isfinite(loss.detach())):
-                raise InputError(f"the loss of micro-batch {i} is {float(loss.detach())} (noise-scale probe); check these rows and the model's dtype")
+                raise InputError(f"the loss of micro-batch {i} is {float(loss.detach())} (noise-scale probe); check "
+                                 "these rows and the model's dtype")
             return loss
 
         return self._grads(mean_loss), scored

@@ -110,7 +110,8 @@ class _Group:
     def release(self) -> None:
         """Close the step; a large buffer is held from now on only by the ``.grad`` that are its views."""
         if self.grad is not None and self.grad.nbytes >= _RELEASE_BYTES:
-            self._refs = (weakref.ref(self.grad), [weakref.ref(v) for v in self.views], [e is None for e in self.expect])
+            self._refs = (weakref.ref(self.grad), [weakref.ref(v) for v in self.views],
+                          [e is None for e in self.expect])
             self.grad, self.views, self.expect = None, [], []
         self.mirror.zero_()
         self.mean.zero_()
@@ -205,10 +206,13 @@ class NoiseMonitor:
     ) -> None:
         self.params = list({id(p): p for p in params if p.requires_grad}.values())
         if not self.params:
-            raise InputError("NoiseMonitor found no trained tensors (none with requires_grad); pass the params the optimizer trains")
+            raise InputError("NoiseMonitor found no trained tensors (none with requires_grad); pass the params the "
+                             "optimizer trains")
         if any(_is_sharded(p) for p in self.params):
-            raise InputError("NoiseMonitor reads whole .grad tensors, and these parameters are sharded (DTensor, e.g. FSDP's fully_shard); "
-                             "read the noise on one GPU or under DDP, or with leadline.measure_noise_scale on an unsharded copy")
+            raise InputError("NoiseMonitor reads whole .grad tensors, and these parameters are sharded (DTensor, e.g. "
+                             "FSDP's fully_shard); "
+                             "read the noise on one GPU or under DDP, or with leadline.measure_noise_scale on an "
+                             "unsharded copy")
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise InputError(f"NoiseMonitor(window={window!r}) needs a whole number of micro-batches >= 2")
         self.grad_accum = grad_accum
@@ -256,7 +260,8 @@ class NoiseMonitor:
         if hasattr(scored_tokens, "item"):
             scored_tokens = int(scored_tokens.item())
         if isinstance(scored_tokens, bool) or not isinstance(scored_tokens, (int, float)) or scored_tokens < 0:
-            raise InputError(f"NoiseMonitor.micro(scored_tokens={scored_tokens!r}) needs the tokens the loss scored, >= 0")
+            raise InputError(f"NoiseMonitor.micro(scored_tokens={scored_tokens!r}) needs the tokens the loss scored, "
+                             ">= 0")
         if scored_tokens == 0:
             return  # scored nothing: no gradient from it
         s = 1.0 / self._grad_accum if scale is None else float(scale)
@@ -281,7 +286,8 @@ class NoiseMonitor:
             r, u = (ri, ui) if r is None else (r + ri, u + ui)
             mirror.copy_(grad)  # mirror = .grad again
         if r is None:
-            raise InputError("NoiseMonitor.micro() found no .grad on the trained tensors; call it after the micro-batch's backward()")
+            raise InputError("NoiseMonitor.micro() found no .grad on the trained tensors; call it after the "
+                             "micro-batch's backward()")
         self._tokens = t_now
         self._pending.append((float(scored_tokens), s, r, u))
 
@@ -334,9 +340,11 @@ class NoiseMonitor:
         anchor = anchor_lr if anchor_lr is not None else self.defaults["anchor_lr"]
         est = self.estimate()
         if m is None:
-            raise InputError("suggest() needs tokens_per_micro_batch (scored tokens a micro-batch), here or in NoiseMonitor(...)")
+            raise InputError("suggest() needs tokens_per_micro_batch (scored tokens a micro-batch), here or in "
+                             "NoiseMonitor(...)")
         if not est.resolved or est.b_noise_tokens is None:
-            why = "fewer than 3 micro-batches read" if est.draws < 3 else "the noise scale does not resolve yet (|G|² or S within one SE of zero)"
+            why = ("fewer than 3 micro-batches read" if est.draws < 3 else "the noise scale does not resolve yet (|G|² "
+                                                                           "or S within one SE of zero)")
             return Suggestion(None, None, None, None, est, reason=why)
         b = est.b_noise_tokens
         target = time_optimal_tokens(b, m, t_step, t_micro) if (t_micro and t_step is not None) else b
@@ -372,14 +380,16 @@ class Controller:
         min_grad_accum: int = 2,
     ) -> None:
         if not (anchor_lr > 0 and tokens_per_micro > 0):
-            raise InputError(f"Controller needs anchor_lr > 0 and tokens_per_micro > 0, got {anchor_lr!r}, {tokens_per_micro!r}")
+            raise InputError(f"Controller needs anchor_lr > 0 and tokens_per_micro > 0, got {anchor_lr!r}, "
+                             f"{tokens_per_micro!r}")
         self.opt = opt
         self.anchor_lr = float(anchor_lr)
         self.tokens_per_micro = float(tokens_per_micro)
         self.min_grad_accum = int(min_grad_accum)
         self.monitor = NoiseMonitor(
             params, grad_accum=max(int(grad_accum), self.min_grad_accum), window=window,
-            tokens_per_micro_batch=tokens_per_micro, t_micro_seconds=t_micro, t_step_seconds=t_step, anchor_lr=anchor_lr,
+            tokens_per_micro_batch=tokens_per_micro, t_micro_seconds=t_micro, t_step_seconds=t_step,
+            anchor_lr=anchor_lr,
         )
         self._saved_lrs = [g["lr"] for g in opt.param_groups]
         self.decisions: list[dict[str, Any]] = []

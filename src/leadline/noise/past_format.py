@@ -94,13 +94,15 @@ class PastFormat:
     def as_values(self) -> dict[str, Value]:
         if self.b_noise_tokens is None:
             src = f"no reading resolved past the format ({self.stopped_because}); the step-0 noise scale stands"
-            return {"noise_scale_past_format_tokens": Value(None, "measured", src, evidence=self.evidence(), seconds=self.seconds, unit="scored tokens")}
+            return {"noise_scale_past_format_tokens": Value(None, "measured", src, evidence=self.evidence(),
+                                                            seconds=self.seconds, unit="scored tokens")}
         steps = self.readings[-1]["steps"] if self.readings else 0
         bound = getattr(self.noise, "lower_bound", False)
         src = (f"B_noise read again after {steps} steps of {self.rows_per_step} rows at {self.rate:.3g} "
-               f"(rounds of {self.round_steps}, {2 * self.round_steps}, ... steps until the training loss stopped falling: {self.stopped_because}), on rows no step trained on: "
-               f"{('at least ' + format(self.b_noise_tokens, ',.3g') + ' (|G|² not above zero by one SE: the mean gradient is lost in the noise)') if bound else format(self.b_noise_tokens, ',.3g') + ' ± ' + format(self.se_tokens or 0, ',.2g')} tokens against {self.step0_tokens:,.3g} ± {self.step0_se:,.2g} at step 0"
-               f" ({'grown: the step is taken from this reading' if self.grew else 'not grown beyond both errors: the step-0 reading stands'})")
+               f"(rounds of {self.round_steps}, {2 * self.round_steps}, ... steps until the training loss stopped "
+               f"falling: {self.stopped_because}), on rows no step trained on: "
+               f"{('at least ' + format(self.b_noise_tokens, ',.3g') + ' (|G|² not above zero by one SE: the mean gradient is lost in the noise)') if bound else format(self.b_noise_tokens, ',.3g') + ' ± ' + format(self.se_tokens or 0, ',.2g')} tokens against {self.step0_tokens:,.3g} ± {self.step0_se:,.2g} at step 0"  # noqa: E501
+               f" ({'grown: the step is taken from this reading' if self.grew else 'not grown beyond both errors: the step-0 reading stands'})")  # noqa: E501
         return {"noise_scale_past_format_tokens": Value(self.b_noise_tokens, "measured", src, evidence=self.evidence(),
                                                         seconds=self.seconds, unit="scored tokens")}
 
@@ -119,7 +121,8 @@ def _above(new: Any, old_b: float, old_se: float) -> bool:
 
 
 def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any], grad_fn: Callable[[int], Any],
-                      alpha1: float, step0: Any, *, rows_per_step: int, probe_start: int | Callable[[int], int], round_steps: int | None = None,
+                      alpha1: float, step0: Any, *, rows_per_step: int, probe_start: int | Callable[[int], int],
+                      round_steps: int | None = None,
                       max_rounds: int = MAX_ROUNDS, max_steps: int | None = None, budget_s: float | None = None,
                       check_time: Callable[[], None] | None = None, place: str = "auto",
                       rate: float | None = None) -> PastFormat:
@@ -177,7 +180,8 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         done, prev = 0, None
         train_budget = None if budget_s is None else 0.7 * budget_s
         for r in range(max_rounds):
-            if train_budget is not None and r > 0 and (time.perf_counter() - t0) * (2 ** (r + 1) - 1) / (2 ** r - 1) > train_budget:
+            if (train_budget is not None and r > 0
+                    and (time.perf_counter() - t0) * (2 ** (r + 1) - 1) / (2 ** r - 1) > train_budget):
                 stop = "time"
                 stopped = "time: the next round would pass the burn-in's share of the budget"
                 break
@@ -212,7 +216,8 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
                 row["falling_p"] = fall
                 if fall is None or fall >= 0.05:
                     stop = "settled"
-                    stopped = f"settled: the training loss stopped falling in round {r + 1} (one-sided p {fall if fall is not None else float('nan'):.2g})"
+                    stopped = (f"settled: the training loss stopped falling in round {r + 1} (one-sided p "
+                               f"{fall if fall is not None else float('nan'):.2g})")
                     break
             prev = (m, se, len(losses))
         if stop != "diverged":
@@ -221,10 +226,13 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
             left = None if budget_s is None else max(1.0, budget_s - (time.perf_counter() - t0))
             first_draw[0] = int(probe_start(done)) if callable(probe_start) else int(probe_start)
             ns = measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=left)
-            if ns.k < LATE_DRAWS and ns.stopped_because == "settled":  # the step-0 rule settles fast on the format's few tokens
+            # the step-0 rule settles fast on the format's few tokens
+            if ns.k < LATE_DRAWS and ns.stopped_because == "settled":
                 ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=left)
-            readings.append({"steps": done, "first_draw": first_draw[0], "b_noise_tokens": ns.b_noise_tokens, "se_tokens": ns.se_tokens,
-                             "k": ns.k, "resolved": ns.resolved, "stopped_because": ns.stopped_because, "seconds": ns.seconds})
+            readings.append({"steps": done, "first_draw": first_draw[0], "b_noise_tokens": ns.b_noise_tokens,
+                             "se_tokens": ns.se_tokens,
+                             "k": ns.k, "resolved": ns.resolved, "stopped_because": ns.stopped_because,
+                             "seconds": ns.seconds})
             if ns.b_noise_tokens is not None and (ns.resolved or ns.lower_bound):
                 last = ns  # a lower bound still says how large the noise is at least
             else:

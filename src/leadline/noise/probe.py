@@ -130,19 +130,23 @@ class NoiseScale:
         else:
             what = f"{b} ± {tokens_text(float(self.se_tokens or 0.0))} tokens"
         coarse = "" if self.settled else "; COARSE: the probe did not reach B_noise + SE"
-        return f"B_noise = tr(Σ)/|G|² (McCandlish et al. 2018) = {what} over {reach} (stopped: {self.stopped_because}){coarse}"
+        return (f"B_noise = tr(Σ)/|G|² (McCandlish et al. 2018) = {what} over {reach} (stopped: "
+                f"{self.stopped_because}){coarse}")
 
     def as_values(self) -> dict[str, Value]:
         """The plan's entries: ``noise_scale_tokens`` (measured), ``noise_scale_confirmed_tokens`` (derived)."""
         ev = self.evidence()
         return {
             "noise_scale_tokens": Value(
-                self.b_noise_tokens, "measured", self.sentence(), evidence=ev, seconds=self.seconds, unit="scored tokens",
+                self.b_noise_tokens, "measured", self.sentence(), evidence=ev, seconds=self.seconds,
+                unit="scored tokens",
             ),
             "noise_scale_confirmed_tokens": Value(
                 self.confirmed_tokens, "derived",
-                f"min(B_noise, the {self.tokens:,} scored tokens the probe reached): a coarse probe cuts the rate only as far as it reached",
-                evidence={"b_noise_tokens": self.b_noise_tokens, "reached_tokens": self.tokens, "settled": self.settled},
+                f"min(B_noise, the {self.tokens:,} scored tokens the probe reached): a coarse probe cuts the rate only "
+                "as far as it reached",
+                evidence={"b_noise_tokens": self.b_noise_tokens, "reached_tokens": self.tokens,
+                          "settled": self.settled},
                 unit="scored tokens",
             ),
         }
@@ -154,7 +158,8 @@ def tokens_text(x: float) -> str:
 
 
 def _check_count(name: str, v: Any, lo: float = 1) -> None:
-    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= lo or not math.isfinite(v)):
+    if v is not None and (isinstance(v, bool) or not isinstance(v,
+                                                                (int, float)) or not v >= lo or not math.isfinite(v)):
         raise InputError(f"measure_noise_scale({name}={v!r}): {name} must be a number >= {lo:g}, or None")
 
 
@@ -204,7 +209,8 @@ def measure_noise_scale(
     _check_count("max_tokens", max_tokens, lo=1e-300)
     _check_count("budget_s", budget_s, lo=0)
     if rel_se is not None and (isinstance(rel_se, bool) or not isinstance(rel_se, (int, float)) or not 0 < rel_se < 1):
-        raise InputError(f"measure_noise_scale(rel_se={rel_se!r}): give the standard error's share of the estimate, between 0 and 1 (0.035 for two probes within 10%)")
+        raise InputError(f"measure_noise_scale(rel_se={rel_se!r}): give the standard error's share of the estimate, "
+                         "between 0 and 1 (0.035 for two probes within 10%)")
     if k is not None and int(k) != k:
         raise InputError(f"measure_noise_scale(k={k!r}): k must be a whole number of micro-batches")
     limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
@@ -298,10 +304,12 @@ def _precise(est: Any, rel_se: float | None) -> bool:
 
 def _unpack(out: Any, i: int) -> tuple[Any, int]:
     if not (isinstance(out, tuple) and len(out) == 2):
-        raise InputError(f"grad_fn({i}) must return (gradient, scored_tokens) or None when the data runs out, got {type(out).__name__}")
+        raise InputError(f"grad_fn({i}) must return (gradient, scored_tokens) or None when the data runs out, got "
+                         f"{type(out).__name__}")
     gradient, tokens = out
     if hasattr(tokens, "item"):
         tokens = tokens.item()
     if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or tokens < 0 or int(tokens) != tokens:
-        raise InputError(f"grad_fn({i}) returned scored_tokens={tokens!r}; it must be a whole number >= 0 (what the loss scores: labels != -100 after the shift)")
+        raise InputError(f"grad_fn({i}) returned scored_tokens={tokens!r}; it must be a whole number >= 0 (what the "
+                         "loss scores: labels != -100 after the shift)")
     return gradient, int(tokens)

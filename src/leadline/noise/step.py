@@ -48,7 +48,8 @@ def format_tokens(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-def time_optimal_tokens(b_noise_tokens: float, tokens_per_micro_batch: float, t_step_seconds: float, t_micro_seconds: float) -> float:
+def time_optimal_tokens(b_noise_tokens: float, tokens_per_micro_batch: float, t_step_seconds: float,
+                        t_micro_seconds: float) -> float:
     """B* = sqrt(B_noise × m × t_step / t_micro), unclamped, in scored tokens.
 
     Examples:
@@ -64,14 +65,16 @@ def time_optimal_tokens(b_noise_tokens: float, tokens_per_micro_batch: float, t_
     return math.sqrt(b_noise_tokens * tokens_per_micro_batch * t_step_seconds / t_micro_seconds)
 
 
-def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 1.0, e_min: float = 1.0) -> tuple[float, float]:
+def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 1.0,
+                     e_min: float = 1.0) -> tuple[float, float]:
     """Steps and tokens to a given loss at batch B: (S_min (1 + B_noise/B), E_min (1 + B/B_noise)).
 
     McCandlish et al. (2018), eq. 2.11; S_min and E_min default to 1 (the answer in multiples
     of the minimum). At B = B_noise both are twice their minimum.
     """
     if not (batch_tokens > 0 and b_noise_tokens > 0):
-        raise InputError(f"steps_and_tokens needs batch_tokens > 0 and b_noise_tokens > 0, got {batch_tokens!r}, {b_noise_tokens!r}")
+        raise InputError(f"steps_and_tokens needs batch_tokens > 0 and b_noise_tokens > 0, got {batch_tokens!r}, "
+                         f"{b_noise_tokens!r}")
     return s_min * (1.0 + b_noise_tokens / batch_tokens), e_min * (1.0 + batch_tokens / b_noise_tokens)
 
 
@@ -96,10 +99,12 @@ def _fixed_cost(t_one: float, t_fit: float, rows_fit: int, one_repeats: Sequence
     c = max(c, 1e-3 * t_fit / rows_fit)
     a = max(0.0, t_fit - c * rows_fit)
     out: dict[str, Any] = {}
-    if a > 0 and len(one_repeats) > 1 and len(fit_repeats) > 1 and not _surely_positive(one_repeats, fit_repeats, rows_fit):
+    if a > 0 and len(one_repeats) > 1 and len(fit_repeats) > 1 and not _surely_positive(one_repeats, fit_repeats,
+                                                                                        rows_fit):
         out["a_within_spread_seconds"] = a
         a, c = 0.0, t_fit / rows_fit
-    return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit, **out}
+    return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit,
+            **out}
 
 
 def _surely_positive(one: Sequence[float], fit: Sequence[float], rows_fit: int, confidence: float = 0.99) -> bool:
@@ -184,14 +189,21 @@ class StepPlan:
         i = self.inputs
         f = i.get("fixed_cost")
         if f:
-            return (f"the whole rows minimizing (1 + B_noise {format_tokens(i['b_noise_tokens'])}/B) x (micro-batches x {f['a_seconds']:.4g} s fixed"
-                    f" + {f['c_seconds_per_row']:.4g} s a row + t_step {i['t_step_seconds']:.4g} s), the fixed cost from t_micro"
-                    f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at {i['rows_fit']}"
-                    + (f" ({f['a_within_spread_seconds']:.4g} s fixed by the medians, within the repeats' spread of zero)"
+            return (f"the whole rows minimizing (1 + B_noise {format_tokens(i['b_noise_tokens'])}/B) x (micro-batches "
+                    f"x {f['a_seconds']:.4g} s fixed"
+                    f" + {f['c_seconds_per_row']:.4g} s a row + t_step {i['t_step_seconds']:.4g} s), the fixed cost "
+                    "from t_micro"
+                    f" {f['t_micro_one_row_seconds']:.4g} s at 1 row and {f['t_micro_rows_fit_seconds']:.4g} s at "
+                    f"{i['rows_fit']}"
+                    + (f" ({f['a_within_spread_seconds']:.4g} s fixed by the medians, within the repeats' spread of "
+                       "zero)"
                        if f.get("a_within_spread_seconds") else "") + ":"
-                    f" {format_tokens(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. 2018)")
-        return (f"B* = sqrt(B_noise {format_tokens(i['b_noise_tokens'])} × {format_tokens(i['tokens_per_micro_batch'])} tokens a micro-batch"
-                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = {format_tokens(self.b_star_tokens)}{clamp}"
+                    f" {format_tokens(self.b_star_tokens)} tokens{clamp} (the least time to a loss, McCandlish et al. "
+                    "2018)")
+        return (f"B* = sqrt(B_noise {format_tokens(i['b_noise_tokens'])} × "
+                f"{format_tokens(i['tokens_per_micro_batch'])} tokens a micro-batch"
+                f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = "
+                f"{format_tokens(self.b_star_tokens)}{clamp}"
                 " (the least time to a loss, McCandlish et al. 2018)")
 
     def as_values(self) -> dict[str, Value]:
@@ -200,17 +212,21 @@ class StepPlan:
         clamp = f", clamped to {self.clamped_by}" if self.clamped_by else ""
         ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut}
         return {
-            "tokens_per_step": Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev, unit="scored tokens"),
+            "tokens_per_step": Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev,
+                                     unit="scored tokens"),
             "micro_batch": Value(
                 self.micro_batch, "derived",
                 (f"cut from the {i['rows_fit']} rows that fit to the step's {self.rows_per_step}" if self.cut
-                 else f"the {i['rows_fit']} rows that fit, a micro-batch of them {self.grad_accum} time{'s' if self.grad_accum > 1 else ''} a step"),
+                 else f"the {i['rows_fit']} rows that fit, a micro-batch of them {self.grad_accum} "
+                      f"time{'s' if self.grad_accum > 1 else ''} a step"),
                 evidence=ev, unit="rows",
             ),
             "grad_accum": Value(
                 self.grad_accum, "derived",
-                f"ceil({i['rows_wanted']} rows a step ({format_tokens(self.tokens_per_step)} tokens at {format_tokens(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
-                f" / {i['rows_fit']} that fit) = {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''} of {self.micro_batch} rows",
+                f"ceil({i['rows_wanted']} rows a step ({format_tokens(self.tokens_per_step)} tokens at "
+                f"{format_tokens(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
+                f" / {i['rows_fit']} that fit) = {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''} of "
+                f"{self.micro_batch} rows",
                 evidence=ev,
             ),
         }
@@ -249,12 +265,16 @@ def tokens_per_step(
         McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11 (steps and tokens at batch B).
     """
     b_noise = getattr(noise, "b_noise_tokens", noise)
-    if b_noise is None or isinstance(b_noise, bool) or not isinstance(b_noise, (int, float)) or not b_noise > 0 or not math.isfinite(b_noise):
-        raise InputError(f"tokens_per_step needs a measured noise scale > 0 in scored tokens, got {b_noise!r}; run measure_noise_scale first")
+    if (b_noise is None or isinstance(b_noise, bool) or not isinstance(b_noise, (int, float)) or not b_noise > 0
+            or not math.isfinite(b_noise)):
+        raise InputError(f"tokens_per_step needs a measured noise scale > 0 in scored tokens, got {b_noise!r}; run "
+                         "measure_noise_scale first")
     if isinstance(rows_fit, bool) or not isinstance(rows_fit, int) or rows_fit < 1:
         raise InputError(f"tokens_per_step(rows_fit={rows_fit!r}) needs the whole rows a micro-batch fits, >= 1")
-    if not (isinstance(tokens_per_micro_batch, (int, float)) and tokens_per_micro_batch > 0 and math.isfinite(tokens_per_micro_batch)):
-        raise InputError(f"tokens_per_step(tokens_per_micro_batch={tokens_per_micro_batch!r}) needs the scored tokens of one micro-batch, > 0")
+    if not (isinstance(tokens_per_micro_batch,
+                       (int, float)) and tokens_per_micro_batch > 0 and math.isfinite(tokens_per_micro_batch)):
+        raise InputError(f"tokens_per_step(tokens_per_micro_batch={tokens_per_micro_batch!r}) needs the scored tokens "
+                         "of one micro-batch, > 0")
     t_step, step_repeats = _seconds("t_step_seconds", t_step_seconds)
     t_micro, micro_repeats = _seconds("t_micro_seconds", t_micro_seconds)
     if t_micro <= 0:

@@ -59,7 +59,8 @@ class KnownNoise:
         self.G = g * math.sqrt(self.trace / self.b_noise_tokens) / g.norm()
         self.seed = seed
         if split is not None and sum(math.prod(s) for s in split) != dim:
-            raise InputError(f"KnownNoise(split=...) shapes hold {sum(math.prod(s) for s in split)} numbers, not dim={dim}")
+            raise InputError(f"KnownNoise(split=...) shapes hold {sum(math.prod(s) for s in split)} numbers, not "
+                             f"dim={dim}")
         self.split = [tuple(s) for s in split] if split is not None else None
 
     def tokens_of(self, i: int) -> int:
