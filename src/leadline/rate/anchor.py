@@ -35,8 +35,10 @@ from leadline.plan import Value
 
 DIVISORS: dict[str, int] = {"factors": 32, "weights": 320}
 DIVISOR_SOURCES: dict[str, str] = {
-    "factors": "seed E5 (SmolLM2-135M, LoRA r32): rewrite/2 destroyed the model, rewrite/32 (1.41e-4) was the first scale that learned, a hand-tuned run at 2e-4 sat near rewrite/45",
-    "weights": "seed E5 (SmolLM2-135M full fine-tune, MetaMathQA, 60 steps): rewrite/320 reached CE 0.568 from 0.793, best of /32 0.733, /1483 0.605, /3200 0.639",
+    "factors": "seed E5 (SmolLM2-135M, LoRA r32): rewrite/2 destroyed the model, rewrite/32 (1.41e-4) was the first "
+               "scale that learned, a hand-tuned run at 2e-4 sat near rewrite/45",
+    "weights": "seed E5 (SmolLM2-135M full fine-tune, MetaMathQA, 60 steps): rewrite/320 reached CE 0.568 from 0.793, "
+               "best of /32 0.733, /1483 0.605, /3200 0.639",
 }
 
 LORA_ZERO_B = (
@@ -74,10 +76,12 @@ def rewrite_scale(norms: Mapping[str, tuple[float, int]]) -> RewriteScale:
             zero.append(name)
             continue
         if not math.isfinite(norm):
-            raise InputError(f"trained tensor {name} has a non-finite norm; check the model's weights before deriving a rate")
+            raise InputError(f"trained tensor {name} has a non-finite norm; check the model's weights before deriving "
+                             "a rate")
         per[name] = norm / math.sqrt(numel)
     if not per:
-        raise InputError("every trained tensor is zero, so no rewrite scale can be read; pass weights with a size (e.g. LoRA's A as well as B)")
+        raise InputError("every trained tensor is zero, so no rewrite scale can be read; pass weights with a size "
+                         "(e.g. LoRA's A as well as B)")
     binding = min(per, key=per.__getitem__)
     return RewriteScale(per[binding], binding, per, zero)
 
@@ -88,7 +92,8 @@ def adam_sqrt_cut(batch_tokens: float | None, b_noise_tokens: float | None) -> f
     if batch_tokens is None or b_noise_tokens is None:
         return 1.0
     if batch_tokens <= 0 or b_noise_tokens <= 0:
-        raise InputError(f"the batch and the noise scale must be positive token counts, got B={batch_tokens}, B_noise={b_noise_tokens}")
+        raise InputError(f"the batch and the noise scale must be positive token counts, got B={batch_tokens}, "
+                         f"B_noise={b_noise_tokens}")
     return min(1.0, math.sqrt(batch_tokens / b_noise_tokens))
 
 
@@ -125,14 +130,17 @@ class AnchorRate:
         return {
             "rewrite_scale": Value(
                 self.rewrite.scale, "derived",
-                f"||W||_F/sqrt(numel W) of the binding trained tensor {self.rewrite.binding} (the smallest of {len(self.rewrite.per_tensor)}){caveat}",
+                f"||W||_F/sqrt(numel W) of the binding trained tensor {self.rewrite.binding} (the smallest of "
+                f"{len(self.rewrite.per_tensor)}){caveat}",
                 evidence=ev, unit="per step"),
             "rate_divisor": Value(
                 self.divisor, "constant",
-                f"/{self.divisor} for tensors trained as {self.trained_as}, not measured here: {DIVISOR_SOURCES[self.trained_as]}"),
+                f"/{self.divisor} for tensors trained as {self.trained_as}, not measured here: "
+                f"{DIVISOR_SOURCES[self.trained_as]}"),
             "lr_anchor": Value(
                 self.lr, "constant",
-                f"rewrite {self.rewrite.scale:.3g} / {self.divisor} (the constant divisor){cut}, never above the anchor; used only where the rate could not be run{caveat}",
+                f"rewrite {self.rewrite.scale:.3g} / {self.divisor} (the constant divisor){cut}, never above the "
+                f"anchor; used only where the rate could not be run{caveat}",
                 evidence=ev, unit="per step"),
         }
 
@@ -141,10 +149,12 @@ def anchor_from_scale(rewrite: RewriteScale, trained_as: str, *, batch_tokens: f
                       b_noise_tokens: float | None = None, caveat: str | None = None) -> AnchorRate:
     """lr = rewrite / divisor * min(1, sqrt(B / B_noise)) (pure)."""
     if trained_as not in DIVISORS:
-        raise InputError(f"trained_as must be 'factors' (LoRA/PiSSA) or 'weights' (full fine-tune, grown neurons, a head), got {trained_as!r}")
+        raise InputError("trained_as must be 'factors' (LoRA/PiSSA) or 'weights' (full fine-tune, grown neurons, a "
+                         f"head), got {trained_as!r}")
     divisor = DIVISORS[trained_as]
     cut = adam_sqrt_cut(batch_tokens, b_noise_tokens)
-    return AnchorRate(rewrite.scale / divisor * cut, rewrite, trained_as, divisor, cut, batch_tokens, b_noise_tokens, caveat)
+    return AnchorRate(rewrite.scale / divisor * cut, rewrite, trained_as, divisor, cut, batch_tokens, b_noise_tokens,
+                      caveat)
 
 
 def anchor_rate(named_weights: Mapping[str, Any] | Iterable[tuple[str, Any]], trained_as: str, *,
@@ -167,7 +177,8 @@ def anchor_rate(named_weights: Mapping[str, Any] | Iterable[tuple[str, Any]], tr
 
     items = list(named_weights.items()) if isinstance(named_weights, Mapping) else list(named_weights)
     if not items:
-        raise InputError("named_weights is empty; pass the trained tensors by name, e.g. {n: p for n, p in model.named_parameters() if p.requires_grad}")
+        raise InputError("named_weights is empty; pass the trained tensors by name, e.g. {n: p for n, p in "
+                         "model.named_parameters() if p.requires_grad}")
     if norms is None:
         read: dict[str, tuple[float, int]] = {}
         with torch.no_grad():

@@ -75,7 +75,8 @@ def best_key(readings: Mapping[K, Sequence[float]]) -> K:
     return min(readings, key=lambda k: mean_or_inf(readings[k]))
 
 
-def prune(readings: Mapping[K, Sequence[float]], *, alpha: float, look: int, max_looks: int) -> tuple[K, dict[K, Verdict]]:
+def prune(readings: Mapping[K, Sequence[float]], *, alpha: float, look: int,
+          max_looks: int) -> tuple[K, dict[K, Verdict]]:
     """The best candidate and, for every other, its comparison with the best; those with
     ``worse`` set are out (significantly worse at this look's sequential bar)."""
     best = best_key(readings)

@@ -58,7 +58,8 @@ def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, facto
     lower side is ``start / factor``.
     """
     if not (0 < start < max_lr) or factor <= 1.0:
-        raise InputError(f"the walk needs 0 < start < max_lr and factor > 1, got start={start}, max_lr={max_lr}, factor={factor}")
+        raise InputError(f"the walk needs 0 < start < max_lr and factor > 1, got start={start}, max_lr={max_lr}, "
+                         f"factor={factor}")
     w = Walk()
     lr = start
     grain = resolution * abs(base) if math.isfinite(base) else 0.0
@@ -148,11 +149,14 @@ class FirstStep:
     def as_values(self) -> dict[str, Value]:
         """``alpha1`` (measured), with the walk as its evidence."""
         if not self.found:
-            src = f"not found: the held-out loss on {self.held_out_rows} rows did not fall along Adam's first update ({self.stopped_because})"
+            src = (f"not found: the held-out loss on {self.held_out_rows} rows did not fall along Adam's first update "
+                   f"({self.stopped_because})")
         else:
-            src = (f"the step along Adam's first update where the held-out loss on {self.held_out_rows} rows stops falling "
+            src = (f"the step along Adam's first update where the held-out loss on {self.held_out_rows} rows stops "
+                   "falling "
                    f"({self.base_loss:.4g} -> {self.loss:.4g}; {self.stopped_because})")
-        return {"alpha1": Value(self.alpha1, "measured", src, evidence=self.evidence(), seconds=self.seconds, unit="per step")}
+        return {"alpha1": Value(self.alpha1, "measured", src, evidence=self.evidence(), seconds=self.seconds,
+                                unit="per step")}
 
 
 # ---- the driver (torch) ------------------------------------------------------------------
@@ -193,7 +197,8 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
     with no_trace(params, opt, place=place) as origin, torch.no_grad():
         base_rows = read_held_out(held_out_losses_per_row)
         if not finite(base_rows):
-            raise InputError("held_out_losses_per_row() returned a non-finite loss before any step; check the held-out rows and the model")
+            raise InputError("held_out_losses_per_row() returned a non-finite loss before any step; check the held-out "
+                             "rows and the model")
         base = math.fsum(base_rows) / len(base_rows)
         opt.state.clear()
         for g in opt.param_groups:

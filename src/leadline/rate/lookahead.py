@@ -23,7 +23,8 @@ At each horizon the best rate is estimated between grid points — the vertex of
 through the best and its neighbours in log2(lr), clamped to half a grid step — and the trend
 of that estimate against the horizon, s in lr ~ n^s, is fitted over the last ``settle``
 horizons past the warmup. It stops when |s| <= ``settle_slope``, every estimate in the fit
-was refined and the last horizon is at least ``min_horizon`` steps (settled), at the run's length, or when the next horizon would pass the step budget
+was refined and the last horizon is at least ``min_horizon`` steps (settled), at the run's
+length, or when the next horizon would pass the step budget
 (``budget_fraction`` x T optimizer steps over all candidates; where the budget does not cover
 every rate, the best and its two neighbours go on alone). The answer is the last
 estimate; when the look-ahead stopped short of the run's length on a falling trend that had not
@@ -106,14 +107,22 @@ class Lookahead:
         """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
         out: dict[str, Value] = {}
         if self.effort == "quick":
-            out["lr"] = Value(self.lr, "derived", f"alpha1 (quick effort: no look-ahead run); race() picks among {len(self.rates)} rates alpha1 x 2^j inside the run", evidence=self.evidence(), unit="per step")
+            out["lr"] = Value(self.lr, "derived",
+                              f"alpha1 (quick effort: no look-ahead run); race() picks among {len(self.rates)} rates "
+                              "alpha1 x 2^j inside the run", evidence=self.evidence(), unit="per step")
             out["race_rates"] = Value(self.rates, "derived", "alpha1 x 2^j for the race inside the run (quick effort)")
         else:
             out["lr"] = Value(
                 self.lr, "measured",
-                f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to {self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a {self.budget_steps}-step budget)",
+                f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the "
+                f"same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to "
+                f"{self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a "
+                f"{self.budget_steps}-step budget)",
                 evidence=self.evidence(), seconds=self.seconds, unit="per step")
-            out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured", f"the horizon the look-ahead's answer was read at ({self.stopped_because}); LookaheadSchedule checks every this many steps", unit="steps")
+            out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured",
+                                                   "the horizon the look-ahead's answer was read at "
+                                                   f"({self.stopped_because}); LookaheadSchedule checks every this "
+                                                   "many steps", unit="steps")
         out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1))
         return out
 
@@ -121,7 +130,8 @@ class Lookahead:
 def _alpha1(alpha1: float | FirstStep) -> float:
     if isinstance(alpha1, FirstStep):
         if alpha1.alpha1 is None:
-            raise InputError("the first-step walk found no safe step (alpha1 is None); pass a rate by hand or the anchor (leadline.rate.anchor_rate)")
+            raise InputError("the first-step walk found no safe step (alpha1 is None); pass a rate by hand or the "
+                             "anchor (leadline.rate.anchor_rate)")
         alpha1 = alpha1.alpha1
     if not (isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0):
         raise InputError(f"alpha1 must be a positive number (measure_first_step().alpha1), got {alpha1!r}")
@@ -198,7 +208,9 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     rates = sorted(a1 * 2.0**j for j in set(grid))
     budget = math.ceil(budget_fraction * total_steps)
     if effort == "quick":
-        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1, "quick effort: no steps run; race() picks among the rates inside the run", seconds=time.perf_counter() - t0,
+        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1,
+                         "quick effort: no steps run; race() picks among the rates inside the run",
+                         seconds=time.perf_counter() - t0,
                          stop="quick")
 
     from leadline.budget import OutOfTime
@@ -250,7 +262,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                     prev = max(k for k in c.readings if k < n)
                     used += n - c.done
                     c.advance(n, params, opt, train_step, held_out_losses_per_row, origin, ratios, rows, place)
-                    if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look, max_looks=len(horizons)).worse:
+                    if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look,
+                                                         max_looks=len(horizons)).worse:
                         for other in cands.values():
                             if other.lr >= c.lr and other.status == "running":
                                 other.stop("unstable")
@@ -262,7 +275,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                     stopped = "every rate diverged or was unstable"
                     evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
                     break
-                best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look, max_looks=len(horizons))
+                best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look,
+                                       max_looks=len(horizons))
                 for j, v in verdicts.items():
                     if v.worse and (j > best + keep_above or (j < best - keep_below and n >= w)):
                         cands[j].stop("dropped")
@@ -272,14 +286,18 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                     read_at.append(n)
                     sharp.append(refined)
                 slope = trend_slope(read_at, estimates, settle)
-                evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined, "trend_slope": slope, "candidates": [
-                    c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j, c in sorted(cands.items()) if n in c.readings]})
+                evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined,
+                                 "trend_slope": slope, "candidates": [
+                    c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j,
+                    c in sorted(cands.items()) if n in c.readings]})
                 last_read, last_estimate, last_best = n, est, best
                 if on_progress is not None:
                     on_progress(evidence[-1])
-                if n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None and abs(slope) <= settle_slope:
+                if (n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None
+                    and abs(slope) <= settle_slope):
                     stop = "settled"
-                    stopped = f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the last {n} steps"
+                    stopped = (f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the "
+                               f"last {n} steps")
                     break
                 if n == total_steps:
                     stop = "run_length"
@@ -291,7 +309,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                 run_js = sorted(j for j, c in cands.items() if c.status == "running")
                 if best == run_js[-1] and best + 1 not in cands and best + 1 <= hi_j and not blocked:
                     cands[best + 1] = make(best + 1)
-                if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands or cands[best - 1].status == "dropped"):
+                if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands
+                                                               or cands[best - 1].status == "dropped"):
                     cands[best - 1] = make(best - 1)  # (re)started from the origin: short horizons undersell low rates
             except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
                 if not evidence:
@@ -300,7 +319,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                 stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
                 break
     if not evidence:
-        raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
+        raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the "
+                         f"first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
     last, lr = last_read, last_estimate
     if short:
         stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
@@ -338,5 +358,6 @@ def answer_at_run_length(estimate: float, last: int, slope: float | None, total_
         return estimate, f"; fewer than {settle} horizons for a trend, the estimate at {last} steps kept"
     if slope > 0:
         return estimate, f"; the estimate at {last} steps kept (a rising trend, n^{slope:.2f}, is not carried)"
-    return carry_trend(estimate, last, slope, total_steps), f"; the estimate (n^{slope:.2f}) carried from {last} to {total_steps} steps"
+    return carry_trend(estimate, last, slope,
+                       total_steps), f"; the estimate (n^{slope:.2f}) carried from {last} to {total_steps} steps"
 

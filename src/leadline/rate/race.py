@@ -58,8 +58,13 @@ class RaceResult:
         """``lr`` (the winner) and ``ending`` (decay or constant), both measured."""
         kept = self.ending.get("kept", "constant")
         return {
-            "lr": Value(self.lr, "measured", f"won a race of {len(self.rates)} rates inside the run by successive halving on {self.held_out_rows} held-out rows ({self.decided_by}; {self.steps_used} steps for a {self.total_steps}-step run)", evidence=self.evidence(), seconds=self.seconds, unit="per step"),
-            "ending": Value(kept, "measured", self.ending.get("why", "the ending raced at the end"), evidence=self.ending),
+            "lr": Value(self.lr, "measured",
+                        f"won a race of {len(self.rates)} rates inside the run by successive halving on "
+                        f"{self.held_out_rows} held-out rows ({self.decided_by}; {self.steps_used} steps for a "
+                        f"{self.total_steps}-step run)", evidence=self.evidence(), seconds=self.seconds,
+                        unit="per step"),
+            "ending": Value(kept, "measured", self.ending.get("why", "the ending raced at the end"),
+                            evidence=self.ending),
         }
 
 
@@ -116,12 +121,15 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
     a1 = min(rates) if alpha1 is None else float(alpha1)
     w = warmup_steps_for(beta1_of(opt)) if warmup_steps is None else int(warmup_steps)
     cands = [Candidate(r, lambda t, r=r: warmup_lr(t, r, a1, w), key=i) for i, r in enumerate(rates)]
-    points = boundaries(len(rates), total_steps, max(w, math.ceil(total_steps / 16)) if first_round is None else first_round)
+    points = boundaries(len(rates), total_steps,
+                        max(w, math.ceil(total_steps / 16)) if first_round is None else first_round)
     h = max(1, total_steps // 8) if ending_horizon is None else int(ending_horizon)
     copy_at = total_steps - 2 * h
     rounds: list[dict[str, Any]] = []
     notes: list[str] = []
-    used, decided, ending, snaps = 0, "one rate", {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}, {}
+    used, decided, ending, snaps = 0, "one rate", {"kept": "constant",
+                                                   "why": "no ending race: the run is too short for 2h steps after the "
+                                                          "last round"}, {}
     with no_trace(params, opt, place=place, on_success=False) as origin:
         ratios = group_ratios(opt)
         base = read_held_out(held_out)
@@ -136,17 +144,21 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                 prev = max(c.readings, default=0)
                 c.advance(b, params, opt, train_step, held_out, origin, ratios, rows, place)
                 snaps = c.snapshot.evidence() if c.snapshot is not None else snaps
-                if c.status == "running" and compare(c.readings[b], c.readings.get(prev, base), alpha=alpha, look=look, max_looks=len(points)).worse:
+                if c.status == "running" and compare(c.readings[b], c.readings.get(prev, base), alpha=alpha, look=look,
+                                                     max_looks=len(points)).worse:
                     spiked.append(c)  # its own held-out loss rose since its previous reading
             seen = list(alive)
             if not any(math.isfinite(mean_or_inf(c.readings[b])) for c in seen):
-                raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower rates")
+                raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower "
+                                 "rates")
             running = [c for c in seen if c.status == "running"]
             if spiked:  # a spike puts that rate and every higher one out ...
                 low = min(c.lr for c in spiked)
                 out = sorted((c for c in running if c.lr >= low), key=lambda c: c.lr)
-                if len(out) == len(running):  # ... but the run goes on: the lowest rate stays, the least likely to spike again
-                    notes.append(f"step {b}: every running rate's held-out loss rose since its previous reading; the lowest, {out[0].lr:.3g}, goes on")
+                # ... but the run goes on: the lowest rate stays, the least likely to spike again
+                if len(out) == len(running):
+                    notes.append(f"step {b}: every running rate's held-out loss rose since its previous reading; the "
+                                 f"lowest, {out[0].lr:.3g}, goes on")
                     out = out[1:]
                 for c in out:
                     c.stop("unstable")
@@ -158,7 +170,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             if look == len(points):
                 winner = min(tied, key=lambda k: cands[k].lr)
                 decided = ("the only rate left" if len(readings) == 1
-                           else "the best mean, every other rate significantly worse" if winner == best and len(tied) == 1
+                           else "the best mean, every other rate significantly worse" if winner == best
+                           and len(tied) == 1
                            else f"{len(tied)} rates not significantly different: the lowest of them")
                 keep = [winner]
             else:  # halving: half go on — the tied ones first, lowest rates first; then by mean
@@ -169,7 +182,10 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             for c in alive:
                 if c.key not in keep:
                     c.stop("dropped" if c.status == "running" else c.status)
-            rounds.append({"steps": b, "candidates": [c.row(b, verdicts[c.key].as_dict() if c.key in verdicts else None) for c in seen]})
+            rounds.append({"steps": b,
+                           "candidates": [c.row(b,
+                                                verdicts[c.key].as_dict() if c.key in verdicts else None)
+                                          for c in seen]})
             if on_progress is not None:
                 on_progress(rounds[-1])
             alive = [cands[k] for k in keep]
@@ -180,7 +196,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                 c.snapshot = None
             ending = {"kept": None, "why": "the rounds only: the winner's run and its ending are the caller's"}
             decided += "".join("; " + n for n in notes)
-            return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)
+            return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0,
+                              snaps)
         (win.snapshot or origin).load(params, opt)
         from leadline.rate.state import run_steps
 
@@ -192,7 +209,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             ending, _ = race_ending(params, opt, train_step, held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
                                  ratios, rows, alpha=alpha, place=place)
             ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
-                             + ("kept: the constant ending was not better by a one-sided paired t test" if ending["kept"] == "decay"
+                             + ("kept: the constant ending was not better by a one-sided paired t test"
+                                if ending["kept"] == "decay"
                                 else "the constant ending kept: better by a one-sided paired t test"))
         else:
             run_steps(opt, train_step, win.done, total_steps, win.lr_at, ratios)

@@ -68,10 +68,12 @@ def lookahead_from(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
     elif isinstance(source, Mapping):
         get = source.get
     else:
-        raise InputError(f"lookahead_from needs a Plan, a Lookahead or a mapping with 'lr', got {type(source).__name__}")
+        raise InputError("lookahead_from needs a Plan, a Lookahead or a mapping with 'lr', got "
+                         f"{type(source).__name__}")
     lr = get("lr")
     if not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
-        raise InputError(f"the plan has no usable 'lr' (got {lr!r}); derive one with lookahead_lr() or pass {{'lr': ...}}")
+        raise InputError(f"the plan has no usable 'lr' (got {lr!r}); derive one with lookahead_lr() or pass {{'lr': "
+                         "...}")
     a1, w, h = get("alpha1"), get("warmup_steps", 0), get("lookahead_horizon_steps")
     return ScheduleConfig(float(lr), float(a1) if a1 else None, int(w or 0), int(h) if h else None)
 
@@ -145,7 +147,8 @@ class LookaheadSchedule:
         if self.finished:
             raise InputError("this LookaheadSchedule has finished; build a new one for another run")
         if not isinstance(step, int) or step <= self.last_step or step >= self.total_steps:
-            raise InputError(f"before(step) needs increasing steps in 0..{self.total_steps - 1}; got {step!r} after {self.last_step}")
+            raise InputError(f"before(step) needs increasing steps in 0..{self.total_steps - 1}; got {step!r} after "
+                             f"{self.last_step}")
         self.last_step = step
         if step % self.h == 0:
             self._check(step)
@@ -223,17 +226,22 @@ class LookaheadSchedule:
             self.ending, losses = race_ending(
                 self.params, self.opt, self.train_step, self.held_out, self.copy, self.copy_lr, self.copy_from,
                 self.total_steps, self.ratios, self._rows(), alpha=self.alpha, place=self.place)
-            self.ending["why"] = (f"the last {self.total_steps - self.copy_from} steps rerun from a copy with the rate falling linearly to zero: "
-                                  + ("kept: the constant ending was not better by a one-sided paired t test" if self.ending["kept"] == "decay"
+            self.ending["why"] = (f"the last {self.total_steps - self.copy_from} steps rerun from a copy with the rate "
+                                  "falling linearly to zero: "
+                                  + ("kept: the constant ending was not better by a one-sided paired t test"
+                                     if self.ending["kept"] == "decay"
                                      else "the constant ending kept: better by a one-sided paired t test"))
         else:
             losses = self._read()
-            self.ending = {"kept": "constant", "why": f"no copy: the run ({self.total_steps} steps) is not longer than 2h = {2 * self.h} steps"}
+            self.ending = {"kept": "constant",
+                           "why": f"no copy: the run ({self.total_steps} steps) is not longer than 2h = {2 * self.h} "
+                                  "steps"}
         if self.best is not None:
             v = compare(losses, self.best.losses, alpha=self.alpha, look=self.max_looks, max_looks=self.max_looks)
             if v.worse:
                 self.best.snapshot.load(self.params, self.opt, rng=False)
-                self._record(self.total_steps, losses, "rollback", to_step=self.best.step, final=True, versus_best=v.as_dict())
+                self._record(self.total_steps, losses, "rollback", to_step=self.best.step, final=True,
+                             versus_best=v.as_dict())
             else:
                 self._record(self.total_steps, losses, "final", versus_best=v.as_dict())
         self.finished = True
@@ -260,7 +268,8 @@ class LookaheadSchedule:
         """``schedule_rollbacks`` with the checks as evidence, and ``ending`` once finished."""
         out = {"schedule_rollbacks": Value(
             self.rollbacks, "measured",
-            f"checks every {self.h} steps on {self.rows or 0} held-out rows; a significantly worse check put the best back and halved the rate (rate now {self.rate:.3g})",
+            f"checks every {self.h} steps on {self.rows or 0} held-out rows; a significantly worse check put the best "
+            f"back and halved the rate (rate now {self.rate:.3g})",
             evidence=self.evidence())}
         if self.ending:
             out["ending"] = Value(self.ending["kept"], "measured", self.ending["why"], evidence=self.ending)

@@ -121,7 +121,8 @@ class Snapshot:
         return self.device is not None and self.device.type == "cuda"
 
     @classmethod
-    def take(cls, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, rng: bool = True, place: str = "auto") -> Snapshot:
+    def take(cls, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, rng: bool = True,
+             place: str = "auto") -> Snapshot:
         snap = cls(place)
         snap.save(params, opt, rng=rng)
         return snap
@@ -161,7 +162,8 @@ class Snapshot:
     @torch.no_grad()
     def load(self, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, rng: bool = True) -> None:
         if len(params) != len(self.params):
-            raise InputError(f"this snapshot holds {len(self.params)} tensors, not {len(params)}; load it into the params it was taken from")
+            raise InputError(f"this snapshot holds {len(self.params)} tensors, not {len(params)}; load it into the "
+                             "params it was taken from")
         for p, s in zip(params, self.params):
             p.copy_(s)
         for p, entry in zip(params, self.opt_state):
@@ -170,7 +172,8 @@ class Snapshot:
                 continue
             live = opt.state.get(p)
             same = live is not None and live.keys() == entry.keys() and all(
-                (torch.is_tensor(live[k]) and live[k].shape == v.shape and live[k].device == dev) if dev is not None else True
+                (torch.is_tensor(live[k]) and live[k].shape == v.shape and live[k].device == dev) if dev is not None
+                else True
                 for k, (v, dev) in entry.items()
             )
             if same:
@@ -226,9 +229,11 @@ def read_held_out(held_out: HeldOut, expected_rows: int | None = None) -> list[f
     finally:
         restore_rng(state)
     if len(losses) < 2:
-        raise InputError(f"held_out_losses_per_row() returned {len(losses)} losses; it must return one loss per held-out row, at least 2 rows")
+        raise InputError(f"held_out_losses_per_row() returned {len(losses)} losses; it must return one loss per "
+                         "held-out row, at least 2 rows")
     if expected_rows is not None and len(losses) != expected_rows:
-        raise InputError(f"held_out_losses_per_row() returned {len(losses)} losses, earlier {expected_rows}; it must read the same fixed rows every time")
+        raise InputError(f"held_out_losses_per_row() returned {len(losses)} losses, earlier {expected_rows}; it must "
+                         "read the same fixed rows every time")
     return losses
 
 
@@ -244,7 +249,8 @@ def check_params(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> 
     held = {id(p) for g in opt.param_groups for p in g["params"]}
     missing = [i for i, p in enumerate(params) if id(p) not in held]
     if missing:
-        raise InputError(f"params[{missing[0]}] is not in the optimizer; build opt over the same trained tensors you pass as params")
+        raise InputError(f"params[{missing[0]}] is not in the optimizer; build opt over the same trained tensors you "
+                         "pass as params")
     return params
 
 

@@ -74,18 +74,22 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
     to = f"the rate {lr:.3g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else "the chosen rate"
     source = (f"none, by measurement on other runs, not this one: the run starts at {to}. A warmup from alpha1 over "
               f"round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps lost to the same rate run constant in every paired "
-              "run at the run's length (E8 full fine-tune, 90 steps, on the card: +0.016 to +0.025 held-out CE, 5 of 5) "
+              "run at the run's length (E8 full fine-tune, 90 steps, on the card: +0.016 to +0.025 held-out CE, 5 of "
+              "5) "
               "and never measured better (seed E9: -0.0001 at 256 steps; LoRA r32 -0.0001 ± 0.0003)")
     if isinstance(alpha1, (int, float)) and isinstance(lr, (int, float)) and math.isfinite(alpha1) and lr <= alpha1:
         # nothing to warm: 0, so a scheduler that warms from zero (Trainer's) does not add one
         kind, evidence = "derived", {"beta1": b1, "warmup_from": alpha1, "warmup_to": lr}
         source = (f"none: the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, the step measured safe, so the run "
-                  f"starts at the rate (the warmup from alpha1 would be round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps)")
+                  f"starts at the rate (the warmup from alpha1 would be round(1/(1 - beta1)) = {warmup_steps_for(b1)} "
+                  "steps)")
     return {
         "warmup_steps": Value(0, kind, source, evidence=evidence, unit="steps"),
         "weight_decay": Value(
             0.0, "constant",
-            "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero (seed E9: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086), one that does not act is 0",
-            evidence={"source": "seed E9/E13", "decay_1_over_lr_steps_delta_ce": 2.96, "decay_10x_weaker_delta_ce": 0.0086},
+            "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero "
+            "(seed E9: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086), one that does not act is 0",
+            evidence={"source": "seed E9/E13", "decay_1_over_lr_steps_delta_ce": 2.96,
+                      "decay_10x_weaker_delta_ce": 0.0086},
         ),
     }
