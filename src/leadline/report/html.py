@@ -149,7 +149,8 @@ def _summary_card(plan: Plan) -> str:
         if n not in plan:
             continue
         v = plan[n]
-        rows.append(f"<tr class='{_esc(v.kind)}'><td><a href='#{_esc(n)}'>{_esc(n)}</a></td><td>{_esc(value_text(v))}</td>"
+        rows.append(f"<tr class='{_esc(v.kind)}'><td><a "
+                    f"href='#{_esc(n)}'>{_esc(n)}</a></td><td>{_esc(value_text(v))}</td>"
                     f"<td class='kind'>{_esc(v.kind)}</td><td>{_esc(short_why(v.source))}</td></tr>")
     consts = plan.constants()
     const = ("constants (not measured here): " + ", ".join(consts) if consts
@@ -161,7 +162,8 @@ def _summary_card(plan: Plan) -> str:
     return ("<div class='card'><h2 style='margin-top:0'>Train with</h2>"
             "<table><tr><th>value</th><th>number</th><th>kind</th><th>why</th></tr>" + "".join(rows) + "</table>"
             f"<p class='meta'>{_esc(const)}.</p>"
-            f"<p class='meta'>{len(plan.values)} values ({_esc(counts)}); the measurements took {_esc(sig(_spent(plan)))} s.</p></div>")
+            f"<p class='meta'>{len(plan.values)} values ({_esc(counts)}); the measurements took "
+            f"{_esc(sig(_spent(plan)))} s.</p></div>")
 
 
 def _figures(plan: Plan, can_plot: bool) -> str:
@@ -180,7 +182,8 @@ def _figures(plan: Plan, can_plot: bool) -> str:
         figs.append(f"<figure>{svg or ''}<figcaption>{caption}</figcaption></figure>")
     if not figs:
         return ""
-    note = "" if can_plot else "<p class='meta'>The figures need matplotlib (pip install 'leadline[hf]'); the evidence is below as tables.</p>"
+    note = ("" if can_plot else "<p class='meta'>The figures need matplotlib (pip install 'leadline[hf]'); the "
+                                "evidence is below as tables.</p>")
     return "<h2>Decisions</h2>" + note + ("".join(figs) if can_plot else "")
 
 

@@ -157,10 +157,12 @@ def _past_format(ev: dict[str, Any], ax: Any) -> None:
     ax.set_xlabel("burn-in steps")
     ax.set_ylabel("training loss", color="tab:blue")
     nx = ax.twinx()
-    nx.errorbar([0], [ev.get("step0_tokens")], yerr=[ev.get("step0_se") or 0], marker="s", color="tab:red", label="B_noise")
+    nx.errorbar([0], [ev.get("step0_tokens")], yerr=[ev.get("step0_se") or 0], marker="s", color="tab:red",
+                label="B_noise")
     for r in ev.get("readings", []):
         if r.get("b_noise_tokens") is not None:
-            nx.errorbar([r["steps"]], [r["b_noise_tokens"]], yerr=[r.get("se_tokens") or 0], marker="s", color="tab:red")
+            nx.errorbar([r["steps"]], [r["b_noise_tokens"]], yerr=[r.get("se_tokens") or 0], marker="s",
+                        color="tab:red")
     nx.set_ylabel("B_noise (scored tokens)", color="tab:red")
     ax.set_title("past the format: the burn-in's loss, and the noise before and after")
     ax.legend(fontsize=8, loc="upper center")
