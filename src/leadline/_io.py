@@ -28,7 +28,8 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
     if not folder.is_dir():
         raise InputError(f"cannot write {given}: the folder {folder} does not exist; create it or choose another path")
     if target.is_dir():
-        raise InputError(f"cannot write {given}: it is a folder; pass a file path inside it, e.g. {given / 'plan.json'}")
+        raise InputError(f"cannot write {given}: it is a folder; pass a file path inside it, e.g. "
+                         f"{given / 'plan.json'}")
     mode = "wb" if isinstance(data, bytes) else "w"
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     try:
