@@ -126,8 +126,8 @@ class RowReader:
                 yield ex
         self.sha256 = h.hexdigest()
         if seen == 0:
-            fix = ("pass a JSON Lines file with one JSON object per line" if self.path is not None else "pass at least "
-                                                                                                        "one row")
+            fix = ("pass a JSON Lines file with one JSON object per line" if self.path is not None
+                   else "pass at least one row")
             raise InputError(f"{self.source} holds no rows; {fix}")
 
     def _raw(self, h: Any) -> Iterator[tuple[str, Any]]:
@@ -220,9 +220,8 @@ def detect(row: Mapping[str, Any]) -> str | None:
     if "messages" in row:
         return "messages"
     if "prompt" in row and "completion" in row:
-        return "chat_prompt_completion" if isinstance(row["prompt"],
-                                                      list) or isinstance(row["completion"],
-                                                                          list) else "prompt_completion"
+        return ("chat_prompt_completion" if isinstance(row["prompt"], list) or isinstance(row["completion"], list)
+                else "prompt_completion")
     if "text" in row:
         return "text"
     if "instruction" in row and "output" in row:

@@ -128,11 +128,10 @@ def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) ->
         yield
         return
     inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    enable = getattr(inner, "activation_checkpointing_enable",
-                     None) or getattr(inner, "gradient_checkpointing_enable", None)
-    disable = getattr(inner, "activation_checkpointing_disable", None) or getattr(inner,
-                                                                                  "gradient_checkpointing_disable",
-                                                                                  None)
+    enable = (getattr(inner, "activation_checkpointing_enable", None)
+              or getattr(inner, "gradient_checkpointing_enable", None))
+    disable = (getattr(inner, "activation_checkpointing_disable", None)
+               or getattr(inner, "gradient_checkpointing_disable", None))
     if on and (enable is None or not getattr(inner, "supports_gradient_checkpointing", True)):
         raise InputError(f"{type(inner).__name__} does not support gradient checkpointing; turn it off "
                          "(gradient_checkpointing=False, or leave out --gradient-checkpointing)")

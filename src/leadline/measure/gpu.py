@@ -360,16 +360,15 @@ def transfer_bandwidth(device: Any = None, sizes_bytes: tuple[int, ...] = (4 * M
                 host = torch.ones(n, dtype=torch.uint8, pin_memory=memory == "pinned")
                 dev = torch.ones(n, dtype=torch.uint8, device=device)
                 nb = memory == "pinned"
-                fn = (lambda d=dev, h=host,
-                      nb=nb: d.copy_(h,
-                                     non_blocking=nb)) if direction == "h2d" else (lambda d=dev, h=host,
-                                                                                   nb=nb: h.copy_(d, non_blocking=nb))
+                fn = ((lambda d=dev, h=host, nb=nb: d.copy_(h, non_blocking=nb)) if direction == "h2d"
+                      else (lambda d=dev, h=host, nb=nb: h.copy_(d, non_blocking=nb)))
                 s = median(_timed(fn, sync, repeats))
                 rows.append({"bytes": n, "seconds": s, "gb_per_s": n / s / 1e9})
                 del host, dev
             best = max(r["gb_per_s"] for r in rows)
-            sat = len(rows) < 2 or abs(rows[-1]["gb_per_s"] - rows[-2]["gb_per_s"]) <= 0.1 * max(rows[-1]["gb_per_s"],
-                                                                                                 rows[-2]["gb_per_s"])
+            sat = (len(rows) < 2
+                   or abs(rows[-1]["gb_per_s"] - rows[-2]["gb_per_s"]) <= 0.1 * max(rows[-1]["gb_per_s"],
+                                                                                    rows[-2]["gb_per_s"]))
             out.append(Transfer(direction, memory, rows, best, sat))
     return out
 

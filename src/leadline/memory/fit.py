@@ -182,8 +182,8 @@ def _what_would_fit(r: FitResult) -> str:
                if w not in measured]
     if not r.suggested:
         return "what would fit: fewer rows, a shorter length, " + _or(untried or ["a larger card"]) + " (not measured)"
-    tail = (f" (not measured: {_or(untried)})" if untried else "") + (f"; measured and still over: {', '.join(bad)}"
-                                                                      if bad else "")
+    tail = ((f" (not measured: {_or(untried)})" if untried else "")
+            + (f"; measured and still over: {', '.join(bad)}" if bad else ""))
     if good:
         return "what would fit: " + _or(good) + tail
     return "nothing measured fits" + (f" ({', '.join(bad)})" if bad else "") + (

@@ -334,8 +334,8 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
     timings: dict[int, Any] = {}
     while (rows := search.next()) is not None:
         last = rungs[-1]
-        if too_long is not None and search.points and last.seconds and too_long(last.seconds * rows / max(1,
-                                                                                                          last.rows)):
+        if (too_long is not None and search.points and last.seconds
+                and too_long(last.seconds * rows / max(1, last.rows))):
             search.hurry("max_seconds")  # the next rung, at the last one's seconds a row, would not fit
             continue
         rung, timing = probe(step, mem, rows, length, repeats, "search", False)
@@ -382,8 +382,8 @@ def nothing_fits(result: RampResult) -> str:
     fixes = "shorten the length, turn on gradient checkpointing or lower the LoRA rank"
     if bad is None:
         return f"{head}: no step ran against {room}; {fixes}"
-    where = {"confirm": "on a repeat", "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase,
-                                                                                                             "")
+    where = {"confirm": "on a repeat",
+             "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase, "")
     if bad.verdict == "squeezed":
         return (f"{head}: the step {where + ' ' if where else ''}ran only because the allocator emptied its cache and "
                 "retried "

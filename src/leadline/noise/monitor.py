@@ -343,8 +343,8 @@ class NoiseMonitor:
             raise InputError("suggest() needs tokens_per_micro_batch (scored tokens a micro-batch), here or in "
                              "NoiseMonitor(...)")
         if not est.resolved or est.b_noise_tokens is None:
-            why = ("fewer than 3 micro-batches read" if est.draws < 3 else "the noise scale does not resolve yet (|G|² "
-                                                                           "or S within one SE of zero)")
+            why = ("fewer than 3 micro-batches read" if est.draws < 3
+                   else "the noise scale does not resolve yet (|G|² or S within one SE of zero)")
             return Suggestion(None, None, None, None, est, reason=why)
         b = est.b_noise_tokens
         target = time_optimal_tokens(b, m, t_step, t_micro) if (t_micro and t_step is not None) else b

@@ -99,8 +99,8 @@ def _fixed_cost(t_one: float, t_fit: float, rows_fit: int, one_repeats: Sequence
     c = max(c, 1e-3 * t_fit / rows_fit)
     a = max(0.0, t_fit - c * rows_fit)
     out: dict[str, Any] = {}
-    if a > 0 and len(one_repeats) > 1 and len(fit_repeats) > 1 and not _surely_positive(one_repeats, fit_repeats,
-                                                                                        rows_fit):
+    if (a > 0 and len(one_repeats) > 1 and len(fit_repeats) > 1
+            and not _surely_positive(one_repeats, fit_repeats, rows_fit)):
         out["a_within_spread_seconds"] = a
         a, c = 0.0, t_fit / rows_fit
     return {"a_seconds": a, "c_seconds_per_row": c, "t_micro_one_row_seconds": t_one, "t_micro_rows_fit_seconds": t_fit,
