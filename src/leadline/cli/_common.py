@@ -202,8 +202,7 @@ def check_lora_rank(model: Any, rank: int) -> None:
     width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
     if isinstance(width, int) and rank > width:
         raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds "
-                         "nothing, "
-                         f"pass --lora-rank {min(width, 16)} or less, or --full")
+                         f"nothing, pass --lora-rank {min(width, 16)} or less, or --full")
 
 
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -103,8 +103,7 @@ def _raced(plan: Any, race: dict[str, Any]) -> None:
 
     plan.set("lr", Value(float(race["chosen_lr"]), "measured",
                          f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} held-out "
-                         "rows "
-                         f"({race['decided_by']})", evidence=race, unit="per step"))
+                         f"rows ({race['decided_by']})", evidence=race, unit="per step"))
     ending = race.get("ending") or {}
     plan.set("ending",
              Value(ending.get("kept", "constant"), "measured", ending.get("why") or "raced at the end of the run",
@@ -248,8 +247,7 @@ def run(args: argparse.Namespace) -> int:
     train, test = read("debian_sections_demo_train.jsonl"), read("debian_sections_demo_test.jsonl")
     where = f"the GPU ({torch.cuda.get_device_name(0)})" if on_gpu else "the CPU (no CUDA device)"
     print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16, debian_sections ({len(train)} training "
-          "rows, "
-          f"{len(test)} test rows)\nthis run: {cut.sentence()}", flush=True)
+          f"rows, {len(test)} test rows)\nthis run: {cut.sentence()}", flush=True)
     t0 = time.perf_counter()
     path = default_model_path()
     tok = load_tokenizer(path)

@@ -63,8 +63,7 @@ def run(args: argparse.Namespace) -> int:
         _positive(name, getattr(args, name[2:].replace("-", "_")))
     if args.seq_len < 2:
         raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
-                         "the shift); "
-                         "pass the length you train at, e.g. --seq-len 512")
+                         "the shift); pass the length you train at, e.g. --seq-len 512")
     check_device(args.device)
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
     path = args.model or default_model_path()
@@ -137,9 +136,8 @@ def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) 
         lo, hi = (mid, hi) if (estimate_step_bytes(model, mid, args.seq_len) or 0) <= room else (lo, mid - 1)
     fix = f"pass --batch {lo} or fewer" if lo else "not even one row fits by the estimate: pass a shorter --seq-len"
     raise InputError(f"--batch {args.batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by the "
-                     "estimate, "
-                     f"{est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and run fit on "
-                     "that")
+                     f"estimate, {est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and "
+                     "run fit on that")
 
 
 def _check_positions(model: Any, seq_len: int) -> None:
@@ -149,8 +147,7 @@ def _check_positions(model: Any, seq_len: int) -> None:
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(positions, int) and seq_len > positions:
         raise InputError(f"--seq-len {seq_len} is longer than the model's positions (max_position_embeddings "
-                         f"{positions}); "
-                         f"pass --seq-len {positions} or less")
+                         f"{positions}); pass --seq-len {positions} or less")
 
 
 def _dtype(name: str | None) -> Any:

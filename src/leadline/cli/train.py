@@ -48,8 +48,7 @@ def run(args: argparse.Namespace) -> int:
         check_positive("--lr", args.lr, example="2e-4")
         if not 0.0 <= args.warmup_ratio < 1.0:
             raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
-                             "including) 1; "
-                             "pass e.g. --warmup-ratio 0.03")
+                             "including) 1; pass e.g. --warmup-ratio 0.03")
     check_device(args.device)
     if not args.recipe and plan.data.get("sha256"):
         from leadline.provenance import content_hash

@@ -67,8 +67,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str
         if not b.startswith(a) or not full.startswith(b):
             raise TemplateError(
                 f"renders turn {i} differently once later turns are added, so its assistant tokens cannot be found by "
-                "prefix; "
-                "use a chat template with {% generation %} markers"
+                "prefix; use a chat template with {% generation %} markers"
             )
         spans.append((len(a), len(b)))
     return full, spans

@@ -153,8 +153,7 @@ class CorpusProfile:
         elif self.seq_len_rule == "positions":
             seq = Value(self.seq_len, "derived",
                         f"the model's positions (max_position_embeddings {self.seq_len}), shorter than the longest row "
-                        f"of {src} "
-                        f"({self.longest:,} tokens); truncation at it cuts {self.truncated_rows:,} rows and "
+                        f"of {src} ({self.longest:,} tokens); truncation at it cuts {self.truncated_rows:,} rows and "
                         f"{self.truncated_scored_share:.2%} of the scored tokens",
                         {"rule": "positions", "positions": self.seq_len, "longest": self.longest,
                          "lengths": self.lengths,

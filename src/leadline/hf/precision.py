@@ -107,9 +107,8 @@ def check_trainable(model: Any) -> Precision:
     prec = precision_of(model)
     if prec.quantization and not prec.adapter:
         raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base "
-                         "trains only "
-                         "through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass peft_config= "
-                         "to SFTTrainer")
+                         "trains only through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass "
+                         "peft_config= to SFTTrainer")
     if prec.quantization and prec.quantization[0] in "48":
         device = next(model.parameters()).device
         if device.type != "cuda":

@@ -95,9 +95,8 @@ def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None
         need = TRIES * STEPS_A_TRY * (float(t[0]) + float(t[1]))
         if need > seconds_left:
             plan.notes.append(f"fit_rank: not measured, about {need:.0f} s of real steps ({TRIES} ranks by bisection) "
-                              "against "
-                              f"{max(0.0, seconds_left):.0f} s left of max_seconds; raise max_seconds or run `leadline "
-                              "fit`")
+                              f"against {max(0.0, seconds_left):.0f} s left of max_seconds; raise max_seconds or run "
+                              "`leadline fit`")
             return {}
     own = int(lora_config_of(model).r)
     found = rank_fit_for(model, mb, seq, card_bytes=card_bytes)

@@ -143,8 +143,7 @@ def fit_sentence(r: FitResult) -> str:
         what = ("ran out of memory" if mixed.verdict == "oom" else "ran only because the allocator emptied its cache "
                                                                    "and retried")
         head = (f"refused: a training step of {shape} ran twice at {r.length} tokens, then, through the corpus's "
-                "length mix, "
-                f"{what} at a step of {mixed.length} tokens ({r.retries} allocator "
+                f"length mix, {what} at a step of {mixed.length} tokens ({r.retries} allocator "
                 f"retr{'y' if r.retries == 1 else 'ies'}, "
                 f"peak {format_bytes(r.peak_bytes)} allocated) against {room} of room on {r.device}")
     elif r.verdict == "too_large" and r.device.startswith("cuda"):

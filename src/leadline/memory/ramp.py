@@ -386,10 +386,9 @@ def nothing_fits(result: RampResult) -> str:
              "mix": f"at {bad.length} tokens through the corpus's length mix"}.get(bad.phase, "")
     if bad.verdict == "squeezed":
         return (f"{head}: the step {where + ' ' if where else ''}ran only because the allocator emptied its cache and "
-                "retried "
-                f"(peak {format_bytes(bad.peak_bytes)} allocated, {format_bytes(bad.reserved_bytes)} reserved, against "
-                f"{room}); "
-                f"{fixes}, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against the fragmentation")
+                f"retried (peak {format_bytes(bad.peak_bytes)} allocated, {format_bytes(bad.reserved_bytes)} reserved, "
+                "against "
+                f"{room}); {fixes}, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against the fragmentation")
     peak = f" (peak {format_bytes(bad.peak_bytes)} before it stopped)" if bad.peak_bytes else ""
     what = "ran out of memory" if bad.verdict == "oom" else f"met {bad.verdict}"
     return f"{head}: the step {where + ' ' if where else ''}{what}{peak} against {room}; {fixes}"

@@ -210,9 +210,8 @@ class NoiseMonitor:
                              "optimizer trains")
         if any(_is_sharded(p) for p in self.params):
             raise InputError("NoiseMonitor reads whole .grad tensors, and these parameters are sharded (DTensor, e.g. "
-                             "FSDP's fully_shard); "
-                             "read the noise on one GPU or under DDP, or with leadline.measure_noise_scale on an "
-                             "unsharded copy")
+                             "FSDP's fully_shard); read the noise on one GPU or under DDP, or with "
+                             "leadline.measure_noise_scale on an unsharded copy")
         if isinstance(window, bool) or not isinstance(window, int) or window < 2:
             raise InputError(f"NoiseMonitor(window={window!r}) needs a whole number of micro-batches >= 2")
         self.grad_accum = grad_accum

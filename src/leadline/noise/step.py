@@ -203,8 +203,7 @@ class StepPlan:
         return (f"B* = sqrt(B_noise {format_tokens(i['b_noise_tokens'])} × "
                 f"{format_tokens(i['tokens_per_micro_batch'])} tokens a micro-batch"
                 f" × t_step {i['t_step_seconds']:.4g} s / t_micro {i['t_micro_seconds']:.4g} s) = "
-                f"{format_tokens(self.b_star_tokens)}{clamp}"
-                " (the least time to a loss, McCandlish et al. 2018)")
+                f"{format_tokens(self.b_star_tokens)}{clamp} (the least time to a loss, McCandlish et al. 2018)")
 
     def as_values(self) -> dict[str, Value]:
         """The plan's ``tokens_per_step``, ``micro_batch`` and ``grad_accum`` (all derived)."""

@@ -153,8 +153,7 @@ class FirstStep:
                    f"({self.stopped_because})")
         else:
             src = (f"the step along Adam's first update where the held-out loss on {self.held_out_rows} rows stops "
-                   "falling "
-                   f"({self.base_loss:.4g} -> {self.loss:.4g}; {self.stopped_because})")
+                   f"falling ({self.base_loss:.4g} -> {self.loss:.4g}; {self.stopped_because})")
         return {"alpha1": Value(self.alpha1, "measured", src, evidence=self.evidence(), seconds=self.seconds,
                                 unit="per step")}
 

@@ -75,8 +75,7 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
     source = (f"none, by measurement on other runs, not this one: the run starts at {to}. A warmup from alpha1 over "
               f"round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps lost to the same rate run constant in every paired "
               "run at the run's length (E8 full fine-tune, 90 steps, on the card: +0.016 to +0.025 held-out CE, 5 of "
-              "5) "
-              "and never measured better (seed E9: -0.0001 at 256 steps; LoRA r32 -0.0001 ± 0.0003)")
+              "5) and never measured better (seed E9: -0.0001 at 256 steps; LoRA r32 -0.0001 ± 0.0003)")
     if isinstance(alpha1, (int, float)) and isinstance(lr, (int, float)) and math.isfinite(alpha1) and lr <= alpha1:
         # nothing to warm: 0, so a scheduler that warms from zero (Trainer's) does not add one
         kind, evidence = "derived", {"beta1": b1, "warmup_from": alpha1, "warmup_to": lr}
