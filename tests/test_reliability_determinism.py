@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import math
 import random
-import time
-
-import pytest
 
 from helpers import DATA
+from test_derive_golden import Clock, clock  # noqa: F401  (the fake clock and its fixture)
 
 RPS = {1: 10.0, 2: 14.0, 4: 16.8, 8: 16.8 * 1.04, 16: 15.7}  # rows per second at each rung: +4% from 4 to 8
 
@@ -30,29 +28,7 @@ def _seconds_of(rows: int) -> float:
     return t_lo + (t_hi - t_lo) * (rows - lo) / max(1, hi - lo)
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
-
-
-@pytest.fixture
-def clock(monkeypatch):
-    import leadline.noise.probe as probe
-
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    monkeypatch.setattr(time, "monotonic", c)
-    monkeypatch.setattr(probe, "_clock", c)
-    return c
-
-
-def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:
+def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:  # noqa: F811
     """A least-squares toy as the trained weights, KnownNoise as the gradient source, and a step
     whose every timed repeat is the true time times a uniform draw in [1 - jitter, 1 + jitter]."""
     import torch
@@ -102,13 +78,13 @@ def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:
             "step_fn": step_fn}
 
 
-def _derives(clock: Clock, seeds, effort: str = "full") -> list:
+def _derives(clock: Clock, seeds, effort: str = "full") -> list:  # noqa: F811
     from leadline.derive import derive
 
     return [derive(**_pieces(clock, s), total_steps=40, effort=effort) for s in seeds]
 
 
-def test_three_derives_with_jittered_timings_give_the_same_plan(clock):
+def test_three_derives_with_jittered_timings_give_the_same_plan(clock):  # noqa: F811
     plans = _derives(clock, (0, 1, 2))
     assert len({p.rows_fit for p in plans}) == 1, [p["rows_fit"].evidence.get("stopped_because") for p in plans]
     assert len({p.micro_batch for p in plans}) == 1 and len({p.grad_accum for p in plans}) == 1
@@ -121,14 +97,14 @@ def test_three_derives_with_jittered_timings_give_the_same_plan(clock):
     assert math.log2(max(rates) / min(rates)) <= 1.0 + 1e-9, rates  # within one step of the rate grid (2x)
 
 
-def test_a_tie_within_the_spread_keeps_the_smaller_batch_and_says_so(clock):
+def test_a_tie_within_the_spread_keeps_the_smaller_batch_and_says_so(clock):  # noqa: F811
     plan = _derives(clock, (3,), effort="quick")[0]
     why = plan["rows_fit"].evidence.get("stopped_because", "") + plan["rows_fit"].source
     assert plan.rows_fit == 4, why
     assert "spread" in why or "less than 5%" in why
 
 
-def test_without_jitter_a_clear_gain_is_still_taken(clock, monkeypatch):
+def test_without_jitter_a_clear_gain_is_still_taken(clock, monkeypatch):  # noqa: F811
     """The spread rule does not hold the batch back when the gain is real: at +25% from 4 to 8
     rows, with ±5% jitter, 8 rows are kept."""
     monkeypatch.setitem(RPS, 8, 16.8 * 1.25)
