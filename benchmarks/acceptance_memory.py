@@ -1,13 +1,13 @@
 """The memory ramp's acceptance on the card, case by case, from the committed memory_ramp results.
 
-CPU only: reads ``benchmarks/results/memory_ramp_*.json`` and prints one markdown row per case
+CPU only: reads ``benchmarks/results/memory_ramp/*.json`` and prints one markdown row per case
 (mode, card, length) with, for each rule, the verdict of the newest file that judged it and that
 file's name, and how far the watch saw the room shrink during the newest 300-step run (memory
 outside the allocator growing after the ramp). The files of a case, oldest first: the ramp
 against the corpus order longest first (``_longest_first*``), the ramp itself, its truth measured
 again (``_truth_repeat``), the watch's cost side by side (``_watch_cost``: R4 read as paired steps
 at one set of lengths, the order-balanced 2-se interval) and its re-reading
-(``memory_ramp_watch_cost_rejudged.json``).
+(``memory_ramp/watch_cost_rejudged.json``).
 
     python3 benchmarks/acceptance_memory.py --out benchmarks/results/acceptance_memory.md
 """
@@ -44,9 +44,10 @@ def r4_reading(case: dict[str, Any]) -> dict[str, Any] | None:
 
 def collect(results: Path) -> dict[tuple[str, float, int], dict[str, Any]]:
     cases: dict[tuple[str, float, int], dict[str, Any]] = {}
-    files = sorted(results.glob("memory_ramp_*.json"), key=lambda p: (rank(p.name), p.name))
+    files = sorted((results / "memory_ramp").glob("*.json"), key=lambda p: (rank(p.name), p.name))
     for f in files:
         data = json.loads(f.read_text())
+        name = f"memory_ramp/{f.name}"
         if "cases" not in data:  # the re-reading of the watch-cost files
             continue
         for c in data["cases"]:
@@ -57,26 +58,26 @@ def collect(results: Path) -> dict[tuple[str, float, int], dict[str, Any]]:
             row = cases.setdefault(key, {})
             for rule in RULES:
                 if c.get(rule):
-                    row[rule] = (c[rule], f.name, c)
+                    row[rule] = (c[rule], name, c)
             if c.get("truth") and c["truth"].get("b_true") is not None:
-                row["truth"] = (c["truth"]["b_true"], (c.get("ramp") or {}).get("micro_batch"), f.name)
+                row["truth"] = (c["truth"]["b_true"], (c.get("ramp") or {}).get("micro_batch"), name)
             r4 = r4_reading(c)
             if r4 is not None and "_watch_cost" in f.name:
-                row["R4"] = (r4, f.name)
+                row["R4"] = (r4, name)
             watch = (c.get("run") or {}).get("watch") or {}
             if watch.get("start_room_bytes") and watch.get("least_room_bytes"):
-                row["room_lost"] = ((watch["start_room_bytes"] - watch["least_room_bytes"]) / 1e6, f.name)
+                row["room_lost"] = ((watch["start_room_bytes"] - watch["least_room_bytes"]) / 1e6, name)
             if c.get("R4b"):
-                row["R4b"] = ((c.get("overhead") or {}).get("bound"), f.name)
-    rejudged = results / "memory_ramp_watch_cost_rejudged.json"
+                row["R4b"] = ((c.get("overhead") or {}).get("bound"), name)
+    rejudged = results / "memory_ramp" / "watch_cost_rejudged.json"
     if rejudged.exists():
-        for name, judged in json.loads(rejudged.read_text())["judged"].items():
-            m = re.match(r"memory_ramp_(\w+?)_(\d+)gb_seq(\d+)_", name)
+        for judged_name, judged in json.loads(rejudged.read_text())["judged"].items():
+            m = re.match(r"(\w+?)_(\d+)gb_seq(\d+)_", judged_name)
             key = (m.group(1), float(m.group(2)), int(m.group(3))) if m else None
             if key in cases and "R4" not in cases[key] and judged:
                 j = judged[0]
                 cases[key]["R4"] = ({"ratio": j["ratio"], "low": j["low"], "high": j["high"], "verdict": j["verdict"]},
-                                    f"{rejudged.name}, re-reading {name}")
+                                    f"memory_ramp/{rejudged.name}, re-reading {judged_name}")
     return cases
 
 

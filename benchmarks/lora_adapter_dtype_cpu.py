@@ -2,8 +2,8 @@
 float32 adapters and with the adapters in the model's bfloat16 — SmolLM2-135M in bfloat16, on
 the CPU (the bytes the autograd graph saves do not depend on the device).
 
-Why: on the H200 (`memory_ramp_lora16_24gb_seq2048.json` against
-`memory_ramp_full_24gb_seq2048.json`) LoRA r16 kept 4 rows at 2048 tokens where the full
+Why: on the H200 (`memory_ramp/lora16_24gb_seq2048.json` against
+`memory_ramp/full_24gb_seq2048.json`) LoRA r16 kept 4 rows at 2048 tokens where the full
 fine-tune kept 5, though it holds ~2 GB less of weights, gradients and optimizer state.
 PEFT keeps the adapters in float32 on a bfloat16 model by default and casts each adapted
 layer's input to float32, so this counts the tensors saved for the backward (each storage once,

@@ -7,7 +7,7 @@ flat buffer: ``git show 1c2b512:src/leadline/noise/monitor.py > /tmp/monitor_bef
 the two are timed by the same script. No pass/fail: a measurement for the docs.
 
     PYTHONPATH=src .venv/bin/python benchmarks/monitor_micro_cpu.py --out benchmarks/results/monitor_micro_cpu.json
-    PYTHONPATH=src .venv/bin/python benchmarks/monitor_micro_cpu.py --monitor-file /tmp/monitor_before.py --out benchmarks/results/monitor_micro_cpu_before.json
+    PYTHONPATH=src .venv/bin/python benchmarks/monitor_micro_cpu.py --monitor-file /tmp/monitor_before.py --out benchmarks/results/monitor_micro_cpu_without_buffer.json
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Decision rules (per mode), written before the run:
   R3  its optimizer steps (lookahead_lr.steps_used) <= 40% of the sweep's (0.4 x 540 = 216).
   A sweep whose best rate sits at an edge of its grid is flagged (R1 is then weaker).
   Beside the rules (no pass/fail; the full mode missed R2 at a rate 1.15x the sweep's best,
-  ``rate_e8.json``): the sweep's best rate run again from the same start
+  ``rate_lookahead/sweep_gsm_full.json``): the sweep's best rate run again from the same start
   ("replay_best": how far two runs at one rate land apart on this card, TF32 and atomics
   included), the look-ahead's rate constant with no warmup ("lookahead_constant"), and (because the
   look-ahead arm lost 0.018 to "lookahead_constant" at the same rate) the look-ahead arm's
@@ -59,8 +59,8 @@ arm, so a cut-off run keeps what it measured.
 
 Run (cwd = repo root, on the GPU machine, the assets in /root/assets):
     PYTHONPATH=src python3 benchmarks/rate_lookahead.py --out $OUT/rate_lookahead.json
-    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment sweep --out $OUT/rate_e8.json
-    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment schedule --out $OUT/rate_e11.json
+    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment sweep --out $OUT/rate_lookahead/sweep_gsm.json
+    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment schedule --out $OUT/rate_lookahead/schedule_debian_all_arms.json
 CPU smoke run of every code path (a tiny random Llama, a few rows, no pass/fail meaning):
     PYTHONPATH=src .venv/bin/python benchmarks/rate_lookahead.py --smoke --data-dir ../shared/data --out /tmp/rate_smoke.json
 """

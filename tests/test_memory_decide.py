@@ -145,7 +145,7 @@ def test_confirmation_lengths_longest_first_each_followed_by_the_full_length():
 
 
 def test_confirmation_lengths_default_is_sixteen_steps_on_the_h200_mix():
-    # the corpus lengths the H200 ramp ran (benchmarks/results/memory_ramp_lora16_6gb_seq512.json)
+    # the corpus lengths the H200 ramp ran (benchmarks/results/memory_ramp/lora16_6gb_seq512.json)
     h200 = [112, 136, 107, 52, 106, 253, 49, 212]
     got = confirmation_lengths(512, h200)
     assert got == [253, 512, 212, 512, 136, 512, 112, 512, 107, 512, 106, 512, 52, 512, 49, 512]

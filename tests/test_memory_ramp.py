@@ -66,7 +66,7 @@ def test_the_length_mix_fragments_the_cache_and_lowers_the_batch():
     assert kept_mix == [(5, "fits"), (10, "fits"), (3, "fits"), (10, "fits")]
 
 
-# The H200 case (benchmarks/results/memory_ramp_lora16_6gb_seq512.json), scaled onto the fake:
+# The H200 case (benchmarks/results/memory_ramp/lora16_6gb_seq512.json), scaled onto the fake:
 # 100 + rows x length bytes against 2400, so 4 rows fit at 512 (2148) and 5 do not (2660).
 H200_MIX = [112, 136, 107, 52, 106, 253, 49, 212]  # the corpus lengths the ramp ran there
 OLD_CONFIRMATION = [*H200_MIX, 512]  # what it ran after its repeats: 4 rows passed, 50 real steps did not

@@ -104,7 +104,7 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     # a rate above alpha1: no warmup either, a constant resting on the paired runs that measured it (docs/rate.md)
     w = v["warmup_steps"]
     assert w.value == 0 and w.kind == "constant" and "5 of 5" in w.source and "= 10 steps" in w.source
-    assert w.evidence["e8_paired_runs_lost"] == "5 of 5" and "e8_warmup.py" in w.evidence["decide_again"]
+    assert w.evidence["e8_paired_runs_lost"] == "5 of 5" and "warmup_cost.py" in w.evidence["decide_again"]
     assert "= 20 steps" in warmup_values(alpha1=1e-4, lr=2e-4, beta1=0.95)["warmup_steps"].source
     # a rate at or below alpha1 has nothing to warm: 0 steps, so Trainer's warmup from zero adds none
     low = warmup_values(alpha1=1e-4, lr=5e-5, betas=(0.9, 0.999))["warmup_steps"]

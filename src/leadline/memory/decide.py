@@ -297,7 +297,7 @@ def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_
     ``l1 >= l2 >= ... >= ln``; at most ``mix_steps`` steps (2 when ``mix_steps`` is 1).
 
     Why this order (measured on the H200, SmolLM2-135M LoRA r16, seq 512, a 6 GB card;
-    benchmarks/results/memory_ramp_lora16_6gb_seq512.json and docs/memory.md): the allocator
+    benchmarks/results/memory_ramp/lora16_6gb_seq512.json and docs/memory.md): the allocator
     retries on a full-length step whose cache was laid out by a step a little shorter (489
     then 512 tokens at 4 rows, from an emptied cache, retried; at 3 rows it did not), which
     is how a run starts and how its cache is after every retry. A cache that already holds a

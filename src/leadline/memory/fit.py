@@ -227,7 +227,7 @@ def measure_fit(
             ramp's confirmation (:func:`~leadline.memory.decide.confirmation_lengths`): from an
             emptied cache, the mix's lengths longest first, each followed by ``length``. Two
             steps at the length alone let 4 rows through on a 6 GB card where a run over the
-            mix retried (benchmarks/results/memory_ramp_lora16_6gb_seq512_longest_first.json);
+            mix retried (benchmarks/results/memory_ramp/lora16_6gb_seq512_longest_first.json);
             the verdict is then that of the first step that retried or ran out.
         mix_steps: the most steps the mix runs.
 

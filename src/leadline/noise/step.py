@@ -15,7 +15,7 @@ when the card fits more rows than the step needs, and grad_accum follows.
 That formula assumes a micro-batch costs in proportion to its tokens. A small model on a big
 card is bound by kernel launches instead: on the H200, SmolLM2-135M LoRA took 0.14 s for 3 rows
 and about as long for 1 (benchmarks/results/e2e_debian_failed_bf16.json, the ramp's rungs in
-memory_ramp_lora16_6gb_seq512.json). Given the forward+backward at ONE row as well,
+memory_ramp/lora16_6gb_seq512.json). Given the forward+backward at ONE row as well,
 t(r) = a + c r is fitted through the two shapes (a: the fixed cost of a micro-batch), a step of
 r rows costs a + c r + t_step on a card that holds it in one micro-batch, and the step is the
 whole number of rows that minimizes (1 + B_noise/B) x that time over [one row, B_noise] — the

@@ -21,11 +21,11 @@ from leadline.errors import InputError
 from leadline.plan import Value
 
 WARMUP_MEASURED = {
-    "source": "benchmarks/results/e8_warmup_*.json, rate_e8_full.json; seed E9/E9b",
+    "source": "benchmarks/results/warmup_cost/*.json, rate_lookahead/sweep_gsm_full.json; seed E9/E9b",
     "e8_full_90_steps_warmup_minus_constant_ce": [0.0174, 0.0156, 0.0254, 0.0211, 0.0184],
     "e8_paired_runs_lost": "5 of 5", "e8_rate_over_alpha1": 1.62,
     "seed_e9_warmup_minus_constant_ce": -0.0001, "seed_e9b_lora_warmup_minus_constant_ce": -0.0001,
-    "decide_again": ("PYTHONPATH=src python3 benchmarks/e8_warmup.py --model M --data-dir D --judge 256 "
+    "decide_again": ("PYTHONPATH=src python3 benchmarks/warmup_cost.py --model M --data-dir D --judge 256 "
                      "--arms constant,warmup --order-seed 1 --out OUT"),
 }
 """What the plan's warmup of 0 rests on: every paired measurement of the warmup from alpha1 against
