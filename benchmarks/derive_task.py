@@ -1,4 +1,4 @@
-"""The step derive() plans for a task (issue 5): B*, the micro-batch cut to it and grad_accum,
+"""The step derive() plans for a task: B*, the micro-batch cut to it and grad_accum,
 through the command line a user runs, on SmolLM2-135M-Instruct LoRA r16.
 
 Tasks (rows as prompt/completion, the same formats as benchmarks/noise_probe.py):
@@ -15,7 +15,7 @@ Decision rules, written before the run (they check the plan's arithmetic on the 
   S2  micro_batch x grad_accum x scored tokens a row covers tokens_per_step and exceeds it by
       less than one micro-batch;
   S3  derive exits 0 within --max-seconds (its own time, from the plan's note).
-The peer for scale (issue 5): pichak 0.4.1 on the same H200 and debian_sections kept 242 rows a
+The peer for scale: pichak 0.4.1 on the same H200 and debian_sections kept 242 rows a
 micro-batch and took that as the step, 13 optimizer steps for the run.
 
     PYTHONPATH=src python3 benchmarks/derive_task.py --tasks debian_sections,gsm_symbolic --out $OUT/derive_tasks.json

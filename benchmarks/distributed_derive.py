@@ -1,4 +1,4 @@
-"""Several GPUs (issue 9): derive on 2 GPUs against 1, a run with each plan, and scale_out()'s
+"""Several GPUs: derive on 2 GPUs against 1, a run with each plan, and scale_out()'s
 predicted steps against measured ones. SmolLM2-135M-Instruct, LoRA r16 (alpha 32, every linear
 layer, dropout 0, the adapter seeded with --seed on every rank), debian_sections as
 prompt = description[:600] + "\\nSection:", completion = " " + label (benchmarks/e2e_debian.py's rows).

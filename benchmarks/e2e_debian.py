@@ -1,4 +1,4 @@
-"""End to end through the command line (issue 7): `leadline derive` then `leadline train` on
+"""End to end through the command line: `leadline derive` then `leadline train` on
 SmolLM2-135M-Instruct, LoRA r16, debian_sections, against the untrained model and the default
 recipe run by the same CLI path.
 
@@ -24,7 +24,7 @@ Decision rules, written before the run:
   R2  no class predicted for more than 80% of test rows (no collapse) for either plan;
   R3  derive --effort full --max-seconds 110 finishes within 110 s (max_seconds is a real
       bound): derive's own wall time as the CLI records it in the plan's notes ("derive took
-      X s"), model loading not counted (the issue's bound: a full derive in at most 110 s);
+      X s"), model loading not counted (a full derive in at most 110 s);
   R4  both plans beat the untrained model (higher accuracy, McNemar p < 0.05).
   R5  (arm `bound`) derive --effort full --max-seconds 40 finishes within 40 s of its own time.
   R7  (arms `bound,train_bound,recipe`, added before any run of it) the plan cut

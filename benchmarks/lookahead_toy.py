@@ -1,4 +1,4 @@
-"""The look-ahead on a CPU toy whose best constant rate falls with the run's length (issue 6).
+"""The look-ahead on a CPU toy whose best constant rate falls with the run's length.
 
 Noisy linear regression (64 inputs, 4 outputs, targets with unit noise, 8 rows a step, Adam,
 w from zero): a higher rate learns faster and settles on a higher noise floor, so the best

@@ -62,7 +62,9 @@ R5 measure_fit (given the corpus's lengths, as ``leadline fit --data`` does) at 
    0.992: low every time), so only the cases run after it test it.
 
     PYTHONPATH=src python3 benchmarks/memory_ramp.py --model /root/assets/smol.gguf --out $OUT/memory_ramp.json
-    PYTHONPATH=src python3 benchmarks/memory_ramp.py --tiny --cards 1 --out $OUT/memory_ramp_tiny.json
+    PYTHONPATH=src python3 benchmarks/memory_ramp.py --model /root/assets/smol.gguf --modes lora16 --cards 6 --seqs 512 \\
+        --out $OUT/memory_ramp/lora16_6gb_seq512.json   (one case: benchmarks/results/memory_ramp/<mode>_<card>gb_seq<len>.json)
+    PYTHONPATH=src python3 benchmarks/memory_ramp.py --tiny --cards 1 --out /tmp/memory_ramp_tiny.json   (CPU smoke)
 """
 
 from __future__ import annotations

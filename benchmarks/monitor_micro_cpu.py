@@ -1,6 +1,7 @@
-"""NoiseMonitor.micro()'s own CPU time, this machine (issue 5): 420 trained tensors (LoRA on
+"""NoiseMonitor.micro()'s own CPU time, this machine: 420 trained tensors (LoRA on
 SmolLM2-135M has 420), the gradients set by hand, no model. A Python-overhead measurement:
-on a GPU the kernels are launched asynchronously; the GPU figure is noise_probe.py's R3b.
+on a GPU the kernels are launched asynchronously; the GPU figure is noise_probe.py's bound on the monitor's own time
+(its rule R3b).
 
 ``--monitor-file`` loads NoiseMonitor from another copy of monitor.py (e.g. the one before the
 flat buffer: ``git show 1c2b512:src/leadline/noise/monitor.py > /tmp/monitor_before.py``), so

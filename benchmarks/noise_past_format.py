@@ -1,4 +1,4 @@
-"""The noise scale at step 0 against the noise scale after a few steps (the seed's pitfall
+"""The noise scale at step 0 against the noise scale after a few steps (a known pitfall:
 "B_noise at step 0 favours the easiest direction"): is the step-0 reading the format's?
 
 SmolLM2-135M-Instruct, LoRA r16, float32, rows in debian_sections' format (prompt = description +

@@ -1,4 +1,4 @@
-"""GPU validation of the noise scale (issue 5): SmolLM2-135M, LoRA r16, gsm_symbolic and debian_sections.
+"""GPU validation of the noise scale: SmolLM2-135M, LoRA r16, gsm_symbolic and debian_sections.
 
 What it measures, per task (the model fresh for each task; LoRA r16, alpha 32, all seven
 projections, dropout 0, adapters fp32 on a bf16 base; rows as prompt + completion through

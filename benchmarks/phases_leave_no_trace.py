@@ -1,4 +1,4 @@
-"""Do the rate phases leave the run where a fresh start would? (issue 6, the sweep's full-mode gap)
+"""Do the rate phases leave the run where a fresh start would? (the sweep's full-mode gap)
 
 The sweep experiment's full fine-tune on the H200 (``rate_lookahead.py --experiment sweep``): the
 look-ahead's rate, run after the phases with its warmup from alpha1, lost 0.016-0.018 of held-out
@@ -12,8 +12,8 @@ bit-identical (on CUDA: max |difference| <= 1e-6 with TF32 off, the same kernels
 order), and after the phases the weights equal the start, the optimizer holds no state and
 every .grad is None or as before.
 
-    PYTHONPATH=src python3 benchmarks/phases_leave_no_trace.py --model /root/assets/smol_hf --out $OUT/no_trace_cuda.json
-    PYTHONPATH=src .venv/bin/python benchmarks/phases_leave_no_trace.py --model <folder> --device cpu --out /tmp/no_trace_cpu.json
+    PYTHONPATH=src python3 benchmarks/phases_leave_no_trace.py --model /root/assets/smol_hf --out $OUT/phases_leave_no_trace_cuda.json
+    PYTHONPATH=src .venv/bin/python benchmarks/phases_leave_no_trace.py --model <folder> --device cpu --out benchmarks/results/phases_leave_no_trace_cpu.json
 """
 
 from __future__ import annotations

