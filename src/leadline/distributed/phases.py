@@ -11,7 +11,7 @@ that takes the least card, and the step that counts the whole world.
   slowest rank's; the all-reduce of the trained gradients is timed as DDP sends it.
 - :func:`world_step` — B* with the world's micro-batch: a step of B tokens on W GPUs costs
   (B / (W m)) t_micro + t_step + t_allreduce, so B* = sqrt(B_noise × W m × (t_step +
-  t_allreduce) / t_micro) (McCandlish et al. 2018, the seed's B* with W micro-batches in
+  t_allreduce) / t_micro) (McCandlish et al. 2018, B* with W micro-batches in
   parallel); the micro-batch is per GPU and tokens per step count micro × accum × W.
 """
 

@@ -6,7 +6,7 @@ McCandlish et al. (2018, eq. 2.11): at a batch of B tokens, reaching a given los
     E_min = S_min B_noise.
 
 On n GPUs that each run micro-batches of m scored tokens in t_micro seconds, a step of B
-tokens costs (the seed's cost model, the one B* comes from, with n micro-batches in parallel)
+tokens costs (the cost model B* comes from, with n micro-batches in parallel)
 
     T(B, n) = (B / (n m)) t_micro + t_step + t_comm(n)
 

@@ -19,7 +19,7 @@ E|m_k|² = |G|² + S/T_k. The estimates (unbiased for S and |G|²):
 
 With equal t_j these are exactly McCandlish et al.'s two-batch estimators (Appendix A.1)
 with B_small = t, B_big = k t (:func:`mccandlish_two_batch`); with unequal t_j, treating
-every micro-batch as the mean size biases both (the fault the seed's published 0.2.0 had).
+every micro-batch as the mean size biases both (the fault of the published 0.2.0 estimator).
 
 Streaming. Nothing here sees a gradient: each draw arrives as three scalars the driver
 computes against ONE running accumulator, the token-weighted mean m_{j-1} (Welford's update,

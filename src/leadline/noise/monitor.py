@@ -355,7 +355,7 @@ class NoiseMonitor:
 
 
 class Controller:
-    """Opt-in: grad_accum and the rate driven by the noise read in the loop (the seed's Controller).
+    """Opt-in: grad_accum and the rate driven by the noise read in the loop.
 
     After each optimizer step's micro-batches, :meth:`step` reads the pooled B_noise, moves
     grad_accum to round(B*/m) when the move in tokens is larger than B*'s own standard error,
