@@ -11,7 +11,7 @@ only until the format is learned. On debian_sections with SmolLM2-135M LoRA r16 
 steps (w = 1/(1 - beta1), Adam's first-moment horizon; doubling, so a noisy step still gets a
 round long enough to read a fall) at the plan's batch and ``rate`` (default alpha1/2; derive
 passes the lower of alpha1/2 and the anchor: on 1,200 debian_sections rows at 16 rows a step,
-alpha1/2 = 5.8e-3 made the training loss rise from round 1 to round 2 (2.43 -> 3.38 a token)
+alpha1/2 = 5.8e-3 made the training loss rise from the first round to the second (2.43 -> 3.38 a token)
 and the reading fell to 1.1 tokens, while the anchor 4.6e-4 took it 4.88 -> 0.27 -> 0.11 in 58
 steps, past the format and the labels, CPU, benchmarks/results/noise_past_format_cpu_burnin16_*.json).
 The format is what the loss learns first and fastest, so the burn-in goes on while the training
