@@ -159,7 +159,15 @@ def derive(
     fingerprint = {"data": plan.data.get("sha256"), "trained_parameters": plan.model.get("trained_parameters"),
                    "trained_as": trained_as, "effort": effort, "total_steps": total_steps, "epochs": epochs,
                    "seq_len": seq_len, "quantile": quantile, "seed": plan.held_out.get("seed")}
-    runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress,
+    rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
+    expected = [name for name, called in (  # the phases called below, in order: the progress bar's total
+        ("corpus", profile is not None or data is not None or rows is not None), ("noise", grad_fn is not None),
+        ("memory", step_fn is not None), ("step", step_fn is not None and grad_fn is not None),
+        ("first_step", rate_ready), ("past_format", rate_ready and grad_fn is not None and step_fn is not None
+                                     and world is None),
+        ("anchor", bool(named)), ("length", total_steps is None and epochs is not None), ("rate", rate_ready),
+        ("warmup", True)) if called]
+    runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
                          resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                          steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
                          numbers_of=phases.training_numbers,
@@ -187,7 +195,6 @@ def derive(
             runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
                        step_fn=step_fn if world is None else None,
                        needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
-        rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and params
         first = None
         if rate_ready:
             held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))

@@ -70,6 +70,8 @@ class PhaseRunner:
     extra: dict[str, Any] = field(default_factory=dict)
     steps_taken: Callable[[], int] | None = None
     numbers_of: Callable[[Plan], Mapping[str, Any]] | None = None
+    expected: Sequence[str] = ()
+    announced: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.started is None:
@@ -146,7 +148,12 @@ class PhaseRunner:
             raise OutOfTime
 
     def progress(self, phase: str, status: str, **info: Any) -> None:
+        """Tell ``on_progress`` of a phase; the first event also carries ``phases``, the names of
+        the phases derive() will call (:attr:`expected`), so a bar knows its total."""
         if self.on_progress is not None:
+            if self.expected and not self.announced:
+                info = {"phases": list(self.expected), **info}
+                self.announced = True
             self.on_progress({"phase": phase, "status": status, "elapsed_s": self.elapsed(), **info})
 
     def run(self, name: str, fn: Callable[..., R], /, *args: Any, needs: Sequence[str] = (), always: bool = False,
