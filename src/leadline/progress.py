@@ -1,7 +1,8 @@
-"""The progress display of derive()'s phases: one tqdm bar on stderr (plain lines without tqdm).
+"""The progress display of derive()'s phases: one tqdm bar on stderr when it is a terminal, one
+line a finished phase otherwise (``[  5.2 s]  2/10 noise: done (noise_scale_tokens=2.02)``).
 
-A phase's summary is its numbers at 3 significant digits; the bar's total is the number of
-phases derive() will run (it grows when a phase is added, e.g. by a resume), and it ends full.
+A phase's summary is its numbers at 3 significant digits; the total is the number of phases
+derive() will call (its first event says which), and the bar ends full.
 
     bar = PhaseBar()
     plan = derive(..., on_progress=bar)
@@ -79,8 +80,8 @@ class PhaseBar:
     """``on_progress`` for derive(): a tqdm bar over the phases on a terminal, one line a
     finished phase otherwise (or nothing with ``quiet``).
 
-    The events carry ``phases`` (the names derive() will run) on the first ``start``; a
-    phase's ``done`` carries ``values`` (its numbers) or ``summary`` (a sentence).
+    The first event carries ``phases`` (the names derive() will call: the total); a phase's
+    ``done`` carries ``values`` (its numbers) or ``summary`` (a sentence).
     """
 
     def __init__(self, stream: TextIO | None = None, *, bar: bool | None = None, quiet: bool = False) -> None:
@@ -93,7 +94,8 @@ class PhaseBar:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=None, unit="phase", file=self.stream, dynamic_ncols=True, leave=True)
+                self.bar = tqdm(total=None, unit="phase", file=self.stream, dynamic_ncols=True, leave=True,
+                                bar_format="{desc} |{bar}| {n_fmt}/{total_fmt} phases [{elapsed}]")
             except ImportError:
                 self.bar = None
 
@@ -104,6 +106,8 @@ class PhaseBar:
         else:
             detail = reformat(str(ev.get("summary") or ""))
         reason = f" — {ev['reason']}" if ev.get("reason") else ""
+        if status == "start":
+            return f"{phase}: measuring"
         return f"{phase}: {status}" + (f" ({detail})" if detail else "") + reason
 
     def __call__(self, ev: dict[str, Any]) -> None:
@@ -127,7 +131,9 @@ class PhaseBar:
             else:
                 self.bar.refresh()
         elif finished:
-            print(f"[{float(ev.get('elapsed_s') or 0):6.1f} s] {text}", file=self.stream, flush=True)
+            width = len(str(self.total))
+            count = f"{len(self.seen):>{width}}/{self.total} "
+            print(f"[{float(ev.get('elapsed_s') or 0):6.1f} s] {count}{text}", file=self.stream, flush=True)
 
     def close(self) -> None:
         """End the bar full: its total is the phases that ran (done, skipped or resumed)."""
