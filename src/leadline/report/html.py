@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline.plan import Plan, Value
-from leadline.report.plots import matplotlib_available, render_svg
+from leadline.report.plots import matplotlib_available, plot_names, render_svg
 
 # The numbers a run is trained with, in the order a person reads them.
 SUMMARY = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending",
@@ -24,7 +24,8 @@ SUMMARY = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps",
 WHY_CHARS = 110
 
 _STYLE = """
-body{font-family:system-ui,sans-serif;max-width:64rem;margin:1.2rem auto;padding:0 1rem;color:#222;line-height:1.35}
+body{font-family:system-ui,sans-serif;max-width:64rem;margin:1.2rem auto;padding:0 1rem;color:#222;line-height:1.35;
+overflow-wrap:anywhere}
 h1{font-size:1.5rem;margin:.2rem 0}h2{font-size:1.2rem;margin:1.4rem 0 .4rem}h3{font-size:1rem;margin:.8rem 0 .2rem}
 table{border-collapse:collapse;width:100%;margin:.4rem 0;table-layout:fixed}
 td,th{border:1px solid #ccc;padding:.2rem .45rem;text-align:left;vertical-align:top;font-size:.86rem;
@@ -34,7 +35,8 @@ tr.constant td{background:#fff4e0}tr.measured .kind{color:#1a7f37}tr.derived .ki
 .card{border:2px solid #444;border-radius:6px;padding:.5rem .8rem;margin:.6rem 0}
 .card th:nth-child(1){width:9rem}.card th:nth-child(2){width:10rem}.card th:nth-child(3){width:5.5rem}
 .meta{color:#555;font-size:.85rem;margin:.1rem 0}
-figure{margin:.6rem 0;border-top:1px solid #ddd;padding-top:.4rem}figcaption{font-size:.88rem;margin:.2rem 0}
+figure{margin:.6rem 0;border-top:1px solid #ddd;padding-top:.4rem;display:flex;flex-wrap:wrap;gap:.2rem 1rem;
+align-items:center}figure svg{flex:0 1 38rem}figcaption{flex:1 1 16rem;font-size:.88rem;margin:.2rem 0}
 svg{max-width:100%;height:auto}details{margin:.2rem 0}summary{cursor:pointer;color:#0550ae;font-size:.85rem}
 pre{background:#f8f8f8;padding:.4rem;overflow:auto;font-size:.75rem;max-height:24rem}
 .wide{overflow-x:auto}
@@ -93,6 +95,8 @@ def short_why(text: str, chars: int = WHY_CHARS) -> str:
     """The first clause of a source sentence, cut at a word boundary to ``chars`` characters."""
     text = prose(text)
     first = re.split(r"; |: (?=[a-z])", text, maxsplit=1)[0]
+    if len(first) < 25:  # "none: the rate ..." says nothing before its colon
+        first = text
     cut = first if len(first) <= chars else first[: chars - 1].rsplit(" ", 1)[0].rstrip(",;:(")
     if cut.count("(") > cut.count(")"):  # no parenthesis left open
         cut = cut[: cut.rindex("(")].rstrip(" ,;:")
@@ -139,8 +143,20 @@ def _digest(ev: Any) -> str | None:
     return None if ev is None else json.dumps(ev, sort_keys=True, default=str)
 
 
-def _spent(plan: Plan) -> float:
-    return sum(v.seconds for v in plan.values.values())
+def _spent(plan: Plan) -> str:
+    """What derive spent: its wall time, the training steps it took on the run's rows, and the
+    phases that took the most of it."""
+    took = [t for t in plan.phases if t.seconds >= 0.05]
+    steps = sum(t.steps for t in plan.phases)
+    if plan.derive_seconds is None and not took:
+        measured = sum(v.seconds for v in plan.values.values())
+        return f"the measurements took {sig(measured)} s" if measured else ""
+    wall = f"derive took {sig(plan.derive_seconds)} s" if plan.derive_seconds is not None else "derive's phases took"
+    if steps:
+        wall += f" and {steps:,} training step{'s' if steps != 1 else ''} on the run's rows"
+    parts = [f"{t.phase} {sig(t.seconds)} s" + (f" ({t.steps} steps)" if t.steps > 1 else "")
+             for t in sorted(took, key=lambda t: -t.seconds)[:5]]
+    return wall + (": " + ", ".join(parts) if parts else "")
 
 
 def _summary_card(plan: Plan) -> str:
@@ -159,26 +175,50 @@ def _summary_card(plan: Plan) -> str:
     for v in plan.values.values():
         kinds[v.kind] = kinds.get(v.kind, 0) + 1
     counts = ", ".join(f"{n} {k}" for k, n in kinds.items())
+    spent = _spent(plan)
     return ("<div class='card'><h2 style='margin-top:0'>Train with</h2>"
             "<table><tr><th>value</th><th>number</th><th>kind</th><th>why</th></tr>" + "".join(rows) + "</table>"
-            f"<p class='meta'>{_esc(const)}.</p>"
-            f"<p class='meta'>{len(plan.values)} values ({_esc(counts)}); the measurements took "
-            f"{_esc(sig(_spent(plan)))} s.</p></div>")
+            f"<p class='meta'>{len(plan.values)} values ({_esc(counts)}); {_esc(const)}.</p>"
+            + (f"<p class='meta'>{_esc(spent)}.</p>" if spent else "") + "</div>")
+
+
+# What each figure shows, in one line; the caption adds what was chosen.
+SHOWS = {
+    "ramp": "The micro-batch sizes tried: peak memory against the room on a GPU, rows per second on the CPU",
+    "noise_probe": "The gradient noise scale B_noise after each draw, with its ±1 SE band",
+    "first_step": "The held-out loss along Adam's first update, per step size: the largest safe step is alpha1",
+    "past_format": "The burn-in past the rows' format, and the noise scale read again after it",
+    "lookahead": "The held-out loss per rate after each horizon of training steps",
+    "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
+    "ending": "The run's last steps rerun both ways from one copy: the rate held against falling to zero",
+}
+
+
+def _drawn(name: str, ev: Any) -> dict[str, Any] | None:
+    """The evidence as a drawing asks for it: its own ``plot``, or the ending's rerun."""
+    if isinstance(ev, dict) and "plot" in ev:
+        return ev if ev["plot"] in plot_names() else None
+    if name == "ending" and isinstance(ev, dict) and isinstance(ev.get("constant"), dict) \
+            and isinstance(ev.get("decay"), dict):
+        return {**ev, "plot": "ending"}
+    return None
 
 
 def _figures(plan: Plan, can_plot: bool) -> str:
     figs: list[str] = []
     drawn: set[str] = set()
     for n, v in plan.values.items():
-        ev = v.evidence
-        if not (isinstance(ev, dict) and "plot" in ev):
+        ev = _drawn(n, v.evidence)
+        if ev is None:
             continue
         key = _digest(ev)
         if key in drawn:
             continue
         drawn.add(key or n)
-        svg = render_svg(ev) if can_plot else None
-        caption = f"<b>{_esc(n)} = {_esc(value_text(v))}</b> ({_esc(v.kind)}): {_esc(short_why(v.source, 200))}"
+        svg = render_svg(ev, chosen=v.value) if can_plot else None
+        shows = SHOWS.get(str(ev.get("plot")), "")
+        caption = (f"{_esc(shows)}. " if shows else "") + \
+            f"Chosen: <b>{_esc(n)} = {_esc(value_text(v))}</b> ({_esc(v.kind)}), {_esc(short_why(v.source, 140))}"
         figs.append(f"<figure>{svg or ''}<figcaption>{caption}</figcaption></figure>")
     if not figs:
         return ""
@@ -220,7 +260,9 @@ def render_plan(plan: Plan) -> str:
     can_plot = matplotlib_available()
     created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(plan.created))
     device = plan.machine.get("device") or plan.machine.get("device_name") or ""
-    model = plan.model.get("name") or ""
+    model = str(plan.model.get("name") or "")
+    if model.startswith("/") or model.startswith("\\") or re.match(r"^[A-Za-z]:[\\/]", model):
+        model = Path(model).name  # a local folder or file: its name, not the machine's path
     about = ", ".join(_esc(x) for x in (model, device) if x)
     notes = "".join(f"<li>{_esc(prose(n))}</li>" for n in plan.notes)
     notes_html = f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""

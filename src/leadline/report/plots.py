@@ -11,6 +11,12 @@ import io
 from collections.abc import Callable
 from typing import Any
 
+
+def sig(x: float) -> str:
+    """``x`` at 3 significant digits."""
+    return f"{x:.3g}"
+
+
 PlotFn = Callable[[dict[str, Any], Any], None]
 _PLOTS: dict[str, PlotFn] = {}
 
@@ -37,8 +43,9 @@ def matplotlib_available() -> bool:
     return True
 
 
-def render_svg(evidence: Any) -> str | None:
-    """The SVG drawing for ``evidence`` (inline-ready, no XML header), or None if it has none."""
+def render_svg(evidence: Any, chosen: Any = None) -> str | None:
+    """The SVG drawing for ``evidence`` (inline-ready, no XML header), or None if it has none.
+    ``chosen``: the value the evidence decided, marked on the drawing where it has a place."""
     if not isinstance(evidence, dict) or evidence.get("plot") not in _PLOTS or not matplotlib_available():
         return None
     import matplotlib
@@ -46,9 +53,9 @@ def render_svg(evidence: Any) -> str | None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=96)
+    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=96)
     try:
-        _PLOTS[evidence["plot"]](evidence, ax)
+        _PLOTS[evidence["plot"]]({**evidence, "_chosen": chosen}, ax)
         ax.grid(True, alpha=0.3)
         fig.tight_layout()
         buf = io.StringIO()
@@ -60,11 +67,41 @@ def render_svg(evidence: Any) -> str | None:
     return svg[start:] if start >= 0 else svg
 
 
+def _rate_axis(ax: Any, rates: list[float]) -> None:
+    """A log axis of rates ticked at the rates tried (at most 7 labels), no minor labels."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    ax.set_xscale("log")
+    rates = sorted({r for r in rates if r and r > 0})
+    if rates:
+        step = max(1, -(-len(rates) // 7))
+        ax.xaxis.set_major_locator(FixedLocator(rates[::step]))
+        ax.set_xticklabels([f"{r:.3g}" for r in rates[::step]], fontsize=8)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 # ---- the plots the phases' evidence asks for ------------------------------------------
 @register_plot("ramp")
 def _ramp(ev: dict[str, Any], ax: Any) -> None:
-    """Peak bytes per rung against the budget; squeezed and failed rungs marked."""
+    """On a GPU: peak memory per rung against the room, squeezed and failed rungs marked. On the
+    CPU (``rule == "throughput"``): rows per second per rung, where the ramp stops when doubling
+    stops paying; the chosen rows marked."""
     rungs = ev.get("rungs", [])
+    chosen = ev.get("_chosen")
+    if ev.get("rule") == "throughput" and any(r.get("rows_per_second") for r in rungs):
+        pts = [(r["rows"], r["rows_per_second"]) for r in rungs if r.get("rows_per_second")]
+        ax.scatter([x for x, _ in pts], [y for _, y in pts], color="tab:blue", zorder=3, label="a timed rung")
+        if isinstance(chosen, (int, float)):
+            ax.axvline(chosen, color="tab:green", linestyle="--", label=f"chosen: {chosen:g} rows")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted({x for x, _ in pts}), [f"{x:g}" for x in sorted({x for x, _ in pts})])
+        ax.set_xlabel("rows per micro-batch")
+        ax.set_ylabel("rows per second")
+        ax.set_ylim(bottom=0)
+        ax.set_title("CPU ramp: throughput per micro-batch size")
+        ax.legend(fontsize=8, loc="lower right")
+        return
     colors = {"fits": "tab:green", "squeezed": "tab:orange", "oom": "tab:red"}
     for r in rungs:
         peak = r.get("peak_bytes")
@@ -73,14 +110,17 @@ def _ramp(ev: dict[str, Any], ax: Any) -> None:
                    marker="o" if peak is not None else "x", zorder=3)
     budget = (ev.get("budget_bytes") or 0) / 2**30
     top = max([(r.get("peak_bytes") or 0) / 2**30 for r in rungs] or [0])
+    title = "memory ramp: green fits, orange squeezed in, red OOM"
     if budget and (not top or budget <= 2 * top):
-        ax.axhline(budget, color="black", linestyle="--", label="budget")
+        ax.axhline(budget, color="black", linestyle="--", label=f"room {budget:.3g} GiB")
+        ax.legend(fontsize=8, loc="lower right")
     elif budget:  # far above the rungs: a line there would flatten them
-        ax.annotate(f"budget {budget:.3g} GiB, above the plot", xy=(0.98, 0.95), xycoords="axes fraction",
-                    ha="right", va="top", fontsize=8)
+        title += f"\n(the room, {budget:.3g} GiB, is far above the plot)"
+    if isinstance(chosen, (int, float)):
+        ax.axvline(chosen, color="tab:green", linestyle=":", alpha=0.7)
     ax.set_xlabel("rows per micro-batch")
     ax.set_ylabel("peak GiB")
-    ax.set_title("memory ramp: green fits, orange squeezed in, red OOM")
+    ax.set_title(title, fontsize=10)
 
 
 @register_plot("noise_probe")
@@ -93,12 +133,16 @@ def _noise(ev: dict[str, Any], ax: Any) -> None:
     hi = [d["estimate"] + (d.get("se") or 0) for d in draws]
     ax.plot(xs, ys, marker="o", label="B_noise")
     ax.fill_between(xs, lo, hi, alpha=0.25, label="±1 SE")
-    if xs:
+    title = "noise-scale probe: B_noise after each draw"
+    if xs and max(xs) > 3 * max(hi):  # the diagonal would flatten the estimate: say it instead
+        ax.set_ylim(0, 1.5 * max(hi))
+        title += f"\n(the tokens drawn, {sig(min(xs))} to {sig(max(xs))}, are above the plot)"
+    elif xs:
         ax.plot(xs, xs, linestyle=":", color="gray", label="tokens the probe reached")
     ax.set_xlabel("scored tokens drawn")
     ax.set_ylabel("B_noise (scored tokens)")
-    ax.set_title("noise-scale probe")
-    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
 
 
 @register_plot("first_step")
@@ -127,10 +171,11 @@ def _lookahead(ev: dict[str, Any], ax: Any) -> None:
                     label=f"{h.get('steps')} steps")
     if ev.get("chosen_lr") is not None:
         ax.axvline(ev["chosen_lr"], color="black", linestyle="--", label="chosen")
-    ax.set_xscale("log")
+    _rate_axis(ax, [c["lr"] for h in ev.get("horizons", []) for c in h.get("candidates", [])])
     ax.set_xlabel("learning rate")
     ax.set_ylabel("held-out loss")
-    ax.set_title("look-ahead: loss per rate per horizon")
+    ax.set_title("the race inside the run: loss per rate per round" if "decided_by" in ev
+                 else "look-ahead: loss per rate per horizon")
     ax.legend(fontsize=8)
 
 
@@ -164,5 +209,18 @@ def _past_format(ev: dict[str, Any], ax: Any) -> None:
             nx.errorbar([r["steps"]], [r["b_noise_tokens"]], yerr=[r.get("se_tokens") or 0], marker="s",
                         color="tab:red")
     nx.set_ylabel("B_noise (scored tokens)", color="tab:red")
-    ax.set_title("past the format: the burn-in's loss, and the noise before and after")
-    ax.legend(fontsize=8, loc="upper center")
+    ax.set_title("past the format: the burn-in's loss (blue), the noise before and after (red)", fontsize=10)
+
+
+@register_plot("ending")
+def _ending(ev: dict[str, Any], ax: Any) -> None:
+    """The run's last steps rerun from a copy: held-out loss with the rate held against falling
+    to zero, each ±1 SE; the kept ending in green."""
+    names = [n for n in ("constant", "decay") if isinstance(ev.get(n), dict) and ev[n].get("loss") is not None]
+    losses = [ev[n]["loss"] for n in names]
+    ses = [ev[n].get("se") or 0 for n in names]
+    colors = ["tab:green" if n == ev.get("kept") else "tab:gray" for n in names]
+    ax.bar(names, losses, yerr=ses, color=colors, capsize=4, width=0.5)
+    ax.set_ylabel("held-out loss")
+    a, b = ev.get("from_step"), ev.get("to_step")
+    ax.set_title(f"ending: steps {a} to {b} rerun both ways" if a is not None else "ending: the last steps rerun")
