@@ -56,6 +56,18 @@ def test_recipe_arm_runs_by_the_same_path(derived, model_dir, tmp_path):
     assert lrs[0] == pytest.approx(2e-4) and lrs[-1] < lrs[0]  # warmup of one step, then linear decay
 
 
+def test_the_recipe_on_a_small_card_accumulates_the_micro_batch_it_is_given(derived, model_dir, tmp_path, capsys):
+    _, plan_path = derived
+    args = ["train", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+            "--plan", str(plan_path), "--device", "cpu", "--recipe", "--batch", "4", "--steps", "2"]
+    assert main([*args, "--micro-batch", "3", "--out", str(tmp_path / "bad")]) == 2
+    assert "--micro-batch 3 must divide --batch 4" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
+    assert main([*args, "--micro-batch", "2", "--out", str(tmp_path / "acc")]) == 0
+    run = json.loads((tmp_path / "acc" / "run.json").read_text())
+    assert (run["micro_batch"], run["grad_accum"], run["steps"]) == (2, 2, 2)
+
+
 def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
     _, plan_path = derived
     other = tmp_path / "other.jsonl"

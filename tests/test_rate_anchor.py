@@ -56,7 +56,7 @@ def test_the_anchor_divides_by_the_constant_and_never_rises_above_it():
     with pytest.raises(InputError, match="trained_as"):
         anchor_from_scale(rs, "adapter")
     values = factors.as_values()
-    assert values["rate_divisor"].kind == "constant" and "seed E5" in values["rate_divisor"].source
+    assert values["rate_divisor"].kind == "constant" and "the seed's LoRA r32 runs" in values["rate_divisor"].source
     assert values["lr_anchor"].kind == "constant" and "constant divisor" in values["lr_anchor"].source
     assert values["rewrite_scale"].kind == "derived"
     plan = Plan(values=values)
@@ -104,12 +104,13 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     # a rate above alpha1: no warmup either, a constant resting on the paired runs that measured it (docs/rate.md)
     w = v["warmup_steps"]
     assert w.value == 0 and w.kind == "constant" and "5 of 5" in w.source and "= 10 steps" in w.source
-    assert w.evidence["e8_paired_runs_lost"] == "5 of 5" and "warmup_cost.py" in w.evidence["decide_again"]
+    assert "not raced on this run" in w.source
+    assert w.evidence["full_finetune_paired_runs_lost"] == "5 of 5" and "warmup_cost.py" in w.evidence["decide_again"]
     assert "= 20 steps" in warmup_values(alpha1=1e-4, lr=2e-4, beta1=0.95)["warmup_steps"].source
     # a rate at or below alpha1 has nothing to warm: 0 steps, so Trainer's warmup from zero adds none
     low = warmup_values(alpha1=1e-4, lr=5e-5, betas=(0.9, 0.999))["warmup_steps"]
     assert low.value == 0 and low.source.startswith("none: the rate 5e-05 is at or below alpha1")
-    assert v["weight_decay"].value == 0.0 and v["weight_decay"].kind == "constant" and "E9" in v["weight_decay"].source
+    assert v["weight_decay"].value == 0.0 and v["weight_decay"].kind == "constant" and "docs/rate.md" in v["weight_decay"].source
 
 
 def test_import_leadline_rate_loads_no_torch():

@@ -55,6 +55,32 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
     return p
 
 
+def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any], accum: int, steps: int, *,
+                  schedule: bool, linear: bool, racing: bool) -> tuple[Any, dict[str, Any] | None]:
+    """The saved branch when this run can continue from it, and the record of the decision."""
+    if state is None:
+        return None, None
+    from leadline.derive.state import load_run_state
+    from leadline.provenance import describe_data
+    from leadline.rate import lookahead_from
+    from leadline.rate.schedule import ending_copy_step
+
+    rs = load_run_state(state)
+    where = {"state": str(state), "steps": rs.steps, "lr": rs.lr}
+    if linear or racing:
+        why = "the recipe's run does not use it" if linear else "the plan races its rates inside the run"
+        return None, {**where, "from_step": 0, "why": why}
+    facts = {"data_sha256": describe_data(data).get("sha256"), "seed": plan.held_out.get("seed", 0),
+             "seq_len": task.seq_len, "rows_per_step": int(plan.micro_batch) * accum,
+             "trained_parameters": int(sum(p.numel() for p in params))}
+    config = lookahead_from(plan, taken=(rs.steps, rs.lr))
+    why = rs.why_not(facts, params=params, plan_lr=float(plan.lr), plan_warmup_steps=int(plan.get("warmup_steps", 0)),
+                     total_steps=steps, ending_from=ending_copy_step(config, steps) if schedule else None)
+    if why is not None:
+        return None, {**where, "from_step": 0, "why": why}
+    return rs, {**where, "from_step": rs.steps}
+
+
 def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
     """The recipe's rate at ``step``: linear warmup from 0 over ``warmup`` steps, then linear
     decay to zero at ``total`` (Hugging Face's ``linear`` scheduler)."""
@@ -65,7 +91,8 @@ def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
 
 def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
                     total_steps: int | None = None, schedule: bool = True,
-                    on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                    on_step: Callable[[dict[str, Any]], None] | None = None,
+                    state: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
@@ -75,6 +102,13 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero. A quick plan
     (alpha1 and ``race_rates``, no look-ahead) races its rates inside the run with
     :func:`~leadline.rate.race` instead of the schedule.
+
+    ``state``: the folder ``leadline derive`` kept beside the plan (:mod:`leadline.derive.state`):
+    the look-ahead's winning branch. Where it is valid for this run (the same data, seed, length,
+    rows a step and trained tensors at step 0, the plan's rate within half a grid step of the
+    branch's, steps left before the raced ending) the run continues from its step n — its n steps
+    counted against the run's length — and is the run that took those n steps itself, bit for bit;
+    otherwise it starts over and ``result["continued"]["why"]`` says why.
     """
     import torch
 
@@ -110,14 +144,17 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         schedule = False
         warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
     held = task.held_out_losses()
+    racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+    run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
+                                         schedule=schedule and not racing, linear=linear, racing=racing)
+    taken = (run_state.steps, run_state.lr) if run_state is not None else None
     test = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
             if task.split.test else None)
 
     before = test() if test else None
     model.train()
     curve: list[dict[str, Any]] = []
-    racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
-    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan), total_steps=steps)
+    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan, taken=taken), total_steps=steps)
              if schedule and not racing else None)
     t0 = time.monotonic()
     race_result = None
@@ -127,7 +164,15 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
             race_result = race(params, opt, train_step, held, list(plan.race_rates), steps,
                                alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"))
-        for step in range(0 if racing else steps):
+        start = 0
+        if run_state is not None:  # the look-ahead's branch: the run's first steps, taken in derive
+            if sched is not None:
+                sched.before(0)  # the check at step 0, on the weights the branch started from
+            run_state.load_into(params, opt)
+            if sched is not None:
+                sched.continue_at(run_state.steps)
+            start = run_state.steps
+        for step in range(start, 0 if racing else steps):
             if sched is not None:
                 sched.before(step)
             elif linear:
@@ -148,10 +193,11 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     opt.zero_grad(set_to_none=True)
     after = test() if test else None
     result: dict[str, Any] = {
-        "steps": steps, "seconds": time.monotonic() - t0, "curve": curve,
+        "steps": steps, "micro_batch": int(plan.micro_batch), "grad_accum": accum,
+        "seconds": time.monotonic() - t0, "curve": curve,
         "schedule": sched.evidence() if sched is not None else None, "ending": ending,
         "race": race_result.evidence() if race_result is not None else None,
-        "test_rows": len(task.split.test),
+        "continued": continued, "test_rows": len(task.split.test),
     }
     if before is not None and after is not None:
         mb, seb = mean_se(before)

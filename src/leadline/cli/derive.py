@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from leadline.cli._common import add_model_arguments
 from leadline.plan import Plan
+
+if TYPE_CHECKING:
+    from leadline.derive.state import StateKeeper
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -27,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prior", metavar="PLAN",
                    help="check an earlier plan with short measurements instead of starting over")
     p.add_argument("--out", required=True, metavar="PLAN", help="where to write the plan (JSON, atomically)")
+    p.add_argument("--no-state", action="store_true",
+                   help="with --effort full: do not keep the look-ahead's winning branch beside the plan (PLAN's "
+                   "name with .state; `leadline train --plan PLAN` continues from it instead of starting over)")
     p.add_argument("--html", metavar="OUT", help="also write the HTML report")
     p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
     p.add_argument("--fit-rank", action="store_true",
@@ -47,6 +54,11 @@ def run(args: argparse.Namespace) -> int:
     check_out_file("--out", out)  # every output is checked before the derive, so a refusal costs nothing
     check_out_file("--html", args.html)
     check_out_file("--resume", args.resume)
+    state = state_path(out)
+    if not args.no_state and args.effort == "full" and (state.exists() or state.is_symlink()) and not (
+            state.is_dir() and not state.is_symlink() and (state / "state.json").exists()):
+        raise InputError(f"--out {out}: the folder for its state, {state}, exists and is not one leadline derive "
+                         "wrote; move it or pass --no-state")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
     check_positive("--epochs", args.epochs, example="1")
@@ -64,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from leadline.distributed.world import job_from_env, launched_by_torchrun
 
     if not launched_by_torchrun():
-        return _derive(args, out, main=True)
+        return _derive(args, out, main=True, state=None if args.no_state or args.effort != "full" else state)
     # under torchrun: every rank derives in step with the others; rank 0 writes and prints
     with job_from_env(args.device) as world:
         if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
@@ -72,19 +84,31 @@ def run(args: argparse.Namespace) -> int:
         return _derive(args, out, main=world is None or world.is_main)
 
 
-def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
-    import sys
+def state_path(plan_path: str | Path) -> Path:
+    """Where the look-ahead's branch is kept beside a plan: the plan's name with ``.state``."""
+    return Path(plan_path).with_suffix(".state")
+
+
+def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None = None) -> int:
+    import contextlib
     import time
 
     from leadline.cli._common import Progress, load_for_training, ram_bound
+    from leadline.derive.state import keep_run_state
 
     t_load = time.perf_counter()
-    with ram_bound(args.device):
+    with ram_bound(args.device), (keep_run_state(state) if state is not None else contextlib.nullcontext()) as kept:
         model, tok = load_for_training(args)
         bar = Progress() if main else None
         t0 = time.perf_counter()
         plan = _derive_for(args, model, tok, bar)
-    took, loading = time.perf_counter() - t0, t0 - t_load
+        return _write(args, out, main, plan, time.perf_counter() - t0, t0 - t_load, kept)
+
+
+def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: float, loading: float,
+           kept: StateKeeper | None) -> int:
+    import sys
+
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
     plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
     plan.model["name"] = str(args.model)
@@ -96,6 +120,14 @@ def _derive(args: argparse.Namespace, out: Path, main: bool) -> int:
         return 0  # every rank holds the plan; rank 0 writes and prints it
     plan.to_json(out)
     print(plan.report())
+    saved = kept.commit() if kept is not None else None
+    if saved is None and state_path(out).is_dir() and (state_path(out) / "state.json").exists():
+        import shutil
+
+        shutil.rmtree(state_path(out))  # an older derive's state: not this plan's
+    if saved is not None:
+        print(f"\nkept the look-ahead's first {plan.get('lookahead_state_steps')} steps in {saved}: "
+              "`leadline train --plan` continues from them")
     if args.scale_out:
         print()
         print(plan_scale_out_table(plan))

@@ -12,6 +12,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--plan", required=True, help="the plan `leadline derive --out` wrote for this model and data")
     p.add_argument("--out", required=True, metavar="DIR", help="where to save the adapter (or weights) and run.json")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: the plan's total_steps)")
+    p.add_argument("--state", metavar="DIR",
+                   help="the look-ahead's branch `leadline derive` kept beside the plan, to continue from "
+                   "(default: the plan's name with .state, when it exists)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start from the model's weights even where derive kept the look-ahead's branch")
     p.add_argument("--no-schedule", action="store_true",
                    help="train at the plan's rate without the LookaheadSchedule (not advised)")
     p.add_argument("--recipe", action="store_true",
@@ -21,6 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=16, help="with --recipe: rows a step (default 16)")
     p.add_argument("--warmup-ratio", type=float, default=0.03,
                    help="with --recipe: the warmup's share of the steps (default 0.03)")
+    p.add_argument("--micro-batch", type=int, metavar="M",
+                   help="with --recipe: rows a forward pass, dividing --batch (the rest accumulated; default: the "
+                   "most rows, dividing --batch, that the plan's ramp measured the card holds, else --batch)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,11 +53,15 @@ def run(args: argparse.Namespace) -> int:
     if args.recipe:
         if args.batch < 1:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
+        if args.micro_batch is not None and (args.micro_batch < 1 or args.batch % args.micro_batch):
+            raise InputError(f"--micro-batch {args.micro_batch} must divide --batch {args.batch}; pass e.g. "
+                             f"--micro-batch {recipe_micro_batch(args.batch, max(1, args.batch // 4))}")
         check_positive("--lr", args.lr, example="2e-4")
         if not 0.0 <= args.warmup_ratio < 1.0:
             raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
                              "including) 1; pass e.g. --warmup-ratio 0.03")
     check_device(args.device)
+    state = _state_of(args)
     if not args.recipe and plan.data.get("sha256"):
         from leadline.provenance import content_hash
 
@@ -61,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
 
         derived = plan
         plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
-                           micro_batch=recipe_micro_batch(args.batch,
-                                                          derived.get("rows_fit", derived.get("micro_batch"))),
+                           micro_batch=args.micro_batch or recipe_micro_batch(
+                               args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
     with ram_bound(args.device):  # on the CPU: an allocation past the RAM is a sentence, not the OOM killer
         model, tok = load_for_training(args)
@@ -72,7 +84,13 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, "
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
-                              schedule=not args.no_schedule, on_step=_show)
+                              schedule=not args.no_schedule, on_step=_show, state=None if args.recipe else state)
+    cont = res.get("continued")
+    if cont and cont.get("from_step"):
+        print(f"continued at step {cont['from_step']} from derive's look-ahead ({cont['steps']} steps at "
+              f"{cont['lr']:.3g}, {cont['state']})")
+    elif cont:
+        print(f"started from the model's weights, not derive's look-ahead ({cont['state']}): {cont['why']}")
     rollbacks = sum(1 for c in (res.get("schedule") or {}).get("checks", []) if c.get("action") == "rollback")
     print(f"trained {res['steps']} steps in {res['seconds']:.1f} s; schedule rollbacks: {rollbacks}")
     if "test_loss_after" in res:
@@ -81,6 +99,25 @@ def run(args: argparse.Namespace) -> int:
               f"{a['mean']:.4f} ± {a['se']:.4f} after")
     print(f"saved to {args.out}")
     return 0
+
+
+def _state_of(args: argparse.Namespace) -> str | None:
+    """The state to continue from: --state, else the one beside --plan where it exists; None with --fresh."""
+    from pathlib import Path
+
+    from leadline.cli.derive import state_path
+    from leadline.derive.state import load_run_state
+    from leadline.errors import InputError
+
+    if args.fresh:
+        if args.state is not None:
+            raise InputError(f"--fresh starts over and --state {args.state} continues; drop one of them")
+        return None
+    if args.state is not None:
+        load_run_state(args.state)  # not a state: one sentence now, before the model loads
+        return str(args.state)
+    beside = state_path(args.plan)
+    return str(beside) if (Path(beside) / "state.json").exists() else None
 
 
 def _show(rec: dict) -> None:

@@ -362,11 +362,20 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
                          evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr},
                          unit="per step")
             return RatePhase(None, {"lr": kept})
+    from leadline.derive.state import keeping
+    from leadline.rate.lookahead import beta1_of
+    from leadline.rate.warmup import warmup_steps_for
+
     mb, accum = batch_of(plan)
     total = int(plan.get("total_steps") or 100)
     short = short_run_grid(plan.get("lr_anchor"), alpha1, total) if effort == "full" else {}
+    w = warmup_steps_for(beta1_of(opt))
+    keeper = keeping() if effort == "full" else None
+    # the candidates start at their rates, as the plan's run does (no warmup): the winner's steps
+    # are the run's first steps; the warmup is raced where the look-ahead reads the run's length
     la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, first if first is not None else alpha1,
-                      total_steps=total, effort=effort, on_progress=check_time, **short)
+                      total_steps=total, effort=effort, on_progress=check_time, warmup_steps=0,
+                      **{"first_horizon": w, **short}, race_warmup=w, keep_branch=keeper is not None)
     out = dict(la.as_values())
     if short:
         lr = out["lr"]
@@ -376,15 +385,50 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
                f"{len(short['grid'])} rates around the anchor ({rates}) ran from that horizon")
         out["lr"] = Value(lr.value, lr.kind, how, lr.evidence, lr.seconds, lr.unit)
     out.update(quick_rate(plan, alpha1) if effort == "quick" else cut_rate(plan, la, total))
+    if keeper is not None:
+        out["lookahead_state_steps"] = keep_branch(keeper, la, params, plan, out["lr"].value, mb * accum)
+    la.branch = None  # its snapshot's memory goes with it
     return RatePhase(la, out)
 
 
+def keep_branch(keeper: Any, la: Any, params: list[Any], plan: Plan, lr: float, rows_per_step: int) -> Value:
+    """Save the look-ahead's winning branch for the run to continue from (:mod:`leadline.derive.state`),
+    where it is one: a branch whose rate is within half a grid step of the plan's ``lr``."""
+    from leadline.derive.state import save_branch
+    from leadline.rate.warmup import within_half_grid_step
+
+    b = la.branch
+    why = None
+    if b is None:
+        why = "no candidate's run was whole at the look-ahead's last horizon"
+    elif not within_half_grid_step(b.lr, lr):
+        why = f"the plan's rate {lr:.3g} is more than half a grid step from the best candidate's {b.lr:.3g}"
+    elif b.steps >= int(plan.get("total_steps") or 0):
+        why = f"the look-ahead ran the whole run ({b.steps} steps): its ending was not raced"
+    if why is not None:
+        return Value(0, "derived", f"nothing kept for the run to continue from: {why}; the run starts over",
+                     evidence={"why": why}, unit="steps")
+    facts = {"data_sha256": plan.data.get("sha256"), "seed": plan.held_out.get("seed"),
+             "seq_len": plan.get("seq_len"), "rows_per_step": rows_per_step,
+             "trained_parameters": plan.model.get("trained_parameters"), "total_steps": plan.get("total_steps")}
+    meta = save_branch(keeper, b, params, facts)
+    return Value(b.steps, "measured",
+                 f"the look-ahead's best grid rate {b.lr:.3g}, its {b.steps} steps on the run's rows at "
+                 f"{rows_per_step} rows a step, kept beside the plan ({keeper.path.name}, {meta['bytes']:,} bytes): "
+                 "`leadline train` continues from them and counts them against the run's length",
+                 evidence={k: meta[k] for k in ("steps", "lr", "warmup_steps", "bytes")}, unit="steps")
+
+
 def warmup(plan: Plan, opt: Any) -> Values:
-    """Warmup from alpha1 and the rate, weight decay 0, the optimizer's betas."""
+    """The warmup (the look-ahead's race of it, where it ran one), weight decay 0, for the plan's
+    final rate."""
     from leadline.rate import warmup_values
 
     betas = opt.param_groups[0].get("betas") if opt is not None else None
-    return Values(warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas))
+    prev = plan.values.get("warmup_steps")
+    race = prev.evidence.get("race") if prev is not None and isinstance(prev.evidence, dict) else None
+    return Values(warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas,
+                                race=race))
 
 
 def length(plan: Plan, epochs: float) -> Values:

@@ -44,8 +44,7 @@ on a mean loss)."""
 
 BF16_RESOLUTION = 1e-3
 """The same for a model whose forward runs in bfloat16/float16: it rounds the loss at about this
-grain, and a walk that read rounding as a fall stopped at 3e-7 on SmolLM2 in bf16
-(benchmarks/results/e2e_debian_quick_plan_bf16.json)."""
+grain, and a walk that read rounding as a fall stopped at 3e-7 on SmolLM2 in bf16 (docs/rate.md)."""
 
 
 def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0,

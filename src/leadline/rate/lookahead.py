@@ -1,10 +1,11 @@
 """The rate by running ahead: the real optimizer, the same weights, the same rows.
 
 Candidates lr_j = alpha1 * 2^j (j over ``grid``) each run n steps from the same weights with
-the caller's optimizer and ``train_step`` — warmup from alpha1 over w = 1/(1 - beta1) steps,
-then constant — and are read on the held-out rows. n doubles (w, 2w, 4w, ... up to the run's
-length T: a reading inside the warmup is of the warmup, not of the rate) and every candidate is
-**continued** from its own snapshot, not restarted. At each horizon:
+the caller's optimizer and ``train_step`` — warmup from alpha1 over ``warmup_steps`` steps (by
+default w = 1/(1 - beta1); derive() passes 0, since its run starts at the rate), then constant —
+and are read on the held-out rows. n doubles (w, 2w, 4w, ... up to the run's length T: a reading
+inside a warmup is of the warmup, not of the rate) and every candidate is **continued** from its
+own snapshot, not restarted. At each horizon:
 
 1. a candidate whose held-out loss is non-finite is out (diverged); one whose loss rose
    significantly since its previous reading (a spike) is out with every higher rate (unstable);
@@ -34,6 +35,13 @@ n"), and a rising trend is not carried: a longer horizon favours a lower rate, a
 the warmup is the low rates catching up, not a trend to extrapolate. Never above a rate found
 unstable or diverged.
 
+Where the look-ahead reads at the run's length and ``race_warmup`` is given, the best rate is
+run once more with the warmup from alpha1 over that many steps, and the two are raced on the
+held-out rows (:func:`~leadline.rate.warmup.warmup_race`). ``keep_branch``: the best grid rate's
+candidate at the last horizon — its trained tensors, optimizer state and RNG states after its n
+steps — is handed back as :attr:`Lookahead.branch`, the start a run at that rate can continue
+from (its steps are the run's first n).
+
 Why the minimum horizon: at step 0 every row agrees on the answer's format (the end token),
 and a short horizon rewards the rate that learns the format fastest — in the seed's sweep LoRA's
 best at 2 and 4 steps was twice the winner, and the format trap's collapse (docs/rate.md).
@@ -56,7 +64,7 @@ from leadline.errors import InputError
 from leadline.plan import Value
 from leadline.rate.compare import carry_trend, compare, parabola_log2, prune, trend_slope
 from leadline.rate.first_step import FirstStep
-from leadline.rate.warmup import warmup_lr, warmup_steps_for, warmup_values
+from leadline.rate.warmup import warmup_lr, warmup_race, warmup_steps_for, warmup_values
 
 DEFAULT_GRID = (-1, 0, 1, 2, 3)
 
@@ -64,6 +72,20 @@ LookaheadStop = Literal["quick", "unsettled", "budget", "diverged", "settled", "
 """Why the look-ahead stopped: no steps run (quick effort), the horizons ran out unsettled, the
 step budget, every rate diverged or was unstable, the trend settled, the run's length, derive's
 max_seconds. ``stopped_because`` is the sentence shown for it."""
+
+
+@dataclass
+class Branch:
+    """A candidate's run the look-ahead handed back: ``steps`` optimizer steps at ``lr`` from the
+    origin, without a warmup unless ``warmup_steps``, and its state after them (a
+    :class:`~leadline.rate.state.Snapshot` of the trained tensors, the optimizer's state and the
+    RNG states)."""
+
+    lr: float
+    steps: int
+    snapshot: Any
+    warmup_steps: int = 0
+    alpha1: float | None = None
 
 
 @dataclass
@@ -96,12 +118,16 @@ class Lookahead:
     snapshots: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     stop: LookaheadStop = "unsettled"
+    warmup_race: dict[str, Any] | None = None
+    branch: Branch | None = field(default=None, repr=False, compare=False)
 
     def evidence(self) -> dict[str, Any]:
         return {"plot": "lookahead", "horizons": self.horizons, "chosen_lr": self.lr, "alpha1": self.alpha1,
                 "rates": self.rates, "steps_used": self.steps_used, "budget_steps": self.budget_steps,
                 "total_steps": self.total_steps, "stopped_because": self.stopped_because, "stop": self.stop,
-                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots}
+                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots,
+                "candidate_warmup_steps": self.warmup_steps,
+                **({"warmup_race": self.warmup_race} if self.warmup_race else {})}
 
     def as_values(self) -> dict[str, Value]:
         """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
@@ -123,7 +149,7 @@ class Lookahead:
                                                    "the horizon the look-ahead's answer was read at "
                                                    f"({self.stopped_because}); LookaheadSchedule checks every this "
                                                    "many steps", unit="steps")
-        out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1))
+        out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1, race=self.warmup_race))
         return out
 
 
@@ -165,7 +191,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                  min_horizon: int | None = None,
                  budget_fraction: float = 2.0, alpha: float = 0.05, warmup_steps: int | None = None,
                  max_extend: int = 3, keep_below: int = 2, keep_above: int = 1, place: str = "auto",
-                 on_progress: Callable[[dict[str, Any]], None] | None = None) -> Lookahead:
+                 on_progress: Callable[[dict[str, Any]], None] | None = None, race_warmup: int | None = None,
+                 keep_branch: bool = False) -> Lookahead:
     """Measure the rate by running the real optimizer ahead (see the module docstring).
 
     Args:
@@ -182,7 +209,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         min_horizon: the shortest horizon a settled answer may end on (default max(16, T/8)).
         budget_fraction: the step budget, as a fraction of T, over all candidates.
         alpha: the error rate of the sequential tests.
-        warmup_steps: default round(1/(1 - beta1)) with the optimizer's beta1.
+        warmup_steps: the candidates' warmup from alpha1; default round(1/(1 - beta1)) with the
+            optimizer's beta1 (0: every candidate starts at its rate, as a run without warmup does).
         max_extend: how many grid points the edges may grow by.
         keep_below: how many grid points below the best stay in even when significantly worse
             (a short horizon undersells a low rate; rates above the best that are significantly
@@ -190,6 +218,9 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         keep_above: likewise above the best (so the estimate has both neighbours).
         place: where the snapshots live (``"auto"``: on the card when there is room).
         on_progress: called with each horizon's evidence.
+        race_warmup: where the last horizon is the run's length, race a warmup from alpha1 over
+            this many steps at the best rate against the candidate without it (see above).
+        keep_branch: hand back the best grid rate's run as :attr:`Lookahead.branch`.
 
     Returns:
         :class:`Lookahead`. Weights, optimizer state, rates, gradients and RNG states are
@@ -318,6 +349,12 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                 stop = "max_seconds"
                 stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
                 break
+        race = None
+        if race_warmup and evidence:
+            race = _race_warmup(cands.get(last_best), int(race_warmup), w, a1, stop, last_read, total_steps, params,
+                                opt, train_step, held_out_losses_per_row, origin, ratios, rows, place, alpha)
+    won = race.pop("_arm", None) if race else None
+    branch = _branch(won or cands.get(last_best), last_read, race_warmup if won else w, a1) if keep_branch else None
     if not evidence:
         raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the "
                          f"first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
@@ -330,8 +367,48 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     if lr >= ceiling:
         lr = ceiling / 2
         stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
-    return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps, w, beta1,
-                     stopped, rows, evidence, slope, snaps, time.perf_counter() - t0, stop)
+    return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps,
+                     int(race_warmup) if won else w, beta1, stopped, rows, evidence, slope, snaps,
+                     time.perf_counter() - t0, stop, race, branch)
+
+
+def _race_warmup(best: Any, warmup: int, w: int, a1: float, stop: str, last: int, total_steps: int,
+                 params: Any, opt: Any, train_step: Callable[[int], Any], held: Callable[[], Sequence[float]],
+                 origin: Any, ratios: Any, rows: int, place: str, alpha: float) -> dict[str, Any]:
+    """Race the warmup from alpha1 at the best rate against that rate's candidate, where the
+    look-ahead read at the run's length; else say why it was not raced. A won race carries the
+    warmup's candidate under ``"_arm"`` (the branch a run continues from)."""
+    from leadline.budget import OutOfTime
+    from leadline.rate._run import Candidate
+
+    if w > 0:
+        return {"raced": False, "why": f"the look-ahead's candidates were themselves warmed over {w} steps"}
+    if stop != "run_length":
+        return {"raced": False, "why": f"the look-ahead read at {last} of the run's {total_steps} steps, and a warmup "
+                                       "raced short of the run's length can read ahead where it loses at the run's "
+                                       "length (docs/rate.md)"}
+    if best is None or best.status != "running" or total_steps not in best.readings:
+        return {"raced": False, "why": "the best rate did not reach the run's length"}
+    if best.lr <= a1:
+        return {"raced": False, "why": f"the best rate {best.lr:.3g} is at or below alpha1 {a1:.3g}"}
+    arm = Candidate(best.lr, lambda t, r=best.lr: warmup_lr(t, r, a1, warmup), key="warmup")
+    try:
+        arm.advance(total_steps, params, opt, train_step, held, origin, ratios, rows, place)
+    except OutOfTime:
+        return {"raced": False, "why": "max_seconds cut the race"}
+    out = warmup_race(arm.readings[total_steps], best.readings[total_steps], rate=best.lr, warmup_steps=warmup,
+                      total_steps=total_steps, alpha=alpha)
+    out["steps_used"] = total_steps
+    if out["kept"] == "warmup" and arm.status == "running":
+        out["_arm"] = arm
+    return out
+
+
+def _branch(c: Any, last: int, warmup: int, a1: float) -> Branch | None:
+    """The candidate's run as a :class:`Branch`, where it is whole at the last horizon."""
+    if c is None or c.status != "running" or c.snapshot is None or c.done != last or last < 1:
+        return None
+    return Branch(c.lr, c.done, c.snapshot, warmup, a1)
 
 
 def _estimate(cands: dict[int, Any], best: int, n: int, rows: int) -> tuple[float, bool]:

@@ -30,6 +30,13 @@ Used inside the caller's loop::
 
 Snapshots hold the trained tensors and their optimizer state only, on the card when it has
 room for them twice (else in host memory).
+
+A run whose first n steps were taken elsewhere — derive's look-ahead, at the branch's rate
+(``ScheduleConfig.taken_steps``/``taken_lr``, :func:`lookahead_from`'s ``taken=``) — checks at
+step 0 and then at the multiples of h from n on: the look-ahead read those steps itself. The
+caller either runs them (``before(t)`` for t < n sets the branch's rate) or, after ``before(0)``,
+loads the branch's state and calls :meth:`LookaheadSchedule.continue_at`; the two give the same
+run, bit for bit.
 """
 
 from __future__ import annotations
@@ -54,11 +61,26 @@ class ScheduleConfig:
     alpha1: float | None = None
     warmup_steps: int = 0
     horizon_steps: int | None = None
+    taken_steps: int = 0
+    """The run's first steps, taken elsewhere (the look-ahead's branch): no check inside them."""
+    taken_lr: float | None = None
+    """The rate they were taken at (with the warmup, where ``warmup_steps``)."""
 
 
-def lookahead_from(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
+def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, float] | None = None) -> ScheduleConfig:
     """The schedule's settings from a :class:`Plan` (values ``lr``, ``alpha1``, ``warmup_steps``,
-    ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`."""
+    ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`.
+    ``taken``: (steps, rate) of the run's first steps taken elsewhere (see the module docstring)."""
+    cfg = _config_of(source)
+    if taken is None:
+        return cfg
+    steps, rate = taken
+    if not isinstance(steps, int) or steps < 0 or not (isinstance(rate, (int, float)) and rate > 0):
+        raise InputError(f"taken must be (steps >= 0, a rate > 0), got {taken!r}")
+    return ScheduleConfig(cfg.lr, cfg.alpha1, cfg.warmup_steps, cfg.horizon_steps, steps, float(rate))
+
+
+def _config_of(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
     from leadline.rate.lookahead import Lookahead
 
     if isinstance(source, Lookahead):
@@ -76,6 +98,21 @@ def lookahead_from(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
                          "...}")
     a1, w, h = get("alpha1"), get("warmup_steps", 0), get("lookahead_horizon_steps")
     return ScheduleConfig(float(lr), float(a1) if a1 else None, int(w or 0), int(h) if h else None)
+
+
+def check_interval(config: ScheduleConfig, total_steps: int) -> int:
+    """h: the look-ahead's horizon, at most T/8 (so the run is checked at least 8 times), at least 1.
+
+    Examples:
+        >>> check_interval(ScheduleConfig(1e-3, horizon_steps=40), 200), check_interval(ScheduleConfig(1e-3), 64)
+        (25, 8)
+    """
+    return max(1, min(config.horizon_steps or total_steps, total_steps // 8))
+
+
+def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int:
+    """The step at which the schedule copies the run for the raced ending: T - 2h, at least 1."""
+    return max(1, total_steps - 2 * check_interval(config, total_steps))
 
 
 @dataclass
@@ -117,7 +154,7 @@ class LookaheadSchedule:
         self.opt, self.train_step, self.held_out = opt, train_step, held_out_losses_per_row
         self.config, self.total_steps, self.alpha = config, total_steps, alpha
         self.keep_checks, self.place, self.on_check = keep_checks, place, on_check
-        self.h = max(1, min(config.horizon_steps or total_steps, total_steps // 8))
+        self.h = check_interval(config, total_steps)
         self.max_looks = max(1, total_steps // self.h)
         self.rate = config.lr
         self.warm_from = 0
@@ -137,8 +174,22 @@ class LookaheadSchedule:
 
     # ---- the rate --------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
-        """Warmup from alpha1 (restarted after a rollback to a fresh optimizer), then the rate."""
+        """Warmup from alpha1 (restarted after a rollback to a fresh optimizer), then the rate;
+        inside the steps taken elsewhere, their rate."""
+        if step < self.config.taken_steps and self.warm_from == 0 and self.config.taken_lr is not None:
+            return warmup_lr(step, self.config.taken_lr, self.config.alpha1, self.config.warmup_steps)
         return warmup_lr(step - self.warm_from, self.rate, self.config.alpha1, self.config.warmup_steps)
+
+    def continue_at(self, step: int) -> None:
+        """The run goes on at ``step`` = the steps taken elsewhere, whose state the caller has just
+        loaded; call it after ``before(0)`` (the check at step 0, on the state before them)."""
+        if self.last_step != 0 or step != self.config.taken_steps or step < 1:
+            raise InputError(f"continue_at({step!r}) needs before(0) first and the config's taken_steps "
+                             f"({self.config.taken_steps}) >= 1")
+        if step >= self.total_steps - 2 * self.h:
+            raise InputError(f"continue_at({step}) leaves no room for the raced ending: the copy is taken at step "
+                             f"{self.total_steps - 2 * self.h}")
+        self.last_step = step - 1
 
     def before(self, step: int) -> None:
         """Call before each optimizer step: the check at multiples of h, the copy at T - 2h, the rate."""
@@ -150,7 +201,7 @@ class LookaheadSchedule:
             raise InputError(f"before(step) needs increasing steps in 0..{self.total_steps - 1}; got {step!r} after "
                              f"{self.last_step}")
         self.last_step = step
-        if step % self.h == 0:
+        if step % self.h == 0 and (step == 0 or step >= self.config.taken_steps):
             self._check(step)
         if self.copy is None and step >= self.total_steps - 2 * self.h and step > 0:
             self.copy = Snapshot.take(self.params, self.opt, place=self.place)

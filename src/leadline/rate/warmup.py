@@ -1,11 +1,13 @@
 """Warmup from alpha1, the linear ending, weight decay 0 — pure functions and their Values.
 
-- Warmup: none in the plan — the run starts at the rate. The warmup from alpha1 (the first safe
-  step) to the rate over 1/(1 - beta1) steps (Adam's first-moment horizon, Kingma & Ba 2015)
-  was the plan's until it lost to the same rate run constant in every paired run at the run's
-  length where it was measured and never measured better (docs/rate.md); the look-ahead still
-  warms its candidates (:func:`warmup_lr`), and where the rate is at or below alpha1 there was
-  nothing to warm.
+- Warmup: kept only where it measured better on this run. The warmup from alpha1 (the first
+  safe step) to the rate over 1/(1 - beta1) steps (Adam's first-moment horizon, Kingma & Ba
+  2015) is raced against the same rate from step 0 where the look-ahead reads at the run's
+  length (:func:`warmup_race`), and kept when its held-out loss is lower by a one-sided paired t
+  test. A shorter horizon does not decide it: there the warmup can read ahead and still lose at
+  the run's length (docs/rate.md). Where it was not raced, 0, resting on the paired runs measured
+  elsewhere (:data:`WARMUP_MEASURED`); where the rate is at or below alpha1 there is nothing to
+  warm.
 - Ending: the rate falls linearly to zero over the last 2h steps (LookaheadSchedule races it
   against the constant ending and keeps the better by a test).
 - Weight decay: 0, by the argument the seed measured: a decay that acts within the run
@@ -15,22 +17,23 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import Value
 
 WARMUP_MEASURED = {
-    "source": "benchmarks/results/warmup_cost/*.json, rate_lookahead/sweep_gsm_full.json; seed E9/E9b",
-    "e8_full_90_steps_warmup_minus_constant_ce": [0.0174, 0.0156, 0.0254, 0.0211, 0.0184],
-    "e8_paired_runs_lost": "5 of 5", "e8_rate_over_alpha1": 1.62,
-    "seed_e9_warmup_minus_constant_ce": -0.0001, "seed_e9b_lora_warmup_minus_constant_ce": -0.0001,
+    "measurements": "docs/rate.md, Warmup and weight decay",
+    "full_finetune_90_steps_warmup_minus_constant_ce": [0.0174, 0.0156, 0.0254, 0.0211, 0.0184],
+    "full_finetune_paired_runs_lost": "5 of 5", "full_finetune_rate_over_alpha1": 1.62,
+    "seed_256_steps_warmup_minus_constant_ce": -0.0001, "seed_lora_r32_warmup_minus_constant_ce": -0.0001,
     "decide_again": ("PYTHONPATH=src python3 benchmarks/warmup_cost.py --model M --data-dir D --judge 256 "
                      "--arms constant,warmup --order-seed 1 --out OUT"),
 }
-"""What the plan's warmup of 0 rests on: every paired measurement of the warmup from alpha1 against
-the same rate run constant (docs/rate.md), and the command that measures it again."""
-
+"""What a warmup of 0 rests on where the run did not race it: every paired measurement of the
+warmup from alpha1 against the same rate run constant (docs/rate.md), and the command that
+measures it again."""
 
 def warmup_steps_for(beta1: float) -> int:
     """round(1 / (1 - beta1)) steps, at least 1 (10 for Adam's default beta1 = 0.9)."""
@@ -59,8 +62,57 @@ def linear_decay_lr(step: int, start_step: int, end_step: int, lr: float) -> flo
     return lr * min(1.0, max(0.0, frac))
 
 
+def within_half_grid_step(a: float, b: float) -> bool:
+    """True when ``a`` and ``b`` are within a factor sqrt(2) of each other (half a step of the
+    look-ahead's grid alpha1 x 2^j).
+
+    Examples:
+        >>> within_half_grid_step(1e-3, 1.4e-3), within_half_grid_step(1e-3, 1.5e-3)
+        (True, False)
+    """
+    return a > 0 and b > 0 and abs(math.log2(a / b)) <= 0.5 + 1e-9
+
+
+def warmup_race(warmup: Sequence[float], constant: Sequence[float], *, rate: float, warmup_steps: int,
+                total_steps: int, alpha: float = 0.05) -> dict[str, Any]:
+    """The verdict of the warmup raced against none at the run's length, on the same held-out rows.
+
+    ``warmup`` and ``constant`` are the per-row held-out losses after ``total_steps`` steps at
+    ``rate`` with and without the warmup from alpha1 over ``warmup_steps``. The warmup is kept
+    (``"kept": "warmup"``) only when its losses are lower by a one-sided paired t test at
+    ``alpha`` (one look); otherwise ``"none"``: the null is the run without it.
+
+    Examples:
+        >>> r = warmup_race([1.0, 2.0, 3.0, 4.0], [1.1, 2.1, 3.1, 4.2], rate=1e-3, warmup_steps=10, total_steps=40)
+        >>> r["kept"], r["raced"]
+        ('warmup', True)
+        >>> warmup_race([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], rate=1e-3, warmup_steps=10, total_steps=40)["kept"]
+        'none'
+    """
+    from leadline import stats
+    from leadline.rate.compare import compare
+
+    verdict = compare(warmup, constant, alpha=alpha)
+    w_mean, w_se = stats.mean_se(list(warmup)) if all(map(math.isfinite, warmup)) else (math.inf, math.inf)
+    c_mean, c_se = stats.mean_se(list(constant)) if all(map(math.isfinite, constant)) else (math.inf, math.inf)
+    return {"raced": True, "kept": "warmup" if verdict.better and math.isfinite(w_mean) else "none",
+            "rate": rate, "warmup_steps": warmup_steps, "total_steps": total_steps, "alpha": alpha,
+            "warmup": {"loss": w_mean, "se": w_se}, "constant": {"loss": c_mean, "se": c_se},
+            "warmup_versus_constant": verdict.as_dict()}
+
+
+def _not_raced_source(b1: float, to: str, race: Mapping[str, Any] | None) -> str:
+    why = (f"not raced on this run ({race['why']})" if race and race.get("why")
+           else "not raced on this run")
+    return (f"none: {why}; by the paired runs measured elsewhere a warmup from alpha1 over round(1/(1 - beta1)) = "
+            f"{warmup_steps_for(b1)} steps lost to the same rate run constant in every one at the run's length "
+            "(a 90-step full fine-tune on the card: +0.016 to +0.025 held-out CE, 5 of 5) and never measured better "
+            f"(the seed's 256-step run: -0.0001; its LoRA r32 run: -0.0001 ± 0.0003; docs/rate.md): the run starts at "
+            f"{to}")
+
+
 def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: Sequence[float] | None = None, *,
-                  beta1: float | None = None) -> dict[str, Value]:
+                  beta1: float | None = None, race: Mapping[str, Any] | None = None) -> dict[str, Value]:
     """The plan's ``warmup_steps`` and ``weight_decay`` as Values with their sources.
 
     Args:
@@ -68,27 +120,48 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
         lr: the rate the warmup rises to (for the source sentence).
         betas: the optimizer's betas (beta1 is read from it), or ``beta1`` directly; 0.9 when
             neither is given (Adam's default).
+        race: :func:`warmup_race`'s verdict on this run (``"raced": True``), or
+            ``{"raced": False, "why": ...}`` saying why it was not raced. A raced warmup is
+            ``measured``: its steps when kept, else 0; one not raced is a ``constant`` 0.
     """
     b1 = float(beta1) if beta1 is not None else float(betas[0]) if betas else 0.9
-    kind, evidence = "constant", {"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, **WARMUP_MEASURED}
+    if race and race.get("raced") and isinstance(lr, (int, float)) and not within_half_grid_step(race["rate"], lr):
+        race = {"raced": False, "why": f"it was raced at {race['rate']:.3g}, more than half a grid step from the rate "
+                                       f"{lr:.3g}", "race": dict(race)}
     to = f"the rate {lr:.3g}" if isinstance(lr, (int, float)) and math.isfinite(lr) else "the chosen rate"
-    source = (f"none, by measurement on other runs, not this one: the run starts at {to}. A warmup from alpha1 over "
-              f"round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps lost to the same rate run constant in every paired "
-              "run at the run's length (E8 full fine-tune, 90 steps, on the card: +0.016 to +0.025 held-out CE, 5 of "
-              "5) and never measured better (seed E9: -0.0001 at 256 steps; LoRA r32 -0.0001 ± 0.0003)")
     if isinstance(alpha1, (int, float)) and isinstance(lr, (int, float)) and math.isfinite(alpha1) and lr <= alpha1:
         # nothing to warm: 0, so a scheduler that warms from zero (Trainer's) does not add one
-        kind, evidence = "derived", {"beta1": b1, "warmup_from": alpha1, "warmup_to": lr}
-        source = (f"none: the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, the step measured safe, so the run "
-                  f"starts at the rate (the warmup from alpha1 would be round(1/(1 - beta1)) = {warmup_steps_for(b1)} "
-                  "steps)")
+        warm = Value(0, "derived", f"none: the rate {lr:.3g} is at or below alpha1 = {alpha1:.3g}, the step measured "
+                                   f"safe, so the run starts at the rate (the warmup from alpha1 would be "
+                                   f"round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps)",
+                     evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr}, unit="steps")
+    elif race and race.get("raced"):
+        w, c = race["warmup"], race["constant"]
+        read = (f"raced at the run's length ({race['total_steps']} steps, the rate {race['rate']:.3g}) against the "
+                f"rate from step 0: held-out loss {w['loss']:.4g} ± {w['se']:.2g} with it, {c['loss']:.4g} ± "
+                f"{c['se']:.2g} without")
+        if race["kept"] == "warmup":
+            warm = Value(int(race["warmup_steps"]), "measured",
+                         f"the warmup from alpha1 over {race['warmup_steps']} steps, kept: {read}, lower by a "
+                         "one-sided paired t test",
+                         evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
+        else:
+            warm = Value(0, "measured", f"none, measured on this run: the warmup from alpha1 over "
+                                        f"{race['warmup_steps']} steps {read}, not lower by a one-sided paired t test; "
+                                        f"the run starts at {to}",
+                         evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
+    else:
+        warm = Value(0, "constant", _not_raced_source(b1, to, race),
+                     evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, **WARMUP_MEASURED,
+                               **({"race": dict(race)} if race else {})}, unit="steps")
     return {
-        "warmup_steps": Value(0, kind, source, evidence=evidence, unit="steps"),
+        "warmup_steps": warm,
         "weight_decay": Value(
             0.0, "constant",
             "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero "
-            "(seed E9: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086), one that does not act is 0",
-            evidence={"source": "seed E9/E13", "decay_1_over_lr_steps_delta_ce": 2.96,
+            "(the seed's runs: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086; docs/rate.md), one that does not act "
+            "is 0",
+            evidence={"measurements": "docs/rate.md, Warmup and weight decay", "decay_1_over_lr_steps_delta_ce": 2.96,
                       "decay_10x_weaker_delta_ce": 0.0086},
         ),
     }
