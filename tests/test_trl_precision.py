@@ -160,3 +160,47 @@ def test_cli_gradient_checkpointing_is_measured_and_recorded(tmp_path):
                  "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--out", str(out)]) == 0
     prec = Plan.from_json(out)["precision"].value
     assert prec["checkpointing"] is True and prec["quantization"] is None and prec["adapter"] is True
+
+
+def test_rows_fit_with_and_without_checkpointing_side_by_side(tmp_path, monkeypatch):
+    """A run with checkpointing on: the plan's rows_fit is the ramp with it on, and
+    rows_fit_without_checkpointing the same ramp with it off, up to rows_fit; the model's
+    checkpointing and weights are put back. A run without it gets no second ramp."""
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from leadline.hf import find_batch_size
+    from leadline.hf.precision import precision_of
+    from leadline.hf.task import Task
+
+    seen: list[bool] = []
+    real = Task.loss_of
+
+    def spy(self, b, length):  # the ramp's steps, with the checkpointing they ran under
+        seen.append(precision_of(self.model).checkpointing)
+        return real(self, b, length)
+
+    monkeypatch.setattr(Task, "loss_of", spy)
+    tok = make_tokenizer()
+    ds = datasets.load_dataset("json", data_files=str(DATA / "prompt_completion.jsonl"), split="train")
+
+    def trainer(on):
+        cfg = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=8, dataset_num_proc=None,
+                        activation_checkpointing=on)
+        return SFTTrainer(model=make_model(vocab_size=len(tok)), args=cfg, train_dataset=ds, processing_class=tok,
+                          peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+
+    t = trainer(True)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    plan = find_batch_size(t, progress=False).plan
+    off = plan["rows_fit_without_checkpointing"]
+    assert off.kind == "measured" and 1 <= off.value <= plan.rows_fit
+    assert off.evidence["rows_fit_with_checkpointing"] == plan.rows_fit and off.evidence["plot"] == "ramp"
+    assert True in seen and seen[-1] is False  # the ramp with it on, then the one with it off, last
+    assert not precision_of(t.model).checkpointing  # put back as Trainer left it (on only in train())
+    assert all((p == before[n]).all() for n, p in t.model.named_parameters())
+    seen.clear()
+    plan = find_batch_size(trainer(False), progress=False).plan
+    assert "rows_fit_without_checkpointing" not in plan and seen and not any(seen)

@@ -5,7 +5,10 @@ schedule and the memory watch inside ``Trainer``.
     from leadline.hf import derive_for
     plan = derive_for(model, tokenizer, "train.jsonl", total_steps=300)
     args = training_arguments(plan, TrainingArguments(output_dir="out"))
-    trainer = Trainer(model=model, args=args, ..., callbacks=[plan_callback(plan, ...)])
+    trainer = Trainer(model=model, args=args, ..., callbacks=[LeadlineCallback.for_plan(plan, ...)])
+
+One answer each (:mod:`leadline.hf.find`): ``find_batch_size(trainer).suggestion()``,
+``find_lr(trainer).suggestion()``.
 """
 
 from __future__ import annotations
@@ -13,18 +16,21 @@ from __future__ import annotations
 from typing import Any
 
 from leadline.hf.args import training_arguments
+from leadline.hf.find import FoundBatchSize, FoundRate, find_batch_size, find_lr
 from leadline.hf.loading import load_model, load_tokenizer
 from leadline.hf.task import (
     Task,
     derive_for,
+    derive_parts,
     prepare,
     tokens_to_steps,
     trained_as_of,
     trained_named_weights,
 )
 
-__all__ = ["LeadlineCallback", "Task", "derive_for", "load_model", "load_tokenizer", "prepare", "tokens_to_steps",
-           "trained_as_of", "trained_named_weights", "training_arguments"]
+__all__ = ["FoundBatchSize", "FoundRate", "LeadlineCallback", "Task", "derive_for", "derive_parts", "find_batch_size",
+           "find_lr", "load_model", "load_tokenizer", "prepare", "tokens_to_steps", "trained_as_of",
+           "trained_named_weights", "training_arguments"]
 
 
 def __getattr__(name: str) -> Any:

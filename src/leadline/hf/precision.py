@@ -8,8 +8,11 @@ run turns it on) and that the plan says how it was measured (``precision`` in th
 The held-out loss of a bf16/fp16 forward is rounded at about 1e-3 of its size; the rate phases
 read it with that resolution.
 
-Pure reading of attributes: no bitsandbytes import, nothing changed but what
-:func:`checkpointing` sets and puts back.
+With checkpointing on, :func:`rows_fit_unchecked` also ramps with it off, so the plan holds
+what checkpointing buys: ``rows_fit`` (on, as the run trains) beside
+``rows_fit_without_checkpointing``.
+
+No bitsandbytes import; nothing changed but what :func:`checkpointing` sets and puts back.
 """
 
 from __future__ import annotations
@@ -158,3 +161,28 @@ def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
     for k in ("every_n_layers", "offload", "selective"):
         kw.pop(k, None)
     return on, kw or None
+
+
+def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
+                       seconds_left: float | None = None) -> Value | None:
+    """``rows_fit_without_checkpointing``: derive's ramp run again with gradient checkpointing
+    off, up to the plan's ``rows_fit`` (checkpointing on never fits fewer rows), the weights,
+    optimizer and RNG put back after. None when the plan's model trains without checkpointing
+    or has no ``rows_fit``; a ``constant`` saying why when ``seconds_left`` is shorter than the
+    ramp with it on took."""
+    if not precision_of(model).checkpointing or "rows_fit" not in plan or "seq_len" not in plan:
+        return None
+    on = plan["rows_fit"]
+    if seconds_left is not None and seconds_left < on.seconds:
+        return Value(None, "constant", f"not measured: {seconds_left:.3g} s were left of max_seconds, the ramp with "
+                                       f"checkpointing on took {on.seconds:.3g} s", unit="rows")
+    from leadline.derive.no_trace import leave_no_trace
+    from leadline.memory import forbid_spill, ramp
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizers = [o for o in (getattr(step, "optimizer", None),) if o is not None]
+    with leave_no_trace(params, optimizers), forbid_spill(step.device), checkpointing(model, False):
+        res = ramp(step, int(plan.get("seq_len")), lengths=lengths, max_rows=int(on.value))
+    return Value(res.micro_batch, "measured",
+                 f"gradient checkpointing off (the run trains with it on: {on.value} rows fit): {res.source()}",
+                 {**res.evidence(), "rows_fit_with_checkpointing": on.value}, res.seconds, "rows")

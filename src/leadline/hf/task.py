@@ -14,9 +14,12 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.hf.precision import check_trainable, checkpointing, precision_of
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
-from leadline.plan import Plan
+from leadline.plan import Plan, Value
 
-__all__ = ["Task", "derive_for", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
+__all__ = ["Task", "derive_for", "derive_parts", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
+
+PARTS = ("batch", "rate")
+"""The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
@@ -209,6 +212,31 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     ``progress``: a bar over the phases on stderr (:class:`~leadline.progress.PhaseBar`);
     ``None`` (the default) shows it when stderr is a terminal and no ``on_progress`` is given.
     """
+    return derive_parts(**locals())
+
+
+def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, measure: Sequence[str] = PARTS,
+                 batch: tuple[int, int] | None = None, **kw: Any) -> Plan:
+    """:func:`derive_for` running only the phases of ``measure``: ``"batch"`` (the noise
+    scale, the memory ramp and the step: ``rows_fit``, ``micro_batch``, ``grad_accum``) and
+    ``"rate"`` (alpha1 and the rate). ``batch=(micro_batch, grad_accum)`` runs the rate phases
+    at that step, given, instead of the one the batch phases decide (the batch a trainer's
+    arguments already hold). The one-liners of :mod:`leadline.hf.find` are these calls."""
+    unknown = sorted(set(measure) - set(PARTS))
+    if unknown or not measure:
+        raise InputError(f"measure={tuple(measure)!r} must name some of {', '.join(PARTS)}")
+    return _derive(model, tokenizer, train_dataset, measure=tuple(measure), batch=batch, **kw)
+
+
+def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None,
+            epochs: float | None = None, effort: str = "quick", seq_len: int | None = None,
+            quantile: float | None = None, max_seconds: float | None = None,
+            on_progress: Callable[[dict[str, Any]], None] | None = None,
+            resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
+            trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
+            probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
+            progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
+            batch: tuple[int, int] | None = None) -> Plan:
     import sys
     import time
 
@@ -267,6 +295,9 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     grad_fn: Any = None
     step_fn: Any = TrainingStep(task.loss_of, task.optimizer)
     train_step_of, held_out_losses = task.train_step_of, None
+    lengths = [len(task.rows[i].input_ids) for i in task.order[:64]]  # the corpus's length mix, for the ramp
+    if batch is not None:
+        train_step_of = _at_batch(task.train_step_of, batch)
     bar = None
     if progress or (progress is None and on_progress is None and wants_bar(sys.stderr)):
         bar = PhaseBar()
@@ -289,17 +320,22 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
             job = WorldTask(task, [p for _, p in named], world)
         if job is not None:
             grad_fn, train_step_of, held_out_losses = job.grad_fn(), job.train_step_of, job.held_out_losses()
+            if batch is not None:
+                train_step_of = _at_batch(job.train_step_of, batch)
+        sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
+        rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
         plan = derive(
             data=train_dataset if isinstance(train_dataset, (str, os.PathLike)) else None,
             rows=None if isinstance(train_dataset, (str, os.PathLike)) else _rows_of(train_dataset),
             tokenizer=tokenizer, seq_len=task.seq_len, profile=prof,
-            step_fn=step_fn,
-            grad_fn=grad_fn or _probe(model, task, [p for _, p in named]),
+            step_fn=step_fn if sizes else None,
+            grad_fn=(grad_fn or _probe(model, task, [p for _, p in named])) if sizes else None,
             named_weights=named, trained_as=kind, optimizer=task.optimizer,
-            train_step_of=train_step_of, held_out_losses=held_out_losses or task.held_out_losses(),
+            train_step_of=train_step_of,
+            held_out_losses=(held_out_losses or task.held_out_losses()) if rates else None,
             total_steps=total_steps, epochs=epochs, effort=effort, max_seconds=max_seconds,
             on_progress=on_progress, resume=resume, prior=prior,
-            lengths=[len(task.rows[i].input_ids) for i in task.order[:64]],
+            lengths=lengths,
             held_out=task.split.as_dict(), model_info=model_info,
             loss_resolution=_loss_resolution(inner),
             device=task.device, started=started,
@@ -307,10 +343,22 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         from leadline.memory.model_step import adapter_dtype_note
 
         plan.set("precision", precision_of(inner).as_value())
+        if batch is not None:
+            for name, v in zip(("micro_batch", "grad_accum"), batch):
+                plan.set(name, Value(int(v), "given", f"the trainer's {name.replace('_', ' ')}, given: the rate "
+                                                      "phases ran their steps at it", unit="rows" if
+                                     name == "micro_batch" else "micro-batches"))
         if policy is not None:
             from leadline.hf.trainer import policy_value
 
             plan.set("loss_policy", policy_value(policy, sum(r.scored_tokens for r in task.rows), len(task.rows)))
+        if sizes and world is None:
+            from leadline.hf.precision import rows_fit_unchecked
+
+            left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
+            unchecked = rows_fit_unchecked(inner, step_fn, plan, lengths=lengths, seconds_left=left)
+            if unchecked is not None:
+                plan.set("rows_fit_without_checkpointing", unchecked)
         note = adapter_dtype_note(inner)
         if note is not None:
             plan.notes.append(note)
@@ -334,6 +382,18 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     if job is not None:
         plan.notes.extend(job.notes)
     return plan
+
+
+def _at_batch(train_step_of: Callable[[int, int], Any], batch: tuple[int, int]) -> Callable[[int, int], Any]:
+    """``train_step_of`` with every step at ``batch``, whatever the phase asks for."""
+    micro_batch, grad_accum = int(batch[0]), int(batch[1])
+    if micro_batch < 1 or grad_accum < 1:
+        raise InputError(f"batch={batch!r} must be (micro_batch, grad_accum), both >= 1")
+
+    def at(_micro_batch: int, _grad_accum: int) -> Any:
+        return train_step_of(micro_batch, grad_accum)
+
+    return at
 
 
 def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

@@ -1,0 +1,185 @@
+"""One answer each, in the shape the ecosystem knows (Lightning's ``lr_find(...).suggestion()``,
+accelerate's ``find_executable_batch_size``): the batch a trainer should run and the rate it
+should run at, each a thin call over derive()'s own phases (:func:`leadline.hf.task.derive_parts`).
+
+    from leadline.hf import find_batch_size, find_lr
+    found = find_batch_size(trainer)          # the noise scale, the memory ramp, the step
+    found.suggestion()                        # per_device_train_batch_size
+    found.why(); found.plot("ramp.svg")
+    rate = find_lr(trainer)                   # alpha1 and the look-ahead, at the trainer's batch
+    trainer.args.learning_rate = rate.suggestion()
+
+Each result holds the plan of the phases it ran (``found.plan``: every value with its source
+and evidence, JSON like any plan), and leaves the model as it was.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import Plan
+
+__all__ = ["FoundBatchSize", "FoundRate", "find_batch_size", "find_lr"]
+
+
+@dataclass
+class _Found:
+    plan: Plan
+    name: str
+    plots: tuple[str, ...]
+
+    def suggestion(self) -> Any:
+        """The number found (``plan.get(name)``)."""
+        return self.plan.get(self.name)
+
+    def why(self) -> str:
+        """The value's line, its cost and its whole evidence (:meth:`Plan.why`), for each
+        number the answer rests on."""
+        return "\n\n".join(self.plan.why(n) for n in self._shown())
+
+    def _shown(self) -> list[str]:
+        return [self.name]
+
+    def plot(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """The evidence drawn as an SVG (the report's figure), written to ``path`` when given;
+        None when the evidence has no drawing or matplotlib is missing (``pip install
+        'leadline[hf]'``)."""
+        from leadline.report.plots import render_svg
+
+        for name in self.plots:
+            if name in self.plan:
+                v = self.plan[name]
+                svg = render_svg(v.evidence, chosen=v.value)
+                if svg is not None:
+                    if path is not None:
+                        Path(path).write_text(svg)
+                    return svg
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}={self.suggestion()!r})"
+
+
+@dataclass(repr=False)
+class FoundBatchSize(_Found):
+    """What :func:`find_batch_size` found. ``suggestion()`` is the micro-batch
+    (``per_device_train_batch_size``): the rows the target step needs, at most the rows a
+    training run fits; ``grad_accum`` makes up the step, ``rows_fit`` is the most rows that fit."""
+
+    @property
+    def grad_accum(self) -> int:
+        return int(self.plan.get("grad_accum", 1))
+
+    @property
+    def rows_fit(self) -> int:
+        return int(self.plan.get("rows_fit"))
+
+    def _shown(self) -> list[str]:
+        return [n for n in ("micro_batch", "grad_accum", "rows_fit", "tokens_per_step", "noise_scale_tokens")
+                if n in self.plan]
+
+
+@dataclass(repr=False)
+class FoundRate(_Found):
+    """What :func:`find_lr` found. ``suggestion()`` is the learning rate; ``alpha1`` the first
+    safe step it started from. A quick search (``effort="quick"``) also holds ``race_rates``,
+    which :class:`~leadline.hf.LeadlineCallback` races inside the run."""
+
+    @property
+    def alpha1(self) -> float | None:
+        return self.plan.get("alpha1")
+
+    def _shown(self) -> list[str]:
+        return [n for n in ("lr", "alpha1", "race_rates", "warmup_steps") if n in self.plan]
+
+
+def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *,
+                    max_seconds: float | None = None, progress: bool | None = None, seed: int = 0) -> FoundBatchSize:
+    """The micro-batch and accumulation a trainer should run: derive's noise scale, memory
+    ramp and step (B* = sqrt(B_noise x tokens per micro-batch x t_step / t_micro), McCandlish
+    et al. 2018, <https://arxiv.org/abs/1812.06162>), on the trainer's own rows and model as it
+    trains (gradient checkpointing, precision), nothing else.
+
+    Args:
+        trainer: a built ``Trainer``/``SFTTrainer``, or a model with ``tokenizer`` and
+            ``train_dataset``.
+        max_seconds: a bound on the whole search.
+        progress: a bar over the phases (default: when stderr is a terminal).
+        seed: the split and the row order.
+
+    Returns:
+        :class:`FoundBatchSize`; ``suggestion()`` is ``per_device_train_batch_size``.
+    """
+    from leadline.hf.task import derive_parts
+
+    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("batch",), max_seconds=max_seconds,
+                        progress=progress, seed=seed, **_length_of(trainer))
+    if "micro_batch" not in plan:
+        raise InputError(_unfinished("find_batch_size", "micro_batch", plan, max_seconds))
+    return FoundBatchSize(plan, "micro_batch", ("rows_fit", "micro_batch"))
+
+
+def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, micro_batch: int | None = None,
+            grad_accum: int | None = None, effort: str = "full", max_seconds: float | None = None,
+            progress: bool | None = None, seed: int = 0) -> FoundRate:
+    """The learning rate for the trainer's batch: derive's first safe step (alpha1) and, at the
+    default ``effort="full"``, the look-ahead — the real optimizer run from the same weights on
+    the same rows at alpha1 x 2^j, the held-out loss compared by a paired test — all at the
+    trainer's ``per_device_train_batch_size`` x ``gradient_accumulation_steps``, for its run's
+    length. ``effort="quick"``: alpha1, the anchor and ``race_rates`` only.
+
+    Args:
+        trainer: a built ``Trainer``/``SFTTrainer``, or a model with ``tokenizer`` and
+            ``train_dataset``.
+        micro_batch / grad_accum: the step's batch (default: the trainer's arguments; needed
+            without a trainer).
+        effort: ``"full"`` (the look-ahead) or ``"quick"``.
+        max_seconds: a bound on the whole search.
+
+    Returns:
+        :class:`FoundRate`; ``suggestion()`` is ``learning_rate``.
+    """
+    from leadline.hf.task import derive_parts
+    from leadline.hf.trainer import is_trainer
+
+    args = trainer.args if is_trainer(trainer) else None
+    micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
+    grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
+    if micro_batch is None:
+        raise InputError("find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose "
+                         "arguments hold it")
+    length = _length_of(trainer, micro_batch * grad_accum)
+    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=(micro_batch, grad_accum),
+                        effort=effort, max_seconds=max_seconds, progress=progress, seed=seed, **length)
+    if "lr" not in plan:
+        raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
+    return FoundRate(plan, "lr", ("lr", "alpha1"))
+
+
+def _length_of(trainer: Any, rows_per_step: int | None = None) -> dict[str, Any]:
+    """The run's length as derive takes it: a trainer's ``max_steps``; else, with the step's
+    rows known, its epochs in steps as Trainer counts them (ceil(rows / micro-batch) batches an
+    epoch, accumulated); else its epochs (one without a trainer)."""
+    from leadline.hf.trainer import is_trainer
+
+    if not is_trainer(trainer):
+        return {}
+    args = trainer.args
+    if int(getattr(args, "max_steps", -1) or -1) > 0:
+        return {"total_steps": int(args.max_steps)}
+    epochs = float(args.num_train_epochs)
+    if rows_per_step is None or trainer.train_dataset is None:
+        return {"epochs": epochs}
+    batches = math.ceil(len(trainer.train_dataset) / int(args.per_device_train_batch_size))
+    return {"total_steps": max(1, math.ceil(epochs * batches / int(args.gradient_accumulation_steps)))}
+
+
+def _unfinished(fn: str, name: str, plan: Plan, max_seconds: float | None) -> str:
+    cut = f" within max_seconds={max_seconds:g}" if max_seconds is not None else ""
+    notes = "; ".join(plan.notes[-2:]) or "no phase reached it"
+    return f"{fn} found no {name}{cut} ({notes}); give it more time or check the rows"
