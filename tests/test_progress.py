@@ -51,7 +51,7 @@ def test_the_bar_knows_its_total_from_the_first_event_and_ends_full():
     assert bar.bar is not None and bar.bar.n == 4
     bar.close()
     last = out.getvalue().replace("\r", "\n").strip().splitlines()[-1]
-    assert "4/4 phases" in last and "derive: 4 phases" in last
+    assert "4/4 phases" in last and "derive: done" in last
 
 
 def test_without_a_terminal_one_line_a_finished_phase():

@@ -140,7 +140,7 @@ class PhaseBar:
         if self.bar is not None:
             self.bar.total = len(self.seen)
             self.bar.n = len(self.seen)
-            self.bar.set_description_str(f"derive: {len(self.seen)} phases", refresh=False)
+            self.bar.set_description_str("derive: done", refresh=False)
             self.bar.refresh()
             self.bar.close()
             self.bar = None
