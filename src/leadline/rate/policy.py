@@ -125,9 +125,12 @@ def quick_rate(plan: Plan, alpha1: float) -> dict[str, Value]:
     a = plan["lr_anchor"]
     rates = quick_race_rates(anchor, alpha1)
     return {
-        "lr": Value(anchor, a.kind, f"the anchor, {alpha1 / anchor:.3g}x below alpha1 {alpha1:.3g} (quick effort: no "
-                                    f"look-ahead run; alpha1 is the best single step, not a rate to hold): {a.source}",
-                    a.evidence, 0.0, a.unit),
+        "lr": Value(anchor, a.kind, f"the anchor, not measured: the quick effort ran no look-ahead; the rate is "
+                                    f"measured inside the run, where race() runs race_rates (as `leadline train` "
+                                    f"does), and a run that trains at this number without racing trains at a "
+                                    f"constant. {alpha1 / anchor:.3g}x below alpha1 {alpha1:.3g} (the best single "
+                                    f"step, not a rate to hold): {a.source}",
+                    {**(a.evidence or {}), "measured_in_run": "race_rates"}, 0.0, a.unit),
         "race_rates": Value(rates, "derived", f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}, "
                                               "for race() inside the run (quick effort)"),
     }
