@@ -84,6 +84,10 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         (["train", *args, "--data", str(other), "--plan", str(plan_path), "--out", str(tmp_path / "r")], "other data"),
         (["train", "--model", str(model_dir), "--lora-rank", "8", "--device", "cpu", "--data", str(DATA / "prompt_completion.jsonl"),
           "--plan", str(plan_path), "--out", str(tmp_path / "r2")], "trained parameters"),
+        (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
+          str(tmp_path / "r3"), "--state", str(tmp_path)], "is not a state leadline derive wrote"),
+        (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
+          str(tmp_path / "r4"), "--state", str(tmp_path), "--fresh"], "drop one of them"),
     ]
     for argv, needle in cases:
         capsys.readouterr()
@@ -91,6 +95,7 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
         assert len(err) == 1 and needle in err[0], err  # one sentence (a loader's progress bar may precede it)
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 
 def test_a_quick_plan_races_its_rates_inside_the_run(model_dir, tmp_path):

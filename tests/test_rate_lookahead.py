@@ -61,7 +61,7 @@ def test_only_a_falling_unsettled_trend_is_carried_to_the_run_length():
     # falling and not settled: carried, lr * (T/n)^s
     lr, why = answer_at_run_length(0.01, 40, -1.0, 160, settled=False)
     assert lr == pytest.approx(0.0025) and "carried from 40 to 160" in why
-    # settled: the estimate as read, whatever the small slope says (E8 full: n^0.11 carried 1.1x up)
+    # settled: the estimate as read, whatever the small slope says (the full fine-tune on gsm_symbolic: n^0.11 carried 1.15x up; docs/rate.md)
     for slope in (0.11, -0.2):
         lr, why = answer_at_run_length(2.1e-4, 40, slope, 90, settled=True)
         assert lr == 2.1e-4 and "settled: not carried" in why
@@ -168,3 +168,26 @@ def test_bad_arguments_say_what_to_pass():
     other = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(InputError, match="not in the optimizer"):
         lookahead_lr([other], toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=10)
+
+
+def test_the_warmup_is_raced_at_the_run_length_and_kept_only_when_better():
+    from leadline.rate import lookahead_lr
+
+    toy = Regression(seed=1)
+    # the toy's best rate over 24 steps is the grid's top: a warmup only slows it (a known loser)
+    la = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.002, total_steps=24, grid=(1, 2),
+                      budget_fraction=6.0, warmup_steps=0, first_horizon=10, race_warmup=10, keep_branch=True)
+    assert la.stop == "run_length" and la.warmup_steps in (0, 10)
+    race = la.warmup_race
+    assert race["raced"] and race["total_steps"] == 24 and race["rate"] in la.rates
+    w = la.as_values()["warmup_steps"]
+    assert w.kind == "measured" and w.value == (10 if race["kept"] == "warmup" else 0)
+    assert w.value == la.warmup_steps and "raced at the run's length (24 steps" in w.source
+    assert race["kept"] == "none" and race["warmup_versus_constant"]["worse"]
+    assert la.branch is not None and la.branch.steps == 24 and la.branch.warmup_steps == la.warmup_steps
+    assert torch.equal(toy.w.detach(), torch.zeros_like(toy.w)) and not toy.opt.state  # no trace of either
+    short = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.002, total_steps=200, grid=(1, 2),
+                         warmup_steps=0, first_horizon=10, race_warmup=10, budget_fraction=0.3)
+    assert not short.warmup_race["raced"] and "of the run's 200 steps" in short.warmup_race["why"]
+    ws = short.as_values()["warmup_steps"]
+    assert ws.kind == "constant" and ws.value == 0 and "not raced on this run" in ws.source
