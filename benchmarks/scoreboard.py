@@ -56,7 +56,9 @@ call loses one unit.
     PYTHONPATH=src python3 benchmarks/scoreboard.py --task debian_sections \\
         --model /root/assets/smol.gguf --data-dir /root/assets/data \\
         --out benchmarks/results/scoreboard_debian_sections.json --stop-after 520
-    (add ``--card-gb 6`` for a 6 GB card: a second process holds the rest; the file gets ``_6gb``)
+    (add ``--card-gb 6`` for a 6 GB card: a second process holds the rest; the file gets ``_6gb``;
+    the recipe-shaped arms then take their 16 rows a step as ``--recipe-micro-batch`` rows a pass,
+    4 by default, the rest accumulated, as a user of the recipe on a small card would set it)
     python3 benchmarks/scoreboard.py --table --readme README.md   # the README's table
 """
 
@@ -339,9 +341,11 @@ class Judge:
             texts = self._greedy(model, [r["prompt"] for r in rows], 256)
             got = [_final_number(t) for t in texts]
             right = [g is not None and g == _norm_number(str(r["answer"])) for g, r in zip(got, rows)]
-            c = Counter(g for g in got)
+            c = Counter(g for g in got if g is not None)  # the share among rows that gave an answer
             out.update({"exact_match": sum(right) / len(right), "em_rows": len(rows), "em_right": right,
-                        "top_answer_share": c.most_common(1)[0][1] / len(got), "sample": texts[:2]})
+                        "answers": got, "answered": sum(g is not None for g in got) / len(got),
+                        "top_answer_share": c.most_common(1)[0][1] / sum(c.values()) if c else 0.0,
+                        "sample": texts[:2]})
         return out
 
     def _greedy(self, model: Any, prompts: list[str], max_new: int, batch: int = 64) -> list[str]:
@@ -383,6 +387,7 @@ class Arms:
         self.train = self.work / "train.jsonl"
         self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
         self.common = ["--model", args.model, "--data", str(self.train), "--lora-rank", "16", "--seed", "0"]
+        self.short = ["--steps", "2"] if args.smoke else []  # --smoke: every arm's run two steps long
         self.base_plan = self.work / "base_plan.json"
         if not self.base_plan.exists():  # the recipe arms' plan: nothing derived, the split's seed only
             sys.path.insert(0, str(ROOT / "src"))
@@ -411,8 +416,10 @@ class Arms:
                    extra: dict[str, Any] | None = None) -> dict[str, Any]:
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
+        micro = recipe_micro(batch, self.args.recipe_micro_batch)
         t = leadline(["train", *self.common, "--plan", str(self.base_plan), "--recipe", "--lr", f"{lr:.6g}", "--batch", str(batch),
-                      "--warmup-ratio", f"{warmup:.4g}", "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
+                      "--warmup-ratio", f"{warmup:.4g}", *(["--micro-batch", str(micro)] if micro else []),
+                      *self.short, "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
         rec = {"lr": lr, "rows_per_step": batch, "warmup_ratio": warmup, "decide_seconds": decide, "train_seconds": t["seconds"],
                "train": t, "run": run_json(run_dir), **(extra or {})}
         rec["unseen_loss"] = unseen_loss(rec["run"])
@@ -429,7 +436,7 @@ class Arms:
             self.recipe_run("recipe", 2e-4)
 
     def sweep(self) -> None:
-        for k, lr in enumerate(SWEEP_RATES):
+        for k, lr in enumerate(self.board.data["sweep_rates"]):
             unit = f"sweep_{k}"
             if self.board.has(unit):
                 continue
@@ -441,8 +448,11 @@ class Arms:
         if self.board.has("lr_find"):
             return
         out = self.work / "lr_find.json"
+        micro = recipe_micro(16, self.args.recipe_micro_batch)
         f = proc([str(HERE / "scoreboard.py"), "--worker", "lr_find", "--model", self.args.model, "--train", str(self.train),
-                  "--worker-out", str(out)], self.work / "lr_find_range.log", self.args.timeout)
+                  "--worker-out", str(out), *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  *(["--smoke"] if self.args.smoke else [])],
+                 self.work / "lr_find_range.log", self.args.timeout)
         found = json.loads(out.read_text()) if f["rc"] == 0 and out.exists() else None
         if not found or not found.get("suggestion"):
             self.board.put("lr_find", {"failed": True, "range_test": f, "found": found})
@@ -454,8 +464,11 @@ class Arms:
             return
         run_dir = self.work / "run_schedulefree"
         _rm(run_dir)
+        micro = recipe_micro(16, self.args.recipe_micro_batch)
         t = proc([str(HERE / "scoreboard.py"), "--worker", "schedulefree", "--model", self.args.model, "--train", str(self.train),
-                  "--worker-out", str(run_dir)], self.work / "schedulefree.log", self.args.timeout)
+                  "--worker-out", str(run_dir), *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  *(["--smoke"] if self.args.smoke else [])],
+                 self.work / "schedulefree.log", self.args.timeout)
         rec = {"decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish("schedulefree", rec, run_dir if t["rc"] == 0 else None)
@@ -466,7 +479,8 @@ class Arms:
             return
         plan = self.work / f"{effort}.json"
         _rm(plan)
-        d = leadline(["derive", *self.common, "--effort", effort, "--out", str(plan)], self.work / f"derive_{effort}.log",
+        bound = ["--max-seconds", "20"] if self.args.smoke else []
+        d = leadline(["derive", *self.common, "--effort", effort, *self.short, *bound, "--out", str(plan)], self.work / f"derive_{effort}.log",
                      self.args.timeout)
         rec: dict[str, Any] = {"derive": d, "decide_seconds": d["seconds"]}
         if d["rc"] != 0 or not plan.exists():
@@ -476,7 +490,7 @@ class Arms:
         rec["plan"] = json.loads(plan.read_text())
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
-        t = leadline(["train", *self.common, "--plan", str(plan), "--out", str(run_dir)], self.work / f"train_{effort}.log",
+        t = leadline(["train", *self.common, "--plan", str(plan), *self.short, "--out", str(run_dir)], self.work / f"train_{effort}.log",
                      self.args.timeout)
         rec.update({"train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)})
         rec["unseen_loss"] = unseen_loss(rec["run"])
@@ -508,12 +522,14 @@ class Arms:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         dists = {"lr": FloatDistribution(1e-5, 3e-3, log=True), "rows_per_step": CategoricalDistribution([4, 8, 16, 32]),
                  "warmup_ratio": FloatDistribution(0.0, 0.1)}
-        study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=3))
-        for k in range(OPTUNA_TRIALS):  # the trials already run, told to the study so it proposes what it would have
+        trials = int(self.board.data["optuna_trials"])
+        study = optuna.create_study(direction="minimize",
+                                    sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(3, trials - 1)))
+        for k in range(trials):  # the trials already run, told to the study so it proposes what it would have
             u = self.board.data["units"].get(f"optuna_{k}")
             if u and not u.get("failed") and u.get("unseen_loss") is not None:
                 study.add_trial(optuna.trial.create_trial(params=u["params"], distributions=dists, value=u["unseen_loss"]))
-        for k in range(OPTUNA_TRIALS):
+        for k in range(trials):
             unit = f"optuna_{k}"
             if self.board.has(unit):
                 continue
@@ -526,9 +542,17 @@ class Arms:
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
             else:
                 study.tell(trial, rec["unseen_loss"])
-        done = [k for k in range(OPTUNA_TRIALS) if self.board.has(f"optuna_{k}")]
-        if len(done) == OPTUNA_TRIALS:
-            self.board.put("optuna", {"trials": OPTUNA_TRIALS, "summary": True})
+        done = [k for k in range(trials) if self.board.has(f"optuna_{k}")]
+        if len(done) == trials:
+            self.board.put("optuna", {"trials": trials, "summary": True})
+
+
+def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
+    """The rows a pass a recipe-shaped arm runs at: ``micro`` (the most rows up to it that divide
+    the step), or None for the whole step at once."""
+    if not micro:
+        return None
+    return max(d for d in range(1, min(rows_per_step, micro) + 1) if rows_per_step % d == 0)
 
 
 def _rm(p: Path) -> None:
@@ -557,17 +581,20 @@ def _worker_task(model_path: str, train: str) -> tuple[Any, Any, Any, list[Any]]
     return model, tok, task, [p for _, p in trained_named_weights(model)]
 
 
-def worker_schedulefree(model_path: str, train: str, out: Path) -> None:
-    """AdamWScheduleFree at its defaults, 16 rows a step, one pass, by leadline's own rows,
-    collation and loss; saved at the averaged weights (``optimizer.eval()``)."""
+def worker_schedulefree(model_path: str, train: str, out: Path, micro: int | None = None,
+                        max_steps: int | None = None) -> None:
+    """AdamWScheduleFree at its defaults, 16 rows a step (``micro`` rows a pass, accumulated), one
+    pass, by leadline's own rows, collation and loss; saved at the averaged weights
+    (``optimizer.eval()``)."""
     import schedulefree
 
     from leadline.stats import mean_se
 
     model, _, task, params = _worker_task(model_path, train)
     opt = schedulefree.AdamWScheduleFree(params)
-    step_of = task.train_step_of(16, 1)
-    steps = max(1, len(task.order) // 16)
+    micro = micro or 16
+    step_of = task.train_step_of(micro, 16 // micro)
+    steps = min(max(1, len(task.order) // 16), max_steps or 10**9)
     test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
     t0 = time.monotonic()
     model.train()
@@ -587,8 +614,10 @@ def worker_schedulefree(model_path: str, train: str, out: Path) -> None:
                                               "final_train_loss": losses[-1], "test_loss_after": {"mean": m, "se": se}}))
 
 
-def worker_lr_find(model_path: str, train: str, out: Path) -> None:
-    """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step."""
+def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = None,
+                   max_steps: int | None = None) -> None:
+    """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step (``micro``
+    rows a pass, the rest accumulated by Lightning)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.tuner import Tuner
@@ -607,11 +636,13 @@ def worker_lr_find(model_path: str, train: str, out: Path) -> None:
         def configure_optimizers(self) -> Any:
             return torch.optim.AdamW(params, lr=self.lr, weight_decay=0.0)
 
-    loader = torch.utils.data.DataLoader(task.order, batch_size=16, shuffle=False, collate_fn=list)
+    micro = micro or 16
+    loader = torch.utils.data.DataLoader(task.order, batch_size=micro, shuffle=False, collate_fn=list)
     trainer = pl.Trainer(accelerator="auto", devices=1, max_epochs=1000, logger=False, enable_checkpointing=False,
+                         accumulate_grad_batches=16 // micro,
                          enable_progress_bar=False, precision="32-true", default_root_dir=str(out.parent / "lightning"))
     t0 = time.monotonic()
-    finder = Tuner(trainer).lr_find(Module(), train_dataloaders=loader, min_lr=1e-8, max_lr=1.0, num_training=100)
+    finder = Tuner(trainer).lr_find(Module(), train_dataloaders=loader, min_lr=1e-8, max_lr=1.0, num_training=max_steps or 100)
     sug = finder.suggestion() if finder is not None else None
     out.write_text(json.dumps({"suggestion": sug, "seconds": time.monotonic() - t0, "lr": finder.results["lr"] if finder else None,
                                "loss": finder.results["loss"] if finder else None}, default=float))
@@ -626,7 +657,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
                  "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
-    for prefix, n in (("sweep", len(SWEEP_RATES)), ("optuna", OPTUNA_TRIALS)):
+    for prefix, n in (("sweep", len(data.get("sweep_rates", SWEEP_RATES))), ("optuna", data.get("optuna_trials", OPTUNA_TRIALS))):
         done = [units[f"{prefix}_{k}"] for k in range(n) if f"{prefix}_{k}" in units]
         ok = [u for u in done if not u.get("failed") and u.get("unseen_loss") is not None]
         if len(done) == n and ok:
@@ -694,15 +725,15 @@ def table_of(data: dict[str, Any], path: Path) -> str:
     lines += [f"**{data['task']}**{on} ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
               f"{data['test_rows']:,} test rows; {metric}"
               f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
-              "| arm | " + metric + " | against the recipe | against the swept optimum | top answer | GPU s deciding + training |",
-              "|---|---|---|---|---|---|"]
+              "| arm | " + metric + " | against the recipe | against the swept optimum | leadline_full against it "
+              "| top answer | GPU s deciding + training |",
+              "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
              "leadline_quick", "leadline_full"]
+    full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
-            ran = sum(1 for k in data["units"] if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
-            n = len(SWEEP_RATES) if name == "sweep" else OPTUNA_TRIALS
-            lines.append(f"| {name} | {f'{ran} of {n} runs so far' if ran else 'not run'} | | | | |")
+            lines.append(f"| {name} | {_missing(data, name)} | | | | | |")
             continue
         a = arms[name]
         v = a.get("verdict") or {}
@@ -710,22 +741,85 @@ def table_of(data: dict[str, Any], path: Path) -> str:
         extra = f" (EM {v['exact_match']:.3f})" if "exact_match" in v else ""
         vs_r = vs(kind, a, arms.get("recipe"), gold) if name not in ("recipe", "untrained") else ""
         vs_s = vs(kind, a, arms.get("sweep"), gold) if name not in ("sweep", "untrained") else ""
+        vs_f = vs(kind, full, a, gold) if full is not None and name != "leadline_full" else ""
         top = f"{v['top_answer_share']:.0%}" if "top_answer_share" in v else ""
+        if name != "untrained" and collapsed(data, v):
+            top += " (collapse)"
         cost = "" if name == "untrained" else f"{a.get('decide_seconds', 0):.0f} + {a.get('train_seconds', 0):.0f}"
         if name in ("sweep", "optuna"):
             cost = f"{a['cost']:.0f} in all ({a['picked']})"
-        lines.append(f"| {name} | {val:.4f}{extra} | {vs_r} | {vs_s} | {top} | {cost} |")
-    first = (data.get("invocations") or [data])[0]
-    lines.append(f"- Made by `{first['command']}` on {data['machine'].get('device', 'an unknown machine')}, "
-                 f"leadline at {str(data['commit'])[:7]}; the same command again resumes where it stopped.")
-    if "sweep" in arms:
-        for name in ("leadline_quick", "leadline_full"):
-            if name in arms:
-                lines.append(f"- {name} cost {arms[name]['cost'] / arms['sweep']['cost']:.2f}x the sweep's "
-                             f"{arms['sweep']['cost']:.0f} s and {arms[name]['cost'] / arms['recipe']['cost']:.2f}x the recipe's "
-                             f"one run." if "recipe" in arms else "")
+        lines.append(f"| {name} | {val:.4f}{extra} | {vs_r} | {vs_s} | {vs_f} | {top} | {cost} |")
+    invocations = data.get("invocations") or [data]
+    model = str(_arg(invocations[0]["command"], "--model") or "")
+    lines.append(f"- Made by `{invocations[0]['command']}` on {data['machine'].get('device', 'an unknown machine')}, "
+                 f"leadline at {str(data['commit'])[:7]}"
+                 + (f", resumed in {len(invocations) - 1} more calls" if len(invocations) > 1 else "")
+                 + "; the same command again resumes where it stopped.")
+    if model.endswith(".gguf"):
+        lines.append("- Every arm's processes load the model from its GGUF file (about 33 s a process on this machine, "
+                     "counted in every arm's seconds: leadline's two processes pay it twice).")
+    lines += [f"- {line}" for line in bar_of(data, arms)]
     lines.append("")
     return "\n".join(lines)
+
+
+def _arg(command: str, flag: str) -> str | None:
+    parts = command.split()
+    return parts[parts.index(flag) + 1] if flag in parts and parts.index(flag) + 1 < len(parts) else None
+
+
+def _missing(data: dict[str, Any], name: str) -> str:
+    """The cell of an arm that has no result: how far it got, or why it failed."""
+    units = data["units"]
+    if name in units and units[name].get("failed"):
+        tail = str((units[name].get("train") or units[name].get("derive") or units[name].get("range_test") or {})
+                   .get("output_tail", "")).strip().splitlines()
+        why = tail[-1] if tail else "no output"
+        return "failed: " + (why if len(why) < 160 else why[:157] + "...")
+    ran = sum(1 for k in units if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
+    n = len(data.get("sweep_rates", SWEEP_RATES)) if name == "sweep" else data.get("optuna_trials", OPTUNA_TRIALS)
+    return f"{ran} of {n} runs so far" if ran else "not run"
+
+
+def collapsed(data: dict[str, Any], verdict: dict[str, Any]) -> bool:
+    """Rule C: one answer takes over 60% of the test rows on a task whose majority class is below 40%."""
+    share = verdict.get("top_answer_share")
+    if share is None:
+        return False
+    gold = data.get("gold") or []
+    majority = Counter(gold).most_common(1)[0][1] / len(gold) if gold else 0.0
+    return share > 0.6 and majority < 0.4
+
+
+def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
+    """The bar leadline_full is judged by on this task, each part with its outcome (or what is missing)."""
+    full = arms.get("leadline_full")
+    if full is None:
+        return []
+    kind, gold = data["kind"], data.get("gold", [])
+
+    def word(other: str) -> str:
+        if other not in arms:
+            return "not run yet"
+        c = compare(kind, full, arms[other], gold)
+        return outcome(c).rsplit(", ", 1)[-1].rstrip(")") if c else "–"
+
+    pichak = [n for n in ("pichak_quick", "pichak_full") if n in arms]
+    best_pichak = None
+    if pichak:
+        sign = 1 if kind == "classify" else -1
+        best_pichak = max(pichak, key=lambda n: sign * (arms[n].get("verdict") or {}).get(
+            (arms[n].get("verdict") or {}).get("metric", ""), float("nan")))
+    parts = [f"against the swept optimum: {word('sweep')} (the bar: no loss)",
+             f"against the recipe: {word('recipe')} (the bar: a win on half the tasks, a loss on none)",
+             "collapse: " + ("yes" if collapsed(data, full.get("verdict") or {}) else "none") + " (the bar: none)",
+             f"against pichak's best arm: {word(best_pichak) if best_pichak else 'not run yet'} (the bar: a win)"]
+    if "recipe" in arms and arms["recipe"].get("cost"):
+        parts.append(f"deciding + training {full['cost'] / arms['recipe']['cost']:.2f}x the recipe's one run "
+                     "(the bar: at most 1.5x)")
+    if "sweep" in arms:
+        parts.append(f"{full['cost'] / arms['sweep']['cost']:.2f}x the sweep's {arms['sweep']['cost']:.0f} s")
+    return ["leadline_full against the bar: " + "; ".join(parts) + "."]
 
 
 def _shown(path: Path) -> str:
@@ -761,6 +855,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=400)
     ap.add_argument("--card-gb", type=float, default=0.0,
                     help="a second process holds all but this many GB of the card while the arms run (a smaller card)")
+    ap.add_argument("--recipe-micro-batch", type=int, default=None,
+                    help="rows a forward pass for the recipe-shaped arms, the rest accumulated (default: 4 with "
+                    "--card-gb, else the whole step at once)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
     ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
     ap.add_argument("--readme", help="with --table: write it into this file between the scoreboard markers")
@@ -768,9 +867,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.recipe_micro_batch is None and args.card_gb > 0:
+        args.recipe_micro_batch = 4
     if args.worker:
         fn = {"schedulefree": worker_schedulefree, "lr_find": worker_lr_find}[args.worker]
-        fn(args.model, args.train, Path(args.worker_out))
+        fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch, 4 if args.smoke else None)
         return 0
     if args.table:
         text = table(sorted(RESULTS.glob("scoreboard_*.json")))
@@ -785,6 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}.json")
     board = Board(out, task, argv)
     board.data["card_gb"] = args.card_gb or None
+    board.data.setdefault("sweep_rates", SWEEP_RATES[::7] if args.smoke else SWEEP_RATES)
+    board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
     board.save()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -108,3 +109,88 @@ def test_the_committed_results_render(sb):
     text = sb.table(paths)
     for p in paths:
         assert json.loads(p.read_text())["task"] in text
+
+
+def test_the_recipe_on_a_small_card_takes_its_step_in_passes_that_divide_it(sb):
+    assert sb.recipe_micro(16, None) is None
+    assert sb.recipe_micro(16, 4) == 4
+    assert sb.recipe_micro(16, 6) == 4  # the most rows up to 6 that divide the step
+    assert sb.recipe_micro(4, 8) == 4
+
+
+def test_a_failed_arm_shows_why_and_a_collapse_is_flagged(sb):
+    board = _board(sb, [])
+    board["units"]["lr_find"] = {"failed": True, "range_test": {"output_tail": "loading\nthe step ran out of memory"}}
+    board["units"]["schedulefree"] = _unit(["b"] * 40)
+    board["units"]["schedulefree"]["verdict"]["top_answer_share"] = 1.0
+    board["gold"] = ["a"] * 10 + ["b"] * 10 + ["c"] * 10 + ["d"] * 10
+    text = sb.table_of(board, Path("x.json"))
+    assert "| lr_find | failed: the step ran out of memory |" in text
+    assert "100% (collapse)" in text
+    assert "| recipe |" in text and "(collapse)" not in text.split("| recipe |")[1].split("\n")[0]
+
+
+def test_the_bar_names_each_part_and_what_is_missing(sb):
+    board = _board(sb, [])
+    board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)
+    lines = sb.bar_of(board, sb.arms_of(board))
+    assert len(lines) == 1
+    line = lines[0]
+    assert "against the swept optimum: not run yet" in line
+    assert "against the recipe: win" in line  # 20 discordant rows, all leadline's
+    assert "3.00x the recipe's one run (the bar: at most 1.5x)" in line
+    del board["units"]["leadline_full"]
+    assert sb.bar_of(board, sb.arms_of(board)) == []
+
+
+def _tiny_task(d: Path, rows: int, seed: int) -> None:
+    import random
+
+    rng = random.Random(seed)
+    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
+             "sound": "audio music volume"}
+    for split, n in (("train", rows), ("test", 8)):
+        with (d / f"debian_sections_{split}.jsonl").open("w") as f:
+            for _ in range(n):
+                label = rng.choice(sorted(words))
+                f.write(json.dumps({"text": f"a tool for {words[label]} {rng.randint(0, 99)}", "label": label}) + "\n")
+
+
+@pytest.mark.slow
+def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
+    """The harness end to end on the tiny model: each arm whose package is installed runs, two steps
+    a run; a second call with the same results file runs nothing again; --arms picks arms."""
+    import importlib.util as iu
+
+    from helpers import save_model_dir
+
+    model = save_model_dir(tmp_path / "tiny")
+    data = tmp_path / "data"
+    data.mkdir()
+    _tiny_task(data, 48, 0)
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full"]
+    arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
+                              ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
+    out = tmp_path / "board.json"
+    argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
+            "--work", str(tmp_path / "work"), "--smoke", "--timeout", "240"]
+    assert sb.main([*argv, "--arms", ",".join(arms)]) == 0
+    board = json.loads(out.read_text())
+    units = board["units"]
+    assert board["sweep_rates"] == [sb.SWEEP_RATES[0], sb.SWEEP_RATES[7]] and board["optuna_trials"] == 2
+    failed = {k: (v.get("train") or v.get("derive") or {}).get("output_tail", "")[-400:] for k, v in units.items()
+              if v.get("failed")}
+    assert not failed, failed
+    assert not board.get("failures"), board.get("failures")
+    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full"):
+        assert units[name]["verdict"]["metric"] == "accuracy", name
+        assert units[name]["run"]["steps"] == 2, name
+    if "optuna" in arms:
+        assert units["optuna"]["trials"] == 2 and "optuna_1" in units
+    text = sb.table_of(board, out)
+    assert re.search(r"\| sweep \| [01]\.\d{4} \|", text) and re.search(r"\| leadline_full \| [01]\.\d{4} \|", text)
+    before = {k: v.get("train_seconds") for k, v in units.items()}
+    assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
+    again = json.loads(out.read_text())
+    assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
+    assert len(again["invocations"]) == 2
