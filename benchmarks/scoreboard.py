@@ -547,6 +547,13 @@ class Arms:
             self.board.put("optuna", {"trials": trials, "summary": True})
 
 
+def drop_units(data: dict[str, Any], arms: str) -> None:
+    """``--rerun``: the named arms' units moved under ``superseded`` so that the arms run again."""
+    for name in filter(None, arms.split(",")):
+        for unit in [u for u in data["units"] if u == name or (u.startswith(name + "_") and u[len(name) + 1:].isdigit())]:
+            data.setdefault("superseded", {})[unit] = data["units"].pop(unit)
+
+
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
     """The rows a pass a recipe-shaped arm runs at: ``micro`` (the most rows up to it that divide
     the step), or None for the whole step at once."""
@@ -858,6 +865,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recipe-micro-batch", type=int, default=None,
                     help="rows a forward pass for the recipe-shaped arms, the rest accumulated (default: 4 with "
                     "--card-gb, else the whole step at once)")
+    ap.add_argument("--rerun", default="", help="arms whose recorded units are dropped and run again (after a "
+                    "change to leadline, say), comma-separated; sweep and optuna drop all their units")
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
@@ -890,6 +899,7 @@ def main(argv: list[str] | None = None) -> int:
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
+    drop_units(board.data, args.rerun)
     board.save()
     judge = Judge(args.model, task, args.em_rows)
     arms = Arms(args, task, board, judge)

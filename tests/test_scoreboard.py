@@ -194,3 +194,10 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     again = json.loads(out.read_text())
     assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
     assert len(again["invocations"]) == 2
+
+
+def test_rerun_drops_the_named_arms_units_and_keeps_them_aside(sb):
+    data = {"units": {"recipe": {"a": 1}, "sweep_0": {}, "sweep_1": {}, "leadline_full": {"b": 2}, "sweep_extra": {}}}
+    sb.drop_units(data, "sweep,leadline_full")
+    assert sorted(data["units"]) == ["recipe", "sweep_extra"]
+    assert sorted(data["superseded"]) == ["leadline_full", "sweep_0", "sweep_1"]
