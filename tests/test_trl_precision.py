@@ -158,8 +158,10 @@ def test_cli_gradient_checkpointing_is_measured_and_recorded(tmp_path):
     out = tmp_path / "plan.json"
     assert main(["derive", "--model", str(folder), "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "8",
                  "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--out", str(out)]) == 0
-    prec = Plan.from_json(out)["precision"].value
+    plan = Plan.from_json(out)
+    prec = plan["precision"].value
     assert prec["checkpointing"] is True and prec["quantization"] is None and prec["adapter"] is True
+    assert plan["rows_fit_without_checkpointing"].kind == "measured"  # what checkpointing buys, side by side
 
 
 def test_rows_fit_with_and_without_checkpointing_side_by_side(tmp_path, monkeypatch):
