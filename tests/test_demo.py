@@ -89,3 +89,20 @@ def test_the_quiet_loading_puts_the_bars_and_warnings_back_after_an_error():
         assert list(gguf.tqdm([1, 2])) == [1, 2]
         raise RuntimeError("a load that fails")
     assert gguf.tqdm is bar and warnings.filters == filters and hf_logging.is_progress_bar_enabled() == enabled
+
+
+def test_the_threads_are_measured_and_put_back_after_an_error(capsys):
+    import torch
+
+    from leadline.cli.demo import _faster_threads, thread_rates
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    rates = thread_rates(2, seconds=0.05)
+    assert set(rates) == {2, 1} and all(r > 0 for r in rates.values())
+    assert torch.get_num_threads() == 2
+    with pytest.raises(RuntimeError), _faster_threads(on_gpu=False):
+        assert torch.get_num_threads() in (1, 2)
+        raise RuntimeError("a demo that fails")
+    assert torch.get_num_threads() == 2 and "torch threads:" in capsys.readouterr().out
+    torch.set_num_threads(before)
