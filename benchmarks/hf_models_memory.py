@@ -105,8 +105,7 @@ def build(shape: str, base: str, seq: int, device: str, work: Path, checkpointin
             check_trainable(_lora(model, get_peft_model, LoraConfig))
         folder = work / f"llama_{shape}"
         if not (folder / "config.json").exists():
-            with torch.device(device):
-                LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(folder)
+            _init(LlamaForCausalLM, cfg, device).save_pretrained(folder)
             torch.cuda.empty_cache()
         from peft import prepare_model_for_kbit_training
 
@@ -115,12 +114,25 @@ def build(shape: str, base: str, seq: int, device: str, work: Path, checkpointin
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
                                                 gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
-        with torch.device(device):
-            model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+        model = _init(LlamaForCausalLM, cfg, device)
         if checkpointing:
             model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
     return _lora(model, get_peft_model, LoraConfig)
+
+
+def _init(cls: Any, cfg: Any, device: str) -> Any:
+    """The model built on ``device`` in bf16 from the start (an 8B model in float32 first would
+    take 32 GB, and the allocator's cache would keep it)."""
+    import torch
+
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device(device):
+            return cls(cfg)
+    finally:
+        torch.set_default_dtype(prev)
 
 
 def _bnb() -> Any:
@@ -143,6 +155,7 @@ def hold(card_gb: float) -> tuple[subprocess.Popen | None, str]:
 
     if card_gb <= 0 or not torch.cuda.is_available():
         return None, "whole card" if card_gb <= 0 else "no CUDA: not held"
+    torch.cuda.empty_cache()  # what the allocator caches is this process's to reuse, not held
     free, total = torch.cuda.mem_get_info()
     keep = int(card_gb * GB - (total - free))
     child = subprocess.Popen([sys.executable, "-c", HOLDER, str(max(0, keep))], stdin=subprocess.PIPE,
