@@ -85,3 +85,28 @@ def test_a_dataset_without_tokens_is_one_sentence(tmp_path):
     trainer.train_dataset = datasets.Dataset.from_list([{"question": "a", "reply": "b"}] * 8)
     with pytest.raises(InputError, match="no input_ids"):
         derive_for(trainer)
+
+
+@pytest.mark.parametrize("kw", [{}, {"completion_only_loss": False}, {"packing": True, "max_length": 96}],
+                         ids=["default", "completion_only_loss=False", "packing"])
+def test_conversational_prompt_completion_scores_what_trl_scores(kw, tmp_path):
+    """TRL's conversational prompt/completion rows (lists of messages on each side, built here
+    from the chat rows: the last assistant turn is the completion)."""
+    import json
+
+    from trl import SFTConfig, SFTTrainer
+
+    from leadline.corpus import profile_corpus
+    from leadline.hf.trainer import trainer_rows
+
+    tok = make_tokenizer()
+    rows = []
+    for line in (DATA / "messages.jsonl").read_text().splitlines():
+        msgs = json.loads(line)["messages"]
+        rows.append({"prompt": msgs[:-1], "completion": msgs[-1:]})
+    assert all(r["completion"][0]["role"] == "assistant" for r in rows)
+    cfg = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=8, dataset_num_proc=None, **kw)
+    trainer = SFTTrainer(model=make_model(vocab_size=len(tok)), args=cfg, train_dataset=datasets.Dataset.from_list(rows),
+                         processing_class=tok)
+    prof = profile_corpus(trainer_rows(trainer), tok)
+    assert prof.scored_tokens == trl_scored_tokens(trainer) > 0
