@@ -59,7 +59,7 @@ call loses one unit.
     (add ``--card-gb 6`` for a 6 GB card: a second process holds the rest; the file gets ``_6gb``;
     the recipe-shaped arms then take their 16 rows a step as ``--recipe-micro-batch`` rows a pass,
     4 by default, the rest accumulated, as a user of the recipe on a small card would set it)
-    python3 benchmarks/scoreboard.py --table --readme README.md   # the README's table
+    python3 benchmarks/scoreboard.py --table --readme README.md --results docs/results.md
 """
 
 from __future__ import annotations
@@ -829,6 +829,34 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
     return ["leadline_full against the bar: " + "; ".join(parts) + "."]
 
 
+def summary(paths: list[Path]) -> str:
+    """One row a task and card: each arm's test metric, and leadline_full's outcome against the
+    recipe and the swept optimum with its cost; the full tables are ``table``'s."""
+    names = ["recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_full", "leadline_quick", "leadline_full"]
+    lines = ["| task (metric) | " + " | ".join(names) + " | leadline_full against the recipe / the sweep "
+             "| leadline_full's cost (x the recipe) | file |", "|" + "---|" * (len(names) + 4)]
+    for path in paths:
+        data = json.loads(path.read_text())
+        arms = arms_of(data)
+        kind, gold = data["kind"], data.get("gold", [])
+        cells = []
+        for n in names:
+            v = (arms.get(n) or {}).get("verdict") or {}
+            cells.append(f"{v[v['metric']]:.3f}" if v.get("metric") in v else "–")
+        full = arms.get("leadline_full")
+        against = " / ".join(
+            outcome(compare(kind, full, arms[o], gold)).rsplit(", ", 1)[-1].rstrip(")") if full and o in arms else "–"
+            for o in ("recipe", "sweep"))
+        cost = f"{full['cost'] / arms['recipe']['cost']:.1f}x" if full and "recipe" in arms else "–"
+        task = data["task"] + (f" at {data['card_gb']:g} GB" if data.get("card_gb") else "")
+        metric = "accuracy" if kind == "classify" else "CE, lower better"
+        lines.append(f"| {task} ({metric}) | " + " | ".join(cells) + f" | {against} | {cost} | `{path.name}` |")
+    lines += ["", "Each row: `python3 benchmarks/scoreboard.py --task TASK [--card-gb 6] --model MODEL --data-dir DATA` "
+              "(the exact command of each is in its file under `benchmarks/results/`); a dash has not run yet. "
+              "Every arm's p-values, costs and the bar: `docs/results.md`."]
+    return "\n".join(lines)
+
+
 def _shown(path: Path) -> str:
     try:
         return str(path.resolve().relative_to(ROOT))
@@ -871,7 +899,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
     ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
-    ap.add_argument("--readme", help="with --table: write it into this file between the scoreboard markers")
+    ap.add_argument("--readme", help="with --table: write the one-row-a-task summary into this file between the "
+                    "scoreboard markers")
+    ap.add_argument("--results", help="with --table: write the full tables into this file between the markers")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
@@ -883,9 +913,12 @@ def main(argv: list[str] | None = None) -> int:
         fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch, 4 if args.smoke else None)
         return 0
     if args.table:
-        text = table(sorted(RESULTS.glob("scoreboard_*.json")))
+        paths = sorted(RESULTS.glob("scoreboard_*.json"))
+        text = table(paths)
         if args.readme:
-            write_readme(Path(args.readme), text)
+            write_readme(Path(args.readme), summary(paths))
+        if args.results:
+            write_readme(Path(args.results), text)
         print(text)
         return 0
     sys.path.insert(0, str(ROOT / "src"))

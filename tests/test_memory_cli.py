@@ -116,3 +116,12 @@ def test_float32_adapters_on_a_bfloat16_model_keep_more_for_the_backward_and_cas
         if n in before:
             assert p.dtype == torch.float32 and torch.equal(p.detach(), before[n]) and p.grad is None
     assert adapter_dtype_gap(add_lora(make_model(), 2)) is None  # a float32 model: no gap
+
+
+def test_fit_of_a_quantized_base_is_one_sentence_where_it_cannot_run(model_dir, capsys):
+    base = ["fit", "--model", str(model_dir), "--seq-len", "8", "--batch", "1", "--device", "cpu"]
+    assert main([*base, "--full", "--load-in-4bit"]) == 2
+    assert "--load-in-4bit trains through a LoRA adapter, not --full" in capsys.readouterr().err
+    assert main([*base, "--load-in-8bit"]) == 2  # no bitsandbytes here, or no CUDA: either is one sentence
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--load-in-8bit" in err

@@ -201,3 +201,14 @@ def test_rerun_drops_the_named_arms_units_and_keeps_them_aside(sb):
     sb.drop_units(data, "sweep,leadline_full")
     assert sorted(data["units"]) == ["recipe", "sweep_extra"]
     assert sorted(data["superseded"]) == ["leadline_full", "sweep_0", "sweep_1"]
+
+
+def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_path):
+    board = _board(sb, [])
+    board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)
+    path = tmp_path / "scoreboard_t.json"
+    path.write_text(json.dumps(board))
+    text = sb.summary([path])
+    row = next(line for line in text.splitlines() if line.startswith("| t (accuracy)"))
+    assert "| 0.500 | – |" in row  # the recipe's accuracy, the sweep not run
+    assert "| win / – | 3.0x | `scoreboard_t.json` |" in row

@@ -35,6 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                    help="the dtype the model's weights load in (default: bfloat16 on a GPU that has it, else float32)")
+    q = p.add_mutually_exclusive_group()
+    q.add_argument("--load-in-4bit", action="store_true",
+                   help="the base quantized to 4 bits (nf4) by bitsandbytes as it loads, trained through LoRA (QLoRA; CUDA)")
+    q.add_argument("--load-in-8bit", action="store_true",
+                   help="the base quantized to 8 bits by bitsandbytes as it loads, trained through LoRA (CUDA)")
     p.add_argument("--no-suggest", action="store_true", help="on a refusal, do not measure what would fit")
     p.add_argument("--json", action="store_true", help="print the measurement as JSON")
 
@@ -65,10 +70,14 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
                          "the shift); pass the length you train at, e.g. --seq-len 512")
     check_device(args.device)
+    bits = 4 if args.load_in_4bit else 8 if args.load_in_8bit else None
+    if bits is not None and args.full:
+        raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full or the "
+                         "quantization")
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
     path = args.model or default_model_path()
     lengths = _lengths(args.data, path, args.seq_len) if args.data else None  # bad data fails before the model loads
-    model = load_model(path, device=args.device, dtype=_dtype(args.dtype))
+    model = load_model(path, device=args.device, dtype=_dtype(args.dtype), bits=bits)
     _check_positions(model, args.seq_len)
     if rank is not None:
         check_lora_rank(model, rank)
