@@ -49,3 +49,8 @@ def test_snippet_runs_as_written(kind, tmp_path, monkeypatch):
     assert callback.schedule is not None and callback.schedule.finished
     assert trainer.args.learning_rate == plan.lr
     assert plan["loss_policy"].value["trainer"] == kind
+    if kind == "SFTTrainer":  # the one-liners' block runs after it, on its trainer
+        block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+                     if "find_batch_size(trainer)" in b)
+        exec(compile(block, "README.md (one-liners)", "exec"), scope)
+        assert scope["found"].suggestion() >= 1 and scope["rate"].suggestion() > 0
