@@ -23,6 +23,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,8 @@ from leadline.rate.policy import fallback_rate
 
 EFFORTS = ("quick", "full")
 TRAINED_AS = ("factors", "weights")
+_STEP_NEEDS = ("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds")
+_PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
 
 
 def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None) -> None:
@@ -138,83 +141,136 @@ def derive(
     """
     entered = time.monotonic()
     _check(effort, trained_as, total_steps, epochs)
-    if isinstance(prior, (str, os.PathLike)):
-        prior = Plan.from_json(prior)
+    prior = Plan.from_json(prior) if isinstance(prior, (str, os.PathLike)) else prior
     named = list(named_weights or [])
     params = [w for _, w in named]
     device = device if device is not None else device_of(step_fn)
-    plan = Plan(machine=describe_machine(device if params or step_fn is not None else None),
-                model=dict(model_info or {}), held_out=dict(held_out or {}))
-    if named:
-        plan.model.setdefault("trained_parameters", int(sum(w.numel() for w in params)))
-    plan.model.setdefault("trained_as", trained_as)
-    if data is not None or rows is not None:
-        plan.data = describe_data(data if data is not None else rows)
+    corpus = data if data is not None else rows
+    plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
-    if train_step_of is not None:  # every phase's steps on the run's rows, counted for plan.phases
-        train_step_of = CountedSteps(train_step_of)
-    runner_kind: Any = PhaseRunner
-    if world is not None:
-        from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
-    fingerprint = {"data": plan.data.get("sha256"), "trained_parameters": plan.model.get("trained_parameters"),
-                   "trained_as": trained_as, "effort": effort, "total_steps": total_steps, "epochs": epochs,
-                   "seq_len": seq_len, "quantile": quantile, "seed": plan.held_out.get("seed")}
+    train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
-    expected = [name for name, called in (  # the phases called below, in order: the progress bar's total
-        ("corpus", profile is not None or data is not None or rows is not None), ("noise", grad_fn is not None),
-        ("memory", step_fn is not None), ("step", step_fn is not None and grad_fn is not None),
-        ("first_step", rate_ready), ("past_format", rate_ready and grad_fn is not None and step_fn is not None
-                                     and world is None),
-        ("anchor", bool(named)), ("length", total_steps is None and epochs is not None), ("rate", rate_ready),
-        ("warmup", True)) if called]
-    runner = runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
-                         resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
-                         steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
-                         numbers_of=phases.training_numbers,
-                         **({"started": started} if started is not None else {}),
-                         **({"world": world} if world is not None else {}))
-    optimizers = [o for o in {id(o): o for o in (optimizer, optimizer_of(step_fn)) if o is not None}.values()]
-    with leave_no_trace(params, optimizers), forbid_spill(device if device is not None else "cpu"):
-        if profile is not None:
-            runner.run("corpus", phases.given_profile, profile)
-        elif data is not None or rows is not None:
-            from leadline.corpus import profile_corpus
-
-            runner.run("corpus", profile_corpus, data if data is not None else rows, tokenizer, seq_len=seq_len,
-                       quantile=quantile)
-        if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
-            plan.set("seq_len", Value(int(seq_len), "given",
-                                      "the run's length, given by the caller (no corpus was profiled)",
-                                      unit="tokens"))
-        noise = None
-        if grad_fn is not None:
-            noise = runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
+    past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world is None
+    expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
+                         memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
+                         length=total_steps is None and epochs is not None)
+    fingerprint = _fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile)
+    runner = _runner(plan, world, train_step_of, expected, fingerprint, max_seconds=max_seconds,
+                     on_progress=on_progress, resume=resume, started=started)
+    with leave_no_trace(params, _optimizers(optimizer, step_fn)), forbid_spill(device if device is not None else "cpu"):
+        _corpus(runner, plan, profile, corpus, tokenizer, seq_len, quantile)
+        noise = None if grad_fn is None else runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
         if step_fn is not None:
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
         if step_fn is not None and grad_fn is not None:
             runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
-                       step_fn=step_fn if world is None else None,
-                       needs=("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds"))
+                       step_fn=step_fn if world is None else None, needs=_STEP_NEEDS)
+        timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
         first = None
-        if rate_ready:
-            held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
-            steps_of = timed_steps(train_step_of, runner.ensure, step_estimate(plan))
-            first = runner.run("first_step", phases.first_step, params, optimizer, steps_of, held, plan,
+        if timed is not None:
+            first = runner.run("first_step", phases.first_step, params, optimizer, timed.steps_of, timed.held, plan,
                                loss_resolution, world is not None)
-            if grad_fn is not None and step_fn is not None and world is None:
-                runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
-                           noise, lengths, runner, named, trained_as,
-                           needs=("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch"))
+        if past_format_ready:
+            runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
+                       noise, lengths, runner, named, trained_as, needs=_PAST_FORMAT_NEEDS)
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
-        if total_steps is None and epochs is not None:
-            runner.run("length", phases.length, plan, epochs, needs=("tokens_per_step", "scored_tokens"), always=True)
-        elif total_steps is not None:
-            plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
-        if rate_ready:
-            runner.run("rate", phases.rate, params, optimizer, steps_of, held, plan, effort, prior,
+        _length(runner, plan, total_steps, epochs)
+        if timed is not None:
+            runner.run("rate", phases.rate, params, optimizer, timed.steps_of, timed.held, plan, effort, prior,
                        first.first if first is not None else None, runner.check_time, needs=("alpha1",))
         runner.run("warmup", phases.warmup, plan, optimizer, always=True)
+    return _finish(runner, plan, entered, world)
+
+
+def _blank_plan(device: Any, step_fn: Any, model_info: dict[str, Any] | None, held_out: dict[str, Any] | None,
+                params: Sequence[Any], trained_as: str, corpus: Any) -> Plan:
+    """The plan before any phase: the machine (where anything runs), the model's record, the split, the data's."""
+    plan = Plan(machine=describe_machine(device if params or step_fn is not None else None),
+                model=dict(model_info or {}), held_out=dict(held_out or {}))
+    if params:
+        plan.model.setdefault("trained_parameters", int(sum(w.numel() for w in params)))
+    plan.model.setdefault("trained_as", trained_as)
+    if corpus is not None:
+        plan.data = describe_data(corpus)
+    return plan
+
+
+def _fingerprint(plan: Plan, trained_as: str, effort: str, total_steps: int | None, epochs: float | None,
+                 seq_len: int | None, quantile: float | None) -> dict[str, Any]:
+    """What a resume file must match to be continued: the data, the model and the arguments."""
+    return {"data": plan.data.get("sha256"), "trained_parameters": plan.model.get("trained_parameters"),
+            "trained_as": trained_as, "effort": effort, "total_steps": total_steps, "epochs": epochs,
+            "seq_len": seq_len, "quantile": quantile, "seed": plan.held_out.get("seed")}
+
+
+def _expected(*, corpus: bool, noise: bool, memory: bool, rate: bool, past_format: bool, anchor: bool,
+              length: bool) -> list[str]:
+    """The phases derive() calls, in order: the progress bar's total."""
+    return [name for name, called in (
+        ("corpus", corpus), ("noise", noise), ("memory", memory), ("step", memory and noise),
+        ("first_step", rate), ("past_format", past_format), ("anchor", anchor), ("length", length),
+        ("rate", rate), ("warmup", True)) if called]
+
+
+def _runner(plan: Plan, world: Any, train_step_of: CountedSteps | None, expected: list[str],
+            fingerprint: dict[str, Any], *, max_seconds: float | None, on_progress: ProgressFn | None,
+            resume: str | os.PathLike[str] | None, started: float | None) -> PhaseRunner:
+    """The runner for this process: one that agrees with the other ranks in a distributed job."""
+    runner_kind: Any = PhaseRunner
+    if world is not None:
+        from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
+    return runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
+                       resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
+                       steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
+                       numbers_of=phases.training_numbers,
+                       **({"started": started} if started is not None else {}),
+                       **({"world": world} if world is not None else {}))
+
+
+def _optimizers(optimizer: Any, step_fn: Any) -> list[Any]:
+    """The run's optimizer and the step's, each once."""
+    return [o for o in {id(o): o for o in (optimizer, optimizer_of(step_fn)) if o is not None}.values()]
+
+
+def _corpus(runner: PhaseRunner, plan: Plan, profile: Any, corpus: Any, tokenizer: Any, seq_len: int | None,
+            quantile: float | None) -> None:
+    """The corpus phase: a profile given, or one made from the rows; else the length given."""
+    if profile is not None:
+        runner.run("corpus", phases.given_profile, profile)
+    elif corpus is not None:
+        from leadline.corpus import profile_corpus
+
+        runner.run("corpus", profile_corpus, corpus, tokenizer, seq_len=seq_len, quantile=quantile)
+    if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
+        plan.set("seq_len", Value(int(seq_len), "given",
+                                  "the run's length, given by the caller (no corpus was profiled)", unit="tokens"))
+
+
+@dataclass(frozen=True)
+class _Timed:
+    """The rate phases' pieces under the time budget: held-out reads and training steps."""
+
+    held: Callable[[], Sequence[float]]
+    steps_of: Callable[[int, int], Callable[[int], Any]]
+
+
+def _timed(runner: PhaseRunner, plan: Plan, held_out_losses: Callable[[], Sequence[float]],
+           train_step_of: Callable[[int, int], Callable[[int], Any]]) -> _Timed:
+    held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
+    return _Timed(held, timed_steps(train_step_of, runner.ensure, step_estimate(plan)))
+
+
+def _length(runner: PhaseRunner, plan: Plan, total_steps: int | None, epochs: float | None) -> None:
+    """The length phase: total_steps from epochs, or the total_steps given."""
+    if total_steps is None and epochs is not None:
+        runner.run("length", phases.length, plan, epochs, needs=("tokens_per_step", "scored_tokens"), always=True)
+    elif total_steps is not None:
+        plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
+
+
+def _finish(runner: PhaseRunner, plan: Plan, entered: float, world: Any) -> Plan:
+    """The plan handed back: the fallback rate, derive's wall time, and in a job rank 0's plan on every rank."""
     runner.done()
     lr = fallback_rate(plan)
     if lr is not None:
