@@ -228,12 +228,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     """
     t0 = time.perf_counter()
     a1 = _alpha1(alpha1)
-    if not isinstance(total_steps, int) or total_steps < 1:
-        raise InputError(f"total_steps must be the run's length in optimizer steps (>= 1), got {total_steps!r}")
-    if effort not in ("quick", "full"):
-        raise InputError(f"effort must be 'quick' or 'full', got {effort!r}")
-    if not grid:
-        raise InputError("grid is empty; pass the exponents j of alpha1 x 2^j, e.g. (-1, 0, 1, 2, 3)")
+    _check_args(total_steps, effort, grid)
     beta1 = beta1_of(opt)
     w = warmup_steps_for(beta1) if warmup_steps is None else int(warmup_steps)
     rates = sorted(a1 * 2.0**j for j in set(grid))
@@ -245,131 +240,233 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                          stop="quick")
 
     from leadline.budget import OutOfTime
-    from leadline.rate._run import Candidate
     from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
-    first = w if first_horizon is None else int(first_horizon)
-    short = len(set(grid)) * min(first, total_steps) > budget
-    if short:  # a run too short for the budget to cover the warmup at every rate: start sooner
-        first = max(1, budget // len(set(grid)))
-    horizons = horizon_ladder(first, total_steps)
-    min_h = default_min_horizon(total_steps) if min_horizon is None else min(total_steps, int(min_horizon))
-    lo_j, hi_j = min(grid) - max_extend, max(grid) + max_extend
-
-    def make(j: int) -> Candidate:
-        r = a1 * 2.0**j
-        return Candidate(r, lambda t, r=r: warmup_lr(t, r, a1, w), key=j)
-
-    cands: dict[int, Candidate] = {j: make(j) for j in sorted(set(grid))}
-    evidence: list[dict[str, Any]] = []
-    estimates: list[float] = []
-    read_at: list[int] = []
-    sharp: list[bool] = []
-    last_read, last_estimate, last_best = 0, a1, 0
-    used, stopped, snaps, slope = 0, "unsettled", {}, None
-    stop: LookaheadStop = "unsettled"
+    first, short = _first_horizon(w if first_horizon is None else int(first_horizon), len(set(grid)), total_steps,
+                                  budget)
+    s = _Search(a1, w, budget, total_steps, horizon_ladder(first, total_steps), alpha=alpha, settle=settle,
+                settle_slope=settle_slope,
+                min_h=default_min_horizon(total_steps) if min_horizon is None else min(total_steps, int(min_horizon)),
+                keep_above=keep_above, keep_below=keep_below, lo_j=min(grid) - max_extend,
+                hi_j=max(grid) + max_extend, on_progress=on_progress)
+    s.cands = {j: s.make(j) for j in sorted(set(grid))}
     with no_trace(params, opt, place=place) as origin:
         ratios = group_ratios(opt)
         base = read_held_out(held_out_losses_per_row)
-        rows = len(base)
-        for look, n in enumerate(horizons, 1):
+        run = _Run(params, opt, train_step, held_out_losses_per_row, origin, ratios, len(base), place, base)
+        for look, n in enumerate(s.horizons, 1):
             try:
-                alive = [c for c in cands.values() if c.status == "running"]
-                cost = sum(n - c.done for c in alive)
-                if used + cost > budget and evidence:  # narrow to the best and its neighbours
-                    keep = [c for c in alive if abs(c.key - last_best) <= 1]
-                    if used + sum(n - c.done for c in keep) <= budget:
-                        for c in alive:
-                            if c not in keep:
-                                c.stop("out of budget")
-                        alive, cost = keep, sum(n - c.done for c in keep)
-                if used + cost > budget:
-                    stop = "budget"
-                    stopped = f"budget: horizon {n} needed {cost} more steps, {budget - used} left"
+                if _horizon(s, run, look, n):
                     break
-                for c in alive:
-                    c.readings.setdefault(0, base)
-                    prev = max(k for k in c.readings if k < n)
-                    used += n - c.done
-                    c.advance(n, params, opt, train_step, held_out_losses_per_row, origin, ratios, rows, place)
-                    if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=alpha, look=look,
-                                                         max_looks=len(horizons)).worse:
-                        for other in cands.values():
-                            if other.lr >= c.lr and other.status == "running":
-                                other.stop("unstable")
-                    if c.snapshot is not None:
-                        snaps = c.snapshot.evidence()
-                running = {j: c for j, c in cands.items() if c.status == "running" and n in c.readings}
-                if not running:
-                    stop = "diverged"
-                    stopped = "every rate diverged or was unstable"
-                    evidence.append({"steps": n, "candidates": [c.row(n) for c in cands.values() if n in c.readings]})
-                    break
-                best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=alpha, look=look,
-                                       max_looks=len(horizons))
-                for j, v in verdicts.items():
-                    if v.worse and (j > best + keep_above or (j < best - keep_below and n >= w)):
-                        cands[j].stop("dropped")
-                est, refined = _estimate(cands, best, n, rows)
-                if n >= w:  # a horizon inside the warmup says little about the rate itself
-                    estimates.append(est)
-                    read_at.append(n)
-                    sharp.append(refined)
-                slope = trend_slope(read_at, estimates, settle)
-                evidence.append({"steps": n, "best_lr": cands[best].lr, "estimate": est, "refined": refined,
-                                 "trend_slope": slope, "candidates": [
-                    c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j,
-                    c in sorted(cands.items()) if n in c.readings]})
-                last_read, last_estimate, last_best = n, est, best
-                if on_progress is not None:
-                    on_progress(evidence[-1])
-                if (n >= min_h and len(sharp) >= settle and all(sharp[-settle:]) and slope is not None
-                    and abs(slope) <= settle_slope):
-                    stop = "settled"
-                    stopped = (f"settled: the best rate moved as n^{slope:.2f} over the last {settle} horizons, the "
-                               f"last {n} steps")
-                    break
-                if n == total_steps:
-                    stop = "run_length"
-                    stopped = "reached the run's length"
-                    break
-                if n < w:
-                    continue  # no extension on a reading inside the warmup
-                blocked = any(c.status in ("unstable", "diverged") for c in cands.values())
-                run_js = sorted(j for j, c in cands.items() if c.status == "running")
-                if best == run_js[-1] and best + 1 not in cands and best + 1 <= hi_j and not blocked:
-                    cands[best + 1] = make(best + 1)
-                if best == run_js[0] and best - 1 >= lo_j and (best - 1 not in cands
-                                                               or cands[best - 1].status == "dropped"):
-                    cands[best - 1] = make(best - 1)  # (re)started from the origin: short horizons undersell low rates
             except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
-                if not evidence:
+                if not s.evidence:
                     raise
-                stop = "max_seconds"
-                stopped = f"max_seconds: cut inside the {n}-step horizon, the answer read at {last_read} steps"
+                s.halt("max_seconds", f"max_seconds: cut inside the {n}-step horizon, the answer read at "
+                                      f"{s.last_read} steps")
                 break
         race = None
-        if race_warmup and evidence:
-            race = _race_warmup(cands.get(last_best), int(race_warmup), w, a1, stop, last_read, total_steps, params,
-                                opt, train_step, held_out_losses_per_row, origin, ratios, rows, place, alpha)
+        if race_warmup and s.evidence:
+            race = _race_warmup(s.cands.get(s.last_best), int(race_warmup), w, a1, s.stop, s.last_read, total_steps,
+                                params, opt, train_step, held_out_losses_per_row, origin, ratios, run.rows, place,
+                                alpha)
+    return _answer(s, run.rows, race, race_warmup, keep_branch, short, first, beta1, budget_fraction, t0)
+
+
+def _check_args(total_steps: int, effort: str, grid: Sequence[int]) -> None:
+    if not isinstance(total_steps, int) or total_steps < 1:
+        raise InputError(f"total_steps must be the run's length in optimizer steps (>= 1), got {total_steps!r}")
+    if effort not in ("quick", "full"):
+        raise InputError(f"effort must be 'quick' or 'full', got {effort!r}")
+    if not grid:
+        raise InputError("grid is empty; pass the exponents j of alpha1 x 2^j, e.g. (-1, 0, 1, 2, 3)")
+
+
+def _first_horizon(first: int, n_rates: int, total_steps: int, budget: int) -> tuple[int, bool]:
+    """The first horizon, and whether the run was too short for the budget to cover the warmup at
+    every rate (then the first horizon starts sooner)."""
+    short = n_rates * min(first, total_steps) > budget
+    if short:
+        first = max(1, budget // n_rates)
+    return first, short
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every candidate's run uses: the weights, the optimizer, the step, the reader, the
+    origin snapshot and the held-out rows' losses at the origin."""
+
+    params: Any
+    opt: Any
+    train_step: Callable[[int], Any]
+    held: Callable[[], Sequence[float]]
+    origin: Any
+    ratios: Any
+    rows: int
+    place: str
+    base: Any
+
+
+@dataclass
+class _Search:
+    """The look-ahead's settings and the state it carries from horizon to horizon."""
+
+    a1: float
+    w: int
+    budget: int
+    total_steps: int
+    horizons: list[int]
+    alpha: float
+    settle: int
+    settle_slope: float
+    min_h: int
+    keep_above: int
+    keep_below: int
+    lo_j: int
+    hi_j: int
+    on_progress: Callable[[dict[str, Any]], None] | None
+    cands: dict[int, Any] = field(default_factory=dict)
+    evidence: list[dict[str, Any]] = field(default_factory=list)
+    estimates: list[float] = field(default_factory=list)
+    read_at: list[int] = field(default_factory=list)
+    sharp: list[bool] = field(default_factory=list)
+    last_read: int = 0
+    last_estimate: float = 0.0
+    last_best: int = 0
+    used: int = 0
+    stopped: str = "unsettled"
+    stop: LookaheadStop = "unsettled"
+    snaps: dict[str, Any] = field(default_factory=dict)
+    slope: float | None = None
+
+    def __post_init__(self) -> None:
+        self.last_estimate = self.a1
+
+    def make(self, j: int) -> Any:
+        """The candidate at alpha1 x 2^j, warmed from alpha1 over w steps."""
+        from leadline.rate._run import Candidate
+
+        r, a1, w = self.a1 * 2.0**j, self.a1, self.w
+        return Candidate(r, lambda t, r=r: warmup_lr(t, r, a1, w), key=j)
+
+    def halt(self, stop: LookaheadStop, sentence: str) -> bool:
+        self.stop, self.stopped = stop, sentence
+        return True
+
+
+def _horizon(s: _Search, run: _Run, look: int, n: int) -> bool:
+    """One horizon: the affordable candidates run to n steps and are read, the worse dropped, the
+    best estimated, the edges extended. True when the look-ahead stops here (``s.stop`` says why)."""
+    alive, cost = _affordable(s, n)
+    if s.used + cost > s.budget:
+        return s.halt("budget", f"budget: horizon {n} needed {cost} more steps, {s.budget - s.used} left")
+    _advance(s, run, alive, look, n)
+    running = {j: c for j, c in s.cands.items() if c.status == "running" and n in c.readings}
+    if not running:
+        s.halt("diverged", "every rate diverged or was unstable")
+        s.evidence.append({"steps": n, "candidates": [c.row(n) for c in s.cands.values() if n in c.readings]})
+        return True
+    best = _read(s, running, look, n, run.rows)
+    if (n >= s.min_h and len(s.sharp) >= s.settle and all(s.sharp[-s.settle:]) and s.slope is not None
+            and abs(s.slope) <= s.settle_slope):
+        return s.halt("settled", f"settled: the best rate moved as n^{s.slope:.2f} over the last {s.settle} "
+                                 f"horizons, the last {n} steps")
+    if n == s.total_steps:
+        return s.halt("run_length", "reached the run's length")
+    if n >= s.w:  # no extension on a reading inside the warmup
+        _extend(s, best)
+    return False
+
+
+def _affordable(s: _Search, n: int) -> tuple[list[Any], int]:
+    """The running candidates and the steps they need to reach n; where that passes the budget,
+    the best and its neighbours alone, when they fit."""
+    alive = [c for c in s.cands.values() if c.status == "running"]
+    cost = sum(n - c.done for c in alive)
+    if s.used + cost > s.budget and s.evidence:  # narrow to the best and its neighbours
+        keep = [c for c in alive if abs(c.key - s.last_best) <= 1]
+        if s.used + sum(n - c.done for c in keep) <= s.budget:
+            for c in alive:
+                if c not in keep:
+                    c.stop("out of budget")
+            alive, cost = keep, sum(n - c.done for c in keep)
+    return alive, cost
+
+
+def _advance(s: _Search, run: _Run, alive: list[Any], look: int, n: int) -> None:
+    """Each candidate continued to n steps; one whose loss rose significantly since its previous
+    reading is out with every higher rate (unstable)."""
+    for c in alive:
+        c.readings.setdefault(0, run.base)
+        prev = max(k for k in c.readings if k < n)
+        s.used += n - c.done
+        c.advance(n, run.params, run.opt, run.train_step, run.held, run.origin, run.ratios, run.rows, run.place)
+        if c.status == "running" and compare(c.readings[n], c.readings[prev], alpha=s.alpha, look=look,
+                                             max_looks=len(s.horizons)).worse:
+            for other in s.cands.values():
+                if other.lr >= c.lr and other.status == "running":
+                    other.stop("unstable")
+        if c.snapshot is not None:
+            s.snaps = c.snapshot.evidence()
+
+
+def _read(s: _Search, running: dict[int, Any], look: int, n: int, rows: int) -> int:
+    """The horizon's verdicts: the significantly worse dropped, the best estimated between grid
+    points, the trend refitted, the evidence recorded. Returns the best grid point."""
+    best, verdicts = prune({j: c.readings[n] for j, c in running.items()}, alpha=s.alpha, look=look,
+                           max_looks=len(s.horizons))
+    for j, v in verdicts.items():
+        if v.worse and (j > best + s.keep_above or (j < best - s.keep_below and n >= s.w)):
+            s.cands[j].stop("dropped")
+    est, refined = _estimate(s.cands, best, n, rows)
+    if n >= s.w:  # a horizon inside the warmup says little about the rate itself
+        s.estimates.append(est)
+        s.read_at.append(n)
+        s.sharp.append(refined)
+    s.slope = trend_slope(s.read_at, s.estimates, s.settle)
+    s.evidence.append({"steps": n, "best_lr": s.cands[best].lr, "estimate": est, "refined": refined,
+                       "trend_slope": s.slope, "candidates": [
+                           c.row(n, verdicts[j].as_dict() if j in verdicts else None) for j,
+                           c in sorted(s.cands.items()) if n in c.readings]})
+    s.last_read, s.last_estimate, s.last_best = n, est, best
+    if s.on_progress is not None:
+        s.on_progress(s.evidence[-1])
+    return best
+
+
+def _extend(s: _Search, best: int) -> None:
+    """Where the best sits at an edge of the running rates, the next rate beyond it joins."""
+    blocked = any(c.status in ("unstable", "diverged") for c in s.cands.values())
+    run_js = sorted(j for j, c in s.cands.items() if c.status == "running")
+    if best == run_js[-1] and best + 1 not in s.cands and best + 1 <= s.hi_j and not blocked:
+        s.cands[best + 1] = s.make(best + 1)
+    if best == run_js[0] and best - 1 >= s.lo_j and (best - 1 not in s.cands
+                                                     or s.cands[best - 1].status == "dropped"):
+        s.cands[best - 1] = s.make(best - 1)  # (re)started from the origin: short horizons undersell low rates
+
+
+def _answer(s: _Search, rows: int, race: dict[str, Any] | None, race_warmup: int | None, keep_branch: bool,
+            short: bool, first: int, beta1: float, budget_fraction: float, t0: float) -> Lookahead:
+    """The answer from the last estimate: carried to the run's length where the trend says so,
+    held below the lowest unstable rate; with the warmup race and the branch."""
     won = race.pop("_arm", None) if race else None
-    branch = _branch(won or cands.get(last_best), last_read, race_warmup if won else w, a1) if keep_branch else None
-    if not evidence:
-        raise InputError(f"the step budget ({budget} steps = {budget_fraction} x {total_steps}) does not cover the "
-                         f"first horizon of {len(cands)} rates; raise budget_fraction or use effort='quick'")
-    last, lr = last_read, last_estimate
+    branch = (_branch(won or s.cands.get(s.last_best), s.last_read, race_warmup if won else s.w, s.a1)
+              if keep_branch else None)
+    if not s.evidence:
+        raise InputError(f"the step budget ({s.budget} steps = {budget_fraction} x {s.total_steps}) does not cover "
+                         f"the first horizon of {len(s.cands)} rates; raise budget_fraction or use effort='quick'")
+    last, lr, stopped = s.last_read, s.last_estimate, s.stopped
     if short:
         stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
-    lr, why = answer_at_run_length(lr, last, slope, total_steps, settled=stop == "settled", settle=settle)
+    lr, why = answer_at_run_length(lr, last, s.slope, s.total_steps, settled=s.stop == "settled", settle=s.settle)
     stopped += why
-    ceiling = min((c.lr for c in cands.values() if c.status in ("unstable", "diverged")), default=math.inf)
+    ceiling = min((c.lr for c in s.cands.values() if c.status in ("unstable", "diverged")), default=math.inf)
     if lr >= ceiling:
         lr = ceiling / 2
         stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
-    return Lookahead(lr, a1, sorted(c.lr for c in cands.values()), "full", last, used, budget, total_steps,
-                     int(race_warmup) if won else w, beta1, stopped, rows, evidence, slope, snaps,
-                     time.perf_counter() - t0, stop, race, branch)
+    return Lookahead(lr, s.a1, sorted(c.lr for c in s.cands.values()), "full", last, s.used, s.budget, s.total_steps,
+                     int(race_warmup) if won else s.w, beta1, stopped, rows, s.evidence, s.slope, s.snaps,
+                     time.perf_counter() - t0, s.stop, race, branch)
 
 
 def _race_warmup(best: Any, warmup: int, w: int, a1: float, stop: str, last: int, total_steps: int,
