@@ -113,9 +113,9 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
         raise InputError(f"rates must be positive numbers, got {rates!r}")
     if not isinstance(total_steps, int) or total_steps < 2:
         raise InputError(f"total_steps must be the run's length in optimizer steps (>= 2), got {total_steps!r}")
-    from leadline.rate._run import Candidate, race_ending
+    from leadline.rate._run import Candidate
     from leadline.rate.lookahead import beta1_of
-    from leadline.rate.state import Snapshot, check_params, group_ratios, no_trace, read_held_out
+    from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
     a1 = min(rates) if alpha1 is None else float(alpha1)
@@ -124,99 +124,150 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
     points = boundaries(len(rates), total_steps,
                         max(w, math.ceil(total_steps / 16)) if first_round is None else first_round)
     h = max(1, total_steps // 8) if ending_horizon is None else int(ending_horizon)
-    copy_at = total_steps - 2 * h
-    rounds: list[dict[str, Any]] = []
-    notes: list[str] = []
-    used, decided, ending, snaps = 0, "one rate", {"kept": "constant",
-                                                   "why": "no ending race: the run is too short for 2h steps after the "
-                                                          "last round"}, {}
     with no_trace(params, opt, place=place, on_success=False) as origin:
         ratios = group_ratios(opt)
         base = read_held_out(held_out)
-        rows = len(base)
+        s = _Race(params, opt, train_step, held_out, origin, ratios, len(base), place, base, alpha, cands, points)
         alive = list(cands)
         for look, b in enumerate(points, 1):
             if len(alive) == 1:
                 break
-            spiked = []
-            for c in alive:
-                used += b - c.done
-                prev = max(c.readings, default=0)
-                c.advance(b, params, opt, train_step, held_out, origin, ratios, rows, place)
-                snaps = c.snapshot.evidence() if c.snapshot is not None else snaps
-                if c.status == "running" and compare(c.readings[b], c.readings.get(prev, base), alpha=alpha, look=look,
-                                                     max_looks=len(points)).worse:
-                    spiked.append(c)  # its own held-out loss rose since its previous reading
-            seen = list(alive)
-            if not any(math.isfinite(mean_or_inf(c.readings[b])) for c in seen):
-                raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower "
-                                 "rates")
-            running = [c for c in seen if c.status == "running"]
-            if spiked:  # a spike puts that rate and every higher one out ...
-                low = min(c.lr for c in spiked)
-                out = sorted((c for c in running if c.lr >= low), key=lambda c: c.lr)
-                # ... but the run goes on: the lowest rate stays, the least likely to spike again
-                if len(out) == len(running):
-                    notes.append(f"step {b}: every running rate's held-out loss rose since its previous reading; the "
-                                 f"lowest, {out[0].lr:.3g}, goes on")
-                    out = out[1:]
-                for c in out:
-                    c.stop("unstable")
-            alive = [c for c in seen if c.status == "running"]
-            readings = {c.key: c.readings[b] for c in alive}
-            best, verdicts = prune(readings, alpha=alpha, look=look, max_looks=len(points))
-            tied = [k for k in readings if k == best or not verdicts[k].worse]
-            tied = [k for k in tied if math.isfinite(mean_or_inf(readings[k]))] or [best]
-            if look == len(points):
-                winner = min(tied, key=lambda k: cands[k].lr)
-                decided = ("the only rate left" if len(readings) == 1
-                           else "the best mean, every other rate significantly worse" if winner == best
-                           and len(tied) == 1
-                           else f"{len(tied)} rates not significantly different: the lowest of them")
-                keep = [winner]
-            else:  # halving: half go on — the tied ones first, lowest rates first; then by mean
-                half = max(1, math.ceil(len(seen) / 2))  # half of those that entered the round
-                rest = sorted((k for k in readings if k not in tied and math.isfinite(mean_or_inf(readings[k]))),
-                              key=lambda k: mean_or_inf(readings[k]))
-                keep = (sorted(tied, key=lambda k: cands[k].lr) + rest)[:half]
-            for c in alive:
-                if c.key not in keep:
-                    c.stop("dropped" if c.status == "running" else c.status)
-            rounds.append({"steps": b,
-                           "candidates": [c.row(b,
-                                                verdicts[c.key].as_dict() if c.key in verdicts else None)
-                                          for c in seen]})
+            alive = _round(s, alive, look, b)
             if on_progress is not None:
-                on_progress(rounds[-1])
-            alive = [cands[k] for k in keep]
+                on_progress(s.rounds[-1])
         win = alive[0]
         if rounds_only:
             origin.load(params, opt)
             for c in cands:
                 c.snapshot = None
             ending = {"kept": None, "why": "the rounds only: the winner's run and its ending are the caller's"}
-            decided += "".join("; " + n for n in notes)
-            return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0,
-                              snaps)
-        (win.snapshot or origin).load(params, opt)
-        from leadline.rate.state import run_steps
-
-        if copy_at > win.done:
-            run_steps(opt, train_step, win.done, copy_at, win.lr_at, ratios)
-            copy = Snapshot.take(params, opt, place=place)
-            run_steps(opt, train_step, copy_at, total_steps, win.lr_at, ratios)
-            used += total_steps - win.done + 2 * h
-            ending, _ = race_ending(params, opt, train_step, held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
-                                 ratios, rows, alpha=alpha, place=place)
-            ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
-                             + ("kept: the constant ending was not better by a one-sided paired t test"
-                                if ending["kept"] == "decay"
-                                else "the constant ending kept: better by a one-sided paired t test"))
-        else:
-            run_steps(opt, train_step, win.done, total_steps, win.lr_at, ratios)
-            used += total_steps - win.done
+            s.decided += "".join("; " + n for n in s.notes)
+            return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
+                              time.perf_counter() - t0, s.snaps)
+        ending = _run_winner(s, win, total_steps, h)
         for c in cands:
             c.snapshot = None
-    if notes:
-        decided += "; " + "; ".join(notes)
-    return RaceResult(win.lr, rates, rounds, ending, used, total_steps, decided, rows, time.perf_counter() - t0, snaps)
+    if s.notes:
+        s.decided += "; " + "; ".join(s.notes)
+    return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
+                      time.perf_counter() - t0, s.snaps)
+
+
+@dataclass
+class _Race:
+    """The race's pieces (the weights, optimizer, step, reader, origin snapshot and the held-out
+    rows' losses there) and the state it carries from round to round."""
+
+    params: Any
+    opt: Any
+    train_step: Callable[[int], Any]
+    held_out: Callable[[], Sequence[float]]
+    origin: Any
+    ratios: Any
+    rows: int
+    place: str
+    base: Any
+    alpha: float
+    cands: list[Any]
+    points: list[int]
+    used: int = 0
+    decided: str = "one rate"
+    snaps: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _round(s: _Race, alive: list[Any], look: int, b: int) -> list[Any]:
+    """One round: the candidates run to step b and are read, the spiked put out, the survivors
+    kept (the last round: the winner alone). Returns those that go on."""
+    seen, spiked = _advance(s, alive, look, b)
+    if not any(math.isfinite(mean_or_inf(c.readings[b])) for c in seen):
+        raise InputError(f"every rate in the race diverged by step {b} (held-out loss not finite); pass lower "
+                         "rates")
+    _stop_spiked(s, [c for c in seen if c.status == "running"], spiked, b)
+    alive = [c for c in seen if c.status == "running"]
+    readings = {c.key: c.readings[b] for c in alive}
+    best, verdicts = prune(readings, alpha=s.alpha, look=look, max_looks=len(s.points))
+    keep = _survivors(s, readings, best, verdicts, last=look == len(s.points), entered=len(seen))
+    for c in alive:
+        if c.key not in keep:
+            c.stop("dropped" if c.status == "running" else c.status)
+    s.rounds.append({"steps": b,
+                     "candidates": [c.row(b,
+                                          verdicts[c.key].as_dict() if c.key in verdicts else None)
+                                    for c in seen]})
+    return [s.cands[k] for k in keep]
+
+
+def _advance(s: _Race, alive: list[Any], look: int, b: int) -> tuple[list[Any], list[Any]]:
+    """Each candidate continued to step b; returns them, and those whose own held-out loss rose
+    significantly since their previous reading (spiked)."""
+    spiked = []
+    for c in alive:
+        s.used += b - c.done
+        prev = max(c.readings, default=0)
+        c.advance(b, s.params, s.opt, s.train_step, s.held_out, s.origin, s.ratios, s.rows, s.place)
+        s.snaps = c.snapshot.evidence() if c.snapshot is not None else s.snaps
+        if c.status == "running" and compare(c.readings[b], c.readings.get(prev, s.base), alpha=s.alpha, look=look,
+                                             max_looks=len(s.points)).worse:
+            spiked.append(c)  # its own held-out loss rose since its previous reading
+    return list(alive), spiked
+
+
+def _stop_spiked(s: _Race, running: list[Any], spiked: list[Any], b: int) -> None:
+    """A spike puts that rate and every higher one out, but the run goes on: where that is every
+    running rate, the lowest stays, the least likely to spike again."""
+    if not spiked:
+        return
+    low = min(c.lr for c in spiked)
+    out = sorted((c for c in running if c.lr >= low), key=lambda c: c.lr)
+    if len(out) == len(running):
+        s.notes.append(f"step {b}: every running rate's held-out loss rose since its previous reading; the "
+                       f"lowest, {out[0].lr:.3g}, goes on")
+        out = out[1:]
+    for c in out:
+        c.stop("unstable")
+
+
+def _survivors(s: _Race, readings: dict[Any, Any], best: Any, verdicts: dict[Any, Any], *, last: bool,
+               entered: int) -> list[Any]:
+    """Those that go on: the last round's winner by a test (``s.decided`` says how), else half of
+    those that entered the round — the tied ones first, lowest rates first; then by mean."""
+    tied = [k for k in readings if k == best or not verdicts[k].worse]
+    tied = [k for k in tied if math.isfinite(mean_or_inf(readings[k]))] or [best]
+    if last:
+        winner = min(tied, key=lambda k: s.cands[k].lr)
+        s.decided = ("the only rate left" if len(readings) == 1
+                     else "the best mean, every other rate significantly worse" if winner == best
+                     and len(tied) == 1
+                     else f"{len(tied)} rates not significantly different: the lowest of them")
+        return [winner]
+    half = max(1, math.ceil(entered / 2))  # half of those that entered the round
+    rest = sorted((k for k in readings if k not in tied and math.isfinite(mean_or_inf(readings[k]))),
+                  key=lambda k: mean_or_inf(readings[k]))
+    return (sorted(tied, key=lambda k: s.cands[k].lr) + rest)[:half]
+
+
+def _run_winner(s: _Race, win: Any, total_steps: int, h: int) -> dict[str, Any]:
+    """The winner run to the end from its snapshot, a copy kept at T - 2h and the ending raced
+    from it. Returns the ending's record."""
+    from leadline.rate._run import race_ending
+    from leadline.rate.state import Snapshot, run_steps
+
+    (win.snapshot or s.origin).load(s.params, s.opt)
+    copy_at = total_steps - 2 * h
+    if copy_at <= win.done:
+        run_steps(s.opt, s.train_step, win.done, total_steps, win.lr_at, s.ratios)
+        s.used += total_steps - win.done
+        return {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}
+    run_steps(s.opt, s.train_step, win.done, copy_at, win.lr_at, s.ratios)
+    copy = Snapshot.take(s.params, s.opt, place=s.place)
+    run_steps(s.opt, s.train_step, copy_at, total_steps, win.lr_at, s.ratios)
+    s.used += total_steps - win.done + 2 * h
+    ending, _ = race_ending(s.params, s.opt, s.train_step, s.held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
+                            s.ratios, s.rows, alpha=s.alpha, place=s.place)
+    ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
+                     + ("kept: the constant ending was not better by a one-sided paired t test"
+                        if ending["kept"] == "decay"
+                        else "the constant ending kept: better by a one-sided paired t test"))
+    return ending
