@@ -146,17 +146,11 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         place: where the snapshot lives.
         rate: the burn-in's rate (default alpha1 / 2).
     """
-    from leadline.noise.probe import measure_noise_scale
-    from leadline.rate.state import check_params, group_ratios, no_trace, set_lr
+    from leadline.rate.state import check_params, group_ratios, no_trace
     from leadline.rate.warmup import warmup_steps_for
 
     t0 = time.perf_counter()
-    if not (isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0):
-        raise InputError(f"noise_past_format needs alpha1 > 0 (measure_first_step().alpha1), got {alpha1!r}")
-    b0 = getattr(step0, "b_noise_tokens", step0)
-    se0 = getattr(step0, "se_tokens", 0.0) or 0.0
-    if not (isinstance(b0, (int, float)) and math.isfinite(b0) and b0 > 0):
-        raise InputError(f"noise_past_format needs the step-0 noise scale > 0, got {b0!r}")
+    b0, se0 = _checked_step0(alpha1, step0)
     params = check_params(params, opt)
     betas = opt.param_groups[0].get("betas") if opt.param_groups else None
     w = int(round_steps) if round_steps is not None else warmup_steps_for(float(betas[0]) if betas else 0.9)
@@ -166,8 +160,6 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     readings: list[dict[str, Any]] = []
     rounds: list[dict[str, Any]] = []
     last = None
-    stopped = f"{max_rounds} rounds"
-    stop: PastFormatStop = "rounds"
 
     first_draw = [0]
 
@@ -177,58 +169,14 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     with no_trace(params, opt, place=place):
         ratios = group_ratios(opt)
         opt.state.clear()
-        done, prev = 0, None
-        train_budget = None if budget_s is None else 0.7 * budget_s
-        for r in range(max_rounds):
-            if (train_budget is not None and r > 0
-                    and (time.perf_counter() - t0) * (2 ** (r + 1) - 1) / (2 ** r - 1) > train_budget):
-                stop = "time"
-                stopped = "time: the next round would pass the burn-in's share of the budget"
-                break
-            losses: list[float] = []
-            n_steps = w * 2 ** r
-            if max_steps is not None and done + n_steps > max_steps:
-                if done >= max_steps or max_steps - done < w:
-                    stop = "max_steps"
-                    stopped = f"max_steps: {done} steps trained of the {max_steps} allowed"
-                    break
-                n_steps = max_steps - done
-            for t in range(done, done + n_steps):
-                if check_time is not None:
-                    check_time()
-                set_lr(opt, rate, ratios)
-                opt.zero_grad(set_to_none=True)
-                loss = train_step(t)
-                opt.step()
-                if loss is not None:
-                    losses.append(float(loss))
-            done += n_steps
-            if any(not math.isfinite(x) for x in losses):
-                stop = "diverged"
-                stopped = f"diverged: a burn-in step's loss was not finite in round {r + 1}"
-                rounds.append({"round": r + 1, "steps": done, "mean_loss": None})
-                break
-            m, se = stats.mean_se(losses) if len(losses) >= 2 else (losses[0] if losses else math.nan, math.inf)
-            row: dict[str, Any] = {"round": r + 1, "steps": done, "mean_loss": m, "se_loss": se}
-            rounds.append(row)
-            if prev is not None:
-                fall = _falls(prev, (m, se, len(losses)))
-                row["falling_p"] = fall
-                if fall is None or fall >= 0.05:
-                    stop = "settled"
-                    stopped = (f"settled: the training loss stopped falling in round {r + 1} (one-sided p "
-                               f"{fall if fall is not None else float('nan'):.2g})")
-                    break
-            prev = (m, se, len(losses))
+        done, stop, stopped = _burn_in(opt, train_step, rate, ratios, w, rounds, max_rounds=max_rounds,
+                                       max_steps=max_steps, budget_s=budget_s, check_time=check_time, t0=t0)
         if stop != "diverged":
             if check_time is not None:
                 check_time()
             left = None if budget_s is None else max(1.0, budget_s - (time.perf_counter() - t0))
             first_draw[0] = int(probe_start(done)) if callable(probe_start) else int(probe_start)
-            ns = measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=left)
-            # the step-0 rule settles fast on the format's few tokens
-            if ns.k < LATE_DRAWS and ns.stopped_because == "settled":
-                ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=left)
+            ns = _late_reading(probe, left)
             readings.append({"steps": done, "first_draw": first_draw[0], "b_noise_tokens": ns.b_noise_tokens,
                              "se_tokens": ns.se_tokens,
                              "k": ns.k, "resolved": ns.resolved, "stopped_because": ns.stopped_because,
@@ -242,6 +190,81 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
     grew = last is not None and _above(last, float(b0), float(se0))
     return PastFormat(b, se, grew, float(b0), float(se0), rate, int(rows_per_step), w, stopped, readings,
                       time.perf_counter() - t0, last, rounds, stop)
+
+
+def _checked_step0(alpha1: float, step0: Any) -> tuple[Any, float]:
+    """The step-0 noise scale and its SE, after checking alpha1 and it are positive."""
+    if not (isinstance(alpha1, (int, float)) and math.isfinite(alpha1) and alpha1 > 0):
+        raise InputError(f"noise_past_format needs alpha1 > 0 (measure_first_step().alpha1), got {alpha1!r}")
+    b0 = getattr(step0, "b_noise_tokens", step0)
+    se0 = getattr(step0, "se_tokens", 0.0) or 0.0
+    if not (isinstance(b0, (int, float)) and math.isfinite(b0) and b0 > 0):
+        raise InputError(f"noise_past_format needs the step-0 noise scale > 0, got {b0!r}")
+    return b0, se0
+
+
+def _burn_in(opt: Any, train_step: Callable[[int], Any], rate: float, ratios: Any, w: int,
+             rounds: list[dict[str, Any]], *, max_rounds: int, max_steps: int | None, budget_s: float | None,
+             check_time: Callable[[], None] | None, t0: float) -> tuple[int, PastFormatStop, str]:
+    """The burn-in's rounds of w, 2w, 4w, ... steps at ``rate`` until the training loss stops
+    falling (or the rounds, the steps or the time run out), each recorded on ``rounds``.
+    Returns the steps trained, why it stopped and the sentence for it."""
+    done, prev = 0, None
+    train_budget = None if budget_s is None else 0.7 * budget_s
+    for r in range(max_rounds):
+        if (train_budget is not None and r > 0
+                and (time.perf_counter() - t0) * (2 ** (r + 1) - 1) / (2 ** r - 1) > train_budget):
+            return done, "time", "time: the next round would pass the burn-in's share of the budget"
+        n_steps = w * 2 ** r
+        if max_steps is not None and done + n_steps > max_steps:
+            if done >= max_steps or max_steps - done < w:
+                return done, "max_steps", f"max_steps: {done} steps trained of the {max_steps} allowed"
+            n_steps = max_steps - done
+        losses = _train(opt, train_step, rate, ratios, range(done, done + n_steps), check_time)
+        done += n_steps
+        if any(not math.isfinite(x) for x in losses):
+            rounds.append({"round": r + 1, "steps": done, "mean_loss": None})
+            return done, "diverged", f"diverged: a burn-in step's loss was not finite in round {r + 1}"
+        m, se = stats.mean_se(losses) if len(losses) >= 2 else (losses[0] if losses else math.nan, math.inf)
+        row: dict[str, Any] = {"round": r + 1, "steps": done, "mean_loss": m, "se_loss": se}
+        rounds.append(row)
+        if prev is not None:
+            fall = _falls(prev, (m, se, len(losses)))
+            row["falling_p"] = fall
+            if fall is None or fall >= 0.05:
+                return done, "settled", (f"settled: the training loss stopped falling in round {r + 1} (one-sided p "
+                                         f"{fall if fall is not None else float('nan'):.2g})")
+        prev = (m, se, len(losses))
+    return done, "rounds", f"{max_rounds} rounds"
+
+
+def _train(opt: Any, train_step: Callable[[int], Any], rate: float, ratios: Any, steps: range,
+           check_time: Callable[[], None] | None) -> list[float]:
+    """The optimizer steps ``steps`` at ``rate``; returns their training losses."""
+    from leadline.rate.state import set_lr
+
+    losses: list[float] = []
+    for t in steps:
+        if check_time is not None:
+            check_time()
+        set_lr(opt, rate, ratios)
+        opt.zero_grad(set_to_none=True)
+        loss = train_step(t)
+        opt.step()
+        if loss is not None:
+            losses.append(float(loss))
+    return losses
+
+
+def _late_reading(probe: Callable[[int], Any], budget_s: float | None) -> Any:
+    """The noise scale read past the burn-in; read again at LATE_DRAWS draws where the step-0
+    rule settled early (it settles fast on the format's few tokens)."""
+    from leadline.noise.probe import measure_noise_scale
+
+    ns = measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=budget_s)
+    if ns.k < LATE_DRAWS and ns.stopped_because == "settled":
+        ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=budget_s)
+    return ns
 
 
 def _falls(before: tuple[float, float, int], after: tuple[float, float, int]) -> float | None:
