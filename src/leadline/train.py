@@ -112,25 +112,12 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     """
     import torch
 
-    from leadline.hf import prepare, trained_named_weights
+    from leadline.hf import trained_named_weights
     from leadline.memory import forbid_spill
     from leadline.rate import LookaheadSchedule, lookahead_from
 
-    _need(plan, "micro_batch", "lr")
-    world = plan.machine.get("world") if isinstance(plan.machine.get("world"), dict) else {}
-    if int(world.get("world_size") or 1) > 1:
-        raise InputError(f"the plan was derived for {world['world_size']} GPUs (its tokens per step count every rank); "
-                         "train it under torchrun with as many processes, or derive a plan on one GPU")
-    steps = int(total_steps or plan.get("total_steps") or 0)
-    if steps < 1 and plan.get("ending") == "linear":
-        steps = -1  # one pass over the training rows, counted once the rows are split
-    elif steps < 1:
-        raise InputError("the run's length is unknown: pass total_steps or derive the plan with --steps/--epochs")
-    seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
-    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
-    if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
-        raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
-                         "derived on")
+    steps = _checked_steps(plan, total_steps)
+    task = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
     betas = tuple(plan.get("betas") or (0.9, 0.999))
@@ -140,9 +127,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     if steps == -1:
         steps = max(1, len(task.order) // (int(plan.micro_batch) * accum))
     linear = plan.get("ending") == "linear"
-    if linear:
-        schedule = False
-        warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
+    schedule = schedule and not linear
+    recipe_rate = _recipe_rate(plan, steps) if linear else None
     held = task.held_out_losses()
     racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
@@ -153,7 +139,6 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
     before = test() if test else None
     model.train()
-    curve: list[dict[str, Any]] = []
     sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan, taken=taken), total_steps=steps)
              if schedule and not racing else None)
     t0 = time.monotonic()
@@ -164,31 +149,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
             race_result = race(params, opt, train_step, held, list(plan.race_rates), steps,
                                alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"))
-        start = 0
-        if run_state is not None:  # the look-ahead's branch: the run's first steps, taken in derive
-            if sched is not None:
-                sched.before(0)  # the check at step 0, on the weights the branch started from
-            run_state.load_into(params, opt)
-            if sched is not None:
-                sched.continue_at(run_state.steps)
-            start = run_state.steps
-        for step in range(start, 0 if racing else steps):
-            if sched is not None:
-                sched.before(step)
-            elif linear:
-                for g in opt.param_groups:
-                    g["lr"] = linear_lr(step, float(plan.lr), warmup, steps)
-            opt.zero_grad(set_to_none=True)
-            loss = train_step(step)
-            if not math.isfinite(loss):
-                rate = opt.param_groups[0]["lr"]
-                raise InputError(f"the training loss became {loss} at step {step}; the rate {rate:.3g} is too high for "
-                                 "these rows")
-            opt.step()
-            rec = {"step": step, "loss": loss, "lr": float(opt.param_groups[0]["lr"]), "seconds": time.monotonic() - t0}
-            curve.append(rec)
-            if on_step is not None:
-                on_step(rec)
+        start = _continue(run_state, sched, params, opt)
+        curve = _steps(range(start, 0 if racing else steps), opt, train_step, sched, recipe_rate, t0, on_step)
         ending = sched.finish() if sched is not None else None
     opt.zero_grad(set_to_none=True)
     after = test() if test else None
@@ -199,14 +161,97 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         "race": race_result.evidence() if race_result is not None else None,
         "continued": continued, "test_rows": len(task.split.test),
     }
+    _add_test_verdict(result, before, after)
+    if out_dir is not None:
+        _save(model, Path(out_dir), result)
+    return result
+
+
+def _recipe_rate(plan: Plan, steps: int) -> Callable[[int], float]:
+    """The recipe plan's rate at each step: warmup from 0 over ``warmup_ratio`` of the steps, then
+    linear decay to zero (:func:`linear_lr`)."""
+    warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
+    return lambda step: linear_lr(step, float(plan.lr), warmup, steps)
+
+
+def _checked_steps(plan: Plan, total_steps: int | None) -> int:
+    """The run's length from the caller or the plan (-1: one pass over the training rows, for a
+    recipe plan), after checking the plan can be trained on one GPU."""
+    _need(plan, "micro_batch", "lr")
+    world = plan.machine.get("world") if isinstance(plan.machine.get("world"), dict) else {}
+    if int(world.get("world_size") or 1) > 1:
+        raise InputError(f"the plan was derived for {world['world_size']} GPUs (its tokens per step count every rank); "
+                         "train it under torchrun with as many processes, or derive a plan on one GPU")
+    steps = int(total_steps or plan.get("total_steps") or 0)
+    if steps < 1 and plan.get("ending") == "linear":
+        steps = -1  # one pass over the training rows, counted once the rows are split
+    elif steps < 1:
+        raise InputError("the run's length is unknown: pass total_steps or derive the plan with --steps/--epochs")
+    return steps
+
+
+def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> Any:
+    """The rows split as derive() split them (the plan's seed), checked against the plan's held-out rows."""
+    from leadline.hf import prepare
+
+    seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
+    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
+    if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
+        raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
+                         "derived on")
+    return task
+
+
+def _continue(run_state: Any, sched: Any, params: list[Any], opt: Any) -> int:
+    """The step the run starts at: the look-ahead's branch loaded where there is one (the run's
+    first steps, taken in derive), else 0."""
+    if run_state is None:
+        return 0
+    if sched is not None:
+        sched.before(0)  # the check at step 0, on the weights the branch started from
+    run_state.load_into(params, opt)
+    if sched is not None:
+        sched.continue_at(run_state.steps)
+    return int(run_state.steps)
+
+
+def _steps(steps: range, opt: Any, train_step: Callable[[int], Any], sched: Any,
+           rate_at: Callable[[int], float] | None, t0: float,
+           on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
+    """The run's optimizer steps, each rate set by the schedule (or ``rate_at``, the recipe's);
+    returns the curve."""
+    curve: list[dict[str, Any]] = []
+    for step in steps:
+        if sched is not None:
+            sched.before(step)
+        elif rate_at is not None:
+            for g in opt.param_groups:
+                g["lr"] = rate_at(step)
+        opt.zero_grad(set_to_none=True)
+        loss = train_step(step)
+        if not math.isfinite(loss):
+            rate = opt.param_groups[0]["lr"]
+            raise InputError(f"the training loss became {loss} at step {step}; the rate {rate:.3g} is too high for "
+                             "these rows")
+        opt.step()
+        rec = {"step": step, "loss": loss, "lr": float(opt.param_groups[0]["lr"]), "seconds": time.monotonic() - t0}
+        curve.append(rec)
+        if on_step is not None:
+            on_step(rec)
+    return curve
+
+
+def _add_test_verdict(result: dict[str, Any], before: Any, after: Any) -> None:
+    """The test rows' loss before and after the run (mean and SE)."""
     if before is not None and after is not None:
         mb, seb = mean_se(before)
         ma, sea = mean_se(after)
         result["test_loss_before"] = {"mean": mb, "se": seb}
         result["test_loss_after"] = {"mean": ma, "se": sea}
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out)
-        write_atomic(out / "run.json", json.dumps(result, indent=1, default=str))
-    return result
+
+
+def _save(model: Any, out: Path, result: dict[str, Any]) -> None:
+    """The adapter (PEFT) or the weights, and ``run.json`` beside them."""
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    write_atomic(out / "run.json", json.dumps(result, indent=1, default=str))
