@@ -910,7 +910,10 @@ def main(argv: list[str] | None = None) -> int:
         args.recipe_micro_batch = 4
     if args.worker:
         fn = {"schedulefree": worker_schedulefree, "lr_find": worker_lr_find}[args.worker]
-        fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch, 4 if args.smoke else None)
+        # --smoke: the fewest steps each worker can answer from (Lightning's suggestion skips the
+        # range test's first 10 points and needs two after them)
+        fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
+           ({"lr_find": 16, "schedulefree": 2}[args.worker]) if args.smoke else None)
         return 0
     if args.table:
         paths = sorted(RESULTS.glob("scoreboard_*.json"))
