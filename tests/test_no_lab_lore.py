@@ -9,11 +9,6 @@ file named by a round, session or experiment (``_s6``, ``_r4``, ``rate_e11``, ``
 
 ALLOWED lists, per file, the patterns still found in files other people are rewriting right
 now; each entry is to be removed once its file is clean (the test then keeps it clean):
-  docs/noise.md                  "the seed's" (line ~205), "round 1 to 2" (the burn-in's own
-                                 rounds; reword as "the first round to the second"),
-                                 `e2e_debian_h200_s3_run2.json` (line ~241; no longer in the tree)
-  docs/rate.md                   "the seed's" (lines ~177, ~234), `e2e_debian_h200_s3_run1.json`
-                                 (line ~118; no longer in the tree)
   src/leadline/rate/anchor.py    "the seed's" (the anchor's sources)
   src/leadline/rate/lookahead.py "the seed's" (the module docstring)
   src/leadline/rate/warmup.py    "the seed's" (the warmup's and decay's sources)
@@ -47,8 +42,6 @@ NAME_PATTERN = re.compile(
 )
 
 ALLOWED = {
-    "docs/noise.md": {"seed", "round", "round suffix"},
-    "docs/rate.md": {"seed", "round suffix"},
     "src/leadline/rate/anchor.py": {"seed"},
     "src/leadline/rate/lookahead.py": {"seed"},
     "src/leadline/rate/warmup.py": {"seed"},
