@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from leadline.errors import InputError
+from leadline.pieces import optimizer_of
 from leadline.plan import Value
 
 HALF = ("bfloat16", "float16")
@@ -180,7 +181,7 @@ def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
     from leadline.memory import forbid_spill, ramp
 
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizers = [o for o in (getattr(step, "optimizer", None),) if o is not None]
+    optimizers = [o for o in (optimizer_of(step),) if o is not None]
     with leave_no_trace(params, optimizers), forbid_spill(step.device), checkpointing(model, False):
         res = ramp(step, int(plan.get("seq_len")), lengths=lengths, max_rows=int(on.value))
     return Value(res.micro_batch, "measured",

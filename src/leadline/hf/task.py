@@ -14,6 +14,7 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.hf.precision import check_trainable, checkpointing, precision_of
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.noise.gradfn import ModelGradFn
 from leadline.plan import Plan, Value
 
 __all__ = ["Task", "derive_for", "derive_parts", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
@@ -487,18 +488,28 @@ def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], 
 
 def _probe(model: Any, task: Task, params: list[Any]) -> Any:
     """The probe's grad_fn over the task's rows, telling derive how many rows a draw reads."""
-    from leadline.noise import ModelGradFn
+    return _TaskProbe(model, task, params)
 
-    fn = ModelGradFn(model, task.micro_batch_of, params=params)
-    fn.rows_per_draw = task.probe_rows
 
-    def with_rows(rows: int) -> Any:  # the same probe over draws of ``rows`` rows (the late reading past the format)
-        g = ModelGradFn(model, task.draws_of(rows), params=params)
-        g.rows_per_draw = rows
-        return g
+class _CountedProbe(ModelGradFn):
+    """A :class:`~leadline.noise.ModelGradFn` over draws of ``rows_per_draw`` rows (a
+    :class:`~leadline.pieces.CountedSource`)."""
 
-    fn.with_rows = with_rows
-    return fn
+    def __init__(self, model: Any, draws: Callable[[int], Any], params: list[Any], rows_per_draw: int) -> None:
+        super().__init__(model, draws, params=params)
+        self.rows_per_draw = rows_per_draw
+
+
+class _TaskProbe(_CountedProbe):
+    """The probe over the task's micro-batches; :meth:`with_rows` the same probe over draws of
+    ``rows`` rows (the late reading past the format): a :class:`~leadline.pieces.ResizableSource`."""
+
+    def __init__(self, model: Any, task: Task, params: list[Any]) -> None:
+        super().__init__(model, task.micro_batch_of, params, task.probe_rows)
+        self._task, self._given_params = task, params
+
+    def with_rows(self, rows: int) -> _CountedProbe:
+        return _CountedProbe(self.model, self._task.draws_of(rows), self._given_params, rows)
 
 
 def _loss_resolution(model: Any) -> float:

@@ -26,6 +26,7 @@ from leadline.errors import InputError
 from leadline.memory.decide import confirmation_lengths, largest_passing, length_candidates
 from leadline.memory.ramp import Rung, probe
 from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
+from leadline.pieces import device_of
 from leadline.plan import Value
 
 FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")
@@ -237,7 +238,7 @@ def measure_fit(
     rows, length = int(rows), int(length)
     if rows < 1 or length < 1:
         raise InputError(f"measure_fit needs rows >= 1 and length >= 1, got rows={rows}, length={length}")
-    mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+    mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
     repeats = max(2, int(repeats))
     if estimate is None and getattr(step, "model", None) is not None:
         model = step.model

@@ -31,6 +31,7 @@ from leadline.memory.decide import (
     verdict_of,
 )
 from leadline.memory.readings import DeviceMemory, format_bytes, is_oom, memory_for
+from leadline.pieces import device_of
 from leadline.plan import Value
 
 
@@ -241,7 +242,7 @@ def ramp(
         raise InputError(f"ramp's max_rows (the rows the target step needs) must be >= 1, got {max_rows}")
     if repeats < 1:
         raise InputError(f"ramp's repeats must be >= 1, got {repeats}")
-    mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+    mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
     if mem.on_cuda:
         return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung,
                           should_stop)

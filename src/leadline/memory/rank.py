@@ -17,6 +17,7 @@ from leadline.errors import InputError
 from leadline.memory.decide import largest_passing
 from leadline.memory.fit import _shape, measure_fit
 from leadline.memory.readings import DeviceMemory, memory_for
+from leadline.pieces import device_of
 from leadline.plan import Value
 
 
@@ -67,7 +68,7 @@ def rank_to_fit(
         nonlocal device
         step = step_at_rank(r)
         try:
-            mem = memory if memory is not None else memory_for(getattr(step, "device", None), card_bytes=card_bytes)
+            mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
             device = mem.device
             res = measure_fit(step, rows, length, memory=mem, suggest=False)
         finally:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
+from leadline.pieces import CountedSource
 
 if TYPE_CHECKING:
     import torch
@@ -165,7 +166,8 @@ class AccumulatedDraws:
         if not isinstance(parts, int) or parts < 1:
             raise InputError(f"AccumulatedDraws(parts={parts!r}) needs a whole number of draws >= 1")
         self.source, self.parts = source, parts
-        self.rows_per_draw = int(getattr(source, "rows_per_draw", 1) or 1) * parts
+        per_draw = source.rows_per_draw if isinstance(source, CountedSource) else 1
+        self.rows_per_draw = int(per_draw or 1) * parts
 
     def __call__(self, i: int) -> tuple[list[Any], int] | None:
         total, acc = 0, None
