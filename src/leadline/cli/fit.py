@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the dtype the model's weights load in (default: bfloat16 on a GPU that has it, else float32)")
     q = p.add_mutually_exclusive_group()
     q.add_argument("--load-in-4bit", action="store_true",
-                   help="the base quantized to 4 bits (nf4) by bitsandbytes as it loads, trained through LoRA (QLoRA; CUDA)")
+                   help="the base quantized to 4 bits (nf4) by bitsandbytes as it loads, trained through LoRA "
+                        "(QLoRA; CUDA)")
     q.add_argument("--load-in-8bit", action="store_true",
                    help="the base quantized to 8 bits by bitsandbytes as it loads, trained through LoRA (CUDA)")
     p.add_argument("--no-suggest", action="store_true", help="on a refusal, do not measure what would fit")
