@@ -204,43 +204,18 @@ def measure_noise_scale(
         McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training",
         arXiv:1812.06162 (2018), §2.2 and Appendix A.
     """
-    _check_count("k", k)
-    _check_count("max_k", max_k)
-    _check_count("max_tokens", max_tokens, lo=1e-300)
-    _check_count("budget_s", budget_s, lo=0)
-    if rel_se is not None and (isinstance(rel_se, bool) or not isinstance(rel_se, (int, float)) or not 0 < rel_se < 1):
-        raise InputError(f"measure_noise_scale(rel_se={rel_se!r}): give the standard error's share of the estimate, "
-                         "between 0 and 1 (0.035 for two probes within 10%)")
-    if k is not None and int(k) != k:
-        raise InputError(f"measure_noise_scale(k={k!r}): k must be a whole number of micro-batches")
-    limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
-    if k is not None and max_k is not None:
-        limit = min(limit, int(max_k))
+    limit = _limit(k, max_k, max_tokens, budget_s, rel_se)
     sharded = isinstance(grad_fn, ShardedSource)
     if reduce is None and sharded:
         reduce = grad_fn.reduce_sums
     agree_stop = grad_fn.agree_stop if sharded else None  # ranks drawing one sharded gradient stop together
-    stream, sums = MeanStream(reduce=reduce), NoiseSums()
-    micro_tokens: list[int] = []
-    records: list[Draw] = []
-    draws: list[dict[str, Any]] = []
-    skipped, i = 0, 0
+    r = _Reading(MeanStream(reduce=reduce), NoiseSums())
+    i = 0
     start = _clock()
-    est = sums.estimate()
+    r.est = r.sums.estimate()
     stopped = ""
     while not stopped:
-        elapsed = _clock() - start
-        calls = len(micro_tokens) + skipped
-        if len(micro_tokens) >= limit:
-            stopped = "k" if k is not None and (max_k is None or k <= max_k) else "max_k"
-        elif skipped >= limit:  # a source that scores nothing must not run for ever
-            stopped = "max_k"
-        elif max_tokens is not None and stream.tokens >= max_tokens:
-            stopped = "tokens"
-        elif budget_s is not None and calls and elapsed + elapsed / calls > budget_s:
-            stopped = "time"
-        elif budget_s is not None and elapsed >= budget_s:
-            stopped = "time"
+        stopped = r.why_stop(_clock() - start, limit, k, max_k, max_tokens, budget_s)
         if agree_stop is not None and agree_stop(bool(stopped)) and not stopped:
             stopped = "time"  # another rank's clock ran out first (every other stop is the same on each rank)
         if stopped:
@@ -255,43 +230,98 @@ def measure_noise_scale(
         gradient, tokens = _unpack(out, i)
         i += 1
         if tokens == 0:
-            skipped += 1
+            r.skipped += 1
             continue
-        grads = as_tensor_list(gradient, f"grad_fn({i - 1})'s gradient")
+        r.add(gradient, tokens, i - 1)
+        if k is None and len(r.micro_tokens) >= MIN_DRAWS and r.est.settled and _precise(r.est, rel_se):
+            stopped = "settled"
+    seconds = _clock() - start
+    return r.result(stopped, seconds)
+
+
+def _limit(k: int | None, max_k: int | None, max_tokens: float | None, budget_s: float | None,
+           rel_se: float | None) -> int:
+    """The most draws the reading takes, after checking the bounds it was given."""
+    _check_count("k", k)
+    _check_count("max_k", max_k)
+    _check_count("max_tokens", max_tokens, lo=1e-300)
+    _check_count("budget_s", budget_s, lo=0)
+    if rel_se is not None and (isinstance(rel_se, bool) or not isinstance(rel_se, (int, float)) or not 0 < rel_se < 1):
+        raise InputError(f"measure_noise_scale(rel_se={rel_se!r}): give the standard error's share of the estimate, "
+                         "between 0 and 1 (0.035 for two probes within 10%)")
+    if k is not None and int(k) != k:
+        raise InputError(f"measure_noise_scale(k={k!r}): k must be a whole number of micro-batches")
+    limit = int(k) if k is not None else int(max_k if max_k is not None else DEFAULT_MAX_K)
+    if k is not None and max_k is not None:
+        limit = min(limit, int(max_k))
+    return limit
+
+
+@dataclass
+class _Reading:
+    """The draws read so far: the stream and the sums they feed, and what the result reports."""
+
+    stream: MeanStream
+    sums: NoiseSums
+    est: Any = None
+    micro_tokens: list[int] = field(default_factory=list)
+    records: list[Draw] = field(default_factory=list)
+    draws: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+
+    def why_stop(self, elapsed: float, limit: int, k: int | None, max_k: int | None, max_tokens: float | None,
+                 budget_s: float | None) -> str:
+        """Why the reading stops before its next draw ("" where it goes on)."""
+        calls = len(self.micro_tokens) + self.skipped
+        if len(self.micro_tokens) >= limit:
+            return "k" if k is not None and (max_k is None or k <= max_k) else "max_k"
+        if self.skipped >= limit:  # a source that scores nothing must not run for ever
+            return "max_k"
+        if max_tokens is not None and self.stream.tokens >= max_tokens:
+            return "tokens"
+        if budget_s is not None and calls and elapsed + elapsed / calls > budget_s:
+            return "time"
+        if budget_s is not None and elapsed >= budget_s:
+            return "time"
+        return ""
+
+    def add(self, gradient: Any, tokens: int, i: int) -> None:
+        """Draw i's gradient over its ``tokens`` scored tokens into the stream, the sums and the record."""
+        grads = as_tensor_list(gradient, f"grad_fn({i})'s gradient")
         try:
-            record = stream.add(grads, tokens)
-            sums.add(record)
+            record = self.stream.add(grads, tokens)
+            self.sums.add(record)
         except InputError as e:
-            raise InputError(f"micro-batch {i - 1} ({tokens} scored tokens): {e}") from None
-        records.append(record)
-        micro_tokens.append(tokens)
-        est = sums.estimate()
-        draws.append({
-            "k": len(micro_tokens), "tokens": int(stream.tokens),
+            raise InputError(f"micro-batch {i} ({tokens} scored tokens): {e}") from None
+        self.records.append(record)
+        self.micro_tokens.append(tokens)
+        est = self.est = self.sums.estimate()
+        self.draws.append({
+            "k": len(self.micro_tokens), "tokens": int(self.stream.tokens),
             "estimate": est.b_noise_tokens if est.resolved else None, "se": est.se_tokens,
             "g2": est.g2, "s": est.s,
         })
-        if k is None and len(micro_tokens) >= MIN_DRAWS and est.settled and _precise(est, rel_se):
-            stopped = "settled"
-    seconds = _clock() - start
-    b = est.b_noise_tokens
-    return NoiseScale(
-        b_noise_tokens=b,
-        se_tokens=est.se_tokens,
-        confirmed_tokens=None if b is None else min(b, stream.tokens),
-        k=len(micro_tokens),
-        micro_tokens=micro_tokens,
-        resolved=est.resolved,
-        settled=est.settled,
-        lower_bound=est.lower_bound,
-        upper_bound=est.upper_bound,
-        stopped_because=stopped,
-        estimate=est,
-        draws=draws,
-        skipped=skipped,
-        seconds=max(seconds, 0.0),
-        records=records,
-    )
+
+    def result(self, stopped: str, seconds: float) -> NoiseScale:
+        est = self.est
+        b = est.b_noise_tokens
+        return NoiseScale(
+            b_noise_tokens=b,
+            se_tokens=est.se_tokens,
+            confirmed_tokens=None if b is None else min(b, self.stream.tokens),
+            k=len(self.micro_tokens),
+            micro_tokens=self.micro_tokens,
+            resolved=est.resolved,
+            settled=est.settled,
+            lower_bound=est.lower_bound,
+            upper_bound=est.upper_bound,
+            stopped_because=stopped,
+            estimate=est,
+            draws=self.draws,
+            skipped=self.skipped,
+            seconds=max(seconds, 0.0),
+            records=self.records,
+        )
 
 
 def _precise(est: Any, rel_se: float | None) -> bool:
