@@ -133,94 +133,33 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
         WontFit: on every rank, when not even ``start_rows`` rows fit on every rank.
     """
     from leadline.memory.decide import RampSearch, confirmation_lengths
-    from leadline.memory.ramp import RampResult, WontFit, nothing_fits, probe
+    from leadline.memory.ramp import RampResult, WontFit, nothing_fits
     from leadline.memory.readings import memory_for
 
     t0 = time.perf_counter()
     mem = memory_for(step.device)
     search = RampSearch(max_rows=max_rows, start_rows=start_rows)
     mix = confirmation_lengths(length, lengths, mix_steps) if _mix_on(mem) else []
-    rungs: list[Any] = []
-    ranks: list[dict[str, Any]] = [{"rank": r, "rungs": []} for r in range(world.world_size)]
+    ls = _Lockstep(step, world, mem)
     kept: tuple[list[float], list[float], float, float] | None = None
-
-    line = StopLine(world)
-    fitted = [0]  # the most rows that fitted on every rank so far (for the stop's sentence)
-
-    def everywhere(rows: int, n: int, reps: int, phase: str, empty: bool) -> tuple[Any, Any, list[list[float]]]:
-        """One rung on every rank; every rank's outcome, all-gathered. A rank that ran out of
-        memory (or failed) inside the sharded step while another is still inside its
-        collectives stops the job with one sentence on every rank (:mod:`~leadline.distributed.stopline`)."""
-        what = f"the lockstep ramp's step at {rows} rows x {n} tokens"
-        error: Exception | None = None
-        got_rung: Any = None
-        t1 = time.perf_counter()
-        with line.watching():
-            try:
-                got_rung = probe(step, mem, rows, n, reps, phase, empty)
-            except Exception as e:  # agreed below, unless a rank stopped the job
-                stop = line.stopped()
-                if stop is not None:
-                    raise stop from e
-                error = e
-        oom = error is None and got_rung[0].verdict == "oom"
-
-        def sentence(inside: list[int]) -> str:
-            how = "ran out of memory" if oom else f"failed ({type(error).__name__}: {error})"
-            fix = (f"the other ranks' cards held that step: free memory on rank {world.rank}'s card and derive again"
-                   + (f" (the most rows that fitted on every rank so far: {fitted[0]})" if fitted[0] else "")
-                   if oom else "fix that error and derive again")
-            return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or "
-                    "backward "
-                    f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted "
-                    "the job's "
-                    f"process groups (FSDP cannot go on past one rank's failure there); {fix}")
-
-        line.left(error is not None or oom, sentence, oom, wait_s=3.0 * (time.perf_counter() - t1))
-
-        def outcome() -> Any:
-            if error is not None:
-                raise error
-            return got_rung
-
-        rung, timing = agreed(world, outcome, what)
-        rungs.append(rung)
-        got = world.all_gather([float(VERDICTS.index(rung.verdict)), float(rung.peak_bytes or 0), float(rung.retries),
-                                getattr(timing, "t_micro_seconds", 0.0), getattr(timing, "t_step_seconds", 0.0)])
-        for r, g in enumerate(got):
-            ranks[r]["rungs"].append({"rows": rows, "length": n, "phase": phase, "verdict": VERDICTS[int(g[0])],
-                                      "peak_bytes": int(g[1]), "retries": int(g[2])})
-        return rung, timing, got
-
     while (move := search.next()) is not None:
         kind, rows = move
         reps, phase = (1, "search") if kind == "try" else (repeats, "confirm")
-        rung, timing, got = everywhere(rows, length, reps, phase, True)
+        rung, timing, got = ls.everywhere(rows, length, reps, phase, True)
         ok = all(int(g[0]) == 0 for g in got)
         if ok:
-            fitted[0] = max(fitted[0], rows)
+            ls.fitted = max(ls.fitted, rows)
         if ok and kind == "confirm" and mix:
-            # the repeats left a full-length layout in the cache: the mix starts from an emptied
-            # one, as a run does (and as it is after every retry it pays)
-            mem.empty_cache()
-            for n in mix:
-                if any(int(g[0]) != 0 for g in everywhere(rows, n, 1, "mix", False)[2]):
-                    ok = False
-                    break
+            ok = ls.through_mix(rows, mix)
         search.record(kind, rows, ok)
         if ok and kind == "confirm":
-            slow_micro = max(range(world.world_size), key=lambda r: got[r][3])
-            slow_step = max(range(world.world_size), key=lambda r: got[r][4])
-            reps_of = world.gather_object((list(timing.micro_seconds), list(timing.step_seconds)))
-            kept = (reps_of[slow_micro][0], reps_of[slow_step][1], got[slow_micro][3], got[slow_step][4])
-            for r in range(world.world_size):
-                ranks[r].update(t_micro_seconds=got[r][3], t_step_seconds=got[r][4])
+            kept = ls.slowest(timing, got)
         if should_stop is not None and not search.hurried and world.all_max(float(bool(should_stop(rung)))) > 0:
             search.hurry("max_seconds")
     result = RampResult(
         micro_batch=search.kept or 0, length=int(length),
         t_micro_seconds=kept[2] if kept else None, t_step_seconds=kept[3] if kept else None,
-        rungs=rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because, stop=search.stop,
+        rungs=ls.rungs, device=mem.device, rule="lockstep", stopped_because=search.stopped_because, stop=search.stop,
         max_rows=max_rows, lengths_mix=mix[0::2], micro_seconds=kept[0] if kept else [],
         step_seconds=kept[1] if kept else [],
         seconds=time.perf_counter() - t0,
@@ -228,7 +167,90 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
     if result.micro_batch == 0:
         raise WontFit(nothing_fits(result) + f" (on at least one of {world.world_size} ranks, through the sharded "
                                              "model)", result)
-    return result, ranks
+    return result, ls.ranks
+
+
+class _Lockstep:
+    """The lockstep ramp's rungs, each on every rank: the step, the card's memory, the stop line
+    that ends the job when one rank fails inside the sharded step, and what every rank read."""
+
+    def __init__(self, step: Any, world: Any, mem: Any) -> None:
+        self.step, self.world, self.mem = step, world, mem
+        self.rungs: list[Any] = []
+        self.ranks: list[dict[str, Any]] = [{"rank": r, "rungs": []} for r in range(world.world_size)]
+        self.line = StopLine(world)
+        self.fitted = 0  # the most rows that fitted on every rank so far (for the stop's sentence)
+
+    def everywhere(self, rows: int, n: int, reps: int, phase: str, empty: bool) -> tuple[Any, Any, list[list[float]]]:
+        """One rung on every rank; every rank's outcome, all-gathered. A rank that ran out of
+        memory (or failed) inside the sharded step while another is still inside its
+        collectives stops the job with one sentence on every rank (:mod:`~leadline.distributed.stopline`)."""
+        from leadline.memory.ramp import probe
+
+        world = self.world
+        what = f"the lockstep ramp's step at {rows} rows x {n} tokens"
+        error: Exception | None = None
+        got_rung: Any = None
+        t1 = time.perf_counter()
+        with self.line.watching():
+            try:
+                got_rung = probe(self.step, self.mem, rows, n, reps, phase, empty)
+            except Exception as e:  # agreed below, unless a rank stopped the job
+                stop = self.line.stopped()
+                if stop is not None:
+                    raise stop from e
+                error = e
+        oom = error is None and got_rung[0].verdict == "oom"
+        self.line.left(error is not None or oom, lambda inside: self._sentence(what, oom, error, inside), oom,
+                       wait_s=3.0 * (time.perf_counter() - t1))
+
+        def outcome() -> Any:
+            if error is not None:
+                raise error
+            return got_rung
+
+        rung, timing = agreed(world, outcome, what)
+        self.rungs.append(rung)
+        got = world.all_gather([float(VERDICTS.index(rung.verdict)), float(rung.peak_bytes or 0), float(rung.retries),
+                                getattr(timing, "t_micro_seconds", 0.0), getattr(timing, "t_step_seconds", 0.0)])
+        for r, g in enumerate(got):
+            self.ranks[r]["rungs"].append({"rows": rows, "length": n, "phase": phase, "verdict": VERDICTS[int(g[0])],
+                                           "peak_bytes": int(g[1]), "retries": int(g[2])})
+        return rung, timing, got
+
+    def _sentence(self, what: str, oom: bool, error: Exception | None, inside: list[int]) -> str:
+        """The stop line's sentence: which rank failed how, while which stayed inside the collectives."""
+        world = self.world
+        how = "ran out of memory" if oom else f"failed ({type(error).__name__}: {error})"
+        fix = (f"the other ranks' cards held that step: free memory on rank {world.rank}'s card and derive again"
+               + (f" (the most rows that fitted on every rank so far: {self.fitted})" if self.fitted else "")
+               if oom else "fix that error and derive again")
+        return (f"{what} {how} on rank {world.rank} of {world.world_size} inside the sharded model's forward or "
+                "backward "
+                f"while rank(s) {', '.join(map(str, inside))} stayed inside its collectives, so leadline aborted "
+                "the job's "
+                f"process groups (FSDP cannot go on past one rank's failure there); {fix}")
+
+    def through_mix(self, rows: int, mix: Sequence[int]) -> bool:
+        """The confirmed rows through the corpus's length mix, on every rank: True when every rung fits."""
+        # the repeats left a full-length layout in the cache: the mix starts from an emptied
+        # one, as a run does (and as it is after every retry it pays)
+        self.mem.empty_cache()
+        for n in mix:
+            if any(int(g[0]) != 0 for g in self.everywhere(rows, n, 1, "mix", False)[2]):
+                return False
+        return True
+
+    def slowest(self, timing: Any, got: list[list[float]]) -> tuple[list[float], list[float], float, float]:
+        """The slowest rank's timings of a confirmed rung (micro-batch and step apart), each rank's on its record."""
+        world = self.world
+        slow_micro = max(range(world.world_size), key=lambda r: got[r][3])
+        slow_step = max(range(world.world_size), key=lambda r: got[r][4])
+        reps_of = world.gather_object((list(timing.micro_seconds), list(timing.step_seconds)))
+        kept = (reps_of[slow_micro][0], reps_of[slow_step][1], got[slow_micro][3], got[slow_step][4])
+        for r in range(world.world_size):
+            self.ranks[r].update(t_micro_seconds=got[r][3], t_step_seconds=got[r][4])
+        return kept
 
 
 def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[str, Value]:
