@@ -168,18 +168,23 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
     numbers with their kinds, both runs' steps and seconds, and the test losses with the paired
     difference plan - recipe.
     """
-    import torch
-
-    from leadline.cli.train import recipe_micro_batch
-    from leadline.hf import derive_for
-    from leadline.report.html import value_text, write_html
-    from leadline.stats import mean_se, paired_difference
-    from leadline.train import recipe_plan, train_with_plan
-
     train = [shorten(r, cut.description_chars) for r in train[: cut.train_rows or None]]
     test = [shorten(r, cut.description_chars) for r in test[: cut.test_rows or None]]
     out.mkdir(parents=True, exist_ok=True)
     start = [p.detach().clone() for p in _trained(model)]
+    plan, derive_s = _derived(model, tokenizer, train, cut, say=say, progress=progress, model_name=model_name)
+    read_test = _test_reader(model, tokenizer, test, int(plan.seq_len))
+    before = read_test()
+    runs = _train_both(model, tokenizer, train, plan, start, read_test, out, say)
+    numbers, verdict = _say_verdict(plan, runs, before, say)
+    return _write_record(plan, out, cut, derive_s, numbers, runs, verdict, say)
+
+
+def _derived(model: Any, tokenizer: Any, train: list[dict[str, Any]], cut: Cut, *, say: Any, progress: bool | None,
+             model_name: str | None) -> tuple[Any, float]:
+    """The plan derive_for makes on the training rows, and its seconds; refused where it lacks a
+    number the runs need."""
+    from leadline.hf import derive_for
 
     t0 = time.perf_counter()
     plan = derive_for(model, tokenizer, train, effort=cut.effort, max_seconds=cut.max_seconds, progress=progress)
@@ -203,9 +208,18 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
                  else "derive did not measure")
         raise InputError(f"{bound} {', '.join(missing)} on this machine ({derive_s:.0f} s{load}); "
                          "run leadline demo on an idle machine, on a GPU, or with fewer --rows")
+    return plan, derive_s
 
-    read_test = _test_reader(model, tokenizer, test, int(plan.seq_len))
-    before = read_test()
+
+def _train_both(model: Any, tokenizer: Any, train: list[dict[str, Any]], plan: Any, start: list[Any],
+                read_test: Any, out: Path, say: Any) -> dict[str, dict[str, Any]]:
+    """The plan and the default recipe each trained from the same start and read on the test
+    rows; what the plan's run measured (its race, ending, schedule) goes on the plan."""
+    import torch
+
+    from leadline.cli.train import recipe_micro_batch
+    from leadline.train import recipe_plan, train_with_plan
+
     runs: dict[str, dict[str, Any]] = {}
     recipe = recipe_plan(lr=RECIPE["lr"], rows_per_step=RECIPE["rows_per_step"], warmup_ratio=RECIPE["warmup_ratio"],
                          micro_batch=recipe_micro_batch(RECIPE["rows_per_step"],
@@ -230,6 +244,14 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
             _scheduled(plan, res["schedule"])
         steps = f"{res['steps']} step" + ("" if res["steps"] == 1 else "s")
         say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {steps} in {res['seconds']:.0f} s")
+    return runs
+
+
+def _say_verdict(plan: Any, runs: dict[str, dict[str, Any]], before: list[float], say: Any
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The plan's training numbers and the test verdict (plan - recipe, paired), said and returned."""
+    from leadline.report.html import value_text
+    from leadline.stats import mean_se, paired_difference
 
     say(f"  both read each training row once: {_why_steps(plan, runs)}")
     numbers = {n: {"value": plan.get(n), "kind": plan.values[n].kind, "unit": plan.values[n].unit}
@@ -246,6 +268,14 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
         say(f"  {label:<16} {m:.3f} ± {se:.3f}")
     better = "better" if d.mean < 0 else "worse"
     say(f"  plan - recipe    {d.mean:+.3f} ± {d.se:.3f} (paired; the plan is {better}, p = {d.p_two_sided:.2g})")
+    return numbers, verdict
+
+
+def _write_record(plan: Any, out: Path, cut: Cut, derive_s: float, numbers: dict[str, Any],
+                  runs: dict[str, dict[str, Any]], verdict: dict[str, Any], say: Any) -> dict[str, Any]:
+    """plan.json, report.html and demo.json in ``out``; returns the demo's record."""
+    from leadline._io import write_atomic
+    from leadline.report.html import write_html
 
     plan.notes.append(f"demo: {cut.sentence()}; derive took {derive_s:.1f} s")
     plan.to_json(out / "plan.json")
@@ -253,8 +283,6 @@ def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list
     record = {"cut": cut.__dict__, "derive_seconds": derive_s, "numbers": numbers,
               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "test_losses"} for k, v in runs.items()},
               "test": verdict}
-    from leadline._io import write_atomic
-
     write_atomic(out / "demo.json", json.dumps(record, indent=1))
     say(f"wrote {out / 'plan.json'}, {out / 'report.html'} and {out / 'demo.json'}")
     return record
