@@ -1,4 +1,4 @@
-"""The disk sweep: its rules on the seed's table, the refusals, and the bypass on a real file."""
+"""The disk sweep: its rules on a reference table, the refusals, and the bypass on a real file."""
 
 import mmap
 import os

@@ -14,7 +14,7 @@ def _plan():
                                                    {"rows": 8, "peak_bytes": None, "verdict": "oom", "seconds": 0.2}]},
                                seconds=0.3))
     p.set("lr", Value(1.2345678901234567e-4, "derived", "1.3 x alpha1 from the look-ahead", unit="per step"))
-    p.set("divisor", Value(320, "constant", "seed E5: rewrite/320 for weights, one 135M at 60 steps"))
+    p.set("divisor", Value(320, "constant", "rewrite/320 for weights, one 135M at 60 steps"))
     p.set("betas", Value((0.9, 0.999), "given", "the optimizer's own"))
     p.held_out = {"train": [0, 2], "held_out": [1], "test": []}
     p.notes.append("max_seconds cut the look-ahead")

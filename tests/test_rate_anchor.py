@@ -56,7 +56,7 @@ def test_the_anchor_divides_by_the_constant_and_never_rises_above_it():
     with pytest.raises(InputError, match="trained_as"):
         anchor_from_scale(rs, "adapter")
     values = factors.as_values()
-    assert values["rate_divisor"].kind == "constant" and "the seed's LoRA r32 runs" in values["rate_divisor"].source
+    assert values["rate_divisor"].kind == "constant" and "LoRA r32 runs on SmolLM2-135M" in values["rate_divisor"].source
     assert values["lr_anchor"].kind == "constant" and "constant divisor" in values["lr_anchor"].source
     assert values["rewrite_scale"].kind == "derived"
     plan = Plan(values=values)

@@ -35,9 +35,9 @@ from leadline.plan import Value
 
 DIVISORS: dict[str, int] = {"factors": 32, "weights": 320}
 DIVISOR_SOURCES: dict[str, str] = {
-    "factors": "the seed's LoRA r32 runs on SmolLM2-135M (docs/rate.md): rewrite/2 destroyed the model, "
+    "factors": "LoRA r32 runs on SmolLM2-135M (docs/rate.md): rewrite/2 destroyed the model, "
                "rewrite/32 (1.41e-4) was the first scale that learned, a hand-tuned run at 2e-4 sat near rewrite/45",
-    "weights": "the seed's full fine-tunes of SmolLM2-135M on MetaMathQA, 60 steps (docs/rate.md): rewrite/320 "
+    "weights": "full fine-tunes of SmolLM2-135M on MetaMathQA, 60 steps (docs/rate.md): rewrite/320 "
                "reached CE 0.568 from 0.793, best of /32 0.733, /1483 0.605, /3200 0.639",
 }
 
@@ -48,7 +48,7 @@ LORA_ZERO_B = (
 )
 LORA_NONZERO_B = (
     "LoRA's B does not start at zero (a PiSSA/OLoRA/LoftQ/gaussian-style init): the scale comes "
-    "from the factors as initialized, which the seed's divisor was not measured on"
+    "from the factors as initialized, which the divisor was not measured on"
 )
 
 

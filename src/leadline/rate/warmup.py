@@ -107,7 +107,7 @@ def _not_raced_source(b1: float, to: str, race: Mapping[str, Any] | None) -> str
     return (f"none: {why}; by the paired runs measured elsewhere a warmup from alpha1 over round(1/(1 - beta1)) = "
             f"{warmup_steps_for(b1)} steps lost to the same rate run constant in every one at the run's length "
             "(a 90-step full fine-tune on the card: +0.016 to +0.025 held-out CE, 5 of 5) and never measured better "
-            f"(the seed's 256-step run: -0.0001; its LoRA r32 run: -0.0001 ± 0.0003; docs/rate.md): the run starts at "
+            f"(a 256-step run: -0.0001; a LoRA r32 run: -0.0001 ± 0.0003; docs/rate.md): the run starts at "
             f"{to}")
 
 
@@ -159,7 +159,7 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
         "weight_decay": Value(
             0.0, "constant",
             "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero "
-            "(the seed's runs: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086; docs/rate.md), one that does not act "
+            "(measured: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086; docs/rate.md), one that does not act "
             "is 0",
             evidence={"measurements": "docs/rate.md, Warmup and weight decay", "decay_1_over_lr_steps_delta_ce": 2.96,
                       "decay_10x_weaker_delta_ce": 0.0086},
