@@ -1,4 +1,4 @@
-"""The reference run: a plan trained as the seed prescribes — the plan's batch and rate, the
+"""The reference run: a plan trained as derive prescribes — the plan's batch and rate, the
 LookaheadSchedule checking every horizon on held-out rows, the spill cap on a CUDA card — and
 the verdict on the test rows no decision used.
 

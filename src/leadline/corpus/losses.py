@@ -65,7 +65,7 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
 
     Runs in eval mode under ``torch.no_grad()`` and puts ``model.training`` back as it was,
     on every exit path. Rows go through sorted by length so that little padding is added
-    (padding moves a row's numbers at ~1e-5, as the seed measured), in forwards of ``micro_batch`` rows, or
+    (padding moves a row's numbers at ~1e-5), in forwards of ``micro_batch`` rows, or
     (default) of as many rows as keep the padded tokens within ``max_tokens``; a forward that
     runs out of memory is split in two and read again. The logits are computed only at the
     positions some row of the forward scores (``logits_to_keep``, where the model takes it).

@@ -1,7 +1,7 @@
 """The LoRA rank the memory holds at the plan's shape, for a PEFT model (``derive_for(fit_rank=True)``,
 ``leadline derive --fit-rank``).
 
-The seed: "the rank is what the memory holds". After derive() has the plan's micro-batch and
+The rank is what the memory holds. After derive() has the plan's micro-batch and
 length, :func:`rank_fit_for` bisects over LoRA ranks with :func:`~leadline.memory.rank.rank_to_fit`:
 each rank is a probe adapter added beside the model's own (same target modules and options, rank
 r), made the active one, measured by a real training step of micro_batch x seq_len

@@ -1,6 +1,6 @@
 """The rank the memory holds: the largest LoRA rank whose real training step fits.
 
-The seed: "the rank is what the memory holds" — ``signal_rank`` (the rank the gradient's
+The rank is what the memory holds: ``signal_rank`` (the rank the gradient's
 signal needs) is not the rank to train at; this bisects over the ranks a caller can build and
 runs each one's real step through :func:`~leadline.memory.fit.measure_fit`.
 """

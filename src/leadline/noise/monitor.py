@@ -29,7 +29,7 @@ loss whatever grad_accum is — the published monitor read the scaled increment,
 
 :class:`Controller` (opt-in) moves grad_accum toward B* and sets the rate to
 anchor × min(1, sqrt(B/B_noise)) (Malladi et al., 2022). On a real model it lost to the
-fixed plan (in the seed, SmolLM2-135M); it stays opt-in.
+fixed plan (SmolLM2-135M, docs/noise.md); it stays opt-in.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The noise scale read again past the answer's format.
 
 At step 0 every row agrees on the answer's format — the end token, the label's leading space —
-and the first gradients all point that way: |G|² is large and B_noise small. The seed measured
+and the first gradients all point that way: |G|² is large and B_noise small. It has read
 1 token on a True/False task and 2 on AG News, and a batch sized from that (5 rows) is right
 only until the format is learned. On debian_sections with SmolLM2-135M LoRA r16 the probe read
 3.3 tokens at step 0 and 7.8 to 37 tokens after 16 steps of 8 rows at 2e-4

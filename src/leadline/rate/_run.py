@@ -77,7 +77,7 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
 
     The decayed ending is kept unless the constant one's per-row held-out losses are lower by a
     one-sided paired t test at ``alpha`` (one look), or the decayed ones are not finite; then the
-    constant ending is put back bit-exactly. The decay is the null: it is the ending the seed
+    constant ending is put back bit-exactly. The decay is the null: it is the ending
     measured helping (``docs/rate.md``). On an exception the constant ending is put back and
     the error re-raised.
     Returns the evidence and the kept ending's per-row losses.

@@ -8,7 +8,7 @@ lr * sqrt(numel W) reaches ||W||_F, so its **rewrite scale** is
 
 and the model's is the smallest over the trained tensors — the **binding** tensor, the first
 one a too-large rate rewrites. Tensors that are all zero (classic LoRA's B) have no size and
-are skipped. The anchor divides it by a divisor measured once in the seed (SmolLM2-135M):
+are skipped. The anchor divides it by a divisor measured once on SmolLM2-135M (docs/rate.md):
 
     /32   trained as factors (LoRA/PiSSA): rewrite/32 was the first scale that learned
     /320  trained as weights (full fine-tune, grown neurons, a new head): best of four

@@ -30,8 +30,8 @@ length, or when the next horizon would pass the step budget
 every rate, the best and its two neighbours go on alone). The answer is the last
 estimate; when the look-ahead stopped short of the run's length on a falling trend that had not
 settled, that estimate carried to the run's length, lr * (T/n)^s, bounded to 8x either way.
-A settled estimate is the answer as read (the seed: "until the best rate stops depending on
-n"), and a rising trend is not carried: a longer horizon favours a lower rate, and a rise past
+A settled estimate is the answer as read (the search runs until the best rate stops depending
+on n), and a rising trend is not carried: a longer horizon favours a lower rate, and a rise past
 the warmup is the low rates catching up, not a trend to extrapolate. Never above a rate found
 unstable or diverged.
 

@@ -24,7 +24,7 @@ Used inside the caller's loop::
   ``keep_checks - 1`` best checks.
 - At T - 2h a copy; ``finish()`` reruns those 2h steps from the copy with the rate falling
   linearly to zero and keeps that ending unless the constant one's held-out loss is lower by a
-  one-sided paired t test (the decay is the null: the seed measured it helping, -0.0084 +- 0.0019
+  one-sided paired t test (the decay is the null: it measured helping, -0.0084 +- 0.0019
   for a 256-step full fine-tune); then a final
   check against the best check, which is put back if the ending is significantly worse.
 

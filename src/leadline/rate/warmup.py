@@ -10,7 +10,7 @@
   warm.
 - Ending: the rate falls linearly to zero over the last 2h steps (LookaheadSchedule races it
   against the constant ending and keeps the better by a test).
-- Weight decay: 0, by the argument the seed measured: a decay that acts within the run
+- Weight decay: 0, by a measured argument (docs/rate.md): a decay that acts within the run
   pulls fine-tuned weights toward zero, and one that does not act is 0.
 """
 
