@@ -253,7 +253,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     with no_trace(params, opt, place=place) as origin:
         ratios = group_ratios(opt)
         base = read_held_out(held_out_losses_per_row)
-        run = _Run(params, opt, train_step, held_out_losses_per_row, origin, ratios, len(base), place, base)
+        run = RunPieces(params, opt, train_step, held_out_losses_per_row, origin, ratios, len(base), place, base)
         for look, n in enumerate(s.horizons, 1):
             try:
                 if _horizon(s, run, look, n):
@@ -290,10 +290,12 @@ def _first_horizon(first: int, n_rates: int, total_steps: int, budget: int) -> t
     return first, short
 
 
-@dataclass(frozen=True)
-class _Run:
-    """What every candidate's run uses: the weights, the optimizer, the step, the reader, the
-    origin snapshot and the held-out rows' losses at the origin."""
+@dataclass
+class RunPieces:
+    """What every candidate run from one origin uses (the look-ahead's and the race's): the
+    weights, the optimizer, the step, the held-out reader, the origin snapshot, the parameter
+    groups' ratios, and the held-out rows' losses at the origin (``base``, ``rows`` of them) on
+    ``place``."""
 
     params: Any
     opt: Any
@@ -353,7 +355,7 @@ class _Search:
         return True
 
 
-def _horizon(s: _Search, run: _Run, look: int, n: int) -> bool:
+def _horizon(s: _Search, run: RunPieces, look: int, n: int) -> bool:
     """One horizon: the affordable candidates run to n steps and are read, the worse dropped, the
     best estimated, the edges extended. True when the look-ahead stops here (``s.stop`` says why)."""
     alive, cost = _affordable(s, n)
@@ -392,7 +394,7 @@ def _affordable(s: _Search, n: int) -> tuple[list[Any], int]:
     return alive, cost
 
 
-def _advance(s: _Search, run: _Run, alive: list[Any], look: int, n: int) -> None:
+def _advance(s: _Search, run: RunPieces, alive: list[Any], look: int, n: int) -> None:
     """Each candidate continued to n steps; one whose loss rose significantly since its previous
     reading is out with every higher rate (unstable)."""
     for c in alive:

@@ -31,6 +31,7 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.plan import Value
 from leadline.rate.compare import compare, mean_or_inf, prune
+from leadline.rate.lookahead import RunPieces
 from leadline.rate.warmup import warmup_lr, warmup_steps_for
 
 
@@ -154,19 +155,10 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
 
 
 @dataclass
-class _Race:
-    """The race's pieces (the weights, optimizer, step, reader, origin snapshot and the held-out
-    rows' losses there) and the state it carries from round to round."""
+class _Race(RunPieces):
+    """The race's pieces (:class:`~leadline.rate.lookahead.RunPieces`) and the state it carries from
+    round to round."""
 
-    params: Any
-    opt: Any
-    train_step: Callable[[int], Any]
-    held_out: Callable[[], Sequence[float]]
-    origin: Any
-    ratios: Any
-    rows: int
-    place: str
-    base: Any
     alpha: float
     cands: list[Any]
     points: list[int]
@@ -206,7 +198,7 @@ def _advance(s: _Race, alive: list[Any], look: int, b: int) -> tuple[list[Any], 
     for c in alive:
         s.used += b - c.done
         prev = max(c.readings, default=0)
-        c.advance(b, s.params, s.opt, s.train_step, s.held_out, s.origin, s.ratios, s.rows, s.place)
+        c.advance(b, s.params, s.opt, s.train_step, s.held, s.origin, s.ratios, s.rows, s.place)
         s.snaps = c.snapshot.evidence() if c.snapshot is not None else s.snaps
         if c.status == "running" and compare(c.readings[b], c.readings.get(prev, s.base), alpha=s.alpha, look=look,
                                              max_looks=len(s.points)).worse:
@@ -264,7 +256,7 @@ def _run_winner(s: _Race, win: Any, total_steps: int, h: int) -> dict[str, Any]:
     copy = Snapshot.take(s.params, s.opt, place=s.place)
     run_steps(s.opt, s.train_step, copy_at, total_steps, win.lr_at, s.ratios)
     s.used += total_steps - win.done + 2 * h
-    ending, _ = race_ending(s.params, s.opt, s.train_step, s.held_out, copy, win.lr_at(copy_at), copy_at, total_steps,
+    ending, _ = race_ending(s.params, s.opt, s.train_step, s.held, copy, win.lr_at(copy_at), copy_at, total_steps,
                             s.ratios, s.rows, alpha=s.alpha, place=s.place)
     ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
                      + ("kept: the constant ending was not better by a one-sided paired t test"
