@@ -286,4 +286,3 @@ def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, plac
         restore()
     else:
         opt.zero_grad(set_to_none=True)
-
