@@ -763,11 +763,24 @@ def table_of(data: dict[str, Any], path: Path) -> str:
                  + (f", resumed in {len(invocations) - 1} more calls" if len(invocations) > 1 else "")
                  + "; the same command again resumes where it stopped.")
     if model.endswith(".gguf"):
-        lines.append("- Every arm's processes load the model from its GGUF file (about 33 s a process on this machine, "
-                     "counted in every arm's seconds: leadline's two processes pay it twice).")
+        load = load_seconds(data)
+        lines.append("- Every arm's processes load the model from its GGUF file"
+                     + (f" ({load:.0f} s in leadline derive's own note)" if load is not None else "")
+                     + ", counted in every arm's seconds: leadline's two processes pay it twice.")
     lines += [f"- {line}" for line in bar_of(data, arms)]
     lines.append("")
     return "\n".join(lines)
+
+
+def load_seconds(data: dict[str, Any]) -> float | None:
+    """The model's load as leadline derive printed it ("loading the model and tokenizer before it
+    N s"), from the first leadline arm that recorded its output."""
+    for name in ("leadline_quick", "leadline_full"):
+        tail = ((data["units"].get(name) or {}).get("derive") or {}).get("output_tail", "")
+        m = re.search(r"loading the model and tokenizer before it ([\d.]+) s", tail)
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def _arg(command: str, flag: str) -> str | None:

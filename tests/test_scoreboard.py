@@ -212,3 +212,11 @@ def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_
     row = next(line for line in text.splitlines() if line.startswith("| t (accuracy)"))
     assert "| 0.500 | – |" in row  # the recipe's accuracy, the sweep not run
     assert "| win / – | 3.0x | `scoreboard_t.json` |" in row
+
+
+def test_the_model_load_is_read_from_derives_own_note(sb):
+    board = _board(sb, [])
+    assert sb.load_seconds(board) is None
+    board["units"]["leadline_quick"] = {"derive": {"output_tail": "note: derive took 41.7 s; loading the model and "
+                                                                  "tokenizer before it 41.6 s\n"}}
+    assert sb.load_seconds(board) == 41.6
