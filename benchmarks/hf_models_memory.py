@@ -116,7 +116,11 @@ def build(shape: str, base: str, seq: int, device: str, work: Path, checkpointin
     else:
         model = _init(LlamaForCausalLM, cfg, device)
         if checkpointing:
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.enable_input_require_grads()
     return _lora(model, get_peft_model, LoraConfig)
 
@@ -235,16 +239,21 @@ def truth(task: Any, b_ramp: int, seq: int, n: int, max_rows: int) -> dict[str, 
     return {"b_true": lo, "tried": [tried[k] for k in sorted(tried)]}
 
 
-def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, tok: Any) -> dict[str, Any]:
+def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, tok: Any, case: dict[str, Any],
+             save: Any) -> dict[str, Any]:
+    """One case, filled into ``case`` stage by stage, ``save()`` after each: a call cut by its time
+    limit keeps the stages it finished."""
     import torch
 
     from leadline.hf import derive_for, prepare
     from leadline.memory import TrainingStep, ramp
 
-    case: dict[str, Any] = {"shape": shape, "base": base, "card_gb": card_gb or "whole", "seq": args.seq}
+    case.update({"shape": shape, "base": base, "card_gb": card_gb or "whole", "seq": args.seq})
     t0 = time.perf_counter()
+    log(shape, base, card_gb, "building the model")
     model = build(shape, base, args.seq, args.device, Path(args.work), not args.no_checkpointing)
     case["load_seconds"] = time.perf_counter() - t0
+    log(shape, base, card_gb, "built", f"{case['load_seconds']:.1f} s; deriving")
     rows = rows_of(args.seq, args.rows, min(len(tok), SHAPES[shape]["vocab_size"]))
     child, case["holder"] = hold(card_gb)
     try:
@@ -261,6 +270,7 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
         memory_s = sum(p.seconds for p in plan.phases if p.phase == "memory")
         case["derive"]["memory_share"] = memory_s / plan.derive_seconds if plan.derive_seconds else None
         log(shape, base, card_gb, "derive", f"{plan.derive_seconds:.1f} s", f"rows_fit {plan.get('rows_fit')}")
+        save()
         task, _ = prepare(model, tok, rows, seq_len=args.seq)
         res = ramp(TrainingStep(task.loss_of, task.optimizer), args.seq,
                    lengths=[len(task.rows[i].input_ids) for i in task.order[:64]], max_rows=args.max_rows)
@@ -268,11 +278,13 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
         case["ramp"] = {"micro_batch": b, "seconds": res.seconds, "rungs": [r.as_dict() for r in res.rungs],
                         "stopped_because": res.stopped_because}
         log(shape, base, card_gb, "ramp", f"b={b}")
+        save()
         if task.device.type == "cuda":
             case["truth"] = truth(task, b, args.seq, args.truth_steps, args.max_rows)
             bt = case["truth"]["b_true"]
             case["R1"] = "PASS" if bt - 1 <= b <= bt else "FAIL"
             log(shape, base, card_gb, "truth", f"b_true={bt}", case["R1"])
+            save()
         else:
             case["R1"] = "not judged off CUDA (the CPU ramp reads throughput, not memory)"
         mix = [max(len(task.rows[i].input_ids) for i in random.Random(s).sample(task.order, min(b, len(task.order))))
@@ -326,14 +338,19 @@ def main(argv: list[str] | None = None) -> int:
     for shape in args.shapes.split(","):
         for base in args.bases.split(","):
             for card in (float(c) for c in args.cards.split(",")):
-                try:
-                    case = run_case(shape, base, card, args, tok)
-                except Exception as e:  # recorded, never hidden: an InputError is leadline's one sentence
-                    case = {"shape": shape, "base": base, "card_gb": card or "whole",
-                            "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-                    log(shape, base, card, "ERROR", case["error"])
+                case: dict[str, Any] = {}
                 report["cases"].append(case)
-                write_atomic(out, json.dumps(report, indent=1, default=str))
+
+                def save() -> None:
+                    write_atomic(out, json.dumps(report, indent=1, default=str))
+
+                try:
+                    run_case(shape, base, card, args, tok, case, save)
+                except Exception as e:  # recorded, never hidden: an InputError is leadline's one sentence
+                    case.update({"shape": shape, "base": base, "card_gb": card or "whole",
+                                 "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]})
+                    log(shape, base, card, "ERROR", case["error"])
+                save()
     verdicts = [c.get(k) for c in report["cases"] for k in ("R1", "R2") if c.get(k) in ("PASS", "FAIL")]
     report["summary"] = {"pass": verdicts.count("PASS"), "fail": verdicts.count("FAIL"),
                          "errors": sum(1 for c in report["cases"] if "error" in c)}

@@ -258,9 +258,12 @@ def _machine() -> dict[str, Any]:
 # ---- the judge ----------------------------------------------------------------------------
 class Judge:
     """The test verdict of an adapter: the base model loaded once, each adapter put on and taken
-    off in turn."""
+    off in turn. Between verdicts the model waits in host memory and the allocator's cache is
+    emptied, so the arms' own processes find the card as the run left it (on a card held to
+    ``card_gb``, this process's memory would count against their room). ``token_budget``: the most
+    tokens a scoring pass holds logits for (None: 64 rows a pass, the uncapped card's setting)."""
 
-    def __init__(self, model_path: str, task: dict[str, Any], em_rows: int) -> None:
+    def __init__(self, model_path: str, task: dict[str, Any], em_rows: int, token_budget: int | None = None) -> None:
         from leadline.hf import load_model, load_tokenizer
 
         self.task = task
@@ -269,10 +272,13 @@ class Judge:
         import torch
 
         self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.base.to(self.dev)
         self.em_rows = em_rows
+        self.token_budget = token_budget
 
     def verdict(self, adapter: Path | None) -> dict[str, Any]:
+        import torch
+
+        self.base.to(self.dev)
         model = self.base
         if adapter is not None:
             from peft import PeftModel
@@ -285,6 +291,10 @@ class Judge:
         finally:
             if adapter is not None:
                 self.base = model.unload()
+            del model
+            self.base.to("cpu")
+            if self.dev.type == "cuda":
+                torch.cuda.empty_cache()
 
     def _seq_scores(self, model: Any, seqs: list[tuple[list[int], int]], batch: int = 64) -> list[tuple[float, int]]:
         """(summed log-prob, scored tokens) of each sequence's tail after its prompt."""
@@ -294,8 +304,13 @@ class Judge:
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
         model.eval()
         with torch.no_grad():
-            for i in range(0, len(seqs), batch):
-                chunk = seqs[i:i + batch]
+            i = 0
+            while i < len(seqs):
+                rows = batch
+                if self.token_budget is not None:  # the longest row sets a pass's padded length
+                    rows = max(1, min(batch, self.token_budget // max(len(s) for s, _ in seqs[i:i + batch])))
+                chunk = seqs[i:i + rows]
+                i += rows
                 n = max(len(s) for s, _ in chunk)
                 ids = torch.full((len(chunk), n), pad, dtype=torch.long)
                 mask = torch.zeros((len(chunk), n), dtype=torch.long)
@@ -950,7 +965,7 @@ def main(argv: list[str] | None = None) -> int:
         board.data["gold"] = [r["label"] for r in task["test"]]
     drop_units(board.data, args.rerun)
     board.save()
-    judge = Judge(args.model, task, args.em_rows)
+    judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)
     arms.untrained()
     holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card

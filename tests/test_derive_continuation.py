@@ -64,7 +64,7 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived)
     tok, plan, state = derived
     n = state.steps
     assert 0 < n < T and plan.get("lookahead_state_steps") == n
-    assert state.lr == pytest.approx(plan.lr, rel=0.42)  # within half a grid step of the plan's rate
+    assert state.lr == plan.lr  # the branch ran at the plan's own rate: only such a branch is kept
 
     model = _lora(tok)
     res = train_with_plan(model, tok, DATA_FILE, plan, state=state.path)
@@ -102,9 +102,22 @@ def test_a_run_that_cannot_continue_starts_over_and_says_why(derived):
     short = train_with_plan(_lora(tok), tok, DATA_FILE, plan, state=state.path, total_steps=state.steps)
     assert short["continued"]["from_step"] == 0 and "not fewer than the run's" in short["continued"]["why"]
     moved = Plan.from_dict(plan.to_dict())
-    moved.set("lr", Value(4 * state.lr, "given", "the test's: two grid steps above the branch's rate"))
-    far = train_with_plan(_lora(tok), tok, DATA_FILE, moved, state=state.path, total_steps=4)
-    assert far["continued"]["from_step"] == 0 and "half a grid step" in far["continued"]["why"]
+    moved.set("lr", Value(0.77 * state.lr, "given", "the test's: a rate refined between the grid's, within half a "
+                          "grid step of the branch's"))
+    near = train_with_plan(_lora(tok), tok, DATA_FILE, moved, state=state.path, total_steps=4)
+    assert near["continued"]["from_step"] == 0 and "is not the branch's" in near["continued"]["why"]
+
+
+def test_derive_keeps_no_branch_that_ran_at_another_rate_than_the_plans():
+    from types import SimpleNamespace
+
+    from leadline.derive.phases import keep_branch
+    from leadline.plan import Plan
+
+    plan = Plan()
+    la = SimpleNamespace(branch=SimpleNamespace(lr=2.76e-3, steps=20))
+    kept = keep_branch(SimpleNamespace(path=None), la, [], plan, 2.13e-3, 28)
+    assert kept.value == 0 and "is not the branch's 0.00276" in kept.evidence["why"]
 
 
 def test_a_state_that_is_not_one_is_one_sentence(tmp_path):

@@ -105,8 +105,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
     ``state``: the folder ``leadline derive`` kept beside the plan (:mod:`leadline.derive.state`):
     the look-ahead's winning branch. Where it is valid for this run (the same data, seed, length,
-    rows a step and trained tensors at step 0, the plan's rate within half a grid step of the
-    branch's, steps left before the raced ending) the run continues from its step n — its n steps
+    rows a step and trained tensors at step 0, the plan's rate the branch's own, steps left
+    before the raced ending) the run continues from its step n — its n steps
     counted against the run's length — and is the run that took those n steps itself, bit for bit;
     otherwise it starts over and ``result["continued"]["why"]`` says why.
     """

@@ -393,16 +393,15 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
 
 def keep_branch(keeper: Any, la: Any, params: list[Any], plan: Plan, lr: float, rows_per_step: int) -> Value:
     """Save the look-ahead's winning branch for the run to continue from (:mod:`leadline.derive.state`),
-    where it is one: a branch whose rate is within half a grid step of the plan's ``lr``."""
-    from leadline.derive.state import save_branch
-    from leadline.rate.warmup import within_half_grid_step
+    where it is one: a branch that ran at the plan's own ``lr``."""
+    from leadline.derive.state import other_rate, save_branch
 
     b = la.branch
     why = None
     if b is None:
         why = "no candidate's run was whole at the look-ahead's last horizon"
-    elif not within_half_grid_step(b.lr, lr):
-        why = f"the plan's rate {lr:.3g} is more than half a grid step from the best candidate's {b.lr:.3g}"
+    elif other_rate(b.lr, lr):
+        why = other_rate(b.lr, lr)
     elif b.steps >= int(plan.get("total_steps") or 0):
         why = f"the look-ahead ran the whole run ({b.steps} steps): its ending was not raced"
     if why is not None:
