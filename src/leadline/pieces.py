@@ -107,6 +107,22 @@ class HasOptimizer(Protocol):
     optimizer: Any
 
 
+@runtime_checkable
+class ModelStep(Protocol):
+    """A training step that exposes the model it runs (an ``nn.Module``): the fit's estimate of
+    a step's bytes reads the model's shapes."""
+
+    model: Any
+
+
+@runtime_checkable
+class ClosableStep(Protocol):
+    """A training step that holds memory to give back (a model built for one rank): ``close()``
+    frees it."""
+
+    def close(self) -> None: ...
+
+
 def optimizer_of(step_fn: Any) -> Any:
     """The optimizer a training step owns, None where it owns none."""
     return step_fn.optimizer if isinstance(step_fn, HasOptimizer) else None

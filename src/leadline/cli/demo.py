@@ -192,9 +192,9 @@ def _derived(model: Any, tokenizer: Any, train: list[dict[str, Any]], cut: Cut, 
     if model_name:
         plan.model["name"] = model_name
     say(f"derive: {derive_s:.0f} s" + (f" (bounded at {cut.max_seconds:g} s)" if cut.max_seconds else ""))
-    for note in plan.notes:
-        if "max_seconds" in note:
-            say(f"  cut: {note}")
+    for skipped in plan.skipped:
+        if skipped.out_of_time:
+            say(f"  cut: {skipped.sentence()}")
     if "race_rates" not in plan and "lookahead_horizon_steps" not in plan and cut.effort == "quick":
         _race_grid(plan, say)
     missing = [n for n in ("micro_batch", "total_steps") if plan.get(n) is None]

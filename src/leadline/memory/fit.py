@@ -26,7 +26,7 @@ from leadline.errors import InputError
 from leadline.memory.decide import confirmation_lengths, largest_passing, length_candidates
 from leadline.memory.ramp import Rung, probe
 from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
-from leadline.pieces import device_of
+from leadline.pieces import ModelStep, device_of
 from leadline.plan import Value
 
 FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")
@@ -240,7 +240,7 @@ def measure_fit(
         raise InputError(f"measure_fit needs rows >= 1 and length >= 1, got rows={rows}, length={length}")
     mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
     repeats = max(2, int(repeats))
-    if estimate is None and getattr(step, "model", None) is not None:
+    if estimate is None and isinstance(step, ModelStep) and step.model is not None:
         model = step.model
         estimate = lambda r, n: estimate_step_bytes(model, r, n)  # noqa: E731
     t0 = time.perf_counter()

@@ -17,7 +17,7 @@ from leadline.errors import InputError
 from leadline.memory.decide import largest_passing
 from leadline.memory.fit import _shape, measure_fit
 from leadline.memory.readings import DeviceMemory, memory_for
-from leadline.pieces import device_of
+from leadline.pieces import ClosableStep, device_of
 from leadline.plan import Value
 
 
@@ -72,9 +72,8 @@ def rank_to_fit(
             device = mem.device
             res = measure_fit(step, rows, length, memory=mem, suggest=False)
         finally:
-            close = getattr(step, "close", None)
-            if callable(close):
-                close()
+            if isinstance(step, ClosableStep):
+                step.close()
             del step
             gc.collect()
         tried.append({"rank": r, "verdict": res.verdict, "peak_bytes": res.peak_bytes, "seconds": res.seconds})
