@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     Path(args.work).mkdir(parents=True, exist_ok=True)
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"benchmark": "hf_models_memory", "command": sys.argv, "args": vars(args),
                               "machine": {"platform": platform.platform(), "torch": torch.__version__,
                                           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available()
