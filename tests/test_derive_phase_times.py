@@ -48,6 +48,28 @@ def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
     assert plan["lr"].source.startswith("the anchor") and "lr" not in by["rate"].changed
 
 
+def test_each_phase_says_how_much_of_it_was_steps_and_held_out_reads(clock):  # noqa: F811
+    from leadline.derive import derive
+
+    pieces = _pieces(clock)
+    reads = {"n": 0}
+    inner = pieces["held_out_losses"]
+
+    def held_out_losses():
+        reads["n"] += 1
+        return inner()
+
+    plan = derive(**{**pieces, "held_out_losses": held_out_losses}, total_steps=40, effort="full")
+    by = {p.phase: p for p in plan.phases}
+    assert sum(p.reads for p in plan.phases) == reads["n"] > 0
+    assert by["first_step"].reads > 0 and by["rate"].reads > 0 and by["noise"].reads == 0
+    for p in plan.phases:  # the parts fit inside the phase, and steps take time on this clock
+        assert p.step_seconds + p.read_seconds <= p.seconds + 1e-9, p
+        assert (p.step_seconds > 0) == (p.steps > 0), p
+    assert "held-out reads" in by["rate"].row() and "held-out reads" in plan.phase_table()
+    assert Plan.from_json(plan.to_json()).phases == plan.phases
+
+
 def test_a_cut_phase_keeps_its_seconds_and_the_table_still_adds_up(clock):  # noqa: F811
     from leadline.derive import derive
 

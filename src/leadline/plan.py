@@ -189,10 +189,16 @@ class PhaseTime:
             it, where the rate before it is the one the plan would fall back to; empty for a phase
             whose answer moved none (one that only feeds a later phase, or that confirmed it).
         status: what became of it, one of :data:`PhaseStatus`.
+        step_seconds: the seconds of those steps.
+        reads / read_seconds: the held-out reads it made (each a forward over the held-out rows)
+            and their seconds; what is left of ``seconds`` is the rest (the ramp's rungs, the
+            noise probe's draws, copies and the bookkeeping).
 
     Examples:
         >>> PhaseTime("past_format", 12.5, 61, ()).row()
         'past_format    12.5 s      61 steps  changed nothing'
+        >>> PhaseTime("rate", 28.6, 80, ("lr",), step_seconds=20.1, reads=45, read_seconds=7.9).row()
+        'rate           28.6 s      80 steps  changed lr  (steps 20.1 s, 45 held-out reads 7.9 s, the rest 0.6 s)'
     """
 
     phase: str
@@ -200,22 +206,32 @@ class PhaseTime:
     steps: int = 0
     changed: tuple[str, ...] = ()
     status: PhaseStatus = "done"
+    step_seconds: float = 0.0
+    reads: int = 0
+    read_seconds: float = 0.0
 
     def row(self) -> str:
         """The phase's line in :meth:`Plan.phase_table`."""
         what = f"changed {', '.join(self.changed)}" if self.changed else "changed nothing"
         if self.status != "done":
             what += f" ({self.status.replace('_', ' ')})"
-        return f"{self.phase:<12} {self.seconds:6.1f} s  {self.steps:6d} steps  {what}"
+        line = f"{self.phase:<12} {self.seconds:6.1f} s  {self.steps:6d} steps  {what}"
+        if self.step_seconds or self.reads:  # a plan written without the breakdown shows none
+            rest = max(0.0, self.seconds - self.step_seconds - self.read_seconds)
+            line += (f"  (steps {self.step_seconds:.1f} s, {self.reads} held-out reads {self.read_seconds:.1f} s, "
+                     f"the rest {rest:.1f} s)")
+        return line
 
     def to_dict(self) -> dict[str, Any]:
         return {"phase": self.phase, "seconds": self.seconds, "steps": self.steps, "changed": list(self.changed),
-                "status": self.status}
+                "status": self.status, "step_seconds": self.step_seconds, "reads": self.reads,
+                "read_seconds": self.read_seconds}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PhaseTime:
         return cls(str(d["phase"]), float(d.get("seconds") or 0.0), int(d.get("steps") or 0),
-                   tuple(d.get("changed") or ()), d.get("status", "done"))
+                   tuple(d.get("changed") or ()), d.get("status", "done"), float(d.get("step_seconds") or 0.0),
+                   int(d.get("reads") or 0), float(d.get("read_seconds") or 0.0))
 
 
 TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps")
@@ -313,9 +329,11 @@ class Plan:
         rows = [p.row() for p in self.phases]
         inside = sum(p.seconds for p in self.phases)
         steps = sum(p.steps for p in self.phases)
+        reads = sum(p.reads for p in self.phases)
         if self.derive_seconds is not None:
             rows.append(f"derive: {self.derive_seconds:.1f} s wall, {inside:.1f} s of it in the phases, "
-                        f"{steps} steps on the run's rows")
+                        f"{steps} steps on the run's rows ({sum(p.step_seconds for p in self.phases):.1f} s), "
+                        f"{reads} held-out reads ({sum(p.read_seconds for p in self.phases):.1f} s)")
         return "where derive's seconds went:\n" + "\n".join("  " + r for r in rows)
 
     def why(self, name: str) -> str:

@@ -31,6 +31,7 @@ from leadline.derive import phases
 from leadline.derive.no_trace import leave_no_trace
 from leadline.derive.runner import PhaseRunner, ProgressFn
 from leadline.derive.timed import (
+    CountedReads,
     CountedSteps,
     held_estimate,
     step_estimate,
@@ -149,13 +150,14 @@ def derive(
     plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
     train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
+    held_out_losses = CountedReads(held_out_losses) if held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
     past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world is None
     expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
                          memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
                          length=total_steps is None and epochs is not None)
     fingerprint = _fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile)
-    runner = _runner(plan, world, train_step_of, expected, fingerprint, max_seconds=max_seconds,
+    runner = _runner(plan, world, train_step_of, held_out_losses, expected, fingerprint, max_seconds=max_seconds,
                      on_progress=on_progress, resume=resume, started=started)
     with leave_no_trace(params, _optimizers(optimizer, step_fn)), forbid_spill(device if device is not None else "cpu"):
         _corpus(runner, plan, profile, corpus, tokenizer, seq_len, quantile)
@@ -213,7 +215,7 @@ def _expected(*, corpus: bool, noise: bool, memory: bool, rate: bool, past_forma
         ("rate", rate), ("warmup", True)) if called]
 
 
-def _runner(plan: Plan, world: Any, train_step_of: CountedSteps | None, expected: list[str],
+def _runner(plan: Plan, world: Any, train_step_of: CountedSteps | None, reads: CountedReads | None, expected: list[str],
             fingerprint: dict[str, Any], *, max_seconds: float | None, on_progress: ProgressFn | None,
             resume: str | os.PathLike[str] | None, started: float | None) -> PhaseRunner:
     """The runner for this process: one that agrees with the other ranks in a distributed job."""
@@ -223,6 +225,9 @@ def _runner(plan: Plan, world: Any, train_step_of: CountedSteps | None, expected
     return runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
                        resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                        steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
+                       work_taken=lambda: (train_step_of.seconds if train_step_of is not None else 0.0,
+                                           reads.reads if reads is not None else 0,
+                                           reads.seconds if reads is not None else 0.0),
                        numbers_of=phases.training_numbers,
                        **({"started": started} if started is not None else {}),
                        **({"world": world} if world is not None else {}))

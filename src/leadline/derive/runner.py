@@ -69,6 +69,9 @@ class PhaseRunner:
     restored: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     steps_taken: Callable[[], int] | None = None
+    work_taken: Callable[[], tuple[float, int, float]] | None = None
+    """(the steps' seconds, the held-out reads, their seconds) so far: each phase's share of them
+    goes on its :class:`~leadline.plan.PhaseTime`."""
     numbers_of: Callable[[Plan], Mapping[str, Any]] | None = None
     expected: Sequence[str] = ()
     announced: bool = field(default=False, init=False)
@@ -176,12 +179,13 @@ class PhaseRunner:
             self._skip(Skipped(name, "not_reached", max_seconds=self.max_seconds), reason="max_seconds")
             return None
         self.progress(name, "start")
-        t0, steps0, before = time.monotonic(), self._steps(), self._numbers()
+        t0, steps0, work0, before = time.monotonic(), self._steps(), self._work(), self._numbers()
         try:
             result = self._call(name, functools.partial(fn, *args, **kwargs))
         except OutOfTime:
             took = time.monotonic() - t0
-            self.plan.phases.append(PhaseTime(name, took, self._steps() - steps0, status="cut"))
+            self.plan.phases.append(PhaseTime(name, took, self._steps() - steps0, status="cut",
+                                              **self._work_since(work0)))
             self._skip(Skipped(name, "cut", max_seconds=self.max_seconds, seconds=took), reason="cut by max_seconds")
             return None
         values = result.as_values()
@@ -189,7 +193,8 @@ class PhaseRunner:
             self.plan.set(n, v)
         after = self._numbers()
         changed = tuple(n for n in TRAINING_NUMBERS if before.get(n) != after.get(n))
-        self.plan.phases.append(PhaseTime(name, time.monotonic() - t0, self._steps() - steps0, changed))
+        self.plan.phases.append(PhaseTime(name, time.monotonic() - t0, self._steps() - steps0, changed,
+                                          **self._work_since(work0)))
         self.finished.append(name)
         self._save()
         summary = "; ".join(f"{n}={v.value}" for n, v in values.items() if not isinstance(v.value, (list, dict)))
@@ -198,6 +203,13 @@ class PhaseRunner:
 
     def _steps(self) -> int:
         return int(self.steps_taken()) if self.steps_taken is not None else 0
+
+    def _work(self) -> tuple[float, int, float]:
+        return self.work_taken() if self.work_taken is not None else (0.0, 0, 0.0)
+
+    def _work_since(self, before: tuple[float, int, float]) -> dict[str, Any]:
+        now = self._work()
+        return {"step_seconds": now[0] - before[0], "reads": now[1] - before[1], "read_seconds": now[2] - before[2]}
 
     def _numbers(self) -> Mapping[str, Any]:
         if self.numbers_of is not None:

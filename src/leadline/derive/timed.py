@@ -14,7 +14,8 @@ from leadline.plan import Plan
 
 class CountedSteps:
     """``train_step_of`` whose steps are counted: :attr:`steps` is how many ``train_step(t)``
-    calls (the run's training steps on its rows) every step function it made has taken.
+    calls (the run's training steps on its rows) every step function it made has taken, and
+    :attr:`seconds` their wall time.
 
     Examples:
         >>> of = CountedSteps(lambda mb, accum: (lambda t: float(t)))
@@ -26,15 +27,47 @@ class CountedSteps:
     def __init__(self, train_step_of: Callable[[int, int], Callable[[int], Any]]) -> None:
         self.train_step_of = train_step_of
         self.steps = 0
+        self.seconds = 0.0
 
     def __call__(self, micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
         inner = self.train_step_of(micro_batch, grad_accum)
 
         def step(t: int) -> Any:
             self.steps += 1
-            return inner(t)
+            t0 = time.perf_counter()
+            try:
+                return inner(t)
+            finally:
+                self.seconds += time.perf_counter() - t0
 
         return step
+
+
+class CountedReads:
+    """The held-out reader, its reads counted (:attr:`reads`) and timed (:attr:`seconds`); it
+    keeps the reader's ``rows`` where the reader says them.
+
+    Examples:
+        >>> read = CountedReads(lambda: [1.0, 2.0])
+        >>> _ = read(), read()
+        >>> read.reads
+        2
+    """
+
+    def __init__(self, held_out: Callable[[], Sequence[float]]) -> None:
+        self.held_out = held_out
+        self.reads = 0
+        self.seconds = 0.0
+        if isinstance(held_out, CountedReader):
+            self.rows = held_out.rows
+
+    def __call__(self) -> Sequence[float]:
+        self.reads += 1
+        t0 = time.perf_counter()
+        try:
+            return self.held_out()
+        finally:
+            self.seconds += time.perf_counter() - t0
 
 
 def timed_steps(train_step_of: Callable[[int, int], Callable[[int], Any]], ensure: Callable[[float], None],
