@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import shutil
 
@@ -129,3 +131,114 @@ def test_the_recipe_trains_at_the_rows_the_card_fits_not_the_plans_cut_micro_bat
     assert recipe_micro_batch(16, 1) == 1
     assert recipe_micro_batch(16, 300) == 16
     assert recipe_micro_batch(12, None) == 12
+
+
+# leadline run: derive, then train, in one process on one load
+
+RUN_STEPS = "32"  # long enough that the look-ahead keeps its first steps for the run to continue from
+
+
+def _run_args(model_dir):
+    return ["--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+            "--steps", RUN_STEPS, "--device", "cpu"]
+
+
+class Tick:
+    """A clock that moves 1 ms at every read (as in test_derive_golden.py): on the CPU the ramp
+    keeps the rows where rows a second stop improving, a reading a busy machine moves; on this
+    clock two derives read the same timings and decide the same plan."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        self.t += 0.001
+        return self.t
+
+
+@contextlib.contextmanager
+def ticking():
+    import time
+
+    import leadline.noise.probe as probe
+
+    tick = Tick()
+    with pytest.MonkeyPatch.context() as mp:
+        for target, name in ((time, "perf_counter"), (time, "monotonic"), (probe, "_clock")):
+            mp.setattr(target, name, tick)
+        yield
+
+
+@pytest.fixture(scope="module")
+def one_run(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one") / "run"
+    said = io.StringIO()
+    with ticking(), contextlib.redirect_stdout(said):
+        rc = main(["run", *_run_args(model_dir), "--out", str(out), "--html"])
+    return rc, out, said.getvalue()
+
+
+@pytest.fixture(scope="module")
+def two_commands(model_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("two")
+    with ticking():
+        assert main(["derive", *_run_args(model_dir), "--effort", "full", "--out", str(d / "plan.json")]) == 0
+    assert main(["train", *_run_args(model_dir)[:-4], "--device", "cpu", "--plan", str(d / "plan.json"),
+                 "--out", str(d / "run")]) == 0
+    return d
+
+
+def test_run_derives_trains_and_saves_in_one_folder(one_run):
+    rc, out, said = one_run
+    assert rc == 0
+    assert {"plan.json", "plan.state", "run.json", "adapter_config.json", "report.html"} <= {p.name for p in out.iterdir()}
+    res = json.loads((out / "run.json").read_text())
+    assert res["steps"] == int(RUN_STEPS)
+    assert res["load_seconds"] > 0 and res["derive_seconds"] > 0 and res["train_seconds"] > 0
+    assert res["continued"]["from_step"] == Plan.from_json(out / "plan.json").get("lookahead_state_steps") > 0
+    lines = said.strip().splitlines()
+    assert any(line.startswith("continued at step") for line in lines) and f"saved to {out}" in lines
+    assert lines[-1].startswith("derive ") and "s + train " in lines[-1] and lines[-1].endswith(" s, once)")
+
+
+def test_run_gives_the_plan_and_the_result_of_derive_then_train(one_run, two_commands):
+    """The model derive measured is the one run trains: a model derive left changed would start
+    elsewhere (or not continue from the kept steps) and end elsewhere."""
+    import torch
+    from safetensors.torch import load_file
+
+    _, out, _ = one_run
+    ours, theirs = Plan.from_json(out / "plan.json"), Plan.from_json(two_commands / "plan.json")
+    timings = {n for n in theirs if n.endswith("_seconds")}  # the clock's readings, not decisions
+    assert set(ours) == set(theirs)
+    assert {n: ours.get(n) for n in ours if n not in timings} == {n: theirs.get(n) for n in theirs if n not in timings}
+    ran, trained = (json.loads((d / "run.json").read_text()) for d in (out, two_commands / "run"))
+    assert ran["continued"] == {**trained["continued"], "state": str(out / "plan.state")}
+    assert [c["loss"] for c in ran["curve"]] == pytest.approx([c["loss"] for c in trained["curve"]], rel=1e-6)
+    assert ran["test_loss_after"]["mean"] == pytest.approx(trained["test_loss_after"]["mean"], rel=1e-6)
+    a, b = load_file(out / "adapter_model.safetensors"), load_file(two_commands / "run" / "adapter_model.safetensors")
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-7)
+
+
+def test_run_refuses_bad_input_in_one_sentence_and_writes_nothing(model_dir, tmp_path, capsys, monkeypatch):
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "kept.txt").write_text("x")
+    cases = [
+        (["run", *_run_args(model_dir), "--out", str(full)], f"--out {full} exists and is not empty"),
+        (["run", *_run_args(model_dir)[:2], "--data", str(tmp_path / "missing.jsonl"), "--device", "cpu",
+          "--out", str(tmp_path / "new")], "missing.jsonl does not exist"),
+        (["run", *_run_args(model_dir)[:4], "--steps", "0", "--out", str(tmp_path / "new")], "--steps 0"),
+    ]
+    for argv, needle in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
+        assert len(err) == 1 and needle in err[0], err
+    monkeypatch.setenv("WORLD_SIZE", "2")  # one of several processes under torchrun
+    assert main(["run", *_run_args(model_dir), "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "under torchrun" in err[0] and "leadline derive" in err[0]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["full", "kept.txt"]

@@ -19,6 +19,7 @@ from leadline.errors import LeadlineError
 COMMANDS: dict[str, str] = {
     "derive": "derive a plan: micro-batch, tokens per step, rate, warmup, ending, each with its evidence",
     "train": "a reference run with a plan and the look-ahead schedule",
+    "run": "derive, then train with the plan, in one process on one load of the model",
     "fit": "measure whether a training shape fits the card (the real peak, not a prediction)",
     "report": "print a plan's values with their sources, or write its HTML report",
     "corpus": "profile a data set: rows, tokens read, scored tokens, the length",
@@ -32,6 +33,7 @@ COMMANDS: dict[str, str] = {
 OUT_OF_MEMORY_FIX = {
     "derive": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
     "train": "derive the plan again with a shorter --seq-len, or free memory",
+    "run": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
     "fit": "pass a shorter --seq-len or a smaller --batch",
 }
 

@@ -15,17 +15,7 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--effort", choices=("quick", "full"), default="quick",
-                   help="quick: alpha1 and a rate grid; full: the look-ahead (default quick)")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
-    g.add_argument("--epochs", type=float, metavar="E",
-                   help="the run's length in passes over the training rows (default 1)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
-    p.add_argument("--quantile", type=float, metavar="Q",
-                   help="instead, the length that keeps this share of rows whole")
-    p.add_argument("--max-seconds", type=float, metavar="S",
-                   help="a bound on the whole derive; what it does not reach is listed")
+    add_plan_arguments(p, effort="quick", effort_help="quick: alpha1 and a rate grid; full: the look-ahead")
     p.add_argument("--resume", metavar="FILE",
                    help="continue a cut-off derive from this file (written after each phase)")
     p.add_argument("--prior", metavar="PLAN",
@@ -40,14 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
 
 
+def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str) -> None:
+    """The options that shape the plan (``leadline derive`` and ``leadline run``): the effort,
+    the run's length, the training length and the bound on the derive."""
+    p.add_argument("--effort", choices=("quick", "full"), default=effort, help=f"{effort_help} (default {effort})")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
+    g.add_argument("--epochs", type=float, metavar="E",
+                   help="the run's length in passes over the training rows (default 1)")
+    p.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
+    p.add_argument("--quantile", type=float, metavar="Q",
+                   help="instead, the length that keeps this share of rows whole")
+    p.add_argument("--max-seconds", type=float, metavar="S",
+                   help="a bound on the whole derive; what it does not reach is listed")
+
+
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import (
-        check_data_file,
-        check_device,
-        check_out_file,
-        check_positive,
-        read_plan,
-    )
+    from leadline.cli._common import check_device, check_out_file, read_plan
     from leadline.errors import InputError
 
     out = Path(args.out)
@@ -59,15 +58,7 @@ def run(args: argparse.Namespace) -> int:
             state.is_dir() and not state.is_symlink() and (state / "state.json").exists()):
         raise InputError(f"--out {out}: the folder for its state, {state}, exists and is not one leadline derive "
                          "wrote; move it or pass --no-state")
-    if args.steps is not None and args.steps < 1:
-        raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
-    check_positive("--epochs", args.epochs, example="1")
-    check_positive("--max-seconds", args.max_seconds, example="600")
-    if args.seq_len is not None and args.seq_len < 2:
-        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
-                         "the shift)")
-    check_positive("--quantile", args.quantile, upper=1.0, example="0.99")
-    check_data_file("--data", args.data)
+    check_plan_inputs(args)
     if args.prior is not None:
         read_plan("--prior", args.prior)
     if args.fit_rank and args.full:
@@ -82,6 +73,22 @@ def run(args: argparse.Namespace) -> int:
         if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
             args.device = world.device
         return _derive(args, out, main=world is None or world.is_main)
+
+
+def check_plan_inputs(args: argparse.Namespace) -> None:
+    """The options of :func:`add_plan_arguments` and ``--data``, checked before the model loads."""
+    from leadline.cli._common import check_data_file, check_positive
+    from leadline.errors import InputError
+
+    if args.steps is not None and args.steps < 1:
+        raise InputError(f"--steps {args.steps} must be a whole number of optimizer steps >= 1")
+    check_positive("--epochs", args.epochs, example="1")
+    check_positive("--max-seconds", args.max_seconds, example="600")
+    if args.seq_len is not None and args.seq_len < 2:
+        raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
+                         "the shift)")
+    check_positive("--quantile", args.quantile, upper=1.0, example="0.99")
+    check_data_file("--data", args.data)
 
 
 def state_path(plan_path: str | Path) -> Path:
@@ -101,12 +108,23 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
         model, tok = load_for_training(args)
         bar = Progress() if main else None
         t0 = time.perf_counter()
-        plan = _derive_for(args, model, tok, bar)
+        plan = derive_plan(args, model, tok, bar)
         return _write(args, out, main, plan, time.perf_counter() - t0, t0 - t_load, kept)
 
 
 def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: float, loading: float,
            kept: StateKeeper | None) -> int:
+    note_plan(args, plan, took, loading, show=main)
+    if not main:
+        return 0  # every rank holds the plan; rank 0 writes and prints it
+    write_plan(plan, out, kept, html=args.html, scale_out=args.scale_out)
+    return 0
+
+
+def note_plan(args: argparse.Namespace, plan: Plan, took: float, loading: float, *, show: bool = True,
+              command: str = "derive") -> None:
+    """The plan's notes from the command: derive's seconds and the load's, the model's name, and
+    what the user should know (said on stderr as ``leadline COMMAND: note: ...`` where ``show``)."""
     import sys
 
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
@@ -114,10 +132,16 @@ def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: fl
     plan.model["name"] = str(args.model)
     for note in _warnings(args, plan):
         plan.notes.append(note)
-        if main:
-            print(f"leadline derive: note: {note}", file=sys.stderr)
-    if not main:
-        return 0  # every rank holds the plan; rank 0 writes and prints it
+        if show:
+            print(f"leadline {command}: note: {note}", file=sys.stderr)
+
+
+def write_plan(plan: Plan, out: Path, kept: StateKeeper | None, *, html: str | Path | None = None,
+               scale_out: bool = False,
+               continued_by: str = "`leadline train --plan` continues from them") -> Path | None:
+    """Write the plan to ``out`` (atomically), print its report, move the look-ahead's kept branch
+    to ``out``'s state folder (removing an older derive's there where none was kept), and write
+    the HTML report where ``html`` is given. Returns the state folder, or None when none was kept."""
     plan.to_json(out)
     print(plan.report())
     saved = kept.commit() if kept is not None else None
@@ -126,20 +150,20 @@ def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: fl
 
         shutil.rmtree(state_path(out))  # an older derive's state: not this plan's
     if saved is not None:
-        print(f"\nkept the look-ahead's first {plan.get('lookahead_state_steps')} steps in {saved}: "
-              "`leadline train --plan` continues from them")
-    if args.scale_out:
+        print(f"\nkept the look-ahead's first {plan.get('lookahead_state_steps')} steps in {saved}: {continued_by}")
+    if scale_out:
         print()
         print(plan_scale_out_table(plan))
     print(f"\nwrote {out}")
-    if args.html:
+    if html:
         from leadline.report.html import write_html
 
-        print(f"wrote {write_html(plan, args.html)}")
-    return 0
+        print(f"wrote {write_html(plan, html)}")
+    return saved
 
 
-def _derive_for(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
+def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
+    """derive_for on the loaded model with the command's options; the progress bar closed after."""
     from leadline.hf import derive_for
 
     try:

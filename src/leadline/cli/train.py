@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from leadline.cli._common import add_model_arguments
+
+if TYPE_CHECKING:
+    import os
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +88,14 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, "
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
-                              schedule=not args.no_schedule, on_step=_show, state=None if args.recipe else state)
+                              schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state)
+    print_run(res, args.out)
+    return 0
+
+
+def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
+    """What a run says when it ends: where it started (derive's look-ahead or the model's weights),
+    its steps and rollbacks, the test loss before and after, where it was saved."""
     cont = res.get("continued")
     if cont and cont.get("from_step"):
         print(f"continued at step {cont['from_step']} from derive's look-ahead ({cont['steps']} steps at "
@@ -97,8 +108,7 @@ def run(args: argparse.Namespace) -> int:
         b, a = res["test_loss_before"], res["test_loss_after"]
         print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, "
               f"{a['mean']:.4f} ± {a['se']:.4f} after")
-    print(f"saved to {args.out}")
-    return 0
+    print(f"saved to {out}")
 
 
 def _state_of(args: argparse.Namespace) -> str | None:
@@ -120,7 +130,8 @@ def _state_of(args: argparse.Namespace) -> str | None:
     return str(beside) if (Path(beside) / "state.json").exists() else None
 
 
-def _show(rec: dict) -> None:
+def show_step(rec: dict) -> None:
+    """Every tenth step's loss, rate and seconds on stderr."""
     import sys
 
     if rec["step"] % 10 == 0:

@@ -1,0 +1,104 @@
+"""``leadline run``: derive the plan, then train with it, in one process on one load of the model.
+
+The same as ``leadline derive --out DIR/plan.json`` followed by ``leadline train --plan
+DIR/plan.json --out DIR``, without loading the model and tokenizer a second time. The loaded model
+can be trained after derive because derive_for leaves it as it found it: derive() puts the
+trained tensors, the optimizers and the RNG states back on every exit path
+(:func:`leadline.derive.no_trace.leave_no_trace`), derive_for puts the train/eval mode back and
+clears the grads, and nothing in derive steps the frozen weights. The run starts from the weights
+a fresh load gives and continues from the look-ahead's branch derive kept in ``DIR/plan.state``;
+``tests/test_cli_run.py`` checks that the plan and the trained adapter equal the two commands'.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from leadline.cli._common import add_model_arguments
+from leadline.cli.derive import add_plan_arguments
+
+PLAN = "plan.json"
+REPORT = "report.html"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_model_arguments(p)
+    add_plan_arguments(p, effort="full", effort_help="quick: alpha1 and a rate grid raced inside the run; full: the "
+                       "look-ahead measures the rate and the run continues from its steps")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
+    p.add_argument("--html", action="store_true", help=f"also write the plan's HTML report to DIR/{REPORT}")
+    # what `leadline derive` has and `leadline run` does not: a run derives afresh, at the model's own rank
+    p.set_defaults(resume=None, prior=None, fit_rank=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from leadline.cli._common import check_device, check_out_folder
+    from leadline.cli.derive import check_plan_inputs
+    from leadline.distributed.world import launched_by_torchrun
+    from leadline.errors import InputError
+
+    out = Path(args.out)
+    check_out_folder("--out", out)  # first: a refusal costs nothing and leaves nothing behind
+    if launched_by_torchrun():
+        raise InputError("leadline run trains in one process, and this is one of several under torchrun; run it "
+                         "without torchrun, or derive the plan with `torchrun ... -m leadline derive` and train it "
+                         "with Trainer (docs/distributed.md)")
+    check_plan_inputs(args)
+    check_device(args.device)
+    made = not out.exists()
+    try:
+        return _run(args, out)
+    except BaseException:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()  # the folder this command made, before anything whole was written in it
+        raise
+
+
+def _run(args: argparse.Namespace, out: Path) -> int:
+    import contextlib
+    import time
+
+    from leadline.cli._common import Progress, load_for_training, ram_bound
+    from leadline.cli.derive import derive_plan, note_plan, state_path, write_plan
+    from leadline.cli.train import print_run, show_step
+    from leadline.derive.state import keep_run_state
+    from leadline.train import train_with_plan
+
+    plan_path = out / PLAN
+    keep = keep_run_state(state_path(plan_path)) if args.effort == "full" else contextlib.nullcontext()
+    t_load = time.perf_counter()
+    with ram_bound(args.device), keep as kept:  # on the CPU: an allocation past the RAM is a sentence
+        model, tok = load_for_training(args)
+        t_derive = time.perf_counter()
+        plan = derive_plan(args, model, tok, Progress())
+        seconds = {"load_seconds": t_derive - t_load, "derive_seconds": time.perf_counter() - t_derive}
+        note_plan(args, plan, seconds["derive_seconds"], seconds["load_seconds"], command="run")
+        out.mkdir(exist_ok=True)
+        state = write_plan(plan, plan_path, kept, html=out / REPORT if args.html else None,
+                           continued_by="the run below continues from them")
+        print()
+        t_train = time.perf_counter()
+        # the model derive measured, as derive_for left it: the weights a fresh load gives
+        res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state)
+        seconds["train_seconds"] = time.perf_counter() - t_train
+    _add_seconds(out / "run.json", seconds)
+    print_run(res, out)
+    print(f"derive {seconds['derive_seconds']:.1f} s + train {seconds['train_seconds']:.1f} s "
+          f"(+ load {seconds['load_seconds']:.1f} s, once)")
+    return 0
+
+
+def _add_seconds(run_json: Path, seconds: dict[str, Any]) -> None:
+    """``run.json`` with the one load's, the derive's and the training call's wall seconds
+    (the training call: the test reads before and after, the steps, the save), so the whole
+    cost is read from one file."""
+    import json
+
+    from leadline._io import write_atomic
+
+    record = json.loads(run_json.read_text(encoding="utf-8"))
+    record.update({k: round(v, 3) for k, v in seconds.items()})
+    write_atomic(run_json, json.dumps(record, indent=1, default=str))
