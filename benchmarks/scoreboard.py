@@ -34,6 +34,8 @@ processes (model loading included, the same for every arm), deciding and trainin
                    no warmup), 16 rows a step, one pass, evaluated at its averaged weights.
   leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``.
+  leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
+                   the model loaded once; its cost is that one process's wall seconds.
   pichak_quick     pichak 0.4.1's ``derive(effort="quick")`` then ``race()`` over its grid, as its
                    README prescribes (benchmarks/pichak_arm.py says where it had to adapt).
   pichak_full      pichak's full ``derive()`` then its ``LookaheadSchedule``.
@@ -92,7 +94,7 @@ RULES = {
     "C": "an arm collapsed when one answer takes over 60% of the test rows (majority class below 40%)",
     "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
 }
-ARMS = ["recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
         "pichak_full"]
 
 
@@ -511,6 +513,24 @@ class Arms:
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
+    def leadline_run(self) -> None:
+        """``leadline run``: derive (full) and train in one process; deciding is the derive's
+        seconds and the model's one load, training the rest of the process's wall time."""
+        if self.board.has("leadline_run"):
+            return
+        run_dir = self.work / "run_leadline_run"
+        _rm(run_dir)
+        bound = ["--max-seconds", "20"] if self.args.smoke else []
+        t = leadline(["run", *self.common, "--effort", "full", *self.short, *bound, "--out", str(run_dir)],
+                     self.work / "leadline_run.log", self.args.timeout)
+        run = run_json(run_dir)
+        decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
+        rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
+                               "unseen_loss": unseen_loss(run)}
+        if (run_dir / "plan.json").exists():
+            rec["plan"] = json.loads((run_dir / "plan.json").read_text())
+        self.finish("leadline_run", rec, run_dir if t["rc"] == 0 else None)
+
     def pichak(self, effort: str) -> None:
         """pichak 0.4.1 as its README prescribes (benchmarks/pichak_arm.py): quick + race(), full +
         LookaheadSchedule."""
@@ -675,8 +695,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "schedulefree", "lr_find", "pichak_quick",
-                 "pichak_full"):
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "schedulefree", "lr_find",
+                 "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
     for prefix, n in (("sweep", len(data.get("sweep_rates", SWEEP_RATES))), ("optuna", data.get("optuna_trials", OPTUNA_TRIALS))):
@@ -751,7 +771,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full"]
+             "leadline_quick", "leadline_full", "leadline_run"]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -852,6 +872,8 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
     if "recipe" in arms and arms["recipe"].get("cost"):
         parts.append(f"deciding + training {full['cost'] / arms['recipe']['cost']:.2f}x the recipe's one run "
                      "(the bar: at most 1.5x)")
+        if "leadline_run" in arms:
+            parts.append(f"in one process (`leadline run`) {arms['leadline_run']['cost'] / arms['recipe']['cost']:.2f}x")
     if "sweep" in arms:
         parts.append(f"{full['cost'] / arms['sweep']['cost']:.2f}x the sweep's {arms['sweep']['cost']:.0f} s")
     return ["leadline_full against the bar: " + "; ".join(parts) + "."]
@@ -977,7 +999,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
-             "leadline_full": lambda: arms.leadline_arm("full"), "pichak_quick": lambda: arms.pichak("quick"),
+             "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run, "pichak_quick": lambda: arms.pichak("quick"),
              "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})

@@ -168,7 +168,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline_quick", "leadline_full"]
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -182,7 +182,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
               if v.get("failed")}
     assert not failed, failed
     assert not board.get("failures"), board.get("failures")
-    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full"):
+    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full", "leadline_run"):
         assert units[name]["verdict"]["metric"] == "accuracy", name
         assert units[name]["run"]["steps"] == 2, name
     if "optuna" in arms:
@@ -220,3 +220,24 @@ def test_the_model_load_is_read_from_derives_own_note(sb):
     board["units"]["leadline_quick"] = {"derive": {"output_tail": "note: derive took 41.7 s; loading the model and "
                                                                   "tokenizer before it 41.6 s\n"}}
     assert sb.load_seconds(board) == 41.6
+
+
+def test_the_judge_scores_the_same_in_bounded_passes_and_leaves_the_model_in_host_memory(sb, tmp_path):
+    """On a held card the judge scores in passes of at most ``token_budget`` tokens: the same
+    scores as 64 rows a pass, and between verdicts the model waits on the host."""
+    from helpers import save_model_dir
+
+    model = save_model_dir(tmp_path / "tiny")
+    rows = [{"prompt": f"row {i} is about", "label": lab} for i, lab in enumerate(["net", "games", "sound"] * 4)]
+    task = {"name": "t", "kind": "classify", "labels": ["net", "games"], "test": rows}
+    wide, bounded = sb.Judge(str(model), task, 0), sb.Judge(str(model), task, 0, token_budget=25)
+    seqs = [(wide._enc(r["prompt"] + " " + r["label"]), 3) for r in rows]
+    assert max(len(s) for s, _ in seqs) * 3 > 25  # the budget splits the rows into several passes
+    for j in (wide, bounded):
+        j.base.to(j.dev)
+    got, want = bounded._seq_scores(bounded.base, seqs), wide._seq_scores(wide.base, seqs)
+    assert [n for _, n in got] == [n for _, n in want]
+    assert [s for s, _ in got] == pytest.approx([s for s, _ in want], abs=1e-4)
+    v = bounded.verdict(None)
+    assert v["metric"] == "accuracy" and len(v["predictions"]) == len(rows)
+    assert next(bounded.base.parameters()).device.type == "cpu"
