@@ -8,8 +8,8 @@ import importlib
 
 import pytest
 
-MODULES = ["leadline.budget", "leadline.pieces", "leadline.plan", "leadline.rate.policy", "leadline.derive.runner",
-           "leadline.noise.step"]
+MODULES = ["leadline.budget", "leadline.pieces", "leadline.plan", "leadline.rate.policy", "leadline.rate.lookahead_rules",
+           "leadline.derive.runner", "leadline.noise.step"]
 
 
 @pytest.mark.parametrize("name", MODULES)

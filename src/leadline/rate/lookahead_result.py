@@ -1,0 +1,98 @@
+"""The look-ahead's result record: :class:`Lookahead` (the rate, every horizon it read, why it
+stopped) and :class:`Branch` (a candidate's run handed back for the run to continue from).
+
+The search itself is :func:`leadline.rate.lookahead.lookahead_lr`; this module only holds what it
+returns and how that becomes the plan's values (:meth:`Lookahead.as_values`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from leadline.plan import Value
+from leadline.rate.warmup import warmup_values
+
+LookaheadStop = Literal["quick", "unsettled", "budget", "diverged", "settled", "run_length", "max_seconds"]
+"""Why the look-ahead stopped: no steps run (quick effort), the horizons ran out unsettled, the
+step budget, every rate diverged or was unstable, the trend settled, the run's length, derive's
+max_seconds. ``stopped_because`` is the sentence shown for it."""
+
+
+@dataclass
+class Branch:
+    """A candidate's run the look-ahead handed back: ``steps`` optimizer steps at ``lr`` from the
+    origin, without a warmup unless ``warmup_steps``, and its state after them (a
+    :class:`~leadline.rate.state.Snapshot` of the trained tensors, the optimizer's state and the
+    RNG states)."""
+
+    lr: float
+    steps: int
+    snapshot: Any
+    warmup_steps: int = 0
+    alpha1: float | None = None
+
+
+@dataclass
+class Lookahead:
+    """The look-ahead's answer and everything it read.
+
+    Attributes:
+        lr: the rate (``effort="quick"``: alpha1).
+        rates: the grid tried (quick: the grid for :func:`race`).
+        horizon_steps: the last horizon read — the schedule's check interval h.
+        horizons: per horizon, every candidate's mean held-out loss, SE, status and test.
+        stopped_because: the sentence saying why it stopped (displayed; ``stop`` is the reason).
+        stop: why it stopped, one of :data:`LookaheadStop`.
+    """
+
+    lr: float
+    alpha1: float
+    rates: list[float]
+    effort: str
+    horizon_steps: int
+    steps_used: int
+    budget_steps: int
+    total_steps: int
+    warmup_steps: int
+    beta1: float
+    stopped_because: str
+    held_out_rows: int = 0
+    horizons: list[dict[str, Any]] = field(default_factory=list)
+    trend_slope: float | None = None
+    snapshots: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    stop: LookaheadStop = "unsettled"
+    warmup_race: dict[str, Any] | None = None
+    branch: Branch | None = field(default=None, repr=False, compare=False)
+
+    def evidence(self) -> dict[str, Any]:
+        return {"plot": "lookahead", "horizons": self.horizons, "chosen_lr": self.lr, "alpha1": self.alpha1,
+                "rates": self.rates, "steps_used": self.steps_used, "budget_steps": self.budget_steps,
+                "total_steps": self.total_steps, "stopped_because": self.stopped_because, "stop": self.stop,
+                "trend_slope": self.trend_slope, "held_out_rows": self.held_out_rows, "snapshots": self.snapshots,
+                "candidate_warmup_steps": self.warmup_steps,
+                **({"warmup_race": self.warmup_race} if self.warmup_race else {})}
+
+    def as_values(self) -> dict[str, Value]:
+        """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
+        out: dict[str, Value] = {}
+        if self.effort == "quick":
+            out["lr"] = Value(self.lr, "derived",
+                              f"alpha1 (quick effort: no look-ahead run); race() picks among {len(self.rates)} rates "
+                              "alpha1 x 2^j inside the run", evidence=self.evidence(), unit="per step")
+            out["race_rates"] = Value(self.rates, "derived", "alpha1 x 2^j for the race inside the run (quick effort)")
+        else:
+            out["lr"] = Value(
+                self.lr, "measured",
+                f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the "
+                f"same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to "
+                f"{self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a "
+                f"{self.budget_steps}-step budget)",
+                evidence=self.evidence(), seconds=self.seconds, unit="per step")
+            out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured",
+                                                   "the horizon the look-ahead's answer was read at "
+                                                   f"({self.stopped_because}); LookaheadSchedule checks every this "
+                                                   "many steps", unit="steps")
+        out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1, race=self.warmup_race))
+        return out
