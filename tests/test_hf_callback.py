@@ -89,7 +89,7 @@ def test_the_cap_is_lifted_when_training_raises(setup):
 def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
     import time
 
-    import leadline.hf.task as hf
+    import leadline.hf.deriving as hf  # derive_for's set-up calls prepare from here
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))

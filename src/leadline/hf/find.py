@@ -1,6 +1,6 @@
 """One answer each, in the shape the ecosystem knows (Lightning's ``lr_find(...).suggestion()``,
 accelerate's ``find_executable_batch_size``): the batch a trainer should run and the rate it
-should run at, each a thin call over derive()'s own phases (:func:`leadline.hf.task.derive_parts`).
+should run at, each a thin call over derive()'s own phases (:func:`leadline.hf.deriving.derive_parts`).
 
     from leadline.hf import find_batch_size, find_lr
     found = find_batch_size(trainer)          # the noise scale, the memory ramp, the step
@@ -115,7 +115,7 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
     Returns:
         :class:`FoundBatchSize`; ``suggestion()`` is ``per_device_train_batch_size``.
     """
-    from leadline.hf.task import derive_parts
+    from leadline.hf.deriving import derive_parts
 
     plan = derive_parts(trainer, tokenizer, train_dataset, measure=("batch",), max_seconds=max_seconds,
                         progress=progress, seed=seed, **_length_of(trainer))
@@ -144,7 +144,7 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     Returns:
         :class:`FoundRate`; ``suggestion()`` is ``learning_rate``.
     """
-    from leadline.hf.task import derive_parts
+    from leadline.hf.deriving import derive_parts
     from leadline.hf.trainer import is_trainer
 
     args = trainer.args if is_trainer(trainer) else None

@@ -1,0 +1,350 @@
+"""derive_for() and derive_parts(): a plan for a Hugging Face model (PEFT or not, or a built
+``Trainer`` / TRL ``SFTTrainer``) and a data set.
+
+What was given is unpacked (a trainer's model, rows, length and loss policy), the torchrun job
+joined, the :class:`~leadline.hf.task.Task` prepared and derive() run on its pieces; the values
+the model and the trainer say go on the plan, and the model is put back as it was.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.hf.precision import check_trainable, checkpointing, precision_of
+from leadline.hf.task import (
+    Task,
+    _loss_resolution,
+    _probe,
+    _rows_of,
+    prepare,
+    trained_as_of,
+    trained_named_weights,
+)
+from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.plan import Plan, Value
+
+__all__ = ["PARTS", "derive_for", "derive_parts"]
+
+PARTS = ("batch", "rate")
+"""The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
+
+
+def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
+               epochs: float | None = None,
+               effort: str = "quick", seq_len: int | None = None, quantile: float | None = None,
+               max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
+               resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
+               trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
+               probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
+               progress: bool | None = None) -> Plan:
+    """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
+    format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
+
+    ``derive_for(trainer)``: a built ``Trainer`` or TRL ``SFTTrainer`` in place of the model —
+    the plan is derived on the rows the trainer will train on, each collated by its own
+    collator (its tokenization, truncation, packing and labels: TRL's ``assistant_only_loss`` /
+    ``completion_only_loss`` as set), on ``trainer.model`` (the PEFT model SFTTrainer built from
+    ``peft_config``), for the trainer's ``max_steps`` (else its epochs) unless ``total_steps``
+    or ``epochs`` is given. The plan's ``loss_policy`` records that policy, and
+    :func:`~leadline.hf.training_arguments` carries it into the SFTConfig the run trains with.
+    A trainer whose args turn gradient checkpointing on (Trainer does it in ``train()``) is
+    measured with it on, and it is put back after.
+
+    The model is measured as it trains (:mod:`leadline.hf.precision`): a bf16 base, a
+    bitsandbytes 4-bit/8-bit base under a LoRA adapter (QLoRA; on a CUDA GPU), gradient
+    checkpointing; the plan's ``precision`` says which, and the rate phases read the held-out
+    loss at that precision's resolution. A quantized base without an adapter is refused.
+
+    The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
+    restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
+    tokenized corpus, in file order).
+
+    Under torchrun every rank calls it and every rank gets rank 0's plan. A model alone or in
+    DDP runs through a DDP wrapper of derive_for's own (:class:`~leadline.distributed.WorldTask`);
+    a model sharded by FSDP (``FullyShardedDataParallel(..., use_orig_params=True)`` or
+    ``fully_shard``) runs through the sharded module itself, every rank in step
+    (:class:`~leadline.distributed.ShardedWorldTask`).
+
+    ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
+    fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf.rank`),
+    within ``max_seconds`` when one is given.
+
+    ``progress``: a bar over the phases on stderr (:class:`~leadline.progress.PhaseBar`);
+    ``None`` (the default) shows it when stderr is a terminal and no ``on_progress`` is given.
+    """
+    return derive_parts(**locals())
+
+
+def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, measure: Sequence[str] = PARTS,
+                 batch: tuple[int, int] | None = None, **kw: Any) -> Plan:
+    """:func:`derive_for` running only the phases of ``measure``: ``"batch"`` (the noise
+    scale, the memory ramp and the step: ``rows_fit``, ``micro_batch``, ``grad_accum``) and
+    ``"rate"`` (alpha1 and the rate). ``batch=(micro_batch, grad_accum)`` runs the rate phases
+    at that step, given, instead of the one the batch phases decide (the batch a trainer's
+    arguments already hold). The one-liners of :mod:`leadline.hf.find` are these calls."""
+    unknown = sorted(set(measure) - set(PARTS))
+    if unknown or not measure:
+        raise InputError(f"measure={tuple(measure)!r} must name some of {', '.join(PARTS)}")
+    return _derive(model, tokenizer, train_dataset, measure=tuple(measure), batch=batch, **kw)
+
+
+def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None,
+            epochs: float | None = None, effort: str = "quick", seq_len: int | None = None,
+            quantile: float | None = None, max_seconds: float | None = None,
+            on_progress: Callable[[dict[str, Any]], None] | None = None,
+            resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
+            trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
+            probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
+            progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
+            batch: tuple[int, int] | None = None) -> Plan:
+    import time
+
+    from leadline.derive import derive
+
+    started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
+    given = _given(model, tokenizer, train_dataset, total_steps, epochs, fit_rank)
+    p = _pieces(given, seq_len=seq_len, quantile=quantile, held_out=held_out, test=test, seed=seed,
+                probe_rows=probe_rows, fields=fields, trained_as=trained_as, batch=batch)
+    bar, on_progress = _bar(progress, on_progress)
+    scoped = ExitStack()
+    try:
+        if given.checkpointed is not None:
+            scoped.enter_context(checkpointing(p.inner, *given.checkpointed))
+        _join_job(p, batch)
+        sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
+        rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
+        path = isinstance(given.train_dataset, (str, os.PathLike))
+        plan = derive(
+            data=given.train_dataset if path else None,
+            rows=None if path else _rows_of(given.train_dataset),
+            tokenizer=given.tokenizer, seq_len=p.task.seq_len, profile=p.prof,
+            step_fn=p.step_fn if sizes else None,
+            grad_fn=(p.grad_fn or _probe(p.model, p.task, [w for _, w in p.named])) if sizes else None,
+            named_weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer,
+            train_step_of=p.train_step_of,
+            held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
+            total_steps=given.total_steps, epochs=given.epochs, effort=effort, max_seconds=max_seconds,
+            on_progress=on_progress, resume=resume, prior=prior,
+            lengths=p.lengths,
+            held_out=p.task.split.as_dict(), model_info=p.model_info,
+            loss_resolution=_loss_resolution(p.inner),
+            device=p.task.device, started=started,
+        )
+        _given_values(plan, p, batch, given.policy)
+        _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)
+    finally:
+        if bar is not None:
+            bar.close()
+        scoped.close()
+        if p.job is not None:
+            p.job.close()
+        p.model.train(p.was_training)
+        p.model.zero_grad(set_to_none=True)
+    if p.job is not None:
+        plan.notes.extend(p.job.notes)
+    return plan
+
+
+@dataclass
+class _Given:
+    """What derive_for was given, a trainer unpacked: the model, its tokenizer and rows, the
+    run's length, the trainer's loss policy and its gradient checkpointing."""
+
+    model: Any
+    tokenizer: Any
+    train_dataset: Any
+    total_steps: int | None
+    epochs: float | None
+    policy: dict[str, Any] | None = None
+    # a trainer's run turns checkpointing on in train(): measure with it on
+    checkpointed: tuple[bool, Any] | None = None
+
+
+def _given(model: Any, tokenizer: Any, train_dataset: Any, total_steps: int | None, epochs: float | None,
+           fit_rank: bool) -> _Given:
+    """The model, rows and length derive_for measures: a trainer's own where a trainer is given;
+    one epoch where no length is."""
+    given = _Given(model, tokenizer, train_dataset, total_steps, epochs)
+    if is_trainer(model):
+        from leadline.hf.precision import trainer_checkpointing
+
+        trainer = model
+        given.model = trainer.model
+        given.checkpointed = trainer_checkpointing(trainer)
+        given.tokenizer = tokenizer if tokenizer is not None else tokenizer_of(trainer)
+        given.policy = loss_policy_of(trainer)
+        given.train_dataset = trainer_rows(trainer)
+        if total_steps is None and epochs is None:
+            if int(getattr(trainer.args, "max_steps", -1) or -1) > 0:
+                given.total_steps = int(trainer.args.max_steps)
+            else:
+                given.epochs = float(trainer.args.num_train_epochs)
+    elif train_dataset is None:
+        raise InputError("derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got "
+                         "a model alone")
+    if fit_rank:
+        from leadline.hf.rank import lora_config_of
+
+        m = given.model
+        lora_config_of(m.module if hasattr(m, "module") else m)  # a full fine-tune is refused before anything runs
+    if given.total_steps is None and given.epochs is None:
+        given.epochs = 1.0
+    return given
+
+
+@dataclass
+class _Pieces:
+    """The model as measured (in a torchrun job: unwrapped) and the pieces derive() is given."""
+
+    model: Any
+    inner: Any  # FullyShardedDataParallel's model, for what it says of itself
+    world: Any
+    sharded: bool
+    was_training: bool
+    task: Task
+    prof: Any
+    named: list[tuple[str, Any]]
+    kind: str
+    model_info: dict[str, Any]
+    step_fn: Any
+    train_step_of: Callable[[int, int], Any]
+    lengths: list[int]
+    grad_fn: Any = None
+    held_out_losses: Any = None
+    job: Any = None
+
+
+def _pieces(given: _Given, *, seq_len: int | None, quantile: float | None, held_out: int | float,
+            test: int | float, seed: int, probe_rows: int, fields: dict[str, str] | None, trained_as: str | None,
+            batch: tuple[int, int] | None) -> _Pieces:
+    """The job joined, the model checked, the task prepared and the one-process pieces built on it."""
+    from leadline.distributed.world import join_job
+    from leadline.memory import TrainingStep
+    from leadline.provenance import describe_model
+
+    model = given.model
+    # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
+    world = join_job(next(model.parameters()).device)
+    sharded = False
+    if world is not None:
+        from leadline.distributed.job import is_sharded, unwrap
+
+        model = unwrap(model)
+        sharded = is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
+    inner = model.module if sharded and hasattr(model, "module") else model
+    was_training = model.training
+    check_trainable(inner)  # a quantized base without an adapter, or off CUDA: one sentence before anything runs
+    task, prof = prepare(model, given.tokenizer, given.train_dataset, seq_len=seq_len, quantile=quantile,
+                         held_out=held_out, test=test, seed=seed, probe_rows=probe_rows, fields=fields)
+    named = trained_named_weights(model)
+    kind = trained_as or trained_as_of(inner)
+    model_info = describe_model(inner, trained_as=kind)
+    model.train()
+    step_fn = TrainingStep(task.loss_of, task.optimizer)
+    lengths = [len(task.rows[i].input_ids) for i in task.order[:64]]  # the corpus's length mix, for the ramp
+    train_step_of = task.train_step_of if batch is None else _at_batch(task.train_step_of, batch)
+    return _Pieces(model, inner, world, sharded, was_training, task, prof, named, kind, model_info, step_fn,
+                   train_step_of, lengths)
+
+
+def _bar(progress: bool | None, on_progress: Callable[[dict[str, Any]], None] | None
+         ) -> tuple[Any, Callable[[dict[str, Any]], None] | None]:
+    """The bar over the phases on stderr, where one is asked for or stderr is a terminal; and
+    the progress callback that feeds it."""
+    import sys
+
+    from leadline.progress import PhaseBar, wants_bar
+
+    bar = None
+    if progress or (progress is None and on_progress is None and wants_bar(sys.stderr)):
+        bar = PhaseBar()
+        on_progress = bar if on_progress is None else _both(bar, on_progress)
+    return bar, on_progress
+
+
+def _join_job(p: _Pieces, batch: tuple[int, int] | None) -> None:
+    """In a torchrun job, the pieces of the job's own: FSDP's sharded step, or DDP's wrapper."""
+    if p.world is not None and p.sharded:
+        from leadline.distributed.sharded_job import ShardedWorldTask
+
+        p.job = ShardedWorldTask(p.task, [w for _, w in p.named], p.world)
+        p.step_fn = p.job.step_fn()
+        # the whole tensors' entries, not this rank's shards'
+        p.model_info.update(parameters=p.job.world_numel(list(p.model.parameters())),
+                            trained_parameters=p.job.world_numel(p.job.params))
+    elif p.world is not None:
+        from leadline.distributed.job import WorldTask
+
+        p.job = WorldTask(p.task, [w for _, w in p.named], p.world)
+    if p.job is not None:
+        p.grad_fn, p.train_step_of, p.held_out_losses = p.job.grad_fn(), p.job.train_step_of, p.job.held_out_losses()
+        if batch is not None:
+            p.train_step_of = _at_batch(p.job.train_step_of, batch)
+
+
+def _given_values(plan: Plan, p: _Pieces, batch: tuple[int, int] | None, policy: dict[str, Any] | None) -> None:
+    """The plan's values the model and the trainer say: the precision, the batch given, the loss policy."""
+    plan.set("precision", precision_of(p.inner).as_value())
+    if batch is not None:
+        for name, v in zip(("micro_batch", "grad_accum"), batch):
+            plan.set(name, Value(int(v), "given", f"the trainer's {name.replace('_', ' ')}, given: the rate "
+                                                  "phases ran their steps at it", unit="rows" if
+                                 name == "micro_batch" else "micro-batches"))
+    if policy is not None:
+        from leadline.hf.trainer import policy_value
+
+        plan.set("loss_policy", policy_value(policy, sum(r.scored_tokens for r in p.task.rows), len(p.task.rows)))
+
+
+def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_seconds: float | None,
+                    started: float) -> None:
+    """What is measured on the plan after derive(): the rows that fit without checkpointing, the
+    adapter's dtype note, and the LoRA rank that fits (``fit_rank``)."""
+    import time
+
+    from leadline.memory.model_step import adapter_dtype_note
+
+    if sizes and p.world is None:
+        from leadline.hf.precision import rows_fit_unchecked
+
+        left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
+        unchecked = rows_fit_unchecked(p.inner, p.step_fn, plan, lengths=p.lengths, seconds_left=left)
+        if unchecked is not None:
+            plan.set("rows_fit_without_checkpointing", unchecked)
+    note = adapter_dtype_note(p.inner)
+    if note is not None:
+        plan.notes.append(note)
+    if fit_rank and p.world is not None:
+        plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run "
+                          "`leadline fit` on one card")
+    elif fit_rank:
+        from leadline.hf.rank import fit_rank_values
+
+        left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
+        for name, value in fit_rank_values(plan, p.model, seconds_left=left).items():
+            plan.set(name, value)
+
+
+def _at_batch(train_step_of: Callable[[int, int], Any], batch: tuple[int, int]) -> Callable[[int, int], Any]:
+    """``train_step_of`` with every step at ``batch``, whatever the phase asks for."""
+    micro_batch, grad_accum = int(batch[0]), int(batch[1])
+    if micro_batch < 1 or grad_accum < 1:
+        raise InputError(f"batch={batch!r} must be (micro_batch, grad_accum), both >= 1")
+
+    def at(_micro_batch: int, _grad_accum: int) -> Any:
+        return train_step_of(micro_batch, grad_accum)
+
+    return at
+
+
+def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def call(ev: dict[str, Any]) -> None:
+        for fn in fns:
+            fn(ev)
+
+    return call
