@@ -66,6 +66,7 @@ def _cases(model_dir, inputs):
     derive = ["derive", *m, "--steps", "4", "--max-seconds", "60"]
     train = ["train", *m, "--data", str(good), "--plan", str(plans["plan"]), "--out", str(d / "run")]
     fit = ["fit", "--model", str(model_dir), "--device", "cpu", "--lora-rank", "4"]
+    run = ["run", *m, "--steps", "4", "--max-seconds", "60"]
     cases = [
         # derive: the data
         ([*derive, "--data", str(d / "missing.jsonl"), "--out", str(d / "p.json")], "--data", "does not exist"),
@@ -108,6 +109,26 @@ def _cases(model_dir, inputs):
         (["train", *m, "--data", str(good), "--plan", str(plans["v99"]), "--out", str(d / "run")], "99.0.0", "newer than this leadline"),
         (["train", *m, "--data", str(good), "--plan", str(d / "none.json"), "--out", str(d / "run")], "none.json", "does not exist"),
         (["train", *m, "--data", str(good), "--plan", str(d / "adir"), "--out", str(d / "run")], "--plan", "is a folder"),
+        # run: the data, the out folder (checked first), absurd numbers, as derive's and train's
+        ([*run, "--data", str(d / "missing.jsonl"), "--out", str(d / "run")], "--data", "does not exist"),
+        ([*run, "--data", str(d / "adir"), "--out", str(d / "run")], "--data", "is a folder"),
+        ([*run, "--data", str(d / "empty.jsonl"), "--out", str(d / "run")], "empty.jsonl", "holds no rows"),
+        ([*run, "--data", str(d / "blank.jsonl"), "--out", str(d / "run")], "blank.jsonl", "holds no rows"),
+        ([*run, "--data", str(d / "malformed.jsonl"), "--out", str(d / "run")], "line 2", "is not JSON"),
+        ([*run, "--data", str(d / "fields.jsonl"), "--out", str(d / "run")], "line 1", "none of the known fields"),
+        ([*run, "--data", str(d / "latin1.jsonl"), "--out", str(d / "run")], "line 1", "not UTF-8"),
+        ([*run, "--data", str(good), "--out", str(d / "afile")], "--out", "is a file"),
+        ([*run, "--data", str(good), "--out", str(d / "full")], "--out", "not empty"),
+        ([*run, "--data", str(good), "--out", str(d / "no" / "run")], "--out", "does not exist"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--steps", "0"], "--steps 0", ">= 1"),
+        (["run", *m, "--epochs", "-1", "--data", str(good), "--out", str(d / "run")], "--epochs -1", "above 0"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--max-seconds", "0"], "--max-seconds 0", "above 0"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "1"], "--seq-len 1", "at least 2"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--quantile", "2"], "--quantile 2", "at most 1"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "100000"], "seq_len 100000", "positions"),
+        (["run", "--model", str(model_dir), "--device", "cpu", "--lora-rank", "100000", "--steps", "2",
+          "--data", str(good), "--out", str(d / "run")], "--lora-rank 100000", "larger than the model's width"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--device", "gpu"], "--device gpu", "cpu, cuda or cuda:N"),
         # fit
         ([*fit, "--seq-len", "1", "--batch", "2"], "--seq-len 1", "at least 2"),
         ([*fit, "--seq-len", "8", "--batch", "0"], "--batch", "positive"),
@@ -131,6 +152,7 @@ def _cases(model_dir, inputs):
             (["train", *m[:2], "--device", "cuda", "--lora-rank", "4", "--data", str(good), "--plan", str(plans["plan"]),
               "--out", str(d / "run")], "--device cuda", "--device cpu"),
             (["fit", "--model", str(model_dir), "--device", "cuda", "--seq-len", "8", "--batch", "1"], "--device cuda", "--device cpu"),
+            ([*run, "--data", str(good), "--out", str(d / "run"), "--device", "cuda"], "--device cuda", "--device cpu"),
         ]
     return cases
 
