@@ -241,3 +241,45 @@ def test_the_judge_scores_the_same_in_bounded_passes_and_leaves_the_model_in_hos
     v = bounded.verdict(None)
     assert v["metric"] == "accuracy" and len(v["predictions"]) == len(rows)
     assert next(bounded.base.parameters()).device.type == "cpu"
+
+
+def test_a_search_judges_exact_match_only_for_the_unit_it_picks(sb, tmp_path):
+    """The sweep's and optuna's units skip the greedy decoding; once the search is whole, the
+    unit with the lowest unseen loss gets its exact match, from its adapter where it is still on
+    disk, else from the same run trained again."""
+    from types import SimpleNamespace
+
+    judged, trained = [], []
+
+    def verdict(adapter, em=True):
+        judged.append((adapter.name, em))
+        return {"metric": "test_ce", "test_ce": 0.5, "row_ce": [0.5], "exact_match": 0.25, "em_right": [True]}
+
+    def recipe_train(unit, lr, batch, warmup):
+        trained.append((unit, lr, batch, warmup))
+        d = tmp_path / f"run_{unit}"
+        d.mkdir(exist_ok=True)
+        (d / "adapter_config.json").write_text("{}")
+        (d / "run.json").write_text(json.dumps({"test_loss_after": {"mean": 0.31}}))
+        return {"rc": 0, "seconds": 1.0}, d
+
+    units = {f"sweep_{k}": {"lr": lr, "rows_per_step": 16, "warmup_ratio": 0.03, "unseen_loss": u,
+                            "verdict": {"metric": "test_ce", "test_ce": u}}
+             for k, (lr, u) in enumerate([(1e-4, 0.9), (1e-3, 0.3), (3e-3, 0.6)])}
+    stored = {}
+    arms = SimpleNamespace(judge=SimpleNamespace(has_em=True, verdict=verdict), work=tmp_path,
+                           board=SimpleNamespace(data={"units": {"sweep_0": units["sweep_0"]}},
+                                                 put=lambda name, rec: stored.update({name: rec})),
+                           recipe_train=recipe_train)
+    sb.Arms.em_for_best(arms, "sweep", 3)  # the search is not whole yet: nothing judged
+    assert judged == [] and stored == {}
+
+    arms.board.data["units"] = units
+    sb.Arms.em_for_best(arms, "sweep", 3)  # the pick's adapter is gone: trained again, then judged
+    assert trained == [("sweep_1", 1e-3, 16, 0.03)] and judged == [("run_sweep_1", True)]
+    assert stored["sweep_1"]["verdict"]["exact_match"] == 0.25
+    assert stored["sweep_1"]["em_retrained"]["unseen_loss"] == 0.31
+
+    judged.clear()
+    sb.Arms.em_for_best(arms, "sweep", 3)  # judged already: nothing runs again
+    assert judged == [] and len(trained) == 1
