@@ -12,7 +12,8 @@ Tasks (``--task``):
                    (benchmarks/data/README.md); accuracy as above; McNemar.
   gsm_symbolic     a worked solution to a grade-school word problem; test cross-entropy per
                    completion token (paired t over rows) and exact match of the number after
-                   ``####`` in a greedy generation (McNemar).
+                   ``####`` in a greedy generation (McNemar; for the sweep and optuna, of
+                   the unit the search picks only).
   debian_summary   a package's one-line summary written from its long description
                    (benchmarks/data/README.md); test cross-entropy per token (paired t).
 
