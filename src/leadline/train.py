@@ -252,6 +252,12 @@ def _add_test_verdict(result: dict[str, Any], before: Any, after: Any) -> None:
 
 def _save(model: Any, out: Path, result: dict[str, Any]) -> None:
     """The adapter (PEFT) or the weights, and ``run.json`` beside them."""
+    import warnings
+
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
+    with warnings.catch_warnings():
+        # a base read from a .gguf file has no config.json beside it, and PEFT warns that it cannot check the
+        # vocabulary: leadline never resizes it, so the warning only alarms
+        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+        model.save_pretrained(out)
     write_atomic(out / "run.json", json.dumps(result, indent=1, default=str))
