@@ -241,7 +241,11 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
         raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
     cfg = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0,
                      task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg), tok
+    import warnings
+
+    with warnings.catch_warnings():  # PEFT reads a property transformers 5 renamed: its warning is not the user's
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, cfg), tok
 
 
 def Progress() -> Any:
