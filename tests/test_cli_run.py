@@ -100,6 +100,17 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
     assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 
+def test_derive_keeps_a_step_the_user_fixes(model_dir, tmp_path):
+    import json
+
+    out = tmp_path / "plan.json"
+    assert main(["derive", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
+                 "4", "--steps", "6", "--rows-per-step", "3", "--out", str(out), "--device", "cpu"]) == 0
+    values = json.loads(out.read_text())["values"]
+    assert values["micro_batch"]["value"] * values["grad_accum"]["value"] == 3
+    assert values["tokens_per_step"]["kind"] == "given" and values["tokens_per_step"]["evidence"]["given_rows"] == 3
+
+
 def test_a_quick_plan_races_its_rates_inside_the_run(model_dir, tmp_path):
     from peft import LoraConfig, get_peft_model
 

@@ -94,3 +94,24 @@ def test_the_table_is_in_the_report_and_survives_json():
     back = Plan.from_json(plan.to_json())
     assert back.phases == plan.phases and back.derive_seconds == 11.0
     assert Plan.from_dict({"leadline_plan": 1, "values": {}}).phases == []  # an older plan has no table
+
+
+def test_a_step_the_caller_fixes_shapes_the_rate_phases_and_the_length(clock):  # noqa: F811
+    from leadline.derive import derive
+
+    pieces = _pieces(clock)
+    shapes = []
+    inner = pieces["train_step_of"]
+
+    def train_step_of(mb, accum):
+        shapes.append((mb, accum))
+        return inner(mb, accum)
+
+    plan = derive(**{**pieces, "train_step_of": train_step_of}, epochs=1.0, effort="full", rows_per_step=3)
+    assert plan["tokens_per_step"].kind == "given" and plan.micro_batch * plan.grad_accum == 3
+    per_row = plan.get("scored_tokens_per_row")
+    assert plan.tokens_per_step == pytest.approx(3 * per_row)
+    assert plan.total_steps == -(-plan.get("scored_tokens") // plan.tokens_per_step)  # one epoch at 3 rows a step
+    assert (plan.micro_batch, plan.grad_accum) in shapes  # the look-ahead ran at the given step
+    free = derive(**_pieces(clock), epochs=1.0, effort="full")
+    assert free.micro_batch * free.grad_accum != 3  # the measured step differs: the argument moved it

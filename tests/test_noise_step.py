@@ -73,3 +73,21 @@ def test_steps_and_tokens_at_batch_b():
     assert steps_and_tokens(1_000, 4_000, s_min=100, e_min=1e6) == (500.0, 1.25e6)
     assert steps_and_tokens(8_000, 8_000)[0] / steps_and_tokens(32_000, 8_000)[0] == pytest.approx(2 / 1.25)
     assert time_optimal_tokens(40_000, 2_000, 0.05, 0.2) == pytest.approx(4472.13595499958)
+
+
+def test_a_step_the_caller_fixes_is_kept_exactly_and_the_card_splits_it():
+    kw = {"tokens_per_micro_batch": 600.0, "t_step_seconds": 0.01, "t_micro_seconds": 0.5}
+    measured = tokens_per_step(6_000.0, rows_fit=6, **kw)
+    given = tokens_per_step(6_000.0, rows_fit=6, rows_per_step=16, **kw)
+    assert (given.micro_batch, given.grad_accum, given.rows_per_step) == (4, 4, 16)  # 16 exactly, not even_split's 15
+    assert given.tokens_per_step == pytest.approx(1_600.0) and given.given_rows == 16
+    v = given.as_values()
+    assert v["tokens_per_step"].kind == "given" and "16 rows a step, given" in v["tokens_per_step"].source
+    assert v["tokens_per_step"].evidence["b_star_tokens"] == pytest.approx(measured.b_star_tokens)
+    assert "4 micro-batches of 4 rows" in v["grad_accum"].source
+    roomy = tokens_per_step(6_000.0, rows_fit=32, rows_per_step=16, **kw)
+    assert (roomy.micro_batch, roomy.grad_accum) == (16, 1)
+    prime = tokens_per_step(6_000.0, rows_fit=6, rows_per_step=7, **kw)
+    assert (prime.micro_batch, prime.grad_accum) == (1, 7)  # only 1 divides 7 below 6: still exactly 7 rows
+    with pytest.raises(InputError, match="rows_per_step"):
+        tokens_per_step(6_000.0, rows_fit=6, rows_per_step=0, **kw)

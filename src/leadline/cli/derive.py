@@ -43,6 +43,9 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
                    help="instead, the length that keeps this share of rows whole")
     p.add_argument("--max-seconds", type=float, metavar="S",
                    help="a bound on the whole derive; what it does not reach is listed")
+    p.add_argument("--rows-per-step", type=int, metavar="N",
+                   help="a batch the run must keep: N rows an optimizer step (the card decides the micro-batch and "
+                   "accumulation, the rate is measured at it; default: the measured step)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,6 +91,9 @@ def check_plan_inputs(args: argparse.Namespace) -> None:
         raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
                          "the shift)")
     check_positive("--quantile", args.quantile, upper=1.0, example="0.99")
+    if args.rows_per_step is not None and args.rows_per_step < 1:
+        raise InputError(f"--rows-per-step {args.rows_per_step} must be a whole number of rows >= 1; pass e.g. "
+                         "--rows-per-step 16, or leave it out for the measured step")
     check_data_file("--data", args.data)
 
 
@@ -169,7 +175,8 @@ def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: objec
     try:
         return derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
                           seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
-                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank)
+                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank,
+                          rows_per_step=args.rows_per_step)
     finally:
         if bar is not None:
             bar.close()

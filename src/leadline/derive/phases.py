@@ -189,10 +189,11 @@ def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan 
 
 
 # ---- the step ---------------------------------------------------------------------------
-def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None) -> StepPhase:
+def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
     or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
-    a one-row step is timed for the fixed cost of a micro-batch (noise/step.py)."""
+    a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).
+    ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence)."""
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
@@ -210,7 +211,8 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None) -> Step
         one_row = list(step_fn(1, int(plan.get("seq_len")), repeats=3).micro_seconds)
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                          t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
-                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row)
+                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
+                         rows_per_step=rows_per_step)
     return StepPhase(sp, sp.as_values())
 
 
@@ -256,10 +258,12 @@ def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], 
 
 def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
                 plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
-                named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors") -> PastFormatPhase:
+                named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
+                rows_per_step: int | None = None) -> PastFormatPhase:
     """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
     rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
-    reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in)."""
+    reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
+    ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows."""
     from types import SimpleNamespace
 
     from leadline.memory import ramp
@@ -312,6 +316,8 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     if not pf.grew or pf.noise is None:
         return PastFormatPhase(pf, None, out)
     need = max(1, math.ceil((pf.b_noise_tokens + (pf.se_tokens or 0.0)) / per_row))
+    if rows_per_step is not None:  # the step is given: more rows a micro-batch than it has buy nothing
+        need = rows_per_step
     rows_fit = int(plan.get("rows_fit"))
     ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
     result = None
@@ -327,7 +333,7 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
             for n, v in result.as_values().items():
                 out["rows_fit" if n == "micro_batch" else n] = v
                 plan.set("rows_fit" if n == "micro_batch" else n, v)
-    out.update(step(plan, pf.noise, step_fn=step_fn).as_values())
+    out.update(step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step).as_values())
     return PastFormatPhase(pf, result, out)
 
 

@@ -52,7 +52,8 @@ _STEP_NEEDS = ("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seco
 _PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
 
 
-def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None) -> None:
+def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None,
+           rows_per_step: int | None = None) -> None:
     if effort not in EFFORTS:
         raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, "
                          "full runs the look-ahead")
@@ -66,6 +67,10 @@ def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float 
         raise InputError(f"total_steps must be a whole number of optimizer steps >= 1, got {total_steps!r}")
     if epochs is not None and (not isinstance(epochs, (int, float)) or not epochs > 0 or not math.isfinite(epochs)):
         raise InputError(f"epochs must be a positive number, got {epochs!r}")
+    if rows_per_step is not None and (isinstance(rows_per_step, bool) or not isinstance(rows_per_step, int)
+                                      or rows_per_step < 1):
+        raise InputError(f"rows_per_step must be a whole number of rows >= 1, got {rows_per_step!r}; pass e.g. 16 "
+                         "or leave it out for the measured step")
 
 
 def derive(
@@ -96,6 +101,7 @@ def derive(
     model_info: dict[str, Any] | None = None,
     device: Any = None,
     started: float | None = None,
+    rows_per_step: int | None = None,
 ) -> Plan:
     """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
     runs when what it needs is given, and a plan with three derived values and an honest gap
@@ -135,13 +141,16 @@ def derive(
             bf16 forward).
         model_info: the model's record for the plan.
         device: the accelerator (default: the step's).
+        rows_per_step: the rows an optimizer step takes, fixed by the caller (a batch size the
+            run must keep): the card decides only its micro-batch and accumulation, the rate
+            phases run at it, and the least-time step is kept in ``tokens_per_step``'s evidence.
 
     Returns:
         The :class:`~leadline.plan.Plan`; ``plan.phases`` says where its seconds went (a
         :class:`~leadline.plan.PhaseTime` per phase) and ``plan.derive_seconds`` its wall time.
     """
     entered = time.monotonic()
-    _check(effort, trained_as, total_steps, epochs)
+    _check(effort, trained_as, total_steps, epochs, rows_per_step)
     prior = Plan.from_json(prior) if isinstance(prior, (str, os.PathLike)) else prior
     named = list(named_weights or [])
     params = [w for _, w in named]
@@ -149,6 +158,9 @@ def derive(
     corpus = data if data is not None else rows
     plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
+    if world is not None and rows_per_step is not None:
+        raise InputError("rows_per_step is not supported in a distributed job yet (the step there is micro-batch x "
+                         "accumulation x world size); leave it out, or derive in one process")
     train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
     held_out_losses = CountedReads(held_out_losses) if held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
@@ -156,7 +168,8 @@ def derive(
     expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
                          memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
                          length=total_steps is None and epochs is not None)
-    fingerprint = _fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile)
+    fingerprint = {**_fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile),
+                   **({"rows_per_step": rows_per_step} if rows_per_step is not None else {})}
     runner = _runner(plan, world, train_step_of, held_out_losses, expected, fingerprint, max_seconds=max_seconds,
                      on_progress=on_progress, resume=resume, started=started)
     with leave_no_trace(params, _optimizers(optimizer, step_fn)), forbid_spill(device if device is not None else "cpu"):
@@ -166,7 +179,7 @@ def derive(
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
         if step_fn is not None and grad_fn is not None:
             runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
-                       step_fn=step_fn if world is None else None, needs=_STEP_NEEDS)
+                       step_fn=step_fn if world is None else None, rows_per_step=rows_per_step, needs=_STEP_NEEDS)
         timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
         first = None
         if timed is not None:
@@ -174,7 +187,7 @@ def derive(
                                loss_resolution, world is not None)
         if past_format_ready:
             runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
-                       noise, lengths, runner, named, trained_as, needs=_PAST_FORMAT_NEEDS)
+                       noise, lengths, runner, named, trained_as, rows_per_step, needs=_PAST_FORMAT_NEEDS)
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         _length(runner, plan, total_steps, epochs)

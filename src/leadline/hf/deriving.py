@@ -41,7 +41,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
                probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
-               progress: bool | None = None) -> Plan:
+               progress: bool | None = None, rows_per_step: int | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
@@ -76,6 +76,9 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
 
     ``progress``: a bar over the phases on stderr (:class:`~leadline.progress.PhaseBar`);
     ``None`` (the default) shows it when stderr is a terminal and no ``on_progress`` is given.
+
+    ``rows_per_step``: a batch the run must keep (rows an optimizer step takes): the card then
+    decides only its micro-batch and accumulation, and the rate is measured at it.
     """
     return derive_parts(**locals())
 
@@ -101,12 +104,14 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
             probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
             progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
-            batch: tuple[int, int] | None = None) -> Plan:
+            batch: tuple[int, int] | None = None, rows_per_step: int | None = None) -> Plan:
     import time
 
     from leadline.derive import derive
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
+    if batch is not None and rows_per_step is not None:
+        raise InputError("pass batch=(micro_batch, grad_accum) or rows_per_step, not both: each fixes the step")
     given = _given(model, tokenizer, train_dataset, total_steps, epochs, fit_rank)
     p = _pieces(given, seq_len=seq_len, quantile=quantile, held_out=held_out, test=test, seed=seed,
                 probe_rows=probe_rows, fields=fields, trained_as=trained_as, batch=batch)
@@ -133,7 +138,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             lengths=p.lengths,
             held_out=p.task.split.as_dict(), model_info=p.model_info,
             loss_resolution=_loss_resolution(p.inner),
-            device=p.task.device, started=started,
+            device=p.task.device, started=started, rows_per_step=rows_per_step,
         )
         _given_values(plan, p, batch, given.policy)
         _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)

@@ -174,6 +174,7 @@ class StepPlan:
         rows_per_step: micro_batch × grad_accum.
         cut: True when the micro-batch was cut below what fits.
         inputs: every number it was computed from (the timing repeats included).
+        given_rows: the rows a step the caller fixed (None: the least-time step).
     """
 
     tokens_per_step: float
@@ -184,6 +185,7 @@ class StepPlan:
     rows_per_step: int
     cut: bool
     inputs: dict[str, Any]
+    given_rows: int | None = None
 
     def _step_source(self, clamp: str) -> str:
         i = self.inputs
@@ -209,10 +211,18 @@ class StepPlan:
         """The plan's ``tokens_per_step``, ``micro_batch`` and ``grad_accum`` (all derived)."""
         i = self.inputs
         clamp = f", clamped to {self.clamped_by}" if self.clamped_by else ""
-        ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut}
+        ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut,
+              "given_rows": self.given_rows}
+        if self.given_rows is None:
+            step = Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev, unit="scored tokens")
+        else:
+            per_row = i["tokens_per_micro_batch"] / i["rows_fit"]
+            step = Value(self.tokens_per_step, "given",
+                         f"{self.given_rows} rows a step, given by the caller ({format_tokens(per_row)} scored tokens "
+                         f"a row); the measured step would be {round(self.b_star_tokens / per_row)} rows: "
+                         f"{self._step_source(clamp)}", evidence=ev, unit="scored tokens")
         return {
-            "tokens_per_step": Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev,
-                                     unit="scored tokens"),
+            "tokens_per_step": step,
             "micro_batch": Value(
                 self.micro_batch, "derived",
                 (f"cut from the {i['rows_fit']} rows that fit to the step's {self.rows_per_step}" if self.cut
@@ -222,6 +232,9 @@ class StepPlan:
             ),
             "grad_accum": Value(
                 self.grad_accum, "derived",
+                f"the {self.given_rows} rows a step given, in {self.grad_accum} micro-batch"
+                f"{'es' if self.grad_accum > 1 else ''} of {self.micro_batch} rows (the most rows dividing "
+                f"{self.given_rows} that the {i['rows_fit']} that fit allow)" if self.given_rows is not None else
                 f"ceil({i['rows_wanted']} rows a step ({format_tokens(self.tokens_per_step)} tokens at "
                 f"{format_tokens(i['tokens_per_micro_batch'] / i['rows_fit'])} a row)"
                 f" / {i['rows_fit']} that fit) = {self.grad_accum} micro-batch{'es' if self.grad_accum > 1 else ''} of "
@@ -240,6 +253,7 @@ def tokens_per_step(
     t_micro_seconds: float | Sequence[float],
     corpus_scored_tokens: float | None = None,
     t_micro_one_row_seconds: float | Sequence[float] | None = None,
+    rows_per_step: int | None = None,
 ) -> StepPlan:
     """The optimizer step in scored tokens, and the micro-batch and grad_accum that make it.
 
@@ -254,6 +268,9 @@ def tokens_per_step(
         t_micro_one_row_seconds: one forward+backward of ONE row at the same length (one
             number or its repeats). With it, the fixed cost of a micro-batch is counted (see
             the module docstring) and the step is the least-time whole number of rows.
+        rows_per_step: the rows a step the caller fixes (a batch size the run must keep): the
+            step is that, its micro-batch and grad_accum fitted to the card, and the least-time
+            step stays in the evidence beside it.
 
     Returns:
         :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
@@ -297,7 +314,14 @@ def tokens_per_step(
     if target < per_row:
         target, clamped = per_row, "one row"
     rows_step = max(1, round(target / per_row))
-    micro, grad_accum = even_split(rows_step, rows_fit)
+    if rows_per_step is not None:
+        if isinstance(rows_per_step, bool) or not isinstance(rows_per_step, int) or rows_per_step < 1:
+            raise InputError(f"rows_per_step={rows_per_step!r} must be a whole number of rows >= 1; pass e.g. 16")
+        rows_step, target, clamped = rows_per_step, rows_per_step * per_row, None
+        micro = max(d for d in range(1, min(rows_fit, rows_step) + 1) if rows_step % d == 0)  # exactly the rows given
+        grad_accum = rows_step // micro
+    else:
+        micro, grad_accum = even_split(rows_step, rows_fit)
     inputs = {
         "b_noise_tokens": b_noise,
         "confirmed_tokens": getattr(noise, "confirmed_tokens", None),
@@ -314,4 +338,5 @@ def tokens_per_step(
     return StepPlan(
         tokens_per_step=target, b_star_tokens=b_star, clamped_by=clamped, micro_batch=micro,
         grad_accum=grad_accum, rows_per_step=micro * grad_accum, cut=micro < rows_fit, inputs=inputs,
+        given_rows=rows_per_step,
     )
