@@ -37,6 +37,9 @@ processes (model loading included, the same for every arm), deciding and trainin
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``.
   leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
                    the model loaded once; its cost is that one process's wall seconds.
+  leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
+                   train``: the recipe's batch, everything else measured. Beside leadline_full
+                   it isolates the step: rule S below.
   pichak_quick     pichak 0.4.1's ``derive(effort="quick")`` then ``race()`` over its grid, as its
                    README prescribes (benchmarks/pichak_arm.py says where it had to adapt).
   pichak_full      pichak's full ``derive()`` then its ``LookaheadSchedule``.
@@ -49,6 +52,9 @@ Decision rules, written before any run (``RULES`` below is what the table prints
       majority class is below 40%;
   $   leadline's cost is reported as a ratio to the sweep's summed cost; "a fraction of a
       search's cost" means below 0.5.
+  S   the measured step costs quality in a one-pass run when leadline_full_16rows beats
+      leadline_full with p < 0.05 (and the reverse when it loses): the step leadline measures
+      minimizes the time to a loss, not the loss a fixed number of rows reaches.
 Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
 are.
 
@@ -94,8 +100,10 @@ RULES = {
     "L": "it loses when the metric is worse with p < 0.05; otherwise the two tie",
     "C": "an arm collapsed when one answer takes over 60% of the test rows (majority class below 40%)",
     "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
+    "S": "the measured step costs quality in a one-pass run when leadline_full_16rows beats leadline_full with "
+         "p < 0.05 (and the reverse when it loses)",
 }
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
         "pichak_full"]
 
 
@@ -529,15 +537,17 @@ class Arms:
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish("schedulefree", rec, run_dir if t["rc"] == 0 else None)
 
-    def leadline_arm(self, effort: str) -> None:
-        unit = f"leadline_{effort}"
+    def leadline_arm(self, effort: str, rows_per_step: int | None = None) -> None:
+        unit = f"leadline_{effort}" + (f"_{rows_per_step}rows" if rows_per_step else "")
         if self.board.has(unit):
             return
-        plan = self.work / f"{effort}.json"
+        name = unit.removeprefix("leadline_")
+        plan = self.work / f"{name}.json"
         _rm(plan)
         bound = ["--max-seconds", "20"] if self.args.smoke else []
-        d = leadline(["derive", *self.common, "--effort", effort, *self.short, *bound, "--out", str(plan)], self.work / f"derive_{effort}.log",
-                     self.args.timeout)
+        fixed = ["--rows-per-step", str(rows_per_step)] if rows_per_step else []
+        d = leadline(["derive", *self.common, "--effort", effort, *fixed, *self.short, *bound, "--out", str(plan)],
+                     self.work / f"derive_{name}.log", self.args.timeout)
         rec: dict[str, Any] = {"derive": d, "decide_seconds": d["seconds"]}
         if d["rc"] != 0 or not plan.exists():
             rec["failed"] = True
@@ -546,8 +556,8 @@ class Arms:
         rec["plan"] = json.loads(plan.read_text())
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
-        t = leadline(["train", *self.common, "--plan", str(plan), *self.short, "--out", str(run_dir)], self.work / f"train_{effort}.log",
-                     self.args.timeout)
+        t = leadline(["train", *self.common, "--plan", str(plan), *self.short, "--out", str(run_dir)],
+                     self.work / f"train_{name}.log", self.args.timeout)
         rec.update({"train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)})
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
@@ -736,8 +746,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "schedulefree", "lr_find",
-                 "pichak_quick", "pichak_full"):
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+                 "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
     for prefix, n in (("sweep", len(data.get("sweep_rates", SWEEP_RATES))), ("optuna", data.get("optuna_trials", OPTUNA_TRIALS))):
@@ -812,7 +822,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run"]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -1040,7 +1050,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
-             "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run, "pichak_quick": lambda: arms.pichak("quick"),
+             "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
+             "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
              "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})

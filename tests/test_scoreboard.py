@@ -168,7 +168,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run"]
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -182,11 +182,13 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
               if v.get("failed")}
     assert not failed, failed
     assert not board.get("failures"), board.get("failures")
-    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full", "leadline_run"):
+    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"):
         assert units[name]["verdict"]["metric"] == "accuracy", name
         assert units[name]["run"]["steps"] == 2, name
     if "optuna" in arms:
         assert units["optuna"]["trials"] == 2 and "optuna_1" in units
+    fixed = units["leadline_full_16rows"]["plan"]["values"]
+    assert fixed["micro_batch"]["value"] * fixed["grad_accum"]["value"] == 16
     text = sb.table_of(board, out)
     assert re.search(r"\| sweep \| [01]\.\d{4} \|", text) and re.search(r"\| leadline_full \| [01]\.\d{4} \|", text)
     before = {k: v.get("train_seconds") for k, v in units.items()}
