@@ -291,20 +291,20 @@ class Judge:
         (most of a generation task's judging time), for the units a search does not pick."""
         import torch
 
-        self.base.to(self.dev)
-        model = self.base
-        if adapter is not None:
-            from peft import PeftModel
+        model, wrapped = self.base.to(self.dev), None
+        try:  # whatever raises, the base goes back to host memory without the adapter
+            if adapter is not None:
+                from peft import PeftModel
 
-            model = PeftModel.from_pretrained(self.base, str(adapter)).to(self.dev)
-        try:
+                wrapped = PeftModel.from_pretrained(self.base, str(adapter)).to(self.dev)
+                model = wrapped
             if self.task["kind"] == "classify":
                 return self._classify(model)
             return self._generate(model, em)
         finally:
-            if adapter is not None:
-                self.base = model.unload()
-            del model
+            if wrapped is not None:
+                self.base = wrapped.unload()
+            del model, wrapped
             self.base.to("cpu")
             if self.dev.type == "cuda":
                 torch.cuda.empty_cache()

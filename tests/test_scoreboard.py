@@ -243,6 +243,12 @@ def test_the_judge_scores_the_same_in_bounded_passes_and_leaves_the_model_in_hos
     v = bounded.verdict(None)
     assert v["metric"] == "accuracy" and len(v["predictions"]) == len(rows)
     assert next(bounded.base.parameters()).device.type == "cpu"
+    moves = []
+    to = bounded.base.to
+    bounded.base.to = lambda where: (moves.append(where), to(where))[1]
+    with pytest.raises(ValueError):  # an adapter folder that is none: the base still goes back to the host
+        bounded.verdict(tmp_path / "no_adapter")
+    assert moves == [bounded.dev, "cpu"] and not hasattr(bounded.base, "peft_config")
 
 
 def test_a_search_judges_exact_match_only_for_the_unit_it_picks(sb, tmp_path):
