@@ -40,6 +40,13 @@ processes (model loading included, the same for every arm), deciding and trainin
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
                    train``: the recipe's batch, everything else measured. Beside leadline_full
                    it isolates the step: rule S below.
+  leadline_full_to_zero, leadline_full_16rows_to_zero  the plan of leadline_full (of
+                   leadline_full_16rows) trained again with ``leadline train --ending to-zero``:
+                   the rate falls linearly to zero over the run under the same checks, instead
+                   of the raced ending over the last 2h steps. The same plan, so the pair isolates
+                   the ending (rule E); the deciding seconds are the plan's own. The plan comes
+                   from this machine's work folder where its arm ran in the same call (with its
+                   look-ahead's branch), else from the arm's record (the run then starts over).
   pichak_quick     pichak 0.4.1's ``derive(effort="quick")`` then ``race()`` over its grid, as its
                    README prescribes (benchmarks/pichak_arm.py says where it had to adapt).
   pichak_full      pichak's full ``derive()`` then its ``LookaheadSchedule``.
@@ -55,6 +62,10 @@ Decision rules, written before any run (``RULES`` below is what the table prints
   S   the measured step costs quality in a one-pass run when leadline_full_16rows beats
       leadline_full with p < 0.05 (and the reverse when it loses): the step leadline measures
       minimizes the time to a loss, not the loss a fixed number of rows reaches.
+  E   the ending to zero replaces the raced ending as the schedule's default when, on the same
+      plan, leadline_full_to_zero beats leadline_full (or leadline_full_16rows_to_zero beats
+      leadline_full_16rows) with p < 0.05 on at least one task and loses (p < 0.05) on none;
+      otherwise the raced ending stays.
 Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
 are.
 
@@ -102,9 +113,12 @@ RULES = {
     "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
     "S": "the measured step costs quality in a one-pass run when leadline_full_16rows beats leadline_full with "
          "p < 0.05 (and the reverse when it loses)",
+    "E": "the ending to zero replaces the raced ending as the default when, on the same plan, a *_to_zero arm beats "
+         "its raced arm with p < 0.05 on at least one task and loses on none",
 }
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "schedulefree", "lr_find", "sweep", "optuna", "pichak_quick",
-        "pichak_full"]
+TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero"]
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO, "schedulefree", "lr_find",
+        "sweep", "optuna", "pichak_quick", "pichak_full"]
 
 
 def log(*a: Any) -> None:
@@ -562,6 +576,30 @@ class Arms:
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
+    def to_zero(self, base: str) -> None:
+        """``base``'s plan trained again with ``--ending to-zero`` (rule E): the plan file and its
+        look-ahead's branch where ``base`` ran in this work folder, else the plan ``base`` recorded."""
+        unit = f"{base}_to_zero"
+        if self.board.has(unit):
+            return
+        rec_base = self.board.data["units"].get(base)
+        if not rec_base or rec_base.get("failed") or "plan" not in rec_base:
+            log(unit, f"needs {base} first; skipped")
+            return
+        name = base.removeprefix("leadline_")
+        plan = self.work / f"{name}.json"
+        if not plan.exists() or json.loads(plan.read_text()).get("created") != rec_base["plan"].get("created"):
+            plan = self.work / f"{name}_recorded.json"  # no branch beside it: the run starts over
+            plan.write_text(json.dumps(rec_base["plan"]))
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        t = leadline(["train", *self.common, "--plan", str(plan), "--ending", "to-zero", *self.short, "--out", str(run_dir)],
+                     self.work / f"train_{unit}.log", self.args.timeout)
+        rec: dict[str, Any] = {"plan_of": base, "decide_seconds": rec_base.get("decide_seconds", 0.0),
+                               "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
+        rec["unseen_loss"] = unseen_loss(rec["run"])
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+
     def leadline_run(self) -> None:
         """``leadline run``: derive (full) and train in one process; deciding is the derive's
         seconds and the model's one load, training the rest of the process's wall time."""
@@ -746,7 +784,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO,
                  "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
@@ -822,7 +860,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -854,8 +892,24 @@ def table_of(data: dict[str, Any], path: Path) -> str:
                      + (f" ({load:.0f} s in leadline derive's own note)" if load is not None else "")
                      + ", counted in every arm's seconds: leadline's two processes pay it twice.")
     lines += [f"- {line}" for line in bar_of(data, arms)]
+    lines += [f"- {line}" for line in paired_rules(data, arms)]
     lines.append("")
     return "\n".join(lines)
+
+
+def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
+    """Rules S and E on this task: each pair's paired test, where both of its arms ran."""
+    kind, gold = data["kind"], data.get("gold", [])
+    pairs = [("S", "leadline_full_16rows", "leadline_full", "the recipe's 16 rows a step against the measured step"),
+             ("E", "leadline_full_to_zero", "leadline_full", "the ending to zero against the raced ending"),
+             ("E", "leadline_full_16rows_to_zero", "leadline_full_16rows",
+              "the ending to zero against the raced ending, at 16 rows a step")]
+    out = []
+    for rule, a, b, what in pairs:
+        if a in arms and b in arms:
+            c = compare(kind, arms[a], arms[b], gold)
+            out.append(f"Rule {rule}, {what} ({a} against {b}): {outcome(c) if c else '–'}.")
+    return out
 
 
 def load_seconds(data: dict[str, Any]) -> float | None:
@@ -1052,6 +1106,8 @@ def main(argv: list[str] | None = None) -> int:
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
              "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
+             "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
+             "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
              "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})

@@ -54,7 +54,8 @@ def derived(tmp_path_factory):
     return tok, plan, load_run_state(where)
 
 
-def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived):
+@pytest.mark.parametrize("ending", ["raced", "to_zero"])
+def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived, ending):
     import torch
 
     from leadline.hf import prepare
@@ -67,7 +68,7 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived)
     assert state.lr == plan.lr  # the branch ran at the plan's own rate: only such a branch is kept
 
     model = _lora(tok)
-    res = train_with_plan(model, tok, DATA_FILE, plan, state=state.path)
+    res = train_with_plan(model, tok, DATA_FILE, plan, state=state.path, ending=ending)
     assert res["continued"]["from_step"] == n and len(res["curve"]) == T - n
     assert res["curve"][0]["step"] == n
 
@@ -77,8 +78,7 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived)
     params = [p for p in ref.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=plan.lr, weight_decay=0.0)
     step = task.train_step_of(plan.micro_batch, plan.grad_accum)
-    sched = LookaheadSchedule(params, opt, step, task.held_out_losses(), lookahead_from(plan, taken=(n, state.lr)),
-                              total_steps=T)
+    sched = LookaheadSchedule(params, opt, step, task.held_out_losses(), lookahead_from(plan, taken=(n, state.lr), ending=ending), total_steps=T)
     ref.train()
     for t in range(T):
         sched.before(t)
@@ -89,6 +89,10 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived)
     got, want = _trained(model), _trained(ref)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert res["schedule"]["checks"] == sched.evidence()["checks"]
+    if ending == "to_zero":  # the run's own steps fall from the plan's rate to zero; nothing reran
+        rates = [c["lr"] for c in res["curve"]]
+        assert rates[0] == pytest.approx(plan.lr) and rates[-1] == pytest.approx(plan.lr / (T - n))
+        assert res["ending"]["kept"] == "to_zero" and res["ending"]["from_step"] == n
 
 
 def test_a_run_that_cannot_continue_starts_over_and_says_why(derived):

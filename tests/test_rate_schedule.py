@@ -154,3 +154,42 @@ def test_lookahead_from_reads_a_plan():
     assert (cfg.lr, cfg.alpha1, cfg.warmup_steps, cfg.horizon_steps) == (2e-4, 1e-4, 10, 32)
     with pytest.raises(InputError, match="lr"):
         lookahead_from(Plan())
+
+
+def test_the_to_zero_ending_falls_linearly_to_zero_over_the_run_and_reruns_nothing():
+    toy = Regression(seed=0, dim=32)
+    cfg = lookahead_from({"lr": 0.04, "alpha1": 0.04, "lookahead_horizon_steps": 8}, ending="to_zero")
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
+    rates = []
+    for t in range(64):
+        sched.before(t)
+        rates.append(toy.opt.param_groups[0]["lr"])
+        toy.opt.zero_grad(set_to_none=True)
+        toy.train_step(t)
+        toy.opt.step()
+    assert rates == pytest.approx([0.04 * (64 - t) / 64 for t in range(64)])
+    assert sched.copy is None  # no copy for a raced ending
+    ending = sched.finish()
+    assert ending["kept"] == "to_zero" and (ending["from_step"], ending["to_step"]) == (0, 64)
+    assert toy.calls == list(range(64))  # no step rerun
+    assert sched.checks[-1]["action"] == "final"
+    assert sched.as_values()["ending"].kind == "given"
+
+
+def test_the_to_zero_ending_starts_after_the_steps_taken_elsewhere_and_halves_on_a_rollback():
+    toy = Regression(seed=0, dim=32)
+    toy.spike = set(range(20, 24))
+    cfg = lookahead_from({"lr": 0.01, "alpha1": 0.01, "lookahead_horizon_steps": 8}, taken=(8, 0.01),
+                         ending="to_zero")
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
+    assert [sched.lr_at(t) for t in (0, 7)] == [0.01, 0.01]  # the taken steps keep their rate
+    assert sched.lr_at(8) == pytest.approx(0.01) and sched.lr_at(36) == pytest.approx(0.01 * 28 / 56)
+    run(toy, sched, 33)
+    assert sched.checks[-1]["action"] == "rollback"
+    assert sched.lr_at(40) == pytest.approx(0.005 * 24 / 56)  # the halving applies on top of the decay
+
+
+def test_an_unknown_ending_is_one_sentence():
+    with pytest.raises(InputError, match="ending must be one of raced, to_zero"):
+        lookahead_from({"lr": 1e-3}, ending="cosine")
+

@@ -105,6 +105,8 @@ def _cases(model_dir, inputs):
         ([*train, "--recipe", "--lr", "-1"], "--lr -1", "above 0"),
         ([*train, "--recipe", "--lr", "0"], "--lr 0", "above 0"),
         ([*train, "--recipe", "--warmup-ratio", "2"], "--warmup-ratio 2", "share of the steps"),
+        ([*train, "--recipe", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
+        ([*train, "--no-schedule", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
         (["train", *m, "--data", str(good), "--plan", str(plans["abc"]), "--out", str(d / "run")], "micro_batch is 'abc'", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["neg"]), "--out", str(d / "run")], "micro_batch is -3", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["lr_text"]), "--out", str(d / "run")], "lr is 'fast'", "rate above 0"),

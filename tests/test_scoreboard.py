@@ -168,7 +168,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"]
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+            "leadline_full_to_zero"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -187,10 +188,14 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
         assert units[name]["run"]["steps"] == 2, name
     if "optuna" in arms:
         assert units["optuna"]["trials"] == 2 and "optuna_1" in units
+    zero = units["leadline_full_to_zero"]  # leadline_full's plan again, the rate falling to zero
+    assert zero["plan_of"] == "leadline_full" and zero["decide_seconds"] == units["leadline_full"]["decide_seconds"]
+    assert zero["run"]["ending"]["kept"] == "to_zero" and zero["run"]["steps"] == 2
     fixed = units["leadline_full_16rows"]["plan"]["values"]
     assert fixed["micro_batch"]["value"] * fixed["grad_accum"]["value"] == 16
     text = sb.table_of(board, out)
     assert re.search(r"\| sweep \| [01]\.\d{4} \|", text) and re.search(r"\| leadline_full \| [01]\.\d{4} \|", text)
+    assert "Rule E, the ending to zero against the raced ending (leadline_full_to_zero against leadline_full)" in text
     before = {k: v.get("train_seconds") for k, v in units.items()}
     assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
     again = json.loads(out.read_text())

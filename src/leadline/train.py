@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from leadline._io import write_atomic
 from leadline.errors import InputError
@@ -56,7 +56,8 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
 
 
 def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any], accum: int, steps: int, *,
-                  schedule: bool, linear: bool, racing: bool) -> tuple[Any, dict[str, Any] | None]:
+                  schedule: bool, linear: bool, racing: bool,
+                  ending: Literal["raced", "to_zero"] = "raced") -> tuple[Any, dict[str, Any] | None]:
     """The saved branch when this run can continue from it, and the record of the decision."""
     if state is None:
         return None, None
@@ -73,7 +74,7 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
     facts = {"data_sha256": describe_data(data).get("sha256"), "seed": plan.held_out.get("seed", 0),
              "seq_len": task.seq_len, "rows_per_step": int(plan.micro_batch) * accum,
              "trained_parameters": int(sum(p.numel() for p in params))}
-    config = lookahead_from(plan, taken=(rs.steps, rs.lr))
+    config = lookahead_from(plan, taken=(rs.steps, rs.lr), ending=ending)
     why = rs.why_not(facts, params=params, plan_lr=float(plan.lr), plan_warmup_steps=int(plan.get("warmup_steps", 0)),
                      total_steps=steps, ending_from=ending_copy_step(config, steps) if schedule else None)
     if why is not None:
@@ -92,7 +93,8 @@ def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
 def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
                     total_steps: int | None = None, schedule: bool = True,
                     on_step: Callable[[dict[str, Any]], None] | None = None,
-                    state: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+                    state: str | os.PathLike[str] | None = None,
+                    ending: Literal["raced", "to_zero"] = "raced") -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
@@ -109,6 +111,10 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     before the raced ending) the run continues from its step n — its n steps
     counted against the run's length — and is the run that took those n steps itself, bit for bit;
     otherwise it starts over and ``result["continued"]["why"]`` says why.
+
+    ``ending``: ``raced`` (the schedule reruns its last 2h steps with the rate decaying and keeps
+    the better ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
+    under the same checks; nothing raced): :mod:`leadline.rate.schedule`.
     """
     import torch
 
@@ -132,14 +138,16 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     held = task.held_out_losses()
     racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
-                                         schedule=schedule and not racing, linear=linear, racing=racing)
+                                         schedule=schedule and not racing, linear=linear, racing=racing,
+                                         ending=ending)
     taken = (run_state.steps, run_state.lr) if run_state is not None else None
     test = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
             if task.split.test else None)
 
     before = test() if test else None
     model.train()
-    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan, taken=taken), total_steps=steps)
+    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan, taken=taken, ending=ending),
+                               total_steps=steps)
              if schedule and not racing else None)
     t0 = time.monotonic()
     race_result = None

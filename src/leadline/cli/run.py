@@ -18,6 +18,7 @@ from typing import Any
 
 from leadline.cli._common import add_model_arguments
 from leadline.cli.derive import add_plan_arguments
+from leadline.cli.train import add_ending_argument
 
 PLAN = "plan.json"
 REPORT = "report.html"
@@ -30,6 +31,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     p.add_argument("--html", action="store_true", help=f"also write the plan's HTML report to DIR/{REPORT}")
+    add_ending_argument(p)
     # what `leadline derive` has and `leadline run` does not: a run derives afresh, at the model's own rank
     p.set_defaults(resume=None, prior=None, fit_rank=False)
 
@@ -63,7 +65,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
     from leadline.cli._common import Progress, load_for_training, ram_bound
     from leadline.cli.derive import derive_plan, note_plan, state_path, write_plan
-    from leadline.cli.train import print_run, show_step
+    from leadline.cli.train import ending_of, print_run, show_step
     from leadline.derive.state import keep_run_state
     from leadline.train import train_with_plan
 
@@ -82,7 +84,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         print()
         t_train = time.perf_counter()
         # the model derive measured, as derive_for left it: the weights a fresh load gives
-        res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state)
+        res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state,
+                              ending=ending_of(args))
         seconds["train_seconds"] = time.perf_counter() - t_train
     _add_seconds(out / "run.json", seconds)
     print_run(res, out)

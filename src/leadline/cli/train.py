@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="start from the model's weights even where derive kept the look-ahead's branch")
     p.add_argument("--no-schedule", action="store_true",
                    help="train at the plan's rate without the LookaheadSchedule (not advised)")
+    add_ending_argument(p)
     p.add_argument("--recipe", action="store_true",
                    help="ignore --plan's numbers and train the default recipe by the same path: "
                    "AdamW at --lr, --batch rows a step, --warmup-ratio warmup, linear decay to zero (for comparisons)")
@@ -33,6 +34,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batch", type=int, metavar="M",
                    help="with --recipe: rows a forward pass, dividing --batch (the rest accumulated; default: the "
                    "most rows, dividing --batch, that the plan's ramp measured the card holds, else --batch)")
+
+
+def add_ending_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ending", choices=("raced", "to-zero"), default="raced",
+                   help="raced (default): the schedule reruns its last steps with the rate decaying and keeps the "
+                   "better ending by a test on the held-out rows; to-zero: the rate falls linearly to zero over the "
+                   "run, under the same checks, nothing raced (docs/rate.md)")
+
+
+def ending_of(args: argparse.Namespace) -> Any:
+    """--ending as the schedule names it (``raced`` or ``to_zero``)."""
+    return "to_zero" if args.ending == "to-zero" else "raced"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +67,10 @@ def run(args: argparse.Namespace) -> int:
     plan = read_plan("--plan", args.plan)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
+    if args.ending != "raced" and (args.recipe or args.no_schedule):
+        flag = "--recipe" if args.recipe else "--no-schedule"
+        raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and {flag} trains without it; "
+                         f"drop one of the two")
     if args.recipe:
         if args.batch < 1:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
@@ -88,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, "
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
-                              schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state)
+                              schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
+                              ending=ending_of(args))
     print_run(res, args.out)
     return 0
 

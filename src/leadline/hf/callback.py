@@ -32,7 +32,7 @@ rows Trainer used); the comparison is unbiased, with more noise.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from transformers import TrainerCallback
 
@@ -51,11 +51,14 @@ class LeadlineCallback(TrainerCallback):
         params: the trained tensors (default: the model's ``requires_grad`` parameters).
         total_steps: the run's length (default: Trainer's ``max_steps``).
         cap: cap the process on a CUDA card (default True).
+        race: race a quick plan's rates from Trainer's starting weights (default: a quick plan races).
+        ending: ``raced`` (the last 2h steps rerun with the rate decaying, the better ending kept)
+            or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
     """
 
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,
                  params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
-                 race: bool | None = None) -> None:
+                 race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced") -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
         self.plan = plan
@@ -69,6 +72,7 @@ class LeadlineCallback(TrainerCallback):
         if self.race and not plan.get("race_rates"):
             raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or "
                              "leave race unset")
+        self.ending_kind = ending
         self.schedule: Any = None
         self.raced: Any = None
         self.ending: dict[str, Any] | None = None
@@ -119,7 +123,7 @@ class LeadlineCallback(TrainerCallback):
             from leadline.memory import forbid_spill
 
             self._cap_handle = forbid_spill(device)
-        config = lookahead_from(self.plan)
+        config = lookahead_from(self.plan, ending=self.ending_kind)
         if self.race:
             config = self._race(params, optimizer, total, config)
         self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,

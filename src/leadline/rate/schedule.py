@@ -31,6 +31,11 @@ Used inside the caller's loop::
 Snapshots hold the trained tensors and their optimizer state only, on the card when it has
 room for them twice (else in host memory).
 
+``ending="to_zero"`` (``lookahead_from(..., ending="to_zero")``) replaces the raced ending:
+the rate falls linearly to zero over the run's own steps (from the first step it takes itself
+to T), a rollback's halving applied on top; no copy is taken and ``finish()`` only makes the
+final check. It is the ending the recipe's linear schedule uses, here under the same checks.
+
 A run whose first n steps were taken elsewhere — derive's look-ahead, at the branch's rate
 (``ScheduleConfig.taken_steps``/``taken_lr``, :func:`lookahead_from`'s ``taken=``) — checks at
 step 0 and then at the multiples of h from n on: the look-ahead read those steps itself. The
@@ -43,14 +48,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from leadline import stats
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
 from leadline.rate.compare import compare, mean_or_inf
-from leadline.rate.warmup import warmup_lr
+from leadline.rate.warmup import linear_decay_lr, warmup_lr
+
+ENDINGS = ("raced", "to_zero")
 
 
 @dataclass(frozen=True)
@@ -65,19 +72,28 @@ class ScheduleConfig:
     """The run's first steps, taken elsewhere (the look-ahead's branch): no check inside them."""
     taken_lr: float | None = None
     """The rate they were taken at (with the warmup, where ``warmup_steps``)."""
+    ending: Literal["raced", "to_zero"] = "raced"
+    """``raced``: the last 2h steps rerun with the rate decaying and the better ending kept;
+    ``to_zero``: the rate falls linearly to zero over the run's own steps, nothing raced."""
+
+    def __post_init__(self) -> None:
+        if self.ending not in ENDINGS:
+            raise InputError(f"ending must be one of {', '.join(ENDINGS)}, got {self.ending!r}")
 
 
-def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, float] | None = None) -> ScheduleConfig:
+def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, float] | None = None,
+                   ending: Literal["raced", "to_zero"] = "raced") -> ScheduleConfig:
     """The schedule's settings from a :class:`Plan` (values ``lr``, ``alpha1``, ``warmup_steps``,
     ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`.
-    ``taken``: (steps, rate) of the run's first steps taken elsewhere (see the module docstring)."""
-    cfg = _config_of(source)
+    ``taken``: (steps, rate) of the run's first steps taken elsewhere; ``ending``: ``raced`` or
+    ``to_zero`` (see the module docstring)."""
+    cfg = replace(_config_of(source), ending=ending)
     if taken is None:
         return cfg
     steps, rate = taken
     if not isinstance(steps, int) or steps < 0 or not (isinstance(rate, (int, float)) and rate > 0):
         raise InputError(f"taken must be (steps >= 0, a rate > 0), got {taken!r}")
-    return ScheduleConfig(cfg.lr, cfg.alpha1, cfg.warmup_steps, cfg.horizon_steps, steps, float(rate))
+    return replace(cfg, taken_steps=steps, taken_lr=float(rate))
 
 
 def _config_of(source: Plan | Mapping[str, Any] | Any) -> ScheduleConfig:
@@ -110,8 +126,11 @@ def check_interval(config: ScheduleConfig, total_steps: int) -> int:
     return max(1, min(config.horizon_steps or total_steps, total_steps // 8))
 
 
-def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int:
-    """The step at which the schedule copies the run for the raced ending: T - 2h, at least 1."""
+def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
+    """The step at which the schedule copies the run for the raced ending: T - 2h, at least 1;
+    None for the ``to_zero`` ending, which copies nothing."""
+    if config.ending == "to_zero":
+        return None
     return max(1, total_steps - 2 * check_interval(config, total_steps))
 
 
@@ -178,7 +197,10 @@ class LookaheadSchedule:
         inside the steps taken elsewhere, their rate."""
         if step < self.config.taken_steps and self.warm_from == 0 and self.config.taken_lr is not None:
             return warmup_lr(step, self.config.taken_lr, self.config.alpha1, self.config.warmup_steps)
-        return warmup_lr(step - self.warm_from, self.rate, self.config.alpha1, self.config.warmup_steps)
+        lr = warmup_lr(step - self.warm_from, self.rate, self.config.alpha1, self.config.warmup_steps)
+        if self.config.ending == "to_zero":
+            return linear_decay_lr(step, self.config.taken_steps, self.total_steps, lr)
+        return lr
 
     def continue_at(self, step: int) -> None:
         """The run goes on at ``step`` = the steps taken elsewhere, whose state the caller has just
@@ -186,7 +208,7 @@ class LookaheadSchedule:
         if self.last_step != 0 or step != self.config.taken_steps or step < 1:
             raise InputError(f"continue_at({step!r}) needs before(0) first and the config's taken_steps "
                              f"({self.config.taken_steps}) >= 1")
-        if step >= self.total_steps - 2 * self.h:
+        if self.config.ending == "raced" and step >= self.total_steps - 2 * self.h:
             raise InputError(f"continue_at({step}) leaves no room for the raced ending: the copy is taken at step "
                              f"{self.total_steps - 2 * self.h}")
         self.last_step = step - 1
@@ -203,7 +225,7 @@ class LookaheadSchedule:
         self.last_step = step
         if step % self.h == 0 and (step == 0 or step >= self.config.taken_steps):
             self._check(step)
-        if self.copy is None and step >= self.total_steps - 2 * self.h and step > 0:
+        if self.copy is None and self.config.ending == "raced" and step >= self.total_steps - 2 * self.h and step > 0:
             self.copy = Snapshot.take(self.params, self.opt, place=self.place)
             self.copy_from, self.copy_lr = step, self.lr_at(step)
         set_lr(self.opt, self.lr_at(step), self.ratios)
@@ -282,6 +304,12 @@ class LookaheadSchedule:
                                   + ("kept: the constant ending was not better by a one-sided paired t test"
                                      if self.ending["kept"] == "decay"
                                      else "the constant ending kept: better by a one-sided paired t test"))
+        elif self.config.ending == "to_zero":
+            losses = self._read()
+            start = self.config.taken_steps
+            self.ending = {"kept": "to_zero", "from_step": start, "to_step": self.total_steps,
+                           "why": f"the rate fell linearly to zero from step {start} to {self.total_steps}, as asked "
+                                  "(ending to_zero): nothing raced"}
         else:
             losses = self._read()
             self.ending = {"kept": "constant",
@@ -323,5 +351,6 @@ class LookaheadSchedule:
             f"back and halved the rate (rate now {self.rate:.3g})",
             evidence=self.evidence())}
         if self.ending:
-            out["ending"] = Value(self.ending["kept"], "measured", self.ending["why"], evidence=self.ending)
+            kind = "given" if self.ending["kept"] == "to_zero" else "measured"
+            out["ending"] = Value(self.ending["kept"], kind, self.ending["why"], evidence=self.ending)
         return out
