@@ -67,6 +67,46 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setup, tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    from leadline.corpus import TokenizedRow, collate, tokenize_rows
+    from leadline.hf import training_arguments
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, model, plan = setup
+    rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
+    ds = [{"input_ids": r.input_ids, "labels": r.labels} for r in rows]
+
+    def collator(feats):
+        return collate([TokenizedRow.from_labels(f["input_ids"], f["labels"]) for f in feats],
+                       tok.pad_token_id).model_inputs()
+
+    args = training_arguments(plan, TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
+                                                      save_strategy="no", use_cpu=True, remove_unused_columns=False),
+                              max_steps=8)
+    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
+                                   ending="to_zero")
+    calls: list[int] = []
+    step_of = cb.train_step
+    cb.train_step = lambda t: (calls.append(t), step_of(t))[1]  # the steps the schedule itself runs
+    seen: list[float] = []
+
+    class Spy(LeadlineCallback.__mro__[1]):
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            seen.append(optimizer.param_groups[0]["lr"])
+
+    Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb, Spy()]).train()
+    from leadline.rate.warmup import warmup_lr
+
+    sched = cb.schedule
+    assert sched.rollbacks == 0  # else the halvings below would differ
+    c = sched.config
+    want = [warmup_lr(t, c.lr, c.alpha1, c.warmup_steps) * (8 - t) / 8 for t in range(8)]
+    assert seen == pytest.approx(want, rel=1e-6)  # Trainer's optimizer ran the schedule's falling rate
+    assert cb.ending["kept"] == "to_zero" and calls == []  # no ending raced
+
+
 def test_the_cap_is_lifted_when_training_raises(setup):
     """Trainer skips on_train_end on an exception: `with cb:` lifts the cap anyway."""
     from leadline.hf.callback import LeadlineCallback
