@@ -146,7 +146,7 @@ def test_the_recipe_trains_at_the_rows_the_card_fits_not_the_plans_cut_micro_bat
 
 # leadline run: derive, then train, in one process on one load
 
-RUN_STEPS = "32"  # long enough that the look-ahead keeps its first steps for the run to continue from
+RUN_STEPS = "48"  # long enough that the look-ahead keeps its first steps for the run to continue from (20 here)
 
 
 def _run_args(model_dir):

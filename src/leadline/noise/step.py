@@ -187,6 +187,19 @@ class StepPlan:
     inputs: dict[str, Any]
     given_rows: int | None = None
 
+    @property
+    def row_efficiency(self) -> float:
+        """1/(1 + B/B_noise): the share of a small step's progress per row that a step of B
+        tokens makes (McCandlish et al. 2018: a loss takes E_min(1 + B/B_noise) rows). A run of a
+        fixed number of rows reaches less at a lower share; the step minimizes time, not rows.
+
+        Examples:
+            >>> StepPlan(3000.0, 3000.0, None, 30, 1, 30, False, {"b_noise_tokens": 6000.0}).row_efficiency
+            0.6666666666666666
+        """
+        b_noise = float(self.inputs.get("b_noise_tokens") or 0.0)
+        return 1.0 / (1.0 + self.tokens_per_step / b_noise) if b_noise > 0 else 0.0
+
     def _step_source(self, clamp: str) -> str:
         i = self.inputs
         f = i.get("fixed_cost")
@@ -212,15 +225,18 @@ class StepPlan:
         i = self.inputs
         clamp = f", clamped to {self.clamped_by}" if self.clamped_by else ""
         ev = {**i, "b_star_tokens": self.b_star_tokens, "clamped_by": self.clamped_by, "cut": self.cut,
-              "given_rows": self.given_rows}
+              "given_rows": self.given_rows, "row_efficiency": self.row_efficiency}
+        use = (f"; a step of {format_tokens(self.tokens_per_step)} tokens uses the rows at 1/(1 + B/B_noise) = "
+               f"{self.row_efficiency:.0%} of a small step's efficiency (E_min(1 + B/B_noise) rows to a loss)")
         if self.given_rows is None:
-            step = Value(self.tokens_per_step, "derived", self._step_source(clamp), evidence=ev, unit="scored tokens")
+            step = Value(self.tokens_per_step, "derived", self._step_source(clamp) + use, evidence=ev,
+                         unit="scored tokens")
         else:
             per_row = i["tokens_per_micro_batch"] / i["rows_fit"]
             step = Value(self.tokens_per_step, "given",
                          f"{self.given_rows} rows a step, given by the caller ({format_tokens(per_row)} scored tokens "
                          f"a row); the measured step would be {round(self.b_star_tokens / per_row)} rows: "
-                         f"{self._step_source(clamp)}", evidence=ev, unit="scored tokens")
+                         f"{self._step_source(clamp)}{use}", evidence=ev, unit="scored tokens")
         return {
             "tokens_per_step": step,
             "micro_batch": Value(

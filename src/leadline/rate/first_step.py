@@ -6,8 +6,11 @@ scale — plus, for AdamW, the decoupled decay lr * wd * W (Loshchilov & Hutter 
 linear in lr, so the optimizer's own first step at lr = 1 from an empty state gives the
 direction exactly: u = W0 - W1. The walk sets W = W0 - lr * u for a geometric ladder of lr,
 reads the mean held-out loss, and stops where it stops falling; a golden-section search in
-log(lr) inside that bracket (Kiefer 1953) refines it. alpha1 is the step with the lowest
-held-out loss along the line. The weights are restored bit-exactly.
+log(lr) inside that bracket (Kiefer 1953) refines it, and stops early where its two inner points'
+held-out losses differ by less than their paired standard error: the search can no longer tell
+which side the minimum is on, so a further step would move alpha1 by less than its own error.
+alpha1 is the step with the lowest held-out loss along the line. The weights are restored
+bit-exactly.
 
 The search logic (:func:`walk`, :func:`golden_section_log`) is pure and tested on known curves.
 """
@@ -20,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from leadline import stats
 from leadline.errors import InputError
 from leadline.plan import Value
 
@@ -80,11 +84,21 @@ def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, facto
 
 
 def golden_section_log(f: Callable[[float], float], lo: float, hi: float, *, rel_tol: float = 0.05,
-                       max_evals: int = 30) -> list[tuple[float, float]]:
+                       max_evals: int = 30,
+                       resolved: Callable[[float, float], bool] | None = None) -> list[tuple[float, float]]:
     """Golden-section search for the minimum of ``f`` on [lo, hi] in log(lr).
 
-    Stops when hi/lo < 1 + ``rel_tol``. Returns every (lr, loss) evaluated; the caller takes
-    the lowest (together with the walk's points).
+    Stops when hi/lo < 1 + ``rel_tol``, or when ``resolved(c, d)`` says the two inner points'
+    losses can no longer be told apart. Returns every (lr, loss) evaluated; the caller takes the
+    lowest (together with the walk's points).
+
+    Examples:
+        >>> pts = golden_section_log(lambda lr: (math.log10(lr) + 3) ** 2, 1e-5, 1e-1, rel_tol=0.05)
+        >>> round(min(pts, key=lambda p: p[1])[0], 5), len(pts)
+        (0.001, 13)
+        >>> len(golden_section_log(lambda lr: (math.log10(lr) + 3) ** 2, 1e-5, 1e-1,
+        ...                        resolved=lambda c, d: abs(math.log10(c / d)) > 0.5))
+        4
     """
     if not 0 < lo < hi:
         raise InputError(f"golden_section_log needs 0 < lo < hi, got {lo}, {hi}")
@@ -101,6 +115,8 @@ def golden_section_log(f: Callable[[float], float], lo: float, hi: float, *, rel
 
     fc, fd = ev(c), ev(d)
     while b - a > tol and len(seen) < max_evals:
+        if resolved is not None and not resolved(math.exp(c), math.exp(d)):
+            break
         if fc <= fd:
             b, d, fd = d, c, fc
             c = b - INV_PHI * (b - a)
@@ -220,8 +236,18 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
         w = walk(loss_at, base, start=start, factor=factor, max_lr=max_lr, resolution=resolution)
         points = list(w.points)
         if w.bracket is not None:
-            points += golden_section_log(loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol)
-            why = f"bracketed x{factor:g} at {w.bracket[1]:.3g}, refined by golden section to {rel_tol:.0%}"
+            tied: list[float] = []
+
+            def resolved(c: float, d: float) -> bool:  # the inner points differ by more than their SE
+                if abs(stats.paired_difference(rows_at[c], rows_at[d]).t) >= 1.0:
+                    return True
+                tied.append(max(c, d) / min(c, d))
+                return False
+
+            points += golden_section_log(loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol, resolved=resolved)
+            why = (f"bracketed x{factor:g} at {w.bracket[1]:.3g}, refined by golden section "
+                   + (f"until its inner points, x{tied[0]:.3g} apart, read within their standard error" if tied
+                      else f"to {rel_tol:.0%}"))
         elif w.fell:
             why = f"the loss still fell at max_lr = {max_lr:g}: alpha1 is the largest step walked"
         else:
@@ -237,8 +263,6 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
                 extra = at_alpha1()
     versus: dict[str, Any] = {}
     if found:
-        from leadline import stats
-
         versus = stats.paired_difference(rows_at[best_lr], base_rows).as_dict()
     return FirstStep(
         alpha1=best_lr if found else None, found=found, base_loss=base, loss=best_loss if found else base,
