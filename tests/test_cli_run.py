@@ -202,6 +202,8 @@ def two_commands(model_dir, tmp_path_factory):
 def test_run_derives_trains_and_saves_in_one_folder(one_run):
     rc, out, said = one_run
     assert rc == 0
+    ending = json.loads((out / "run.json").read_text())["ending"]
+    assert f"ending: {ending['kept']} kept on the held-out rows" in said  # the raced ending, with its two losses
     assert {"plan.json", "plan.state", "run.json", "adapter_config.json", "report.html"} <= {p.name for p in out.iterdir()}
     res = json.loads((out / "run.json").read_text())
     assert res["steps"] == int(RUN_STEPS)

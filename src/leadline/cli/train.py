@@ -122,6 +122,14 @@ def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
         print(f"started from the model's weights, not derive's look-ahead ({cont['state']}): {cont['why']}")
     rollbacks = sum(1 for c in (res.get("schedule") or {}).get("checks", []) if c.get("action") == "rollback")
     print(f"trained {res['steps']} steps in {res['seconds']:.1f} s; schedule rollbacks: {rollbacks}")
+    ending = res.get("ending") or {}
+    if ending.get("kept") == "to_zero":
+        print(f"ending: the rate fell linearly to zero from step {ending['from_step']} to {ending['to_step']}")
+    elif "constant_versus_decay" in ending:
+        print(f"ending: {ending['kept']} kept on the held-out rows (the last {ending['to_step'] - ending['from_step']} "
+              f"steps: constant {ending['constant']['loss']:.4f}, decayed {ending['decay']['loss']:.4f})")
+    elif ending.get("why"):
+        print(f"ending: {ending['kept']} ({ending['why']})")
     if "test_loss_after" in res:
         b, a = res["test_loss_before"], res["test_loss_after"]
         print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, "
