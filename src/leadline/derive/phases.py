@@ -1,27 +1,41 @@
 """derive()'s phases: each takes what it needs as arguments and returns its result, whose
 ``as_values()`` the runner puts into the plan (the measuring is in the phase packages; these
-adapt their results to the plan). The recipe, :mod:`leadline.derive.recipe`, calls them in order.
+adapt their results to the plan). The recipe, :mod:`leadline.derive.recipe`, calls them in order,
+all by their names here: the corpus, the noise, the memory and the length live in this module,
+the step in :mod:`leadline.derive.batches`, the rate's phases in :mod:`leadline.derive.rate_phases`.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from leadline.budget import OutOfTime
+from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, rows_needed, step
+from leadline.derive.rate_phases import (
+    FirstStepPhase,
+    PastFormatPhase,
+    RatePhase,
+    anchor,
+    first_step,
+    keep_branch,
+    past_format,
+    rate,
+    warmup,
+)
 from leadline.derive.runner import PhaseRunner, Values
 from leadline.errors import InputError
 from leadline.pieces import (
-    CountedSource,
     LockstepStep,
-    ResizableSource,
     SelfMeasuringSource,
-    ShardedSource,
 )
 from leadline.plan import TRAINING_NUMBERS, Plan, Value
+
+__all__ = ["MEMORY_SHARE", "FirstStepPhase", "MemoryPhase", "PastFormatPhase", "RatePhase", "StepPhase", "anchor",
+           "batch_of", "burn_in_batch", "draw_seconds", "first_step", "given_profile", "keep_branch", "length",
+           "memory", "noise", "past_format", "rate", "rows_needed", "step", "training_numbers", "warmup"]
 
 MEMORY_SHARE = 0.3
 """The share of the time left that the memory ramp may take under ``max_seconds`` (the noise
@@ -33,53 +47,6 @@ class MemoryPhase:
     """The memory phase's ramp (this rank's in a job) and the plan's values from it."""
 
     ramp: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
-
-@dataclass(frozen=True)
-class StepPhase:
-    """The step phase's :class:`~leadline.noise.StepPlan` (None in a job) and its values."""
-
-    step: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
-
-@dataclass(frozen=True)
-class FirstStepPhase:
-    """The measured :class:`~leadline.rate.FirstStep` and its values (alpha1 says its batch)."""
-
-    first: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
-
-@dataclass(frozen=True)
-class PastFormatPhase:
-    """The burn-in's :class:`~leadline.noise.past_format.PastFormat`, the ramp it went on with
-    (None when it did not), and the values: the late reading, and the step when it grew."""
-
-    past: Any
-    ramp: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
-
-@dataclass(frozen=True)
-class RatePhase:
-    """The :class:`~leadline.rate.Lookahead` (None when a prior plan's rate was kept) and the
-    rate the plan takes from it (:mod:`leadline.rate.policy`)."""
-
-    lookahead: Any
     values: Mapping[str, Value]
 
     def as_values(self) -> Mapping[str, Value]:
@@ -119,21 +86,6 @@ def noise(grad_fn: Any, seconds_left: float | None, world: Any = None) -> Any:
 
 
 # ---- memory -----------------------------------------------------------------------------
-def rows_needed(plan: Plan) -> int | None:
-    """The ramp's upper limit: the rows the target step can need (B_noise's upper edge over the
-    scored tokens per row), and at least the rows the probe drew — the batch whose gradient it
-    has seen, which the first step and the burn-in past the format train at (docs/noise.md)."""
-    b = plan.get("noise_scale_tokens")
-    per_row = plan.get("scored_tokens_per_row")
-    if not isinstance(b, (int, float)) or not isinstance(per_row, (int, float)) or per_row <= 0 or not math.isfinite(b):
-        return None
-    ev = plan["noise_scale_tokens"].evidence if isinstance(plan["noise_scale_tokens"].evidence, dict) else {}
-    se = ev.get("se_tokens", 0)
-    upper = b + (se if isinstance(se, (int, float)) and math.isfinite(se) else 0)
-    drawn = sum(t for t in ev.get("micro_tokens") or [] if isinstance(t, (int, float)))
-    return max(1, math.ceil(upper / per_row), math.floor(drawn / per_row))
-
-
 def draw_seconds(noise: Any) -> float:
     """The mean seconds of one noise-probe draw (a forward+backward of its rows), 0 when unknown."""
     k, seconds = getattr(noise, "k", 0) or 0, getattr(noise, "seconds", None)
@@ -189,253 +141,7 @@ def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan 
 
 
 # ---- the step ---------------------------------------------------------------------------
-def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None) -> StepPhase:
-    """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
-    or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
-    a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).
-    ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence)."""
-    from leadline.noise import tokens_per_step
-
-    rows_fit = int(plan.get("rows_fit"))
-    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    if world is not None:  # the step over the whole world: micro x accum x world size
-        from leadline.distributed.phases import world_step
-
-        values = world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
-                            t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
-                            t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0),
-                            corpus_scored_tokens=plan.get("scored_tokens"))
-        return StepPhase(None, values)
-    one_row = None
-    if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
-        one_row = list(step_fn(1, int(plan.get("seq_len")), repeats=3).micro_seconds)
-    sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
-                         t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
-                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
-                         rows_per_step=rows_per_step)
-    return StepPhase(sp, sp.as_values())
-
-
-def batch_of(plan: Plan) -> tuple[int, int]:
-    """The plan's (micro_batch, grad_accum): the rows that fit, one micro-batch a step, where
-    the step phase did not run."""
-    return int(plan.get("micro_batch", plan.get("rows_fit", 1)) or 1), int(plan.get("grad_accum", 1) or 1)
-
-
-def burn_in_batch(plan: Plan, per_card: bool = False) -> tuple[int, int]:
-    """(micro_batch, grad_accum) of the first step and the burn-in past the format: the rows the
-    step-0 noise says a step can need (:func:`rows_needed`, the ramp's upper limit), the same on
-    every card, split over the rows that fit (:func:`~leadline.noise.step.even_split`): a card
-    that holds fewer accumulates. ``per_card`` (a job, whose rows_fit is a rank's): the most rows
-    the ramp kept, one micro-batch a step. Without a ramp, the plan's batch."""
-    from leadline.noise.step import even_split
-
-    fit = plan.get("rows_fit")
-    if not isinstance(fit, int):
-        return batch_of(plan)
-    need = rows_needed(plan)
-    if per_card or need is None:
-        return int(fit), 1
-    return even_split(need, max(1, int(fit)))
-
-
 # ---- the rate ---------------------------------------------------------------------------
-def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any],
-               held_out: Callable[[], Sequence[float]], plan: Plan, resolution: float | None = None,
-               per_card: bool = False) -> FirstStepPhase:
-    """alpha1, from a step of the burn-in's batch (``per_card``: see :func:`burn_in_batch`)."""
-    from leadline.rate import measure_first_step
-
-    mb, accum = burn_in_batch(plan, per_card)
-    kw = {} if resolution is None else {"resolution": resolution}
-    fs = measure_first_step(params, opt, train_step_of(mb, accum), held_out, **kw)
-    out = dict(fs.as_values())
-    a = out["alpha1"]
-    out["alpha1"] = Value(a.value, a.kind, f"{a.source}; the first update from a step of {mb * accum} rows",
-                          a.evidence, a.seconds, a.unit)
-    return FirstStepPhase(fs, out)
-
-
-def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
-                plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
-                named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
-                rows_per_step: int | None = None) -> PastFormatPhase:
-    """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
-    rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
-    reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
-    ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows."""
-    from types import SimpleNamespace
-
-    from leadline.memory import ramp
-    from leadline.noise.past_format import noise_past_format
-    from leadline.rate.warmup import warmup_steps_for
-
-    nv = plan["noise_scale_tokens"]
-    se0 = nv.evidence.get("se_tokens") if isinstance(nv.evidence, dict) else None
-    step0 = noise or SimpleNamespace(b_noise_tokens=nv.value, se_tokens=se0 or 0.0)
-    if not isinstance(getattr(step0, "b_noise_tokens", None), (int, float)):
-        return PastFormatPhase(None, None, {})
-    mb, accum = burn_in_batch(plan)
-    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    if isinstance(grad_fn, ResizableSource) and mb * accum > int(grad_fn.rows_per_draw or 1):
-        # the late reading draws a training step's rows at a time: past the format B_noise is tens
-        # to hundreds of tokens, beyond the reach of the step-0 probe's small draws (docs/noise.md);
-        # a card that holds fewer rows than the step accumulates them: the same rows on every card
-        from leadline.noise.gradfn import AccumulatedDraws
-
-        grad_fn = grad_fn.with_rows(mb * accum) if accum == 1 else AccumulatedDraws(grad_fn.with_rows(mb), accum)
-    rows_per_draw = grad_fn.rows_per_draw if isinstance(grad_fn, CountedSource) else None
-    if not rows_per_draw:
-        micro = getattr(step0, "micro_tokens", None) or []
-        rows_per_draw = max(1, round((sum(micro) / len(micro)) / per_row)) if micro else 1
-    betas = opt.param_groups[0].get("betas") if opt.param_groups else None
-    w = warmup_steps_for(float(betas[0]) if betas else 0.9)
-
-    def probe_start(steps: int) -> int:  # the first draw past every row the burn-in trained
-        return math.ceil(steps * mb * accum / rows_per_draw)
-
-    rows = plan.get("rows")
-    held = plan.held_out.get("train") if isinstance(plan.held_out.get("train"), list) else None
-    train_rows = len(held) if held is not None else (rows if isinstance(rows, int) else None)
-    max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
-    left = runner.seconds_left()
-    alpha1 = float(plan.get("alpha1"))
-    rate = alpha1 / 2
-    if named:  # never above the anchor (docs/noise.md)
-        from leadline.rate import anchor_rate
-
-        rate = min(rate, float(anchor_rate(named, trained_as=trained_as).lr))
-    pf = noise_past_format(params, opt, train_step_of(mb, accum), grad_fn, alpha1, step0, rate=rate,
-                           rows_per_step=mb * accum, probe_start=probe_start, round_steps=w, max_steps=max_steps,
-                           budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
-    out = dict(pf.as_values())
-    v = out["noise_scale_past_format_tokens"]
-    out["noise_scale_past_format_tokens"] = Value(v.value, v.kind,
-                                                  f"{v.source}; the reading in draws of {rows_per_draw} rows",
-                                                  {**v.evidence, "rows_per_draw": rows_per_draw}, v.seconds, v.unit)
-    if not pf.grew or pf.noise is None:
-        return PastFormatPhase(pf, None, out)
-    need = max(1, math.ceil((pf.b_noise_tokens + (pf.se_tokens or 0.0)) / per_row))
-    if rows_per_step is not None:  # the step is given: more rows a micro-batch than it has buy nothing
-        need = rows_per_step
-    rows_fit = int(plan.get("rows_fit"))
-    ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
-    result = None
-    if need > rows_fit and ev.get("stop") == "upper_limit":  # the first ramp stopped at step 0's rows: go on
-        # each rung must fit in max_seconds; cut, the step is taken at the rows kept (grad_accum makes up the rest)
-        try:
-            result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit,
-                          on_rung=lambda r: runner.ensure(r.seconds))
-        except OutOfTime:
-            plan.notes.append(f"past_format: the ramp from {rows_fit} toward {need} rows was cut by max_seconds; "
-                              f"the step uses the {rows_fit} rows kept")
-        if result is not None:
-            for n, v in result.as_values().items():
-                out["rows_fit" if n == "micro_batch" else n] = v
-                plan.set("rows_fit" if n == "micro_batch" else n, v)
-    out.update(step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step).as_values())
-    return PastFormatPhase(pf, result, out)
-
-
-def anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: Any = None) -> Any:
-    """The anchor rate; on a sharded model the norms of the whole tensors (``grad_fn.weight_norms``)."""
-    from leadline.rate import anchor_rate
-
-    norms = grad_fn.weight_norms(named) if isinstance(grad_fn, ShardedSource) else None
-    return anchor_rate(named, trained_as=trained_as, batch_tokens=plan.get("tokens_per_step"),
-                       b_noise_tokens=plan.get("noise_scale_tokens"), norms=norms)
-
-
-def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
-         plan: Plan, effort: str, prior: Plan | None, first: Any = None,
-         check_time: Callable[..., None] | None = None) -> RatePhase:
-    """The rate: a prior plan's, kept when alpha1 is within 2x of its; else the look-ahead (full
-    effort, from ``first``, the measured first step, or the plan's alpha1 where it was resumed)
-    or the quick effort's anchor and race() rates (:mod:`leadline.rate.policy`)."""
-    from leadline.rate import lookahead_lr
-    from leadline.rate.policy import cut_rate, quick_rate, short_run_grid
-
-    if not isinstance(plan.get("alpha1"), (int, float)):
-        return RatePhase(None, {})
-    alpha1 = float(plan.get("alpha1"))
-    prior_rated = prior is not None and isinstance(prior.get("lr"), (int, float))
-    if prior_rated and isinstance(prior.get("alpha1"), (int, float)):
-        ratio = alpha1 / float(prior.get("alpha1"))
-        if 0.5 <= ratio <= 2.0:
-            lr = float(prior.get("lr"))
-            kept = Value(lr, "measured", f"the prior plan's rate, kept: alpha1 re-measured at {alpha1:.3g}, "
-                                         f"{ratio:.2f}x the prior's (within 2x)",
-                         evidence={"prior_alpha1": prior.get("alpha1"), "alpha1": alpha1, "prior_lr": lr},
-                         unit="per step")
-            return RatePhase(None, {"lr": kept})
-    from leadline.derive.state import keeping
-    from leadline.rate.lookahead import beta1_of
-    from leadline.rate.warmup import warmup_steps_for
-
-    mb, accum = batch_of(plan)
-    total = int(plan.get("total_steps") or 100)
-    short = short_run_grid(plan.get("lr_anchor"), alpha1, total) if effort == "full" else {}
-    w = warmup_steps_for(beta1_of(opt))
-    keeper = keeping() if effort == "full" else None
-    # the candidates start at their rates, as the plan's run does (no warmup): the winner's steps
-    # are the run's first steps; the warmup is raced where the look-ahead reads the run's length
-    la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, first if first is not None else alpha1,
-                      total_steps=total, effort=effort, on_progress=check_time, warmup_steps=0,
-                      **{"first_horizon": w, **short}, race_warmup=w, keep_branch=keeper is not None)
-    out = dict(la.as_values())
-    if short:
-        lr = out["lr"]
-        rates = ", ".join(f"{alpha1 * 2.0 ** j:.3g}" for j in short["grid"])
-        how = (f"{lr.source}; a short run: {total} steps, whose budget of {2 * total} look-ahead steps does not "
-               f"reach the {short['first_horizon']}-step minimum horizon at the default grid, so the "
-               f"{len(short['grid'])} rates around the anchor ({rates}) ran from that horizon")
-        out["lr"] = Value(lr.value, lr.kind, how, lr.evidence, lr.seconds, lr.unit)
-    out.update(quick_rate(plan, alpha1) if effort == "quick" else cut_rate(plan, la, total))
-    if keeper is not None:
-        out["lookahead_state_steps"] = keep_branch(keeper, la, params, plan, out["lr"].value, mb * accum)
-    la.branch = None  # its snapshot's memory goes with it
-    return RatePhase(la, out)
-
-
-def keep_branch(keeper: Any, la: Any, params: list[Any], plan: Plan, lr: float, rows_per_step: int) -> Value:
-    """Save the look-ahead's winning branch for the run to continue from (:mod:`leadline.derive.state`),
-    where it is one: a branch that ran at the plan's own ``lr``."""
-    from leadline.derive.state import other_rate, save_branch
-
-    b = la.branch
-    why = None
-    if b is None:
-        why = "no candidate's run was whole at the look-ahead's last horizon"
-    elif other_rate(b.lr, lr):
-        why = other_rate(b.lr, lr)
-    elif b.steps >= int(plan.get("total_steps") or 0):
-        why = f"the look-ahead ran the whole run ({b.steps} steps): its ending was not raced"
-    if why is not None:
-        return Value(0, "derived", f"nothing kept for the run to continue from: {why}; the run starts over",
-                     evidence={"why": why}, unit="steps")
-    facts = {"data_sha256": plan.data.get("sha256"), "seed": plan.held_out.get("seed"),
-             "seq_len": plan.get("seq_len"), "rows_per_step": rows_per_step,
-             "trained_parameters": plan.model.get("trained_parameters"), "total_steps": plan.get("total_steps")}
-    meta = save_branch(keeper, b, params, facts)
-    return Value(b.steps, "measured",
-                 f"the look-ahead's best grid rate {b.lr:.3g}, its {b.steps} steps on the run's rows at "
-                 f"{rows_per_step} rows a step, kept beside the plan ({keeper.path.name}, {meta['bytes']:,} bytes): "
-                 "`leadline train` continues from them and counts them against the run's length",
-                 evidence={k: meta[k] for k in ("steps", "lr", "warmup_steps", "bytes")}, unit="steps")
-
-
-def warmup(plan: Plan, opt: Any) -> Values:
-    """The warmup (the look-ahead's race of it, where it ran one), weight decay 0, for the plan's
-    final rate."""
-    from leadline.rate import warmup_values
-
-    betas = opt.param_groups[0].get("betas") if opt is not None else None
-    prev = plan.values.get("warmup_steps")
-    race = prev.evidence.get("race") if prev is not None and isinstance(prev.evidence, dict) else None
-    return Values(warmup_values(alpha1=plan.get("alpha1"), lr=plan.get("lr", plan.get("lr_anchor")), betas=betas,
-                                race=race))
-
-
 def length(plan: Plan, epochs: float) -> Values:
     """total_steps from epochs: ceil(epochs x scored tokens x the train share / tokens per step)."""
     tokens = float(plan.get("scored_tokens"))

@@ -212,7 +212,7 @@ def other_rate(branch_lr: float, plan_lr: float) -> str | None:
     0.950 on debian_sections against 0.964 from a fresh start (McNemar p 0.023; docs/rate.md).
 
     Examples:
-        >>> other_rate(1e-3, 1e-3) is None, other_rate(2.76e-3, 2.13e-3)[:40]
+        >>> other_rate(1e-3, 1e-3) is None, other_rate(2.76e-3, 2.13e-3)[:41]
         (True, "the plan's rate 0.00213 is not the branch")
     """
     if math.isclose(branch_lr, plan_lr, rel_tol=1e-9):

@@ -1,0 +1,89 @@
+"""The step phase (tokens per step, micro-batch and accumulation from the noise and the card's
+timings) and the batch a phase trains at before the plan has its own: the rows the step can
+need, and how the first step and the burn-in past the format split them over the card (the same
+rows a step on every card, accumulated where fewer fit)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from leadline.plan import Plan, Value
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """The step phase's :class:`~leadline.noise.StepPlan` (None in a job) and its values."""
+
+    step: Any
+    values: Mapping[str, Value]
+
+    def as_values(self) -> Mapping[str, Value]:
+        return self.values
+
+
+def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None) -> StepPhase:
+    """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
+    or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
+    a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).
+    ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence)."""
+    from leadline.noise import tokens_per_step
+
+    rows_fit = int(plan.get("rows_fit"))
+    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
+    if world is not None:  # the step over the whole world: micro x accum x world size
+        from leadline.distributed.phases import world_step
+
+        values = world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
+                            t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
+                            t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0),
+                            corpus_scored_tokens=plan.get("scored_tokens"))
+        return StepPhase(None, values)
+    one_row = None
+    if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
+        one_row = list(step_fn(1, int(plan.get("seq_len")), repeats=3).micro_seconds)
+    sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
+                         t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
+                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
+                         rows_per_step=rows_per_step)
+    return StepPhase(sp, sp.as_values())
+
+
+def rows_needed(plan: Plan) -> int | None:
+    """The ramp's upper limit: the rows the target step can need (B_noise's upper edge over the
+    scored tokens per row), and at least the rows the probe drew — the batch whose gradient it
+    has seen, which the first step and the burn-in past the format train at (docs/noise.md)."""
+    b = plan.get("noise_scale_tokens")
+    per_row = plan.get("scored_tokens_per_row")
+    if not isinstance(b, (int, float)) or not isinstance(per_row, (int, float)) or per_row <= 0 or not math.isfinite(b):
+        return None
+    ev = plan["noise_scale_tokens"].evidence if isinstance(plan["noise_scale_tokens"].evidence, dict) else {}
+    se = ev.get("se_tokens", 0)
+    upper = b + (se if isinstance(se, (int, float)) and math.isfinite(se) else 0)
+    drawn = sum(t for t in ev.get("micro_tokens") or [] if isinstance(t, (int, float)))
+    return max(1, math.ceil(upper / per_row), math.floor(drawn / per_row))
+
+
+def batch_of(plan: Plan) -> tuple[int, int]:
+    """The plan's (micro_batch, grad_accum): the rows that fit, one micro-batch a step, where
+    the step phase did not run."""
+    return int(plan.get("micro_batch", plan.get("rows_fit", 1)) or 1), int(plan.get("grad_accum", 1) or 1)
+
+
+def burn_in_batch(plan: Plan, per_card: bool = False) -> tuple[int, int]:
+    """(micro_batch, grad_accum) of the first step and the burn-in past the format: the rows the
+    step-0 noise says a step can need (:func:`rows_needed`, the ramp's upper limit), the same on
+    every card, split over the rows that fit (:func:`~leadline.noise.step.even_split`): a card
+    that holds fewer accumulates. ``per_card`` (a job, whose rows_fit is a rank's): the most rows
+    the ramp kept, one micro-batch a step. Without a ramp, the plan's batch."""
+    from leadline.noise.step import even_split
+
+    fit = plan.get("rows_fit")
+    if not isinstance(fit, int):
+        return batch_of(plan)
+    need = rows_needed(plan)
+    if per_card or need is None:
+        return int(fit), 1
+    return even_split(need, max(1, int(fit)))
