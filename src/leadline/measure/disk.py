@@ -9,6 +9,10 @@ reported as a disk number: when the bypass is refused, or the file lives in memo
 ``buffered`` arm exists only to show, beside the real sweep, what the cache would have claimed.
 
 Stdlib only: no torch, no numpy.
+
+The pieces live beside this module: :class:`DiskSweep` and the rules on its rows in
+:mod:`leadline.measure.disk_report`, the unbuffered readers and the filesystem checks in
+:mod:`leadline.measure.disk_readers`; every name stays importable from here.
 """
 
 from __future__ import annotations
@@ -17,255 +21,40 @@ import errno
 import glob
 import mmap
 import os
-import platform
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from leadline.errors import InputError
-from leadline.plan import Value
-from leadline.stats import median, paired_difference
+from leadline.measure.disk_readers import (
+    MEMORY_FILESYSTEMS,
+    _PosixReader,
+    _reader,
+    _WindowsReader,
+    bypass_name,
+    filesystem_of,
+)
+from leadline.measure.disk_report import (
+    COLLAPSE_FRACTION,
+    ENOUGH_FRACTION,
+    DepthRow,
+    DiskSweep,
+    gain_over_shallowest,
+    summarise,
+)
+from leadline.stats import median
+
+__all__ = ["BLOCK_BYTES", "BYTES_PER_DEPTH", "COLLAPSE_FRACTION", "DEPTHS", "ENOUGH_FRACTION", "MEMORY_FILESYSTEMS",
+           "ROUNDS", "SPREAD_NOTE", "DepthRow", "DiskSweep", "bypass_name", "disk_queue_depth", "filesystem_of",
+           "gain_over_shallowest", "summarise"]
 
 DEPTHS = (1, 2, 3, 4, 6, 8, 16, 32)
 BLOCK_BYTES = 4 << 20  # one read; a multiple of every sector and page size
 BYTES_PER_DEPTH = 256 << 20  # per depth and round
 ROUNDS = 3
 SPREAD_NOTE = 0.25  # rounds of one depth further apart than 25% of their median: say so
-ENOUGH_FRACTION = 0.95  # "enough": the fewest readers within 5% of the best
-COLLAPSE_FRACTION = 0.80  # "collapsed": past the optimum, below 80% of it from there on
-MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "devtmpfs", "hugetlbfs", "rootfs"})
-_F_NOCACHE = 48  # macOS <sys/fcntl.h>
-
-
-@dataclass
-class DepthRow:
-    """One queue depth: what was read, how long it took, and the per-read latency."""
-
-    depth: int
-    reads: int  # per round
-    bytes: int  # per round
-    seconds: float  # the median round's
-    mb_per_s: float  # 10^6 bytes per second; the median over rounds
-    read_ms_median: float
-    read_ms_max: float
-    mb_per_s_rounds: list[float] = field(default_factory=list)
-
-    @property
-    def spread(self) -> float:
-        """(max - min) / median of the rounds: how far this depth moved while measured."""
-        r = self.mb_per_s_rounds
-        return (max(r) - min(r)) / self.mb_per_s if len(r) > 1 and self.mb_per_s > 0 else 0.0
-
-
-@dataclass
-class DiskSweep:
-    """The sweep: one row per depth, the optimum, where more readers stop helping or hurt.
-
-    Attributes:
-        bypass: how the cache was bypassed (``O_DIRECT``, ``F_NOCACHE``, ``FILE_FLAG_NO_BUFFERING``).
-        rows: the cache-bypassed rows (the disk's numbers).
-        optimum_depth / optimum_mb_per_s: the fastest depth.
-        enough_depth: the fewest readers within ``ENOUGH_FRACTION`` of the optimum.
-        collapse_depth: past the optimum, the first depth from which every deeper one stays
-            below ``COLLAPSE_FRACTION`` of it (a dip that recovers is not a collapse; None: no
-            collapse up to the deepest depth measured).
-        buffered_rows: the comparison arm through the page cache (not the disk), if asked.
-        gain_over_qd1: the optimum's MB/s minus the shallowest depth's, paired by round
-            (``leadline.stats.paired_difference``: mean, 95% CI, p-values), with 2+ rounds.
-    """
-
-    files: list[dict[str, Any]]
-    bypass: str
-    block_bytes: int
-    rows: list[DepthRow]
-    optimum_depth: int
-    optimum_mb_per_s: float
-    enough_depth: int
-    collapse_depth: int | None
-    buffered_rows: list[DepthRow] | None = None
-    gain_over_qd1: dict[str, float] | None = None
-    seconds: float = 0.0
-    platform: str = field(default_factory=platform.platform)
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def text(self) -> str:
-        """The table per depth, the optimum, the collapse, the buffered arm beside it."""
-        size = sum(f["size_bytes"] for f in self.files)
-        fss = sorted({str(f["filesystem"]) for f in self.files if f["filesystem"]})
-        where = f" on {', '.join(fss)}" if fss else ""
-        n = len(self.files)
-        lines = [f"leadline disk: {n} file{'s' if n > 1 else ''}, {size / 2**30:.2f} GiB{where}, {self.bypass}, "
-                 f"{self.block_bytes / 2**20:g} MiB reads, one reader thread per queue slot"]
-        buf = {r.depth: r for r in self.buffered_rows or []}
-        rounds = max(len(r.mb_per_s_rounds) for r in self.rows)
-        lines[0] += f", median of {rounds} round{'s' if rounds > 1 else ''}"
-        head = f"{'depth':>5} {'MB/s':>8} {'vs QD1':>7} {'rounds min-max':>15} {'read ms median/max':>19}"
-        lines.append(head + (f" {'buffered MB/s (page cache, not the disk)':>42}" if buf else ""))
-        q1 = self.rows[0].mb_per_s
-        for r in self.rows:
-            mark = (" <- optimum" if r.depth == self.optimum_depth else " <- collapsed"
-                    if r.depth == self.collapse_depth else "")
-            lo, hi = (min(r.mb_per_s_rounds), max(r.mb_per_s_rounds)) if r.mb_per_s_rounds else (r.mb_per_s, r.mb_per_s)
-            line = (f"{'QD' + str(r.depth):>5} {r.mb_per_s:8,.0f} {r.mb_per_s / q1:6.2f}x {f'{lo:,.0f}-{hi:,.0f}':>15} "
-                    f"{r.read_ms_median:9.1f} /{r.read_ms_max:8.1f}")
-            if buf:
-                line += f" {buf[r.depth].mb_per_s:42,.0f}"
-            lines.append(line + mark)
-        coll = (f"from QD{self.collapse_depth} on, throughput stays below {COLLAPSE_FRACTION:.0%} of it (collapsed)"
-                if self.collapse_depth else f"up to QD{self.rows[-1].depth} it does not stay below "
-                                            f"{COLLAPSE_FRACTION:.0%} of it (no collapse)")
-        lines.append(f"optimum: QD{self.optimum_depth} at {self.optimum_mb_per_s:,.0f} MB/s; QD{self.enough_depth} is "
-                     f"the fewest readers within {1 - ENOUGH_FRACTION:.0%} of it; {coll}.")
-        g = self.gain_over_qd1
-        if g is not None:
-            verdict = "a real gain" if g["ci_low"] > 0 else "not told apart from noise"
-            lines.append(f"QD{self.optimum_depth} against QD{self.rows[0].depth}, paired by round: {g['mean']:+,.0f} "
-                         f"MB/s (95% CI {g['ci_low']:+,.0f} to {g['ci_high']:+,.0f}, {int(g['n'])} rounds): {verdict}.")
-        if buf:
-            top = max(r.mb_per_s for r in buf.values())
-            lines.append(f"buffered: up to {top:,.0f} MB/s, {top / self.optimum_mb_per_s:.1f}x the disk's optimum — "
-                         "that is the page cache, which is why leadline never reports a buffered number as a disk "
-                         "number.")
-        lines += [f"note: {x}" for x in self.notes]
-        return "\n".join(lines)
-
-    def as_values(self) -> dict[str, Value]:
-        """The disk's figures as plan values; the buffered arm is never one of them."""
-        ev = {"bypass": self.bypass, "block_bytes": self.block_bytes, "rows": [asdict(r) for r in self.rows],
-              "enough_depth": self.enough_depth, "collapse_depth": self.collapse_depth,
-              "gain_over_qd1": self.gain_over_qd1}
-        src = (f"{self.bypass} reads of {self.block_bytes >> 20} MiB, depths "
-               f"{', '.join(str(r.depth) for r in self.rows)}")
-        return {
-            "disk_read_mb_per_s": Value(self.optimum_mb_per_s, "measured", f"the fastest depth of a sweep of {src}", ev,
-                                        self.seconds, unit="MB/s"),
-            "disk_queue_depth": Value(self.optimum_depth, "measured",
-                                      f"the depth with the highest throughput in a sweep of {src}", ev, self.seconds),
-        }
-
-
-def summarise(rows: Sequence[DepthRow]) -> tuple[int, int, int | None]:
-    """(optimum, enough, collapse) depths of a sweep — the rules stated on :class:`DiskSweep`."""
-    if not rows:
-        raise InputError("a disk sweep needs at least one depth")
-    ordered = sorted(rows, key=lambda r: r.depth)
-    best = max(ordered, key=lambda r: r.mb_per_s)
-    enough = next(r.depth for r in ordered if r.mb_per_s >= ENOUGH_FRACTION * best.mb_per_s)
-    past = [r for r in ordered if r.depth > best.depth]
-    low = [r.mb_per_s < COLLAPSE_FRACTION * best.mb_per_s for r in past]
-    collapse = next((r.depth for i, r in enumerate(past) if all(low[i:])), None)
-    return best.depth, enough, collapse
-
-
-def gain_over_shallowest(rows: Sequence[DepthRow], depth: int) -> dict[str, float] | None:
-    """``depth``'s MB/s minus the shallowest depth's, paired round by round (rounds run close
-    in time, so a drift of the disk hits both); None with fewer than 2 rounds or no gap."""
-    first = min(rows, key=lambda r: r.depth)
-    row = next(r for r in rows if r.depth == depth)
-    if row is first or len(row.mb_per_s_rounds) < 2 or len(row.mb_per_s_rounds) != len(first.mb_per_s_rounds):
-        return None
-    return paired_difference(row.mb_per_s_rounds, first.mb_per_s_rounds).as_dict()
-
-
-def filesystem_of(path: str | os.PathLike[str], mounts_text: str | None = None) -> str | None:
-    """The filesystem type holding ``path`` (longest mount point of ``/proc/self/mounts``)."""
-    if mounts_text is None:
-        try:
-            mounts_text = Path("/proc/self/mounts").read_text()
-        except OSError:
-            return None
-    real = os.path.realpath(path)
-    best, fstype = "", None
-    for line in mounts_text.splitlines():
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        mnt = parts[1].replace("\\040", " ")
-        inside = real == mnt or real.startswith(mnt.rstrip("/") + "/")
-        if inside and len(mnt) >= len(best):
-            best, fstype = mnt, parts[2]
-    return fstype
-
-
-def bypass_name() -> str:
-    """The cache bypass this platform uses."""
-    return {"win32": "FILE_FLAG_NO_BUFFERING", "darwin": "F_NOCACHE"}.get(sys.platform, "O_DIRECT")
-
-
-class _PosixReader:
-    """One file descriptor; ``read`` fills an aligned buffer at an aligned offset."""
-
-    def __init__(self, path: str, direct: bool) -> None:
-        flags = os.O_RDONLY
-        if direct and sys.platform.startswith("linux"):
-            flags |= os.O_DIRECT
-        self.fd = os.open(path, flags)
-        if direct and sys.platform == "darwin":  # pragma: no cover - not this platform
-            import fcntl
-
-            fcntl.fcntl(self.fd, _F_NOCACHE, 1)
-
-    def read(self, buf: mmap.mmap, offset: int) -> int:
-        if hasattr(os, "preadv"):
-            return os.preadv(self.fd, [buf], offset)
-        data = os.pread(self.fd, len(buf), offset)  # pragma: no cover - macOS < 11
-        buf[: len(data)] = data
-        return len(data)
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class _WindowsReader:  # pragma: no cover - exercised on Windows only
-    """CreateFileW with FILE_FLAG_NO_BUFFERING; ReadFile at an offset given by an OVERLAPPED."""
-
-    def __init__(self, path: str, direct: bool) -> None:
-        import ctypes
-        from ctypes import wintypes
-
-        self._ct = ctypes
-        k32 = ctypes.WinDLL("kernel32", use_last_error=True)
-        k32.CreateFileW.restype = wintypes.HANDLE
-        k32.CreateFileW.argtypes = [wintypes.LPCWSTR, wintypes.DWORD, wintypes.DWORD, wintypes.LPVOID, wintypes.DWORD,
-                                    wintypes.DWORD, wintypes.HANDLE]
-        k32.ReadFile.argtypes = [wintypes.HANDLE, wintypes.LPVOID, wintypes.DWORD, ctypes.POINTER(wintypes.DWORD),
-                                 wintypes.LPVOID]
-        k32.CloseHandle.argtypes = [wintypes.HANDLE]
-        flags = 0x20000000 if direct else 0x80  # FILE_FLAG_NO_BUFFERING / FILE_ATTRIBUTE_NORMAL
-        h = k32.CreateFileW(path, 0x80000000, 0x1, None, 3, flags, None)  # GENERIC_READ, FILE_SHARE_READ, OPEN_EXISTING
-        if h is None or h == ctypes.c_void_p(-1).value:
-            raise ctypes.WinError(ctypes.get_last_error())
-        self.k32, self.h = k32, h
-
-        class Overlapped(ctypes.Structure):
-            _fields_ = [("Internal", ctypes.c_void_p), ("InternalHigh", ctypes.c_void_p), ("Offset", wintypes.DWORD),
-                        ("OffsetHigh", wintypes.DWORD), ("hEvent", wintypes.HANDLE)]
-
-        self._ov, self._dword = Overlapped, wintypes.DWORD
-
-    def read(self, buf: mmap.mmap, offset: int) -> int:
-        ct = self._ct
-        ov = self._ov()
-        ov.Offset, ov.OffsetHigh = offset & 0xFFFFFFFF, offset >> 32
-        got = self._dword(0)
-        target = (ct.c_char * len(buf)).from_buffer(buf)
-        if not self.k32.ReadFile(self.h, target, len(buf), ct.byref(got), ct.byref(ov)):
-            raise ct.WinError(ct.get_last_error())
-        return int(got.value)
-
-    def close(self) -> None:
-        self.k32.CloseHandle(self.h)
-
-
-def _reader(path: str, direct: bool) -> _PosixReader | _WindowsReader:
-    return _WindowsReader(path, direct) if sys.platform == "win32" else _PosixReader(path, direct)
 
 
 def _expand(files: Sequence[str | os.PathLike[str]] | str | os.PathLike[str]) -> list[Path]:
