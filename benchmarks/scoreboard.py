@@ -40,6 +40,10 @@ processes (model loading included, the same for every arm), deciding and trainin
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
                    train``: the recipe's batch, everything else measured. Beside leadline_full
                    it isolates the step: rule S below.
+  leadline_full_rows  ``leadline derive --effort full --step-for rows`` then ``leadline train``:
+                   the step for the rows (the smallest whose time a row is what the least-time step
+                   pays a row to the loss its rows reach at a small step), everything else as
+                   leadline_full: rule R below.
   leadline_full_to_zero, leadline_full_16rows_to_zero  the plan of leadline_full (of
                    leadline_full_16rows) trained again with ``leadline train --ending to-zero``:
                    the rate falls linearly to zero over the run under the same checks, instead
@@ -63,6 +67,9 @@ Decision rules, written before any run (``RULES`` below is what the table prints
   S   the measured step costs quality in a one-pass run when leadline_full_16rows beats
       leadline_full with p < 0.05 (and the reverse when it loses): the step leadline measures
       minimizes the time to a loss, not the loss a fixed number of rows reaches.
+  R   the step for the rows replaces the least-time step as derive's default when
+      leadline_full_rows beats leadline_full with p < 0.05 on at least one task and loses
+      (p < 0.05) on none; otherwise the least-time step stays.
   E   the ending to zero replaces the raced ending as the schedule's default when, on the same
       plan, leadline_full_to_zero beats leadline_full (or leadline_full_16rows_to_zero beats
       leadline_full_16rows) with p < 0.05 on at least one task and loses (p < 0.05) on none;
@@ -114,11 +121,14 @@ RULES = {
     "$": "leadline's cost against the sweep's summed cost; a fraction of a search's cost means below 0.5",
     "S": "the measured step costs quality in a one-pass run when leadline_full_16rows beats leadline_full with "
          "p < 0.05 (and the reverse when it loses)",
+    "R": "the step for the rows replaces the least-time step as the default when leadline_full_rows beats "
+         "leadline_full with p < 0.05 on at least one task and loses on none",
     "E": "the ending to zero replaces the raced ending as the default when, on the same plan, a *_to_zero arm beats "
          "its raced arm with p < 0.05 on at least one task and loses on none",
 }
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero"]
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO, "schedulefree", "lr_find",
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *TO_ZERO,
+        "schedulefree", "lr_find",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
 
 
@@ -552,15 +562,17 @@ class Arms:
         rec["unseen_loss"] = unseen_loss(rec["run"])
         self.finish("schedulefree", rec, run_dir if t["rc"] == 0 else None)
 
-    def leadline_arm(self, effort: str, rows_per_step: int | None = None) -> None:
-        unit = f"leadline_{effort}" + (f"_{rows_per_step}rows" if rows_per_step else "")
+    def leadline_arm(self, effort: str, rows_per_step: int | None = None, step_for: str = "time") -> None:
+        unit = f"leadline_{effort}" + (f"_{rows_per_step}rows" if rows_per_step else "") + (
+            "_rows" if step_for == "rows" else "")
         if self.board.has(unit):
             return
         name = unit.removeprefix("leadline_")
         plan = self.work / f"{name}.json"
         _rm(plan)
         bound = ["--max-seconds", "20"] if self.args.smoke else []
-        fixed = ["--rows-per-step", str(rows_per_step)] if rows_per_step else []
+        fixed = (["--rows-per-step", str(rows_per_step)] if rows_per_step else []) + (
+            ["--step-for", "rows"] if step_for == "rows" else [])
         d = leadline(["derive", *self.common, "--effort", effort, *fixed, *self.short, *bound, "--out", str(plan)],
                      self.work / f"derive_{name}.log", self.args.timeout)
         rec: dict[str, Any] = {"derive": d, "decide_seconds": d["seconds"]}
@@ -787,7 +799,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO,
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+                 "leadline_full_rows", *TO_ZERO,
                  "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
@@ -863,7 +876,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", *TO_ZERO]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *TO_ZERO]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -904,6 +917,7 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
     """Rules S and E on this task: each pair's paired test, where both of its arms ran."""
     kind, gold = data["kind"], data.get("gold", [])
     pairs = [("S", "leadline_full_16rows", "leadline_full", "the recipe's 16 rows a step against the measured step"),
+             ("R", "leadline_full_rows", "leadline_full", "the step for the rows against the least-time step"),
              ("E", "leadline_full_to_zero", "leadline_full", "the ending to zero against the raced ending"),
              ("E", "leadline_full_16rows_to_zero", "leadline_full_16rows",
               "the ending to zero against the raced ending, at 16 rows a step")]
@@ -1109,6 +1123,7 @@ def main(argv: list[str] | None = None) -> int:
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
              "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
+             "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
              "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
              "pichak_full": lambda: arms.pichak("full")}[name]()

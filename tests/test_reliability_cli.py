@@ -128,6 +128,8 @@ def _cases(model_dir, inputs):
         (["run", *m, "--epochs", "-1", "--data", str(good), "--out", str(d / "run")], "--epochs -1", "above 0"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--max-seconds", "0"], "--max-seconds 0", "above 0"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "-3"], "--rows-per-step -3", ">= 1"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "16", "--step-for", "rows"],
+         "--rows-per-step fixes the step", "pass one of the two"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "1"], "--seq-len 1", "at least 2"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--quantile", "2"], "--quantile 2", "at most 1"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "100000"], "seq_len 100000", "positions"),

@@ -169,7 +169,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     data.mkdir()
     _tiny_task(data, 48, 0)
     arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
-            "leadline_full_to_zero"]
+            "leadline_full_rows", "leadline_full_to_zero"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -188,6 +188,9 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
         assert units[name]["run"]["steps"] == 2, name
     if "optuna" in arms:
         assert units["optuna"]["trials"] == 2 and "optuna_1" in units
+    rows = units["leadline_full_rows"]["plan"]["values"]["tokens_per_step"]
+    assert rows["evidence"]["step_for"] == "rows" and rows["source"].startswith("for the rows")
+    assert "Rule R, the step for the rows against the least-time step" in sb.table_of(board, out)
     zero = units["leadline_full_to_zero"]  # leadline_full's plan again, the rate falling to zero
     assert zero["plan_of"] == "leadline_full" and zero["decide_seconds"] == units["leadline_full"]["decide_seconds"]
     assert zero["run"]["ending"]["kept"] == "to_zero" and zero["run"]["steps"] == 2

@@ -24,11 +24,13 @@ class StepPhase:
         return self.values
 
 
-def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None) -> StepPhase:
+def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None,
+         step_for: str = "time") -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
     or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
     a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).
-    ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence)."""
+    ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).
+    ``step_for``: ``time`` or ``rows`` (:func:`~leadline.noise.step.rows_step_rule`)."""
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
@@ -47,7 +49,7 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                          t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
                          corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
-                         rows_per_step=rows_per_step)
+                         rows_per_step=rows_per_step, step_for=step_for)
     return StepPhase(sp, sp.as_values())
 
 

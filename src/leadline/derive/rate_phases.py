@@ -76,7 +76,7 @@ def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], 
 def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
                 plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
                 named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
-                rows_per_step: int | None = None) -> PastFormatPhase:
+                rows_per_step: int | None = None, step_for: str = "time") -> PastFormatPhase:
     """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
     rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
     reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
@@ -150,7 +150,7 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
             for n, v in result.as_values().items():
                 out["rows_fit" if n == "micro_batch" else n] = v
                 plan.set("rows_fit" if n == "micro_batch" else n, v)
-    out.update(step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step).as_values())
+    out.update(step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for).as_values())
     return PastFormatPhase(pf, result, out)
 
 

@@ -41,6 +41,7 @@ from leadline.derive.timed import (
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
+from leadline.noise.step import STEP_FOR
 from leadline.pieces import device_of, optimizer_of
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
@@ -53,7 +54,7 @@ _PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
 
 
 def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None,
-           rows_per_step: int | None = None) -> None:
+           rows_per_step: int | None = None, step_for: str = "time") -> None:
     if effort not in EFFORTS:
         raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, "
                          "full runs the look-ahead")
@@ -71,6 +72,11 @@ def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float 
                                       or rows_per_step < 1):
         raise InputError(f"rows_per_step must be a whole number of rows >= 1, got {rows_per_step!r}; pass e.g. 16 "
                          "or leave it out for the measured step")
+    if step_for != "time" and rows_per_step is not None:
+        raise InputError(f"pass rows_per_step or step_for={step_for!r}, not both: each decides the step")
+    if step_for not in STEP_FOR:
+        raise InputError(f"step_for={step_for!r} is not one of {', '.join(STEP_FOR)}; time: the least time to a loss, "
+                         "rows: the most from each row in that time")
 
 
 def derive(
@@ -102,6 +108,7 @@ def derive(
     device: Any = None,
     started: float | None = None,
     rows_per_step: int | None = None,
+    step_for: str = "time",
 ) -> Plan:
     """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
     runs when what it needs is given, and a plan with three derived values and an honest gap
@@ -144,13 +151,16 @@ def derive(
         rows_per_step: the rows an optimizer step takes, fixed by the caller (a batch size the
             run must keep): the card decides only its micro-batch and accumulation, the rate
             phases run at it, and the least-time step is kept in ``tokens_per_step``'s evidence.
+        step_for: what the measured step optimizes: ``"time"`` (the least time to a loss) or
+            ``"rows"`` (the smallest step whose time a row is what the least-time step pays a row
+            to the loss its rows reach at a small step: :func:`~leadline.noise.step.rows_step_rule`).
 
     Returns:
         The :class:`~leadline.plan.Plan`; ``plan.phases`` says where its seconds went (a
         :class:`~leadline.plan.PhaseTime` per phase) and ``plan.derive_seconds`` its wall time.
     """
     entered = time.monotonic()
-    _check(effort, trained_as, total_steps, epochs, rows_per_step)
+    _check(effort, trained_as, total_steps, epochs, rows_per_step, step_for)
     prior = Plan.from_json(prior) if isinstance(prior, (str, os.PathLike)) else prior
     named = list(named_weights or [])
     params = [w for _, w in named]
@@ -158,8 +168,9 @@ def derive(
     corpus = data if data is not None else rows
     plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
-    if world is not None and rows_per_step is not None:
-        raise InputError("rows_per_step is not supported in a distributed job yet (the step there is micro-batch x "
+    if world is not None and (rows_per_step is not None or step_for != "time"):
+        what = "rows_per_step" if rows_per_step is not None else f"step_for={step_for!r}"
+        raise InputError(f"{what} is not supported in a distributed job yet (the step there is micro-batch x "
                          "accumulation x world size); leave it out, or derive in one process")
     train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
     held_out_losses = CountedReads(held_out_losses) if held_out_losses is not None else None
@@ -169,7 +180,8 @@ def derive(
                          memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
                          length=total_steps is None and epochs is not None)
     fingerprint = {**_fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile),
-                   **({"rows_per_step": rows_per_step} if rows_per_step is not None else {})}
+                   **({"rows_per_step": rows_per_step} if rows_per_step is not None else {}),
+                   **({"step_for": step_for} if step_for != "time" else {})}
     runner = _runner(plan, world, train_step_of, held_out_losses, expected, fingerprint, max_seconds=max_seconds,
                      on_progress=on_progress, resume=resume, started=started)
     with leave_no_trace(params, _optimizers(optimizer, step_fn)), forbid_spill(device if device is not None else "cpu"):
@@ -179,7 +191,8 @@ def derive(
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
         if step_fn is not None and grad_fn is not None:
             runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
-                       step_fn=step_fn if world is None else None, rows_per_step=rows_per_step, needs=_STEP_NEEDS)
+                       step_fn=step_fn if world is None else None, rows_per_step=rows_per_step, step_for=step_for,
+                       needs=_STEP_NEEDS)
         timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
         first = None
         if timed is not None:
@@ -187,7 +200,7 @@ def derive(
                                loss_resolution, world is not None)
         if past_format_ready:
             runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
-                       noise, lengths, runner, named, trained_as, rows_per_step, needs=_PAST_FORMAT_NEEDS)
+                       noise, lengths, runner, named, trained_as, rows_per_step, step_for, needs=_PAST_FORMAT_NEEDS)
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         _length(runner, plan, total_steps, epochs)

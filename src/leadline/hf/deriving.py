@@ -41,7 +41,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
                probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
-               progress: bool | None = None, rows_per_step: int | None = None) -> Plan:
+               progress: bool | None = None, rows_per_step: int | None = None, step_for: str = "time") -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
@@ -79,6 +79,10 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
 
     ``rows_per_step``: a batch the run must keep (rows an optimizer step takes): the card then
     decides only its micro-batch and accumulation, and the rate is measured at it.
+
+    ``step_for``: ``"time"`` (the measured step: the least time to a loss) or ``"rows"`` (the
+    smallest step whose time a row is what the least-time step pays a row to the loss its rows
+    reach at a small step: the most from each row; :func:`leadline.noise.step.rows_step_rule`).
     """
     return derive_parts(**locals())
 
@@ -104,7 +108,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
             probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
             progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
-            batch: tuple[int, int] | None = None, rows_per_step: int | None = None) -> Plan:
+            batch: tuple[int, int] | None = None, rows_per_step: int | None = None, step_for: str = "time") -> Plan:
     import time
 
     from leadline.derive import derive
@@ -138,7 +142,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             lengths=p.lengths,
             held_out=p.task.split.as_dict(), model_info=p.model_info,
             loss_resolution=_loss_resolution(p.inner),
-            device=p.task.device, started=started, rows_per_step=rows_per_step,
+            device=p.task.device, started=started, rows_per_step=rows_per_step, step_for=step_for,
         )
         _given_values(plan, p, batch, given.policy)
         _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)

@@ -138,6 +138,36 @@ def even_split(rows: int, rows_fit: int) -> tuple[int, int]:
     return min(rows_fit, max(1, round(rows / fewest))), fewest
 
 
+STEP_FOR = ("time", "rows")
+
+
+def rows_step_rule(time_rows: int, time_tokens: float, b_noise: float, fixed_seconds: float,
+                   row_seconds: float) -> dict[str, Any]:
+    """The step for the rows: the fewest rows r whose time a row, fixed/r + row_seconds, is at
+    most the least-time step's time a row times 1 + B/B_noise.
+
+    The least-time step B reaches a loss after E_min (1 + B/B_noise) rows (McCandlish et al. 2018,
+    eq. 2.11): to the loss its rows would reach at a small step it needs 1 + B/B_noise passes, and
+    pays that many times its time a row. Spending that time a row on ONE pass buys the smallest
+    step it affords, the most progress per row; no preference between time and rows is assumed.
+    With fixed seconds a step (the micro-batch's fixed cost and the update) the answer is
+    r = ceil(fixed / (budget - row_seconds)), at most ``time_rows``.
+
+    Examples:
+        >>> rows_step_rule(35, 3355.0, 6008.0, 0.152, 0.00783)["rows"]
+        14
+        >>> rows_step_rule(8, 8.0, 1e9, 0.1, 0.01)["rows"]
+        8
+    """
+    per_row_time = fixed_seconds / time_rows + row_seconds
+    passes = 1.0 + time_tokens / b_noise
+    budget = per_row_time * passes
+    rows = next(r for r in range(1, time_rows + 1) if fixed_seconds / r + row_seconds <= budget * (1 + 1e-12))
+    return {"rows": rows, "least_time_rows": time_rows, "least_time_seconds_a_row": per_row_time,
+            "passes_to_its_loss": passes, "seconds_a_row_allowed": budget, "fixed_seconds": fixed_seconds,
+            "row_seconds": row_seconds}
+
+
 def least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
                      corpus: float | None) -> int:
     """The whole rows r in [1, B_noise/per_row] minimizing (1 + B_noise/(r per_row)) x
@@ -228,7 +258,16 @@ class StepPlan:
               "given_rows": self.given_rows, "row_efficiency": self.row_efficiency}
         use = (f"; a step of {format_tokens(self.tokens_per_step)} tokens uses the rows at 1/(1 + B/B_noise) = "
                f"{self.row_efficiency:.0%} of a small step's efficiency (E_min(1 + B/B_noise) rows to a loss)")
-        if self.given_rows is None:
+        rule = i.get("rows_rule")
+        if self.given_rows is None and rule:
+            step = Value(self.tokens_per_step, "derived",
+                         f"for the rows: the fewest rows a step whose time a row, {rule['fixed_seconds']:.4g} s/r + "
+                         f"{rule['row_seconds']:.4g} s, is at most the least-time step's ({rule['least_time_rows']} "
+                         f"rows, {rule['least_time_seconds_a_row']:.4g} s a row) times the "
+                         f"{rule['passes_to_its_loss']:.3g} passes it needs to its rows' loss at a small step: "
+                         f"{rule['rows']} rows; the least-time step: {self._step_source(clamp)}{use}", evidence=ev,
+                         unit="scored tokens")
+        elif self.given_rows is None:
             step = Value(self.tokens_per_step, "derived", self._step_source(clamp) + use, evidence=ev,
                          unit="scored tokens")
         else:
@@ -270,6 +309,7 @@ def tokens_per_step(
     corpus_scored_tokens: float | None = None,
     t_micro_one_row_seconds: float | Sequence[float] | None = None,
     rows_per_step: int | None = None,
+    step_for: str = "time",
 ) -> StepPlan:
     """The optimizer step in scored tokens, and the micro-batch and grad_accum that make it.
 
@@ -287,6 +327,8 @@ def tokens_per_step(
         rows_per_step: the rows a step the caller fixes (a batch size the run must keep): the
             step is that, its micro-batch and grad_accum fitted to the card, and the least-time
             step stays in the evidence beside it.
+        step_for: ``time`` (the least time to a loss) or ``rows`` (:func:`rows_step`: the most
+            progress a row within the time a row the least-time step pays to the same loss).
 
     Returns:
         :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
@@ -330,6 +372,18 @@ def tokens_per_step(
     if target < per_row:
         target, clamped = per_row, "one row"
     rows_step = max(1, round(target / per_row))
+    if step_for not in STEP_FOR:
+        raise InputError(f"step_for must be one of {', '.join(STEP_FOR)}, got {step_for!r}")
+    rows_rule = None
+    if step_for == "rows" and rows_per_step is None:
+        if fixed is not None:
+            fixed_part, per_row_part = fixed["a_seconds"] + t_step, fixed["c_seconds_per_row"]
+        else:
+            fixed_part, per_row_part = t_step, t_micro / rows_fit
+        rows_rule = rows_step_rule(rows_step, rows_step * per_row, b_noise, fixed_part, per_row_part)
+        if rows_rule["rows"] < rows_step:
+            rows_step, target = rows_rule["rows"], rows_rule["rows"] * per_row
+            clamped = "one row" if rows_step == 1 and clamped == "one row" else None
     if rows_per_step is not None:
         if isinstance(rows_per_step, bool) or not isinstance(rows_per_step, int) or rows_per_step < 1:
             raise InputError(f"rows_per_step={rows_per_step!r} must be a whole number of rows >= 1; pass e.g. 16")
@@ -350,6 +404,8 @@ def tokens_per_step(
         "corpus_scored_tokens": corpus_scored_tokens,
         "rows_wanted": rows_step,
         "fixed_cost": fixed,
+        "step_for": step_for if rows_per_step is None else "given",
+        "rows_rule": rows_rule,
     }
     return StepPlan(
         tokens_per_step=target, b_star_tokens=b_star, clamped_by=clamped, micro_batch=micro,

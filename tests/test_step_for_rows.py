@@ -1,0 +1,66 @@
+"""The step for the rows (``step_for="rows"``): the fewest rows a step whose time a row is at most
+what the least-time step pays a row over the 1 + B/B_noise passes it needs to the loss its rows
+reach at a small step — known answers on recorded timings, the same step on a smaller card, and
+the inputs it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from leadline.errors import InputError
+from leadline.noise.step import rows_step_rule, tokens_per_step
+from test_derive_golden import clock  # noqa: F401  (the fixture)
+
+# gsm_symbolic's timings on the H200 (benchmarks/results/scoreboard_gsm_symbolic.json, leadline_full):
+# 69 rows fit at 0.6783 s, one row 0.146 s (3 repeats), the update 0.01407 s, B_noise 6,008 tokens
+GSM = {"rows_fit": 69, "tokens_per_micro_batch": 69 * 95.85, "t_step_seconds": 0.01407, "t_micro_seconds": 0.6783,
+       "t_micro_one_row_seconds": [0.1507, 0.1423, 0.1461]}
+
+
+def test_on_recorded_timings_the_rows_step_is_the_smallest_the_least_time_steps_budget_affords():
+    time = tokens_per_step(6008.0, **GSM)
+    rows = tokens_per_step(6008.0, step_for="rows", **GSM)
+    assert (time.rows_per_step, rows.rows_per_step) == (35, 14)
+    rule = rows.inputs["rows_rule"]
+    budget = rule["seconds_a_row_allowed"]
+    assert budget == pytest.approx(rule["least_time_seconds_a_row"] * (1 + 35 * 95.85 / 6008.0))
+    afford = [r for r in range(1, 36) if rule["fixed_seconds"] / r + rule["row_seconds"] <= budget]
+    assert min(afford) == 14  # 13 rows would cost more a row than the budget
+    assert rows.row_efficiency > time.row_efficiency  # more from each row: 82% against 64%
+    v = rows.as_values()["tokens_per_step"]
+    assert v.kind == "derived" and v.source.startswith("for the rows") and "35 rows" in v.source
+    assert time.inputs["rows_rule"] is None and time.inputs["step_for"] == "time"
+
+
+def test_the_rule_at_its_limits():
+    assert rows_step_rule(20, 200.0, 400.0, 0.0, 0.01)["rows"] == 1  # no cost a step: one row a step costs nothing more
+    assert rows_step_rule(20, 200.0, 1e12, 0.2, 0.01)["rows"] == 20  # B << B_noise: one pass is all it needs
+    sizes = [rows_step_rule(40, 40 * 50.0, b, 0.15, 0.008)["rows"] for b in (1e3, 2e3, 8e3, 3e4)]
+    # the larger the noise scale, the fewer extra passes the least-time step needs, the nearer the two steps
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1] <= 40
+
+
+def test_a_given_step_and_a_bad_name_are_refused_in_one_sentence():
+    from leadline.derive import derive
+
+    with pytest.raises(InputError, match="step_for must be one of time, rows"):
+        tokens_per_step(6008.0, step_for="tokens", **GSM)
+    with pytest.raises(InputError, match="not both"):
+        derive(total_steps=10, rows_per_step=16, step_for="rows")
+    with pytest.raises(InputError, match="step_for='fast' is not one of time, rows"):
+        derive(total_steps=10, step_for="fast")
+
+
+def test_derive_for_the_rows_takes_a_smaller_step_the_same_on_a_smaller_card(clock):  # noqa: F811
+    from leadline.derive import derive
+    from test_derive_card_independent import _pieces
+
+    time = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full")
+    big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full", step_for="rows")
+    small = derive(**_pieces(clock, fits=4), total_steps=40, effort="full", step_for="rows")
+    assert big.tokens_per_step < time.tokens_per_step, (big.tokens_per_step, time.tokens_per_step)
+    rule = big["tokens_per_step"].evidence["rows_rule"]
+    assert rule is not None and rule["least_time_rows"] * big.scored_tokens_per_row == pytest.approx(
+        time.tokens_per_step)
+    assert small.tokens_per_step == pytest.approx(big.tokens_per_step)  # the card decides the split only
+    assert small.micro_batch * small.grad_accum == big.micro_batch * big.grad_accum
