@@ -149,3 +149,21 @@ def test_an_uncommitted_state_leaves_nothing_on_disk(tmp_path):
         assert kept.tmp is not None and kept.tmp.exists()
         raise RuntimeError("derive failed after the rate phase")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_quick_plan_refuses_the_ending_to_zero_before_any_work(derived):
+    """A quick plan races its rates with race(), which the schedule's ending does not reach: the
+    ending asked for is refused in one sentence, not silently dropped."""
+    from leadline.errors import InputError
+    from leadline.plan import Value
+    from leadline.train import train_with_plan
+
+    tok, plan, _ = derived
+    quick = type(plan).from_json(plan.to_json())
+    del quick.values["lookahead_horizon_steps"]
+    quick.set("race_rates", Value([1e-3, 2e-3], "derived", "the quick effort's grid"))
+    model = _lora(tok)
+    before = _trained(model)
+    with pytest.raises(InputError, match="quick plan races its rates"):
+        train_with_plan(model, tok, DATA_FILE, quick, ending="to_zero")
+    assert all(a.equal(b) for a, b in zip(_trained(model), before))

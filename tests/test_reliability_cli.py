@@ -54,6 +54,10 @@ def inputs(tmp_path_factory, model_dir):
         "plan": {}, "abc": {"micro_batch": "abc"}, "neg": {"micro_batch": -3}, "v99": {"version": "99.0.0"},
         "lr_text": {"lr": "fast"},
     }.items()}
+    quick = Plan.from_json(plans["plan"])  # a quick plan: its rates raced inside the run
+    quick.set("race_rates", Value([1e-3, 2e-3], "derived", "the quick effort's grid"))
+    quick.to_json(d / "quick.json")
+    plans["quick"] = d / "quick.json"
     return d, good, plans
 
 
@@ -107,6 +111,8 @@ def _cases(model_dir, inputs):
         ([*train, "--recipe", "--warmup-ratio", "2"], "--warmup-ratio 2", "share of the steps"),
         ([*train, "--recipe", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
         ([*train, "--no-schedule", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
+        (["train", *m, "--data", str(good), "--plan", str(plans["quick"]), "--out", str(d / "run"), "--ending",
+          "to-zero"], "--ending to-zero", "leave --ending out"),
         (["train", *m, "--data", str(good), "--plan", str(plans["abc"]), "--out", str(d / "run")], "micro_batch is 'abc'", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["neg"]), "--out", str(d / "run")], "micro_batch is -3", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["lr_text"]), "--out", str(d / "run")], "lr is 'fast'", "rate above 0"),
@@ -130,6 +136,8 @@ def _cases(model_dir, inputs):
         ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "-3"], "--rows-per-step -3", ">= 1"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "16", "--step-for", "rows"],
          "--rows-per-step fixes the step", "pass one of the two"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "quick", "--ending", "to-zero"],
+         "--ending to-zero", "--effort full"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "1"], "--seq-len 1", "at least 2"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--quantile", "2"], "--quantile 2", "at most 1"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "100000"], "seq_len 100000", "positions"),

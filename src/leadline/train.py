@@ -123,6 +123,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.rate import LookaheadSchedule, lookahead_from
 
     steps = _checked_steps(plan, total_steps)
+    if ending != "raced" and races_inside(plan):
+        raise InputError(f"ending={ending!r} sets the LookaheadSchedule's ending, and this quick plan races its rates "
+                         "with race() instead; derive it with effort='full', or leave ending out")
     task = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
@@ -136,7 +139,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     schedule = schedule and not linear
     recipe_rate = _recipe_rate(plan, steps) if linear else None
     held = task.held_out_losses()
-    racing = schedule and not linear and bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+    racing = schedule and not linear and races_inside(plan)
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
                                          schedule=schedule and not racing, linear=linear, racing=racing,
                                          ending=ending)
@@ -173,6 +176,11 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     if out_dir is not None:
         _save(model, Path(out_dir), result)
     return result
+
+
+def races_inside(plan: Plan) -> bool:
+    """A quick plan: its ``race_rates`` are raced inside the run (no look-ahead measured the rate)."""
+    return bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
 
 
 def _recipe_rate(plan: Plan, steps: int) -> Callable[[int], float]:

@@ -49,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
                          "without torchrun, or derive the plan with `torchrun ... -m leadline derive` and train it "
                          "with Trainer (docs/distributed.md)")
     check_plan_inputs(args)
+    if args.ending != "raced" and args.effort == "quick":
+        raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and --effort quick races its "
+                         "rates inside the run instead; pass --effort full (the default) or leave --ending out")
     check_device(args.device)
     made = not out.exists()
     try:

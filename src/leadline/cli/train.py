@@ -71,6 +71,13 @@ def run(args: argparse.Namespace) -> int:
         flag = "--recipe" if args.recipe else "--no-schedule"
         raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and {flag} trains without it; "
                          f"drop one of the two")
+    if args.ending != "raced" and not args.no_schedule and not args.recipe:
+        from leadline.train import races_inside
+
+        if races_inside(plan):
+            raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
+                             "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
+                             "effort, or leave --ending out")
     if args.recipe:
         if args.batch < 1:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
