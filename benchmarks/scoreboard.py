@@ -654,18 +654,10 @@ class Arms:
         if self.board.has("optuna"):
             return
         import optuna
-        from optuna.distributions import CategoricalDistribution, FloatDistribution
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        dists = {"lr": FloatDistribution(1e-5, 3e-3, log=True), "rows_per_step": CategoricalDistribution([4, 8, 16, 32]),
-                 "warmup_ratio": FloatDistribution(0.0, 0.1)}
         trials = int(self.board.data["optuna_trials"])
-        study = optuna.create_study(direction="minimize",
-                                    sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=min(3, trials - 1)))
-        for k in range(trials):  # the trials already run, told to the study so it proposes what it would have
-            u = self.board.data["units"].get(f"optuna_{k}")
-            if u and not u.get("failed") and u.get("unseen_loss") is not None:
-                study.add_trial(optuna.trial.create_trial(params=u["params"], distributions=dists, value=u["unseen_loss"]))
+        study, dists = optuna_study(self.board.data["units"], trials)
         for k in range(trials):
             unit = f"optuna_{k}"
             if self.board.has(unit):
@@ -684,6 +676,25 @@ class Arms:
         if len(done) == trials:
             self.em_for_best("optuna", trials)
             self.board.put("optuna", {"trials": trials, "summary": True})
+
+
+def optuna_study(units: dict[str, Any], trials: int) -> tuple[Any, dict[str, Any]]:
+    """The TPE study over rate, rows a step and warmup, told the trials already run (so it proposes
+    what it would have), and its distributions. The sampler is seeded by the number of trials
+    told: a study resumed in a new process draws on from where it stopped instead of proposing its
+    first random trial again."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution, FloatDistribution
+
+    dists = {"lr": FloatDistribution(1e-5, 3e-3, log=True), "rows_per_step": CategoricalDistribution([4, 8, 16, 32]),
+             "warmup_ratio": FloatDistribution(0.0, 0.1)}
+    told = [u for k in range(trials) if (u := units.get(f"optuna_{k}")) and not u.get("failed")
+            and u.get("unseen_loss") is not None]
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(
+        seed=len(told), n_startup_trials=min(3, trials - 1)))
+    for u in told:
+        study.add_trial(optuna.trial.create_trial(params=u["params"], distributions=dists, value=u["unseen_loss"]))
+    return study, dists
 
 
 def drop_units(data: dict[str, Any], arms: str) -> None:

@@ -299,3 +299,18 @@ def test_a_search_judges_exact_match_only_for_the_unit_it_picks(sb, tmp_path):
     judged.clear()
     sb.Arms.em_for_best(arms, "sweep", 3)  # judged already: nothing runs again
     assert judged == [] and len(trained) == 1
+
+
+def test_a_resumed_optuna_study_does_not_propose_a_trial_it_already_ran(sb):
+    """A study resumed in a new process with one random start-up trial told proposes a new point,
+    not the first random draw again (which a sampler seeded the same way in every process did)."""
+    pytest.importorskip("optuna")
+    fresh, dists = sb.optuna_study({}, 8)
+    first = fresh.ask(dists).params
+    units = {"optuna_0": {"params": first, "unseen_loss": 0.5}}
+    resumed, dists = sb.optuna_study(units, 8)
+    assert len(resumed.trials) == 1 and resumed.trials[0].value == 0.5
+    again = resumed.ask(dists).params
+    assert again != first
+    failed = {"optuna_0": {"params": first, "unseen_loss": None, "failed": True}}
+    assert len(sb.optuna_study(failed, 8)[0].trials) == 0  # a failed unit is not told: it runs again
