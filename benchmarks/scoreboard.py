@@ -34,7 +34,9 @@ processes (model loading included, the same for every arm), deciding and trainin
   schedulefree     ``schedulefree.AdamWScheduleFree`` at its documented defaults (lr 0.0025,
                    no warmup), 16 rows a step, one pass, evaluated at its averaged weights.
   leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
-  leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``.
+  leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``, at derive's
+                   default step: the least-time step until rule R passed, the step for the rows
+                   since (the unit's commit says which it ran).
   leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
                    the model loaded once; its cost is that one process's wall seconds.
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
@@ -43,9 +45,10 @@ processes (model loading included, the same for every arm), deciding and trainin
   leadline_full_rows  ``leadline derive --effort full --step-for rows`` then ``leadline train``:
                    the step for the rows (the smallest whose time a row is what the least-time step
                    pays a row to the loss its rows reach at a small step), everything else as
-                   leadline_full: rule R below.
-  leadline_full_to_zero, leadline_full_16rows_to_zero  the plan of leadline_full (of
-                   leadline_full_16rows) trained again with ``leadline train --ending to-zero``:
+                   leadline_full: rule R below (decided on the least-time leadline_full units;
+                   a leadline_full run after it repeats this arm with the flag left out).
+  leadline_full_to_zero, leadline_full_16rows_to_zero, leadline_full_rows_to_zero  the plan
+                   of leadline_full (of leadline_full_16rows, of leadline_full_rows) trained again with ``leadline train --ending to-zero``:
                    the rate falls linearly to zero over the run under the same checks, instead
                    of the raced ending over the last 2h steps. The same plan, so the pair isolates
                    the ending (rule E); the deciding seconds are the plan's own. The plan comes
@@ -74,6 +77,11 @@ Decision rules, written before any run (``RULES`` below is what the table prints
       plan, leadline_full_to_zero beats leadline_full (or leadline_full_16rows_to_zero beats
       leadline_full_16rows) with p < 0.05 on at least one task and loses (p < 0.05) on none;
       otherwise the raced ending stays.
+  Z   at the step for the rows (derive's default once rule R passed), the ending to zero
+      replaces the raced ending as the schedule's default when leadline_full_rows_to_zero beats
+      leadline_full_rows with p < 0.05 on at least one task and loses (p < 0.05) on none;
+      otherwise the raced ending stays. Written after rule E failed at the least-time step and
+      won at 16 rows, before this arm ran anywhere.
 Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
 are.
 
@@ -123,10 +131,12 @@ RULES = {
          "p < 0.05 (and the reverse when it loses)",
     "R": "the step for the rows replaces the least-time step as the default when leadline_full_rows beats "
          "leadline_full with p < 0.05 on at least one task and loses on none",
-    "E": "the ending to zero replaces the raced ending as the default when, on the same plan, a *_to_zero arm beats "
-         "its raced arm with p < 0.05 on at least one task and loses on none",
+    "E": "the ending to zero replaces the raced ending as the default when, on the same plan, leadline_full_to_zero "
+         "or leadline_full_16rows_to_zero beats its raced arm with p < 0.05 on at least one task and loses on none",
+    "Z": "at the step for the rows, the ending to zero replaces the raced ending as the default when "
+         "leadline_full_rows_to_zero beats leadline_full_rows with p < 0.05 on at least one task and loses on none",
 }
-TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero"]
+TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *TO_ZERO,
         "schedulefree", "lr_find",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
@@ -925,13 +935,15 @@ def table_of(data: dict[str, Any], path: Path) -> str:
 
 
 def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
-    """Rules S and E on this task: each pair's paired test, where both of its arms ran."""
+    """Rules S, R, E and Z on this task: each pair's paired test, where both of its arms ran."""
     kind, gold = data["kind"], data.get("gold", [])
     pairs = [("S", "leadline_full_16rows", "leadline_full", "the recipe's 16 rows a step against the measured step"),
              ("R", "leadline_full_rows", "leadline_full", "the step for the rows against the least-time step"),
              ("E", "leadline_full_to_zero", "leadline_full", "the ending to zero against the raced ending"),
              ("E", "leadline_full_16rows_to_zero", "leadline_full_16rows",
-              "the ending to zero against the raced ending, at 16 rows a step")]
+              "the ending to zero against the raced ending, at 16 rows a step"),
+             ("Z", "leadline_full_rows_to_zero", "leadline_full_rows",
+              "the ending to zero against the raced ending, at the step for the rows")]
     out = []
     for rule, a, b, what in pairs:
         if a in arms and b in arms:
@@ -1137,6 +1149,7 @@ def main(argv: list[str] | None = None) -> int:
              "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
              "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
+             "leadline_full_rows_to_zero": lambda: arms.to_zero("leadline_full_rows"),
              "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})

@@ -76,7 +76,7 @@ def test_a_card_that_holds_fewer_rows_gets_the_same_plan_up_to_the_split(clock, 
     from leadline.derive import derive
 
     big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort=effort)
-    small = derive(**_pieces(clock, fits=4), total_steps=40, effort=effort)
+    small = derive(**_pieces(clock, fits=2), total_steps=40, effort=effort)
     assert small.rows_fit < big.rows_fit, (small.rows_fit, big.rows_fit)  # the room did force fewer rows
     assert small.grad_accum > big.grad_accum  # and the small card accumulates to the same step
     assert small.micro_batch * small.grad_accum == big.micro_batch * big.grad_accum

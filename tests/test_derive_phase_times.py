@@ -43,9 +43,15 @@ def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
     assert {"micro_batch", "grad_accum", "tokens_per_step"} <= set(by["step"].changed)
     assert by["noise"].changed == ()  # it feeds the step; it sets none of the numbers the run trains with
     assert "lr" in by["first_step"].changed  # alpha1: the rate the plan falls back to without a rate phase
-    # a 40-step run: the look-ahead's budget stops it before its minimum horizon and the plan keeps the anchor,
-    # so the rate phase's 50 steps moved no rate (the table says so)
-    assert plan["lr"].source.startswith("the anchor") and "lr" not in by["rate"].changed
+    # at the step for the rows the look-ahead reads ahead within the 40-step run: the rate it measured
+    # is the plan's, and the table says the rate phase changed it
+    assert plan["lr"].source.startswith("look-ahead") and "lr" in by["rate"].changed
+    # at the least-time step its budget stops it before its minimum horizon and the plan keeps the anchor:
+    # the rate phase's steps moved no rate, and the table says so
+    slow = derive(**_pieces(clock), total_steps=40, effort="full", step_for="time")
+    slow_by = {p.phase: p for p in slow.phases}
+    assert slow["lr"].source.startswith("the anchor") and "lr" not in slow_by["rate"].changed
+    assert slow_by["rate"].steps > 0
 
 
 def test_each_phase_says_how_much_of_it_was_steps_and_held_out_reads(clock):  # noqa: F811

@@ -55,8 +55,11 @@ def test_derive_for_the_rows_takes_a_smaller_step_the_same_on_a_smaller_card(clo
     from leadline.derive import derive
     from test_derive_card_independent import _pieces
 
-    time = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full")
+    time = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full", step_for="time")
     big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full", step_for="rows")
+    default = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full")
+    assert default.tokens_per_step == big.tokens_per_step  # the step for the rows is derive's default
+    assert default["tokens_per_step"].evidence["step_for"] == "rows"
     small = derive(**_pieces(clock, fits=4), total_steps=40, effort="full", step_for="rows")
     assert big.tokens_per_step < time.tokens_per_step, (big.tokens_per_step, time.tokens_per_step)
     rule = big["tokens_per_step"].evidence["rows_rule"]
@@ -64,3 +67,22 @@ def test_derive_for_the_rows_takes_a_smaller_step_the_same_on_a_smaller_card(clo
         time.tokens_per_step)
     assert small.tokens_per_step == pytest.approx(big.tokens_per_step)  # the card decides the split only
     assert small.micro_batch * small.grad_accum == big.micro_batch * big.grad_accum
+
+
+def test_the_world_step_for_the_rows_counts_the_all_reduce_as_a_steps_fixed_seconds():
+    """Over W GPUs a micro-batch of W x rows_fit rows takes one t_micro: the rule reads the update
+    and the all-reduce as the fixed seconds a step, t_micro / (W rows_fit) as a row's seconds, and
+    spreads its rows over the world, one row a GPU at least."""
+    from leadline.distributed.phases import world_step
+
+    kw = {"world_size": 2, "rows_fit": 16, "tokens_per_row": 100.0, "t_step_seconds": 0.05,
+          "t_micro_seconds": 0.4, "t_allreduce_seconds": 0.05}
+    time = world_step(6000.0, **kw)
+    rows = world_step(6000.0, step_for="rows", **kw)
+    t_ev, r_ev = time["tokens_per_step"].evidence, rows["tokens_per_step"].evidence
+    rule = r_ev["rows_rule"]
+    assert t_ev["rows_rule"] is None and rule["least_time_rows"] == t_ev["rows_wanted"]
+    assert rule["fixed_seconds"] == pytest.approx(0.10) and rule["row_seconds"] == pytest.approx(0.4 / 32)
+    assert 2 <= r_ev["rows_per_step"] < t_ev["rows_per_step"]
+    assert r_ev["rows_per_step"] % 2 == 0  # micro x accum x world
+    assert "for the rows" in rows["tokens_per_step"].source and "for the rows" not in time["tokens_per_step"].source

@@ -46,10 +46,10 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
     p.add_argument("--rows-per-step", type=int, metavar="N",
                    help="a batch the run must keep: N rows an optimizer step (the card decides the micro-batch and "
                    "accumulation, the rate is measured at it; default: the measured step)")
-    p.add_argument("--step-for", choices=("time", "rows"), default="time",
-                   help="what the measured step optimizes: time (default: the least time to a loss) or rows (the "
-                   "smallest step whose time a row is what the least-time step pays a row to reach the loss of its "
-                   "rows at a small step; docs/noise.md)")
+    p.add_argument("--step-for", choices=("rows", "time"), default=None,
+                   help="what the measured step optimizes: rows (default: the smallest step whose time a row is what "
+                   "the least-time step pays a row to reach the loss of its rows at a small step) or time (the least "
+                   "time to a loss); docs/noise.md")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +98,7 @@ def check_plan_inputs(args: argparse.Namespace) -> None:
     if args.rows_per_step is not None and args.rows_per_step < 1:
         raise InputError(f"--rows-per-step {args.rows_per_step} must be a whole number of rows >= 1; pass e.g. "
                          "--rows-per-step 16, or leave it out for the measured step")
-    if args.rows_per_step is not None and args.step_for != "time":
+    if args.rows_per_step is not None and args.step_for is not None:
         raise InputError(f"--rows-per-step fixes the step and --step-for {args.step_for} measures it; pass one of "
                          "the two")
     check_data_file("--data", args.data)

@@ -41,7 +41,7 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
         values = world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
                             t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
                             t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0),
-                            corpus_scored_tokens=plan.get("scored_tokens"))
+                            corpus_scored_tokens=plan.get("scored_tokens"), step_for=step_for)
         return StepPhase(None, values)
     one_row = None
     if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch

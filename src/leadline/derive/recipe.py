@@ -41,7 +41,7 @@ from leadline.derive.timed import (
 from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
-from leadline.noise.step import STEP_FOR
+from leadline.noise.step import DEFAULT_STEP_FOR, STEP_FOR
 from leadline.pieces import device_of, optimizer_of
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
@@ -54,7 +54,7 @@ _PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
 
 
 def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None,
-           rows_per_step: int | None = None, step_for: str = "time") -> None:
+           rows_per_step: int | None = None, step_for: str | None = None) -> None:
     if effort not in EFFORTS:
         raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, "
                          "full runs the look-ahead")
@@ -72,9 +72,9 @@ def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float 
                                       or rows_per_step < 1):
         raise InputError(f"rows_per_step must be a whole number of rows >= 1, got {rows_per_step!r}; pass e.g. 16 "
                          "or leave it out for the measured step")
-    if step_for != "time" and rows_per_step is not None:
+    if step_for is not None and rows_per_step is not None:
         raise InputError(f"pass rows_per_step or step_for={step_for!r}, not both: each decides the step")
-    if step_for not in STEP_FOR:
+    if step_for is not None and step_for not in STEP_FOR:
         raise InputError(f"step_for={step_for!r} is not one of {', '.join(STEP_FOR)}; time: the least time to a loss, "
                          "rows: the most from each row in that time")
 
@@ -108,7 +108,7 @@ def derive(
     device: Any = None,
     started: float | None = None,
     rows_per_step: int | None = None,
-    step_for: str = "time",
+    step_for: str | None = None,
 ) -> Plan:
     """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
     runs when what it needs is given, and a plan with three derived values and an honest gap
@@ -151,9 +151,10 @@ def derive(
         rows_per_step: the rows an optimizer step takes, fixed by the caller (a batch size the
             run must keep): the card decides only its micro-batch and accumulation, the rate
             phases run at it, and the least-time step is kept in ``tokens_per_step``'s evidence.
-        step_for: what the measured step optimizes: ``"time"`` (the least time to a loss) or
-            ``"rows"`` (the smallest step whose time a row is what the least-time step pays a row
-            to the loss its rows reach at a small step: :func:`~leadline.noise.step.rows_step_rule`).
+        step_for: what the measured step optimizes: ``"rows"`` (the default: the smallest step
+            whose time a row is what the least-time step pays a row to the loss its rows reach at
+            a small step, :func:`~leadline.noise.step.rows_step_rule`) or ``"time"`` (the least
+            time to a loss).
 
     Returns:
         The :class:`~leadline.plan.Plan`; ``plan.phases`` says where its seconds went (a
@@ -168,10 +169,11 @@ def derive(
     corpus = data if data is not None else rows
     plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
-    if world is not None and (rows_per_step is not None or step_for != "time"):
-        what = "rows_per_step" if rows_per_step is not None else f"step_for={step_for!r}"
-        raise InputError(f"{what} is not supported in a distributed job yet (the step there is micro-batch x "
+    if world is not None and rows_per_step is not None:
+        raise InputError("rows_per_step is not supported in a distributed job yet (the step there is micro-batch x "
                          "accumulation x world size); leave it out, or derive in one process")
+    if step_for is None:  # a step the caller fixed is not measured: the rule is moot there
+        step_for = DEFAULT_STEP_FOR if rows_per_step is None else "time"
     train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
     held_out_losses = CountedReads(held_out_losses) if held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)

@@ -179,11 +179,14 @@ def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any,
 # ---- the step ---------------------------------------------------------------------------
 def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: float, t_step_seconds: float,
                t_micro_seconds: float, t_allreduce_seconds: float = 0.0,
-               corpus_scored_tokens: float | None = None) -> dict[str, Value]:
+               corpus_scored_tokens: float | None = None, step_for: str = "time") -> dict[str, Value]:
     """Tokens per step over W GPUs, the micro-batch per GPU and grad_accum (pure math).
 
     B* = sqrt(B_noise × W m × (t_step + t_allreduce) / t_micro), m = rows_fit × tokens a row,
-    clamped as :func:`~leadline.noise.tokens_per_step` clamps it; rows a step are spread over
+    clamped as :func:`~leadline.noise.tokens_per_step` clamps it (``step_for="rows"``: then cut to
+    the step for the rows, :func:`~leadline.noise.step.rows_step_rule`, with the update and the
+    all-reduce as a step's fixed seconds and a micro-batch over the world as its rows' seconds);
+    rows a step are spread over
     the W GPUs (at least one row each): grad_accum = ceil(rows a step / (W rows_fit)),
     micro_batch = ceil(rows a step / (W grad_accum)); a step is micro_batch × grad_accum × W
     rows.
@@ -204,12 +207,17 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
     sp = tokens_per_step(noise, rows_fit=w * rows_fit, tokens_per_micro_batch=w * m,
                          t_step_seconds=float(t_step_seconds) + float(t_allreduce_seconds),
                          t_micro_seconds=t_micro_seconds,
-                         corpus_scored_tokens=corpus_scored_tokens)
+                         corpus_scored_tokens=corpus_scored_tokens, step_for=step_for)
     accum = sp.grad_accum
     wanted = max(w, sp.inputs["rows_wanted"])
     micro = min(rows_fit, max(1, -(-wanted // (w * accum))))
     rows_step = micro * accum * w
     clamp = f", clamped to {sp.clamped_by}" if sp.clamped_by else ""
+    rule = sp.inputs.get("rows_rule")
+    for_rows = "" if not rule else (
+        f"; for the rows: {rule['rows']} rows of its {rule['least_time_rows']}, the fewest whose time a row is at most "
+        f"its {rule['least_time_seconds_a_row']:.4g} s a row times the {rule['passes_to_its_loss']:.3g} passes it "
+        "needs to its rows' loss at a small step")
     ev = {**sp.inputs, "b_star_tokens": sp.b_star_tokens, "clamped_by": sp.clamped_by, "world_size": w,
           "rows_fit_per_gpu": rows_fit, "tokens_per_micro_batch_per_gpu": m,
           "t_optimizer_seconds": float(t_step_seconds),
@@ -223,7 +231,8 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
             f"{float(t_step_seconds):.4g} s + all-reduce "
             f"{float(t_allreduce_seconds):.4g} s) / t_micro {float(t_micro_seconds):.4g} s) = "
             f"{format_tokens(sp.b_star_tokens)}{clamp}: the world's step "
-            f"(the least time to a loss, McCandlish et al. 2018); {micro} x {accum} x {w} = {rows_step} rows, "
+            f"(the least time to a loss, McCandlish et al. 2018){for_rows}; "
+            f"{micro} x {accum} x {w} = {rows_step} rows, "
             f"{format_tokens(rows_step * float(tokens_per_row))} tokens",
             evidence=ev, unit="scored tokens"),
         "micro_batch": Value(

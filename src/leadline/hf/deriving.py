@@ -41,7 +41,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
                probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
-               progress: bool | None = None, rows_per_step: int | None = None, step_for: str = "time") -> Plan:
+               progress: bool | None = None, rows_per_step: int | None = None, step_for: str | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
@@ -80,9 +80,9 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     ``rows_per_step``: a batch the run must keep (rows an optimizer step takes): the card then
     decides only its micro-batch and accumulation, and the rate is measured at it.
 
-    ``step_for``: ``"time"`` (the measured step: the least time to a loss) or ``"rows"`` (the
-    smallest step whose time a row is what the least-time step pays a row to the loss its rows
-    reach at a small step: the most from each row; :func:`leadline.noise.step.rows_step_rule`).
+    ``step_for``: ``"rows"`` (the default: the smallest step whose time a row is what the
+    least-time step pays a row to the loss its rows reach at a small step, the most from each
+    row; :func:`leadline.noise.step.rows_step_rule`) or ``"time"`` (the least time to a loss).
     """
     return derive_parts(**locals())
 
@@ -108,7 +108,8 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
             probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
             progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
-            batch: tuple[int, int] | None = None, rows_per_step: int | None = None, step_for: str = "time") -> Plan:
+            batch: tuple[int, int] | None = None, rows_per_step: int | None = None,
+            step_for: str | None = None) -> Plan:
     import time
 
     from leadline.derive import derive

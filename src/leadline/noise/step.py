@@ -139,6 +139,9 @@ def even_split(rows: int, rows_fit: int) -> tuple[int, int]:
 
 
 STEP_FOR = ("time", "rows")
+# derive's step when the caller names none: the step for the rows, which beat the least-time step on
+# one scoreboard task and lost on none (docs/results.md, rule R).
+DEFAULT_STEP_FOR = "rows"
 
 
 def rows_step_rule(time_rows: int, time_tokens: float, b_noise: float, fixed_seconds: float,
