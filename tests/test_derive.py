@@ -480,7 +480,7 @@ def test_max_seconds_stops_before_a_read_that_would_not_fit():
     assert any("max_seconds" in n for n in plan.notes), plan.notes
 
 
-def _grown_past_format(monkeypatch, rung_seconds):
+def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     """The past_format phase with a reading that grew to 200 tokens, a first ramp that stopped at its
     upper limit of 4 rows, and a fake ramp whose every rung takes ``rung_seconds``."""
     from types import SimpleNamespace
@@ -516,20 +516,46 @@ def _grown_past_format(monkeypatch, rung_seconds):
     step_fn = lambda rows, length, repeats=3: SimpleNamespace(micro_seconds=[0.19] * repeats)  # noqa: E731
     runner = PhaseRunner(plan, max_seconds=30.0)
     out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
-                             runner).as_values()
+                             runner, step_for=step_for).as_values()
     return plan, out, ramps
 
 
-def test_a_grown_reading_ramps_on_and_the_step_follows(monkeypatch):
-    plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=0.01)
-    assert ramps == [(4, 110)]  # from the rows kept to ceil((200 + 20) / 2) rows
-    assert out["rows_fit"].value == 110 and plan.rows_fit == 110
+def _step_rows_at_four(step_for):
+    """The rows the grown reading's step wants, timed at the 4 rows the first ramp kept."""
+    from leadline.noise.step import tokens_per_step
+
+    return tokens_per_step(200.0, rows_fit=4, tokens_per_micro_batch=8.0, t_step_seconds=0.01, t_micro_seconds=0.2,
+                           corpus_scored_tokens=800, t_micro_one_row_seconds=[0.19] * 3,
+                           step_for=step_for).inputs["rows_wanted"]
+
+
+@pytest.mark.parametrize("step_for", ["rows", "time"])
+def test_a_grown_reading_ramps_on_as_far_as_the_step_takes(monkeypatch, step_for):
+    """The noise's upper edge is ceil((200 + 20) / 2) = 110 rows; the step timed at the 4 rows measured
+    wants fewer (at most B_noise's 100 rows), and the ramp goes on only that far."""
+    wanted = _step_rows_at_four(step_for)
+    assert 4 < wanted < 110
+    plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=0.01, step_for=step_for)
+    assert ramps == [(4, wanted)]
+    assert out["rows_fit"].value == wanted and plan.rows_fit == wanted
     assert out["tokens_per_step"].value > 3.0 * 2  # taken from the grown reading, not step 0's
+    assert any(n.startswith(f"past_format: the step takes {wanted} rows") and "not the 110" in n for n in plan.notes)
+
+
+def test_a_step_within_the_rows_measured_ramps_no_further(monkeypatch):
+    """A step that wants no more rows than the first ramp kept: no rung is run past the format."""
+    import leadline.noise.step as st
+
+    real = st.rows_step_rule
+    monkeypatch.setattr(st, "rows_step_rule", lambda *a, **k: {**real(*a, **k), "rows": 3})
+    plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=0.01)
+    assert ramps == [] and "rows_fit" not in out and plan.rows_fit == 4
+    assert out["micro_batch"].value * out["grad_accum"].value == 3
 
 
 def test_a_reramp_cut_by_max_seconds_keeps_the_rows_it_had(monkeypatch):
     plan, out, ramps = _grown_past_format(monkeypatch, rung_seconds=1e6)  # no second rung of that length fits in 30 s
-    assert ramps == [(4, 110)] and "rows_fit" not in out and plan.rows_fit == 4
+    assert ramps == [(4, _step_rows_at_four("rows"))] and "rows_fit" not in out and plan.rows_fit == 4
     assert any("cut by max_seconds" in n and "the 4 rows kept" in n for n in plan.notes), plan.notes
     assert out["micro_batch"].value <= 4 and "tokens_per_step" in out  # grad_accum makes up the step
 

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from leadline.noise.step import DEFAULT_STEP_FOR
 from leadline.plan import Plan, Value
 
 
@@ -25,7 +26,7 @@ class StepPhase:
 
 
 def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None,
-         step_for: str = "time") -> StepPhase:
+         step_for: str = DEFAULT_STEP_FOR) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
     or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
     a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from leadline.budget import OutOfTime
-from leadline.derive.batches import batch_of, burn_in_batch, step
+from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, step
+from leadline.noise.step import DEFAULT_STEP_FOR
 from leadline.derive.runner import PhaseRunner, Values
 from leadline.pieces import (
     CountedSource,
@@ -76,11 +77,13 @@ def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], 
 def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
                 plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
                 named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
-                rows_per_step: int | None = None, step_for: str = "time") -> PastFormatPhase:
+                rows_per_step: int | None = None, step_for: str = DEFAULT_STEP_FOR) -> PastFormatPhase:
     """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
     rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
     reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
-    ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows."""
+    ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows, and
+    otherwise only as far as the step timed at the rows already measured wants (never past the
+    noise's upper edge)."""
     from types import SimpleNamespace
 
     from leadline.memory import ramp
@@ -138,7 +141,17 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     rows_fit = int(plan.get("rows_fit"))
     ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
     result = None
+    planned = None
     if need > rows_fit and ev.get("stop") == "upper_limit":  # the first ramp stopped at step 0's rows: go on
+        # only as far as the step takes: a step timed at the rows measured so far (its costs are linear in the
+        # rows, a micro-batch's fixed cost apart) says how many rows it wants; a card that holds more buys nothing
+        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for)
+        wanted = rows_wanted(planned)
+        if wanted is not None and wanted < need:
+            plan.notes.append(f"past_format: the step takes {wanted} rows, so the ramp goes on toward {wanted} rows, "
+                              f"not the {need} of the noise's upper edge")
+            need = wanted
+    if need > rows_fit and ev.get("stop") == "upper_limit":
         # each rung must fit in max_seconds; cut, the step is taken at the rows kept (grad_accum makes up the rest)
         try:
             result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit,
@@ -150,8 +163,17 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
             for n, v in result.as_values().items():
                 out["rows_fit" if n == "micro_batch" else n] = v
                 plan.set("rows_fit" if n == "micro_batch" else n, v)
-    out.update(step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for).as_values())
+            planned = None  # timed again at the rows the ramp kept
+    if planned is None:
+        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for)
+    out.update(planned.as_values())
     return PastFormatPhase(pf, result, out)
+
+
+def rows_wanted(planned: StepPhase) -> int | None:
+    """The rows a step wants before the card splits them (one process; None in a job)."""
+    wanted = planned.step.inputs.get("rows_wanted") if planned.step is not None else None
+    return int(wanted) if isinstance(wanted, int) and wanted >= 1 else None
 
 
 def anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: Any = None) -> Any:
