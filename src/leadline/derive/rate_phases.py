@@ -12,8 +12,8 @@ from typing import Any
 
 from leadline.budget import OutOfTime
 from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, step
-from leadline.noise.step import DEFAULT_STEP_FOR
 from leadline.derive.runner import PhaseRunner, Values
+from leadline.noise.step import DEFAULT_STEP_FOR
 from leadline.pieces import (
     CountedSource,
     ResizableSource,
