@@ -585,3 +585,41 @@ def test_under_max_seconds_the_ramp_leaves_time_for_the_phases_after_it():
     assert 1 < plan.rows_fit < 1024 and len(fake.calls) <= 1 + 0.3 * 3.0 / 0.15 + 1
     assert "alpha1" in plan and "lr" in plan  # the phases after the ramp ran
     assert time.perf_counter() - t0 < 3.0 + 0.2
+
+
+@pytest.mark.parametrize("train_rows, burns_in", [(287, False), (288, True)])
+def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it_is_not_burned_in(
+        monkeypatch, train_rows, burns_in):
+    """A source that draws the run's rows finds none left past the burn-in's when the rows cannot
+    hold one round of it (10 steps of 16 rows) and the probe's 8 draws of 16 rows past them: 288
+    rows. Below that the phase trains nothing and says why; from it on, it burns in."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import leadline.noise.past_format as pfm
+    from leadline.derive import phases
+    from leadline.derive.runner import PhaseRunner
+    from leadline.plan import Plan, Value
+
+    plan = Plan()
+    plan.set("noise_scale_tokens", Value(30.0, "measured", "step 0", {"se_tokens": 2.0}, unit="scored tokens"))
+    plan.set("rows_fit", Value(16, "measured", "ramp", {"stop": "upper_limit"}, unit="rows"))
+    for name, v in (("scored_tokens_per_row", 2.0), ("alpha1", 0.01), ("seq_len", 32), ("rows", train_rows)):
+        plan.set(name, Value(v, "measured", "given here"))
+    called = []
+    unresolved = SimpleNamespace(grew=False, noise=None, as_values=lambda: {
+        "noise_scale_past_format_tokens": Value(None, "measured", "read", {"plot": "past_format"})})
+    monkeypatch.setattr(pfm, "noise_past_format", lambda *a, **k: called.append(k["max_steps"]) or unresolved)
+    source = SimpleNamespace(rows_per_draw=16)  # a CountedSource: it draws 16 of the run's rows at a time
+    w = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.AdamW([w])
+    out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), source, None, plan, None, None,
+                             PhaseRunner(plan, max_seconds=None)).as_values()
+    assert bool(called) == burns_in
+    v = out["noise_scale_past_format_tokens"]
+    assert v.value is None
+    if not burns_in:
+        assert v.source.startswith(f"not read: the {train_rows} training rows cannot hold a round of the burn-in "
+                                   "(10 steps of 16 rows) and the probe's 8 draws of 16 rows")
+        assert v.evidence["rows_needed"] == 288

@@ -88,6 +88,7 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
 
     from leadline.memory import ramp
     from leadline.noise.past_format import noise_past_format
+    from leadline.noise.probe import MIN_DRAWS
     from leadline.rate.warmup import warmup_steps_for
 
     nv = plan["noise_scale_tokens"]
@@ -117,6 +118,16 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     rows = plan.get("rows")
     held = plan.held_out.get("train") if isinstance(plan.held_out.get("train"), list) else None
     train_rows = len(held) if held is not None else (rows if isinstance(rows, int) else None)
+    least = w * mb * accum + MIN_DRAWS * rows_per_draw  # a round of burn-in, then the probe's fewest draws past it
+    if isinstance(grad_fn, CountedSource) and train_rows is not None and train_rows < least:
+        # a source that draws the run's rows would find none left past the burn-in's: do not burn in for it
+        why = (f"not read: the {train_rows} training rows cannot hold a round of the burn-in ({w} steps of "
+               f"{mb * accum} rows) and the probe's {MIN_DRAWS} draws of {rows_per_draw} rows on rows past it "
+               f"({least} rows); the step-0 noise scale stands")
+        return PastFormatPhase(None, None, {"noise_scale_past_format_tokens": Value(
+            None, "measured", why, evidence={"train_rows": train_rows, "rows_needed": least, "round_steps": w,
+                                             "rows_per_step": mb * accum, "rows_per_draw": rows_per_draw,
+                                             "min_draws": MIN_DRAWS}, unit="scored tokens")})
     max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
     left = runner.seconds_left()
     alpha1 = float(plan.get("alpha1"))
