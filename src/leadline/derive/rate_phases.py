@@ -125,7 +125,7 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
                f"{mb * accum} rows) and the probe's {MIN_DRAWS} draws of {rows_per_draw} rows on rows past it "
                f"({least} rows); the step-0 noise scale stands")
         return PastFormatPhase(None, None, {"noise_scale_past_format_tokens": Value(
-            None, "measured", why, evidence={"train_rows": train_rows, "rows_needed": least, "round_steps": w,
+            None, "derived", why, evidence={"train_rows": train_rows, "rows_needed": least, "round_steps": w,
                                              "rows_per_step": mb * accum, "rows_per_draw": rows_per_draw,
                                              "min_draws": MIN_DRAWS}, unit="scored tokens")})
     max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
