@@ -132,10 +132,10 @@ def _scenarios(clock: Clock, tmp_path: Path) -> dict:
                                      started=clock())
     out["quick_max_seconds"] = derive(**_pieces(clock), total_steps=20, effort="quick", max_seconds=1.5,
                                       started=clock())
-    for seconds in (0.5, 3.0, 6.0):  # the cut inside the first step, the burn-in past the format, the rate
+    for seconds in (0.5, 3.8, 6.0):  # the cut inside the first step, the burn-in past the format, the rate
         out[f"full_cut_{seconds:g}"] = derive(**_pieces(clock), total_steps=400, effort="full",
                                               max_seconds=seconds, started=clock())
-    out["quick_cut_3"] = derive(**_pieces(clock), total_steps=400, effort="quick", max_seconds=3.0,
+    out["quick_cut_3.8"] = derive(**_pieces(clock), total_steps=400, effort="quick", max_seconds=3.8,
                                     started=clock())
     out["not_started"] = derive(**_pieces(clock), total_steps=20, max_seconds=5.0, started=clock() - 6.0)
     resume = tmp_path / "derive.json"
@@ -182,8 +182,8 @@ def test_the_scenarios_reach_what_they_are_for(clock, tmp_path):
     assert want["full_resumed"]["values"] == want["full"]["values"]
     assert "prior plan's rate, kept" in want["prior"]["values"]["lr"]["source"]
     assert "max_seconds cut the look-ahead" in want["full_max_seconds"]["values"]["lr"]["source"]
-    for name, phase in (("full_cut_0.5", "first_step"), ("full_cut_3", "past_format"), ("full_cut_6", "rate"),
-                        ("quick_cut_3", "past_format")):
+    for name, phase in (("full_cut_0.5", "first_step"), ("full_cut_3.8", "past_format"), ("full_cut_6", "rate"),
+                        ("quick_cut_3.8", "past_format")):
         assert any(n.startswith(f"{phase}: cut by max_seconds") for n in want[name]["notes"]), name
     assert "alpha1" not in want["not_started"]["values"]
 

@@ -86,3 +86,52 @@ def test_the_world_step_for_the_rows_counts_the_all_reduce_as_a_steps_fixed_seco
     assert 2 <= r_ev["rows_per_step"] < t_ev["rows_per_step"]
     assert r_ev["rows_per_step"] % 2 == 0  # micro x accum x world
     assert "for the rows" in rows["tokens_per_step"].source and "for the rows" not in time["tokens_per_step"].source
+
+
+def _drifting_card(slow_until: list[bool]):
+    """A step whose true time is 0.2 s + 2 ms a row (a fixed cost dominating, as on the H200),
+    1.4x slower while ``slow_until[0]`` holds: a card whose clocks change between two timings."""
+    from leadline.memory.step import StepTiming
+
+    def step_fn(rows, length, repeats=1):
+        t = (0.2 + 0.002 * rows) * (1.4 if slow_until[0] else 1.0)
+        return StepTiming(rows, length, t, 0.01, [t] * repeats, [0.01] * repeats)
+
+    return step_fn
+
+
+def test_the_step_times_one_row_and_the_rows_that_fit_in_turn_so_a_drift_between_phases_does_not_move_it():
+    """The ramp timed 32 rows while the card ran 1.4x slower; by the step phase it runs at full
+    speed. Timed at those two moments the per-row cost read 5.4 ms instead of 2 and the step came
+    out smaller; timed in turn, both shapes see the same card and the step is the drift-free one."""
+    from leadline.derive.batches import paired_timings, step
+    from leadline.plan import Plan, Value
+
+    slow = [True]
+    card = _drifting_card(slow)
+    ramp_time = card(32, 411).t_micro_seconds  # the ramp's timing, on the slow card
+    slow[0] = False
+
+    def plan_of() -> Plan:
+        p = Plan()
+        for name, v in {"rows_fit": 32, "scored_tokens_per_row": 95.85, "t_micro_seconds": ramp_time,
+                        "t_step_seconds": 0.01, "scored_tokens": 191_709.0, "seq_len": 411}.items():
+            p.set(name, Value(v, "measured", "recorded"))
+        return p
+
+    drifted = step(plan_of(), 6008.0, step_fn=card, step_for="rows").step
+    fixed = drifted.inputs["fixed_cost"]
+    assert fixed["c_seconds_per_row"] == pytest.approx(0.002, rel=1e-6)
+    assert fixed["a_seconds"] == pytest.approx(0.2, rel=1e-6)
+    truth = tokens_per_step(6008.0, rows_fit=32, tokens_per_micro_batch=32 * 95.85, t_step_seconds=0.01,
+                            t_micro_seconds=0.2 + 0.064, t_micro_one_row_seconds=[0.202] * 3,
+                            corpus_scored_tokens=191_709.0, step_for="rows")
+    assert drifted.rows_per_step == truth.rows_per_step
+    # what the two moments gave: the ramp's slow 32 rows against one row at full speed
+    skewed = tokens_per_step(6008.0, rows_fit=32, tokens_per_micro_batch=32 * 95.85, t_step_seconds=0.01,
+                             t_micro_seconds=ramp_time, t_micro_one_row_seconds=[0.202] * 3,
+                             corpus_scored_tokens=191_709.0, step_for="rows")
+    assert skewed.inputs["fixed_cost"]["c_seconds_per_row"] > 2.5 * 0.002
+    assert skewed.rows_per_step < truth.rows_per_step
+    one, fit, update = paired_timings(card, 32, 411)
+    assert len(one) == len(fit) == len(update) == 3

@@ -29,7 +29,8 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
          step_for: str = DEFAULT_STEP_FOR) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
     or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
-    a one-row step is timed for the fixed cost of a micro-batch (noise/step.py).
+    one row and the rows that fit are timed in turn for the fixed cost of a micro-batch and the
+    cost of a row (:func:`paired_timings`, noise/step.py); without it, the ramp's timings.
     ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).
     ``step_for``: ``time`` or ``rows`` (:func:`~leadline.noise.step.rows_step_rule`)."""
     from leadline.noise import tokens_per_step
@@ -45,13 +46,41 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
                             corpus_scored_tokens=plan.get("scored_tokens"), step_for=step_for)
         return StepPhase(None, values)
     one_row = None
+    t_micro, t_step = plan.get("t_micro_seconds"), plan.get("t_step_seconds")
     if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
-        one_row = list(step_fn(1, int(plan.get("seq_len")), repeats=3).micro_seconds)
+        one_row, t_micro, t_step = paired_timings(step_fn, rows_fit, int(plan.get("seq_len")))
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
-                         t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
+                         t_step_seconds=t_step, t_micro_seconds=t_micro,
                          corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
                          rows_per_step=rows_per_step, step_for=step_for)
     return StepPhase(sp, sp.as_values())
+
+
+PAIRS = 3
+"""Repeats of the one-row and the rows-fit step, taken in turn (their medians are used)."""
+
+
+def paired_timings(step_fn: Any, rows_fit: int, length: int,
+                   pairs: int = PAIRS) -> tuple[list[float], list[float], list[float]]:
+    """One forward+backward of one row and of ``rows_fit`` rows, timed in turn ``pairs`` times:
+    the one-row times, the rows-fit times and the rows-fit updates.
+
+    The step reads the per-row cost from the difference of the two, a few milliseconds a row
+    against a fixed cost of 0.2 s a micro-batch on an H200 (SmolLM2-135M, LoRA). Timed at
+    different moments — the rows that fit in the memory ramp, one row after it — a card whose
+    speed drifts in between moved that difference several-fold: three derives of one task on one
+    card read 0.5 to 4.5 ms a row and took 19 to 30 rows a step (docs/results.md). Taken in turn,
+    a drift touches both alike.
+    """
+    one: list[float] = []
+    fit: list[float] = []
+    update: list[float] = []
+    for _ in range(pairs):
+        one.extend(step_fn(1, length, repeats=1).micro_seconds)
+        timed = step_fn(rows_fit, length, repeats=1)
+        fit.extend(timed.micro_seconds)
+        update.extend(timed.step_seconds)
+    return one, fit, update
 
 
 def rows_needed(plan: Plan) -> int | None:
