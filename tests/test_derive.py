@@ -517,7 +517,9 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     monkeypatch.setattr(memory, "ramp", fake_ramp)
     w = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.AdamW([w])
-    step_fn = lambda rows, length, repeats=3: SimpleNamespace(micro_seconds=[0.19] * repeats)  # noqa: E731
+    # one row 0.19 s, the rows that fit 0.2 s (the plan's t_micro), the update 0.01 s (its t_step)
+    step_fn = lambda rows, length, repeats=1: SimpleNamespace(micro_seconds=[0.19 if rows == 1 else 0.2] * repeats,  # noqa: E731
+                                                              step_seconds=[0.01] * repeats)
     runner = PhaseRunner(plan, max_seconds=30.0)
     out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
                              runner, step_for=step_for).as_values()

@@ -153,3 +153,32 @@ def test_the_late_reading_is_bounded_when_the_mean_gradient_stays_lost(monkeypat
     noise_only = lambda i: ([torch.randn(D, generator=g)], 2)  # noqa: E731  (no mean: |G|² never resolves)
     pf = noise_past_format([w], opt, train_step, noise_only, alpha1=0.6, step0=0.1, rows_per_step=4, probe_start=0)
     assert pf.readings[0]["k"] == 12
+
+
+def test_the_late_reading_draws_each_row_once_and_at_least_its_fewest_draws():
+    """No learning (the shared direction stays): the probe's own rule settles within a few draws.
+    The reading past the format goes on to LATE_DRAWS and draws no micro-batch twice."""
+    from leadline.noise.past_format import LATE_DRAWS
+
+    w, opt, train_step, grad_fn = _toy()
+    early = measure_noise_scale(lambda i: grad_fn(1000 + i))
+    assert early.stopped_because == "settled" and early.k < LATE_DRAWS  # what the reading must go past
+    drawn: list[int] = []
+
+    def counted(i: int):
+        drawn.append(i)
+        return grad_fn(i)
+
+    pf = noise_past_format([w], opt, train_step, counted, alpha1=1e-7, step0=early, rows_per_step=4,
+                           probe_start=1000)
+    assert pf.readings[0]["k"] >= LATE_DRAWS
+    assert len(drawn) == len(set(drawn)) == pf.readings[0]["k"]
+
+
+def test_the_probe_settles_no_sooner_than_min_k():
+    *_, grad_fn = _toy()
+    early = measure_noise_scale(lambda i: grad_fn(1000 + i))
+    late = measure_noise_scale(lambda i: grad_fn(1000 + i), min_k=early.k + 5)
+    assert late.k >= early.k + 5 and late.stopped_because == "settled"
+    with pytest.raises(InputError, match="min_k"):
+        measure_noise_scale(grad_fn, min_k=0)

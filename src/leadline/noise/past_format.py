@@ -257,14 +257,11 @@ def _train(opt: Any, train_step: Callable[[int], Any], rate: float, ratios: Any,
 
 
 def _late_reading(probe: Callable[[int], Any], budget_s: float | None) -> Any:
-    """The noise scale read past the burn-in; read again at LATE_DRAWS draws where the step-0
-    rule settled early (it settles fast on the format's few tokens)."""
+    """The noise scale read past the burn-in: at least LATE_DRAWS draws before the probe's own
+    rule may settle it (it settles fast on the format's few tokens), at most MAX_LATE_DRAWS."""
     from leadline.noise.probe import measure_noise_scale
 
-    ns = measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=budget_s)
-    if ns.k < LATE_DRAWS and ns.stopped_because == "settled":
-        ns = measure_noise_scale(probe, k=LATE_DRAWS, budget_s=budget_s)
-    return ns
+    return measure_noise_scale(probe, max_k=MAX_LATE_DRAWS, budget_s=budget_s, min_k=LATE_DRAWS)
 
 
 def _falls(before: tuple[float, float, int], after: tuple[float, float, int]) -> float | None:

@@ -171,6 +171,7 @@ def measure_noise_scale(
     budget_s: float | None = None,
     rel_se: float | None = None,
     reduce: Callable[[Any], Any] | None = None,
+    min_k: int = MIN_DRAWS,
 ) -> NoiseScale:
     """Measure the gradient noise scale B_noise = tr(Σ)/|G|² (McCandlish et al., 2018).
 
@@ -193,6 +194,8 @@ def measure_noise_scale(
             ``reduce_sums``, used when this is None). Every rank must call the probe; a
             ``grad_fn`` with ``agree_stop(stopping) -> bool`` (any rank stopping) is asked before
             each draw, so a time budget stops every rank at the same draw.
+        min_k: the fewest draws before the reading may settle (at least ``MIN_DRAWS``); the
+            other limits still stop it sooner.
 
     Returns:
         :class:`NoiseScale`, with ``stopped_because`` one of settled/k/max_k/data/tokens/time.
@@ -205,6 +208,8 @@ def measure_noise_scale(
         arXiv:1812.06162 (2018), §2.2 and Appendix A.
     """
     limit = _limit(k, max_k, max_tokens, budget_s, rel_se)
+    _check_count("min_k", min_k)
+    fewest = max(MIN_DRAWS, int(min_k))
     sharded = isinstance(grad_fn, ShardedSource)
     if reduce is None and sharded:
         reduce = grad_fn.reduce_sums
@@ -233,7 +238,7 @@ def measure_noise_scale(
             r.skipped += 1
             continue
         r.add(gradient, tokens, i - 1)
-        if k is None and len(r.micro_tokens) >= MIN_DRAWS and r.est.settled and _precise(r.est, rel_se):
+        if k is None and len(r.micro_tokens) >= fewest and r.est.settled and _precise(r.est, rel_se):
             stopped = "settled"
     seconds = _clock() - start
     return r.result(stopped, seconds)
