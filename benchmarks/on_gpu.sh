@@ -56,6 +56,7 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
     noise-debian)       echo "$PY benchmarks/noise_probe.py $m $d --task debian_sections --out $OUT/noise_probe_h200_debian.json" ;;
     noise-gsm)          echo "$PY benchmarks/noise_probe.py $m $d --task gsm_symbolic --out $OUT/noise_probe_h200_gsm.json" ;;
     no-trace)           echo "$PY benchmarks/phases_leave_no_trace.py $m --out $OUT/phases_leave_no_trace_cuda.json" ;;
+    derive-stability)   echo "$PY benchmarks/derive_task.py $m $d --tasks gsm_symbolic,debian_sections --repeats 3 --timeout 95 --out $OUT/derive_stability_h200.json" ;;
     derive-tasks)       echo "$PY benchmarks/derive_task.py $m $d --tasks debian_sections,gsm_symbolic --timeout 95 --out $OUT/derive_tasks_h200.json" ;;
     distributed-1gpu)   echo "$PY benchmarks/distributed_derive.py derive $m $d --out $OUT/distributed_1gpu/derive_1.json" ;;
   esac
@@ -65,7 +66,7 @@ NAMES="gpu-tests gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-d
 scoreboard-debian_sections-6gb scoreboard-man_sections scoreboard-gsm_symbolic scoreboard-debian_summary
 hf-memory-1b-bf16-24 hf-memory-1b-4bit-24 hf-memory-8b-4bit-24 hf-memory-8b-bf16-0 sft-vs-train memory-lora16-6gb-seq512
 memory-verdicts sweep-full sweep-lora schedule-plan schedule-plan-6gb schedule-race schedule-all
-warmup-tf32 warmup-fp32 noise-debian noise-gsm no-trace derive-tasks distributed-1gpu"
+warmup-tf32 warmup-fp32 noise-debian noise-gsm no-trace derive-tasks derive-stability distributed-1gpu"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then
   sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'

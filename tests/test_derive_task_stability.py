@@ -1,0 +1,35 @@
+"""The repeated-derive rules of benchmarks/derive_task.py (S4: the step within 20%, S5: the rate
+within one grid step), on recorded plans."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("derive_task", ROOT / "benchmarks" / "derive_task.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_three_gsm_plans_of_one_card_fail_the_step_rule_and_pass_the_rate_rule():
+    # leadline_full, leadline_run and leadline_quick of scoreboard_gsm_symbolic.json: 19, 30 and 27 rows a step
+    runs = [{"values": {"tokens_per_step": 1821.2, "lr": 2.96e-3}},
+            {"values": {"tokens_per_step": 2875.6, "lr": 3.66e-3}},
+            {"values": {"tokens_per_step": 2588.1, "lr": 4.57e-4}}]
+    got = _bench().stability(runs[:2])
+    assert got["S4"] is False and got["S5"] is True
+    assert got["tokens_per_step_max_over_min"] == 2875.6 / 1821.2
+    assert _bench().stability(runs)["S5"] is False  # the quick effort's anchor, 6.5x below
+
+
+def test_plans_within_the_bounds_pass_and_a_missing_plan_is_not_judged():
+    bench = _bench()
+    got = bench.stability([{"values": {"tokens_per_step": 30.0, "lr": 9.27e-4}},
+                           {"values": {"tokens_per_step": 34.0, "lr": 1.3e-3}}, {"rc": 1}])
+    assert got["S4"] is True and got["S5"] is True
+    assert bench.stability([{"values": {"tokens_per_step": 30.0}}, {"rc": 1}])["S4"] is None
