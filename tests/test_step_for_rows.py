@@ -135,3 +135,34 @@ def test_the_step_times_one_row_and_the_rows_that_fit_in_turn_so_a_drift_between
     assert skewed.rows_per_step < truth.rows_per_step
     one, fit, update = paired_timings(card, 32, 411)
     assert len(one) == len(fit) == len(update) == 3
+
+
+def test_the_card_is_timed_again_only_after_the_ramp_moved():
+    """The step read again past the format reuses the step phase's paired timings at the same
+    rows_fit (no micro-batch run) and gives the step those timings give; at other rows it times anew."""
+    from leadline.derive.batches import PAIRS, step
+    from leadline.plan import Plan, Value
+
+    calls = []
+    card = _drifting_card([False])
+
+    def counted(rows, length, repeats=1):
+        calls.append(rows)
+        return card(rows, length, repeats)
+
+    def plan_at(rows_fit: int) -> Plan:
+        p = Plan()
+        for name, v in {"rows_fit": rows_fit, "scored_tokens_per_row": 95.85, "t_micro_seconds": 0.3,
+                        "t_step_seconds": 0.01, "scored_tokens": 191_709.0, "seq_len": 411}.items():
+            p.set(name, Value(v, "measured", "recorded"))
+        return p
+
+    first = step(plan_at(19), 229.6, step_fn=counted)
+    assert len(calls) == 2 * PAIRS and first.step.inputs["timed_in_turn"]
+    again = step(plan_at(19), 6008.0, step_fn=counted, timed=first)
+    assert len(calls) == 2 * PAIRS  # nothing run
+    fresh = step(plan_at(19), 6008.0, step_fn=card)
+    assert again.step.rows_per_step == fresh.step.rows_per_step
+    assert again.step.inputs["fixed_cost"] == fresh.step.inputs["fixed_cost"]
+    step(plan_at(32), 6008.0, step_fn=counted, timed=first)  # the ramp moved: timed again
+    assert calls[2 * PAIRS:] == [1, 32] * PAIRS

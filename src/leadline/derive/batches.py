@@ -25,14 +25,20 @@ class StepPhase:
         return self.values
 
 
+Timings = tuple[list[float], list[float], list[float]]
+"""One row's times, the rows-fit times and the rows-fit updates, taken in turn (:func:`paired_timings`)."""
+
+
 def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None,
-         step_for: str = DEFAULT_STEP_FOR) -> StepPhase:
+         step_for: str = DEFAULT_STEP_FOR, timed: StepPhase | None = None) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
     or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
     one row and the rows that fit are timed in turn for the fixed cost of a micro-batch and the
     cost of a row (:func:`paired_timings`, noise/step.py); without it, the ramp's timings.
     ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).
-    ``step_for``: ``time`` or ``rows`` (:func:`~leadline.noise.step.rows_step_rule`)."""
+    ``step_for``: ``time`` or ``rows`` (:func:`~leadline.noise.step.rows_step_rule`).
+    ``timed``: an earlier step phase whose paired timings are reused where it timed the same
+    rows_fit (the card is timed again only after the ramp moved)."""
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
@@ -48,11 +54,14 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
     one_row = None
     t_micro, t_step = plan.get("t_micro_seconds"), plan.get("t_step_seconds")
     if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
-        one_row, t_micro, t_step = paired_timings(step_fn, rows_fit, int(plan.get("seq_len")))
+        one_row, t_micro, t_step = (timings_of(timed, rows_fit)
+                                    or paired_timings(step_fn, rows_fit, int(plan.get("seq_len"))))
     sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                          t_step_seconds=t_step, t_micro_seconds=t_micro,
                          corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
                          rows_per_step=rows_per_step, step_for=step_for)
+    if one_row is not None:
+        sp.inputs["timed_in_turn"] = True
     return StepPhase(sp, sp.as_values())
 
 
@@ -60,8 +69,17 @@ PAIRS = 3
 """Repeats of the one-row and the rows-fit step, taken in turn (their medians are used)."""
 
 
-def paired_timings(step_fn: Any, rows_fit: int, length: int,
-                   pairs: int = PAIRS) -> tuple[list[float], list[float], list[float]]:
+def timings_of(timed: StepPhase | None, rows_fit: int) -> Timings | None:
+    """The paired timings a step phase took, where it took them at ``rows_fit`` rows (None otherwise)."""
+    inputs = getattr(getattr(timed, "step", None), "inputs", None)
+    if not isinstance(inputs, dict) or inputs.get("rows_fit") != rows_fit or not inputs.get("timed_in_turn"):
+        return None
+    one = (inputs.get("fixed_cost") or {}).get("t_micro_one_row_repeats")
+    fit, update = inputs.get("t_micro_repeats"), inputs.get("t_step_repeats")
+    return (list(one), list(fit), list(update)) if one and fit and update else None
+
+
+def paired_timings(step_fn: Any, rows_fit: int, length: int, pairs: int = PAIRS) -> Timings:
     """One forward+backward of one row and of ``rows_fit`` rows, timed in turn ``pairs`` times:
     the one-row times, the rows-fit times and the rows-fit updates.
 

@@ -77,13 +77,15 @@ def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], 
 def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
                 plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
                 named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
-                rows_per_step: int | None = None, step_for: str = DEFAULT_STEP_FOR) -> PastFormatPhase:
+                rows_per_step: int | None = None, step_for: str = DEFAULT_STEP_FOR,
+                timed: StepPhase | None = None) -> PastFormatPhase:
     """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
     rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
     reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
     ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows, and
     otherwise only as far as the step timed at the rows already measured wants (never past the
-    noise's upper edge)."""
+    noise's upper edge). ``timed``: the step phase, whose timings of the card are reused until
+    the ramp moves."""
     from types import SimpleNamespace
 
     from leadline.memory import ramp
@@ -156,7 +158,7 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
     if need > rows_fit and ev.get("stop") == "upper_limit":  # the first ramp stopped at step 0's rows: go on
         # only as far as the step takes: a step timed at the rows measured so far (its costs are linear in the
         # rows, a micro-batch's fixed cost apart) says how many rows it wants; a card that holds more buys nothing
-        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for)
+        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for, timed=timed)
         wanted = rows_wanted(planned)
         if wanted is not None and wanted < need:
             plan.notes.append(f"past_format: the step takes {wanted} rows, so the ramp goes on toward {wanted} rows, "
@@ -176,7 +178,8 @@ def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int],
                 plan.set("rows_fit" if n == "micro_batch" else n, v)
             planned = None  # timed again at the rows the ramp kept
     if planned is None:
-        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for)
+        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for,
+                       timed=timed if result is None else None)
     out.update(planned.as_values())
     return PastFormatPhase(pf, result, out)
 

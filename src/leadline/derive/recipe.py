@@ -191,10 +191,11 @@ def derive(
         noise = None if grad_fn is None else runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
         if step_fn is not None:
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
+        stepped = None
         if step_fn is not None and grad_fn is not None:
-            runner.run("step", phases.step, plan, noise if noise is not None else plan.get("noise_scale_tokens"), world,
-                       step_fn=step_fn if world is None else None, rows_per_step=rows_per_step, step_for=step_for,
-                       needs=_STEP_NEEDS)
+            step0 = noise if noise is not None else plan.get("noise_scale_tokens")
+            stepped = runner.run("step", phases.step, plan, step0, world, step_fn=step_fn if world is None else None,
+                                 rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS)
         timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
         first = None
         if timed is not None:
@@ -202,7 +203,8 @@ def derive(
                                loss_resolution, world is not None)
         if past_format_ready:
             runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
-                       noise, lengths, runner, named, trained_as, rows_per_step, step_for, needs=_PAST_FORMAT_NEEDS)
+                       noise, lengths, runner, named, trained_as, rows_per_step, step_for, stepped,
+                       needs=_PAST_FORMAT_NEEDS)
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         _length(runner, plan, total_steps, epochs)
