@@ -131,8 +131,9 @@ def test_the_step_times_one_row_and_the_rows_that_fit_in_turn_so_a_drift_between
     skewed = tokens_per_step(6008.0, rows_fit=32, tokens_per_micro_batch=32 * 95.85, t_step_seconds=0.01,
                              t_micro_seconds=ramp_time, t_micro_one_row_seconds=[0.202] * 3,
                              corpus_scored_tokens=191_709.0, step_for="rows")
-    assert skewed.inputs["fixed_cost"]["c_seconds_per_row"] > 2.5 * 0.002
-    assert skewed.rows_per_step < truth.rows_per_step
+    # the figures docs/noise.md gives: 2 ms a row read as 5.4, 25 rows a step taken as 18
+    assert skewed.inputs["fixed_cost"]["c_seconds_per_row"] == pytest.approx(0.0054, abs=5e-5)
+    assert (truth.rows_per_step, skewed.rows_per_step) == (25, 18)
     one, fit, update = paired_timings(card, 32, 411)
     assert len(one) == len(fit) == len(update) == 3
 
