@@ -575,7 +575,7 @@ SCENARIOS = {"plan": _scenario_plan, "fsdp_noise": _scenario_fsdp_noise, "ramp_o
              "ddp_backward_failure": _scenario_ddp_backward_failure, "fsdp_held_out_failure": _scenario_fsdp_held_out_failure}
 
 
-def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[int, ...] = ()) -> None:
+def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     import datetime
 
     import torch
@@ -583,12 +583,15 @@ def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[i
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=30))
+    # rendezvous through files in the job's folder: a port chosen ahead can be taken by any
+    # connection's ephemeral port before a scenario that aborts the groups needs a new one
+    stores = (f"file://{Path(out_dir, f'store{n}')}" for n in range(len(SCENARIOS) + 1))
+    dist.init_process_group("gloo", init_method=next(stores), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=30))
     from helpers import make_tokenizer
 
     tok = make_tokenizer()
     results: dict[str, Any] = {}
-    spare = list(spare_ports)
     only = os.environ.get("LEADLINE_SCENARIOS")  # a comma-separated subset, while working on one
     for name, fn in SCENARIOS.items():
         if only and name not in only.split(","):
@@ -598,7 +601,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, spare_ports: tuple[i
         except Exception:
             results[name] = {"error": traceback.format_exc()}
         if not dist.is_initialized():  # the scenario aborted the process groups: a new group
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{spare.pop(0)}", rank=rank, world_size=world,
+            dist.init_process_group("gloo", init_method=next(stores), rank=rank, world_size=world,
                                     timeout=datetime.timedelta(seconds=30))
         dist.barrier()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
@@ -615,12 +618,7 @@ def job(tmp_path_factory: Any) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     out = tmp_path_factory.mktemp("job")
-    ports: list[int] = []
-    while len(ports) < 5:  # the job's, and one for each scenario that aborts the process groups
-        p = free_port()
-        if p not in ports:
-            ports.append(p)
-    ctx = mp.start_processes(_worker, args=(WORLD, ports[0], str(out), tuple(ports[1:])), nprocs=WORLD, join=False,
+    ctx = mp.start_processes(_worker, args=(WORLD, free_port(), str(out)), nprocs=WORLD, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + DEADLINE_S
     try:
