@@ -8,6 +8,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -156,20 +157,51 @@ def _tiny_task(d: Path, rows: int, seed: int) -> None:
                 f.write(json.dumps({"text": f"a tool for {words[label]} {rng.randint(0, 99)}", "label": label}) + "\n")
 
 
+def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
+    """The harness's ``python -m leadline ...`` processes run as ``leadline.cli.main`` in this one
+    (each new process imports torch, transformers and peft again: 9-26 s on two cores, most of
+    the test's time), all but the first, which stays a real process so that path is run too.
+    Returns the argument lists that ran in this process."""
+    import contextlib
+    import time
+
+    from leadline.cli import main
+
+    real, here = sb.proc, []
+
+    def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
+        if args[:2] != ["-m", "leadline"] or not getattr(proc, "forked", False):
+            proc.forked = args[:2] == ["-m", "leadline"]  # type: ignore[attr-defined]
+            return real(args, log_path, timeout)
+        here.append(args)
+        t = time.perf_counter()
+        with log_path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+            try:
+                rc: Any = main(args[2:])
+            except SystemExit as e:
+                rc = e.code
+        return {"argv": args, "rc": rc, "seconds": time.perf_counter() - t, "output_tail": log_path.read_text()[-1500:]}
+
+    monkeypatch.setattr(sb, "proc", proc)
+    return here
+
+
 @pytest.mark.slow
-def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
+def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, monkeypatch):
     """The harness end to end on the tiny model: each arm whose package is installed runs, two steps
     a run; a second call with the same results file runs nothing again; --arms picks arms."""
     import importlib.util as iu
 
     from helpers import save_model_dir
 
+    in_process = _leadline_in_process(sb, monkeypatch)
+
     model = save_model_dir(tmp_path / "tiny")
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
     arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
-            "leadline_full_rows", "leadline_full_rows_to_zero"]  # each arm a process (~13 s of imports here): one to_zero
+            "leadline_full_rows", "leadline_full_rows_to_zero"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -206,6 +238,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path):
     again = json.loads(out.read_text())
     assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
     assert len(again["invocations"]) == 2
+    assert in_process and all(a[:2] == ["-m", "leadline"] for a in in_process)  # the first ran as a process
+    assert units["recipe"]["train"]["argv"] not in in_process  # the recipe's train ran as its own process
 
 
 def test_rerun_drops_the_named_arms_units_and_keeps_them_aside(sb):
