@@ -204,6 +204,38 @@ def test_the_ram_bound_turns_an_allocation_past_the_ram_into_an_error_and_is_lif
     assert "REFUSED True" in out.stdout and "BOUND True RESTORED True" in out.stdout, out.stdout + out.stderr
 
 
+def test_the_systems_enomem_is_an_out_of_memory_sentence_and_another_os_error_is_not(tmp_path, monkeypatch, capsys):
+    """Under the RAM bound Python itself can be refused (an import's directory listing: OSError
+    ENOMEM, not MemoryError): the same sentence and exit 2; a missing file stays what it is."""
+    import errno
+
+    import leadline.cli._common as common
+    from helpers import save_model_dir
+    from leadline.cli import main
+    from leadline.memory.readings import is_oom
+
+    assert is_oom(OSError(errno.ENOMEM, "Cannot allocate memory")) and not is_oom(OSError(errno.ENOENT, "gone"))
+    model = save_model_dir(tmp_path / "tiny")
+    argv = ["derive", "--model", str(model), "--device", "cpu", "--steps", "4", "--data",
+            str(DATA / "prompt_completion.jsonl"), "--out", str(tmp_path / "p.json")]
+
+    def refused(args):
+        raise OSError(errno.ENOMEM, "Cannot allocate memory", "/site-packages/transformers")
+
+    monkeypatch.setattr(common, "load_for_training", refused)
+    assert main(argv) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
+    assert len(said) == 1 and "ran out of memory" in said[0] and "Cannot allocate memory" in said[0], said
+    assert not (tmp_path / "p.json").exists()
+
+    def gone(args):
+        raise FileNotFoundError(errno.ENOENT, "No such file", "weights.safetensors")
+
+    monkeypatch.setattr(common, "load_for_training", gone)
+    with pytest.raises(FileNotFoundError):
+        main(argv)
+
+
 def test_derive_out_of_ram_is_one_sentence_exit_2_and_no_plan(tmp_path):
     import subprocess
     import sys

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LeadlineError as e:
         print(f"leadline {args.command}: {e}", file=sys.stderr)
         return 2
-    except (MemoryError, RuntimeError) as e:
+    except (MemoryError, RuntimeError, OSError) as e:
         from leadline.memory.readings import is_oom
 
         if not is_oom(e):

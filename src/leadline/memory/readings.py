@@ -20,6 +20,7 @@ methods: importing this module stays light.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -340,8 +341,11 @@ def memory_for(device: Any = None, card_bytes: int | None = None) -> DeviceMemor
 
 
 def is_oom(exc: BaseException) -> bool:
-    """True for the allocator refusing memory: ``torch.OutOfMemoryError``, or the CPU
-    allocator's ``RuntimeError`` that it cannot allocate."""
+    """True for the allocator refusing memory: ``torch.OutOfMemoryError``, the CPU
+    allocator's ``RuntimeError`` that it cannot allocate, or the system's ENOMEM (an ``OSError``:
+    under a bound on the process's data, Python itself can be refused, importing a module)."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
+        return True
     if "torch" in sys.modules:
         import torch
 
