@@ -37,6 +37,8 @@ processes (model loading included, the same for every arm), deciding and trainin
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``, at derive's
                    default step: the least-time step until rule R passed, the step for the rows
                    since (the unit's commit says which it ran).
+  leadline_full_half_ending  leadline_full's plan trained again with ``--ending-share 0.5``:
+                   the raced ending over the run's last half (rule H).
   leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
                    the model loaded once; its cost is that one process's wall seconds.
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
@@ -82,6 +84,14 @@ Decision rules, written before any run (``RULES`` below is what the table prints
       leadline_full_rows with p < 0.05 on at least one task and loses (p < 0.05) on none;
       otherwise the raced ending stays. Written after rule E failed at the least-time step and
       won at 16 rows, before this arm ran anywhere.
+  H   the raced ending over the run's last half (``--ending-share 0.5``: the copy at T/2,
+      constant against a linear fall to zero over the half) replaces the raced ending over two
+      check intervals as the schedule's default when, on leadline_full's plan,
+      leadline_full_half_ending beats leadline_full with p < 0.05 on at least one task and loses
+      (p < 0.05) on none; otherwise the two-interval ending stays. Written after rules E and Z
+      failed (the whole run's fall to zero won on gsm_symbolic and lost on debian_sections: a
+      fall over the whole run at a rate measured constant leaves a low rate too low), before
+      this arm ran anywhere: a race keeps the constant ending where the longer fall loses.
 Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
 are.
 
@@ -135,9 +145,13 @@ RULES = {
          "or leadline_full_16rows_to_zero beats its raced arm with p < 0.05 on at least one task and loses on none",
     "Z": "at the step for the rows, the ending to zero replaces the raced ending as the default when "
          "leadline_full_rows_to_zero beats leadline_full_rows with p < 0.05 on at least one task and loses on none",
+    "H": "the raced ending over the run's last half (--ending-share 0.5) replaces the raced ending over two check "
+         "intervals as the default when, on the same plan, leadline_full_half_ending beats leadline_full with "
+         "p < 0.05 on at least one task and loses on none",
 }
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *TO_ZERO,
+RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
 
@@ -600,9 +614,12 @@ class Arms:
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def to_zero(self, base: str) -> None:
-        """``base``'s plan trained again with ``--ending to-zero`` (rule E): the plan file and its
+        """``base``'s plan trained again with ``--ending to-zero`` (rules E and Z)."""
+        self.ending_variant(base, f"{base}_to_zero", ["--ending", "to-zero"])
+
+    def ending_variant(self, base: str, unit: str, flags: list[str]) -> None:
+        """``base``'s plan trained again with another ending (``flags``): the plan file and its
         look-ahead's branch where ``base`` ran in this work folder, else the plan ``base`` recorded."""
-        unit = f"{base}_to_zero"
         if self.board.has(unit):
             return
         rec_base = self.board.data["units"].get(base)
@@ -616,12 +633,12 @@ class Arms:
             plan.write_text(json.dumps(rec_base["plan"]))
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
-        t = leadline(["train", *self.common, "--plan", str(plan), "--ending", "to-zero", *self.short, "--out", str(run_dir)],
+        t = leadline(["train", *self.common, "--plan", str(plan), *flags, *self.short, "--out", str(run_dir)],
                      self.work / f"train_{unit}.log", self.args.timeout)
         rec: dict[str, Any] = {"plan_of": base, "decide_seconds": rec_base.get("decide_seconds", 0.0),
                                "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
         rec["unseen_loss"] = unseen_loss(rec["run"])
-        # rule E reads the task's metric (test CE on a generation task): no exact match, which is
+        # rules E, Z and H read the task's metric (test CE on a generation task): no exact match, which is
         # most of a generation task's judging time
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
 
@@ -821,7 +838,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
     for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
-                 "leadline_full_rows", *TO_ZERO,
+                 "leadline_full_rows", *RETRAINED,
                  "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
@@ -897,7 +914,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *TO_ZERO]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -943,7 +960,9 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
              ("E", "leadline_full_16rows_to_zero", "leadline_full_16rows",
               "the ending to zero against the raced ending, at 16 rows a step"),
              ("Z", "leadline_full_rows_to_zero", "leadline_full_rows",
-              "the ending to zero against the raced ending, at the step for the rows")]
+              "the ending to zero against the raced ending, at the step for the rows"),
+             ("H", "leadline_full_half_ending", "leadline_full",
+              "the raced ending over the last half against the raced ending over two check intervals")]
     out = []
     for rule, a, b, what in pairs:
         if a in arms and b in arms:
@@ -1150,6 +1169,8 @@ def main(argv: list[str] | None = None) -> int:
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
              "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
              "leadline_full_rows_to_zero": lambda: arms.to_zero("leadline_full_rows"),
+             "leadline_full_half_ending": lambda: arms.ending_variant("leadline_full", "leadline_full_half_ending",
+                                                                      ["--ending-share", "0.5"]),
              "pichak_full": lambda: arms.pichak("full")}[name]()
         except Exception:  # recorded with the arm; the other arms still run
             board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})

@@ -95,6 +95,20 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived,
         assert res["ending"]["kept"] == "to_zero" and res["ending"]["from_step"] == n
 
 
+def test_a_longer_raced_ending_that_the_branch_reaches_starts_over_and_says_why(derived):
+    """--ending-share moves the ending's copy to T - share x T: a branch whose steps reach it cannot be
+    the run's first steps (the ending reruns from before them), so the run starts over."""
+    from leadline.train import train_with_plan
+
+    tok, plan, state = derived
+    res = train_with_plan(_lora(tok), tok, DATA_FILE, plan, state=state.path, ending_share=0.75)
+    copy_at = T - round(0.75 * T)
+    assert state.steps >= copy_at and res["continued"]["from_step"] == 0
+    assert res["continued"]["why"] == (f"the branch's {state.steps} steps reach the raced ending, whose copy is taken "
+                                       f"at step {copy_at}")
+    assert res["ending"]["from_step"] == copy_at and len(res["curve"]) == T
+
+
 def test_a_run_that_cannot_continue_starts_over_and_says_why(derived):
     from leadline.plan import Plan, Value
     from leadline.train import train_with_plan

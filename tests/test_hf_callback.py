@@ -107,6 +107,39 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
     assert cb.ending["kept"] == "to_zero" and calls == []  # no ending raced
 
 
+def test_a_longer_raced_ending_inside_trainer_reruns_its_share_of_the_run(setup, tmp_path):
+    from transformers import Trainer, TrainingArguments
+
+    from leadline.corpus import TokenizedRow, collate, tokenize_rows
+    from leadline.errors import InputError
+    from leadline.hf import training_arguments
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, model, plan = setup
+    rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
+    ds = [{"input_ids": r.input_ids, "labels": r.labels} for r in rows]
+
+    def collator(feats):
+        return collate([TokenizedRow.from_labels(f["input_ids"], f["labels"]) for f in feats],
+                       tok.pad_token_id).model_inputs()
+
+    args = training_arguments(plan, TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
+                                                      save_strategy="no", use_cpu=True, remove_unused_columns=False),
+                              max_steps=8)
+    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
+                                   ending_share=0.5)
+    calls: list[int] = []
+    step_of = cb.train_step
+    cb.train_step = lambda t: (calls.append(t), step_of(t))[1]  # the steps the schedule itself runs
+    Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb]).train()
+    assert cb.schedule.copy_from == 4 and calls == [4, 5, 6, 7]  # the last half rerun (2h would be 2 steps)
+    assert cb.ending["from_step"] == 4 and cb.ending["kept"] in ("decay", "constant")
+    for kw in ({"ending_share": 1.2, "race": False}, {"ending_share": 0.5, "race": False, "ending": "to_zero"},
+               {"ending_share": 0.5}):  # the last: a quick plan races its rates, the schedule's ending is not run
+        with pytest.raises(InputError, match="ending_share"):
+            LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0, **kw)
+
+
 def test_the_cap_is_lifted_when_training_raises(setup):
     """Trainer skips on_train_end on an exception: `with cb:` lifts the cap anyway."""
     from leadline.hf.callback import LeadlineCallback

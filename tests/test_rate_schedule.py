@@ -193,3 +193,31 @@ def test_an_unknown_ending_is_one_sentence():
     with pytest.raises(InputError, match="ending must be one of raced, to_zero"):
         lookahead_from({"lr": 1e-3}, ending="cosine")
 
+
+
+def test_a_longer_raced_ending_copies_earlier_and_reruns_its_own_steps():
+    """ending_steps=32 of 64: the copy at step 32, the last 32 steps rerun with the rate falling from
+    the copy's rate to zero; the default (2h = 16) copies at 48."""
+    toy = Regression(seed=0, dim=32)
+    cfg = lookahead_from({"lr": 0.08, "alpha1": 0.08, "lookahead_horizon_steps": 8}, ending_steps=32)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
+    run(toy, sched, 64)
+    assert sched.copy_from == 32
+    ran = len(toy.calls)
+    ending = sched.finish()
+    assert ending["from_step"] == 32 and toy.calls[ran:] == list(range(32, 64))
+    assert "the last 32 steps rerun" in ending["why"]
+    with pytest.raises(InputError, match="continue_at\\(40\\) leaves no room for the raced ending: the copy is taken "
+                                         "at step 32"):
+        s2 = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out,
+                               lookahead_from({"lr": 0.08, "lookahead_horizon_steps": 8}, taken=(40, 0.08),
+                                              ending_steps=32), total_steps=64)
+        s2.before(0)
+        s2.continue_at(40)
+
+
+@pytest.mark.parametrize("kw, match", [({"ending_steps": 0}, "ending_steps must be a whole number of steps >= 1"),
+                                        ({"ending_steps": 8, "ending": "to_zero"}, "races nothing")])
+def test_a_raced_ending_length_that_cannot_be_is_one_sentence(kw, match):
+    with pytest.raises(InputError, match=match):
+        lookahead_from({"lr": 1e-3}, **kw)

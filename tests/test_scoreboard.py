@@ -201,7 +201,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     data.mkdir()
     _tiny_task(data, 48, 0)
     arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
-            "leadline_full_rows", "leadline_full_rows_to_zero"]
+            "leadline_full_rows", "leadline_full_rows_to_zero", "leadline_full_half_ending"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -232,6 +232,10 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     text = sb.table_of(board, out)
     assert re.search(r"\| sweep \| [01]\.\d{4} \|", text) and re.search(r"\| leadline_full \| [01]\.\d{4} \|", text)
     assert "Rule Z, the ending to zero against the raced ending, at the step for the rows" in text
+    half = units["leadline_full_half_ending"]  # leadline_full's plan again, the raced ending over the last half
+    assert half["plan_of"] == "leadline_full" and half["run"]["steps"] == 2
+    assert "--ending-share" in half["train"]["argv"] and half["run"]["ending"]["from_step"] == 1
+    assert "Rule H, the raced ending over the last half against the raced ending over two check intervals" in text
     assert "Rule E" not in text  # its arms did not run here
     before = {k: v.get("train_seconds") for k, v in units.items()}
     assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again

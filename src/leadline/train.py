@@ -57,7 +57,8 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
 
 def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any], accum: int, steps: int, *,
                   schedule: bool, linear: bool, racing: bool,
-                  ending: Literal["raced", "to_zero"] = "raced") -> tuple[Any, dict[str, Any] | None]:
+                  ending: Literal["raced", "to_zero"] = "raced",
+                  ending_steps: int | None = None) -> tuple[Any, dict[str, Any] | None]:
     """The saved branch when this run can continue from it, and the record of the decision."""
     if state is None:
         return None, None
@@ -74,7 +75,7 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
     facts = {"data_sha256": describe_data(data).get("sha256"), "seed": plan.held_out.get("seed", 0),
              "seq_len": task.seq_len, "rows_per_step": int(plan.micro_batch) * accum,
              "trained_parameters": int(sum(p.numel() for p in params))}
-    config = lookahead_from(plan, taken=(rs.steps, rs.lr), ending=ending)
+    config = lookahead_from(plan, taken=(rs.steps, rs.lr), ending=ending, ending_steps=ending_steps)
     why = rs.why_not(facts, params=params, plan_lr=float(plan.lr), plan_warmup_steps=int(plan.get("warmup_steps", 0)),
                      total_steps=steps, ending_from=ending_copy_step(config, steps) if schedule else None)
     if why is not None:
@@ -94,7 +95,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                     total_steps: int | None = None, schedule: bool = True,
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,
-                    ending: Literal["raced", "to_zero"] = "raced") -> dict[str, Any]:
+                    ending: Literal["raced", "to_zero"] = "raced",
+                    ending_share: float | None = None) -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
@@ -114,7 +116,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
     ``ending``: ``raced`` (the schedule reruns its last 2h steps with the rate decaying and keeps
     the better ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
-    under the same checks; nothing raced): :mod:`leadline.rate.schedule`.
+    under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
+    share of the run's steps the raced ending reruns (default 2h, at most a quarter of the run).
     """
     import torch
 
@@ -126,6 +129,15 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     if ending != "raced" and races_inside(plan):
         raise InputError(f"ending={ending!r} sets the LookaheadSchedule's ending, and this quick plan races its rates "
                          "with race() instead; derive it with effort='full', or leave ending out")
+    if ending_share is not None:
+        if isinstance(ending_share, bool) or not isinstance(ending_share, (int, float)) or not 0 < ending_share < 1:
+            raise InputError(f"ending_share={ending_share!r} must be a share of the run's steps between 0 and 1; pass "
+                             "e.g. 0.5 for the last half")
+        if ending != "raced" or races_inside(plan):
+            raise InputError("ending_share sets the length of the LookaheadSchedule's raced ending, and "
+                             + (f"ending={ending!r} races none" if ending != "raced" else
+                                "this quick plan races its rates with race() instead")
+                             + "; leave ending_share out")
     task = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
@@ -140,16 +152,18 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     recipe_rate = _recipe_rate(plan, steps) if linear else None
     held = task.held_out_losses()
     racing = schedule and not linear and races_inside(plan)
+    ending_steps = None if ending_share is None else max(1, round(ending_share * steps))
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
                                          schedule=schedule and not racing, linear=linear, racing=racing,
-                                         ending=ending)
+                                         ending=ending, ending_steps=ending_steps)
     taken = (run_state.steps, run_state.lr) if run_state is not None else None
     test = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
             if task.split.test else None)
 
     before = test() if test else None
     model.train()
-    sched = (LookaheadSchedule(params, opt, train_step, held, lookahead_from(plan, taken=taken, ending=ending),
+    sched = (LookaheadSchedule(params, opt, train_step, held,
+                               lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps),
                                total_steps=steps)
              if schedule and not racing else None)
     t0 = time.monotonic()

@@ -18,7 +18,7 @@ from typing import Any
 
 from leadline.cli._common import add_model_arguments
 from leadline.cli.derive import add_plan_arguments
-from leadline.cli.train import add_ending_argument
+from leadline.cli.train import add_ending_argument, check_ending_share, ending_flag
 
 PLAN = "plan.json"
 REPORT = "report.html"
@@ -49,9 +49,11 @@ def run(args: argparse.Namespace) -> int:
                          "without torchrun, or derive the plan with `torchrun ... -m leadline derive` and train it "
                          "with Trainer (docs/distributed.md)")
     check_plan_inputs(args)
-    if args.ending != "raced" and args.effort == "quick":
-        raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and --effort quick races its "
-                         "rates inside the run instead; pass --effort full (the default) or leave --ending out")
+    check_ending_share(args)
+    asked = ending_flag(args)
+    if asked and args.effort == "quick":
+        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort quick races its rates inside the "
+                         f"run instead; pass --effort full (the default) or leave {asked.split()[0]} out")
     check_device(args.device)
     made = not out.exists()
     try:
@@ -88,7 +90,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         t_train = time.perf_counter()
         # the model derive measured, as derive_for left it: the weights a fresh load gives
         res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state,
-                              ending=ending_of(args))
+                              ending=ending_of(args), ending_share=args.ending_share)
         seconds["train_seconds"] = time.perf_counter() - t_train
     _add_seconds(out / "run.json", seconds)
     print_run(res, out)

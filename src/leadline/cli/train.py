@@ -41,6 +41,29 @@ def add_ending_argument(p: argparse.ArgumentParser) -> None:
                    help="raced (default): the schedule reruns its last steps with the rate decaying and keeps the "
                    "better ending by a test on the held-out rows; to-zero: the rate falls linearly to zero over the "
                    "run, under the same checks, nothing raced (docs/rate.md)")
+    p.add_argument("--ending-share", type=float, metavar="S",
+                   help="the share of the run the raced ending reruns with the rate decaying (e.g. 0.5: the last "
+                   "half; default: two check intervals, at most a quarter of the run)")
+
+
+def ending_flag(args: argparse.Namespace) -> str | None:
+    """The ending flag the user set (to name it in a refusal), or None for the default ending."""
+    if args.ending != "raced":
+        return f"--ending {args.ending}"
+    return None if args.ending_share is None else f"--ending-share {args.ending_share:g}"
+
+
+def check_ending_share(args: argparse.Namespace) -> None:
+    from leadline.errors import InputError
+
+    if args.ending_share is None:
+        return
+    if not 0 < args.ending_share < 1:
+        raise InputError(f"--ending-share {args.ending_share:g} must be a share of the run between 0 and 1; pass e.g. "
+                         "--ending-share 0.5 for the last half")
+    if args.ending != "raced":
+        raise InputError(f"--ending-share sets the raced ending's length, and --ending {args.ending} races none; drop "
+                         "one of them")
 
 
 def ending_of(args: argparse.Namespace) -> Any:
@@ -67,17 +90,19 @@ def run(args: argparse.Namespace) -> int:
     plan = read_plan("--plan", args.plan)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
-    if args.ending != "raced" and (args.recipe or args.no_schedule):
+    check_ending_share(args)
+    asked = ending_flag(args)
+    if asked and (args.recipe or args.no_schedule):
         flag = "--recipe" if args.recipe else "--no-schedule"
-        raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and {flag} trains without it; "
+        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and {flag} trains without it; "
                          f"drop one of the two")
-    if args.ending != "raced" and not args.no_schedule and not args.recipe:
+    if asked and not args.no_schedule and not args.recipe:
         from leadline.train import races_inside
 
         if races_inside(plan):
-            raise InputError(f"--ending {args.ending} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
+            raise InputError(f"{asked} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
                              "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
-                             "effort, or leave --ending out")
+                             f"effort, or leave {asked.split()[0]} out")
     if args.recipe:
         if args.batch < 1:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
@@ -113,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
                               schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
-                              ending=ending_of(args))
+                              ending=ending_of(args), ending_share=args.ending_share)
     print_run(res, args.out)
     return 0
 

@@ -54,13 +54,19 @@ class LeadlineCallback(TrainerCallback):
         race: race a quick plan's rates from Trainer's starting weights (default: a quick plan races).
         ending: ``raced`` (the last 2h steps rerun with the rate decaying, the better ending kept)
             or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
+        ending_share: the share of the run the raced ending reruns (default 2h, at most a quarter).
     """
 
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,
                  params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
-                 race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced") -> None:
+                 race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced",
+                 ending_share: float | None = None) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
+        if ending_share is not None and (isinstance(ending_share, bool) or not isinstance(ending_share, (int, float))
+                                         or not 0 < ending_share < 1 or ending != "raced"):
+            raise InputError(f"ending_share={ending_share!r} must be a share of the run between 0 and 1, with the "
+                             "raced ending (ending='raced'); pass e.g. 0.5 for the last half, or leave it out")
         self.plan = plan
         self.held_out_losses = held_out_losses
         self.train_step = train_step
@@ -72,7 +78,11 @@ class LeadlineCallback(TrainerCallback):
         if self.race and not plan.get("race_rates"):
             raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or "
                              "leave race unset")
+        if self.race and ending_share is not None:
+            raise InputError("ending_share sets the LookaheadSchedule's raced ending, and this quick plan races its "
+                             "rates with race() instead; leave ending_share out, or derive with effort='full'")
         self.ending_kind = ending
+        self.ending_share = ending_share
         self.schedule: Any = None
         self.raced: Any = None
         self.ending: dict[str, Any] | None = None
@@ -123,7 +133,8 @@ class LeadlineCallback(TrainerCallback):
             from leadline.memory import forbid_spill
 
             self._cap_handle = forbid_spill(device)
-        config = lookahead_from(self.plan, ending=self.ending_kind)
+        config = lookahead_from(self.plan, ending=self.ending_kind, ending_steps=None if self.ending_share is None
+                                else max(1, round(self.ending_share * total)))
         if self.race:
             config = self._race(params, optimizer, total, config)
         self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,

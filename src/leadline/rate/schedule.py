@@ -27,6 +27,8 @@ Used inside the caller's loop::
   one-sided paired t test (the decay is the null: it measured helping, -0.0084 +- 0.0019
   for a 256-step full fine-tune); then a final
   check against the best check, which is put back if the ending is significantly worse.
+  ``ending_steps`` (``lookahead_from(..., ending_steps=n)``) races a longer or shorter ending:
+  the copy at T - n, n steps rerun.
 
 Snapshots hold the trained tensors and their optimizer state only, on the card when it has
 room for them twice (else in host memory).
@@ -75,19 +77,29 @@ class ScheduleConfig:
     ending: Literal["raced", "to_zero"] = "raced"
     """``raced``: the last 2h steps rerun with the rate decaying and the better ending kept;
     ``to_zero``: the rate falls linearly to zero over the run's own steps, nothing raced."""
+    ending_steps: int | None = None
+    """The raced ending's length: the last steps rerun from the copy with the rate decaying
+    (None: 2h)."""
 
     def __post_init__(self) -> None:
         if self.ending not in ENDINGS:
             raise InputError(f"ending must be one of {', '.join(ENDINGS)}, got {self.ending!r}")
+        if self.ending_steps is not None and (isinstance(self.ending_steps, bool) or not isinstance(
+                self.ending_steps, int) or self.ending_steps < 1):
+            raise InputError(f"ending_steps must be a whole number of steps >= 1 (or None for 2h), got "
+                             f"{self.ending_steps!r}")
+        if self.ending_steps is not None and self.ending != "raced":
+            raise InputError(f"ending_steps sets the raced ending's length, and ending={self.ending!r} races nothing; "
+                             "drop one of them")
 
 
 def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, float] | None = None,
-                   ending: Literal["raced", "to_zero"] = "raced") -> ScheduleConfig:
+                   ending: Literal["raced", "to_zero"] = "raced", ending_steps: int | None = None) -> ScheduleConfig:
     """The schedule's settings from a :class:`Plan` (values ``lr``, ``alpha1``, ``warmup_steps``,
     ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`.
     ``taken``: (steps, rate) of the run's first steps taken elsewhere; ``ending``: ``raced`` or
-    ``to_zero`` (see the module docstring)."""
-    cfg = replace(_config_of(source), ending=ending)
+    ``to_zero``; ``ending_steps``: the raced ending's length (default 2h; see the module docstring)."""
+    cfg = replace(_config_of(source), ending=ending, ending_steps=ending_steps)
     if taken is None:
         return cfg
     steps, rate = taken
@@ -126,12 +138,26 @@ def check_interval(config: ScheduleConfig, total_steps: int) -> int:
     return max(1, min(config.horizon_steps or total_steps, total_steps // 8))
 
 
+def ending_length(config: ScheduleConfig, total_steps: int) -> int:
+    """The raced ending's steps: ``config.ending_steps`` (at most T - 1), else 2h.
+
+    Examples:
+        >>> ending_length(ScheduleConfig(1e-3, horizon_steps=12), 100)
+        24
+        >>> ending_length(ScheduleConfig(1e-3, horizon_steps=12, ending_steps=50), 100)
+        50
+    """
+    if config.ending_steps is not None:
+        return max(1, min(config.ending_steps, total_steps - 1))
+    return 2 * check_interval(config, total_steps)
+
+
 def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
-    """The step at which the schedule copies the run for the raced ending: T - 2h, at least 1;
-    None for the ``to_zero`` ending, which copies nothing."""
+    """The step at which the schedule copies the run for the raced ending: T minus its length
+    (2h unless given), at least 1; None for the ``to_zero`` ending, which copies nothing."""
     if config.ending == "to_zero":
         return None
-    return max(1, total_steps - 2 * check_interval(config, total_steps))
+    return max(1, total_steps - ending_length(config, total_steps))
 
 
 @dataclass
@@ -174,6 +200,7 @@ class LookaheadSchedule:
         self.config, self.total_steps, self.alpha = config, total_steps, alpha
         self.keep_checks, self.place, self.on_check = keep_checks, place, on_check
         self.h = check_interval(config, total_steps)
+        self.ending_len = ending_length(config, total_steps)
         self.max_looks = max(1, total_steps // self.h)
         self.rate = config.lr
         self.warm_from = 0
@@ -208,13 +235,14 @@ class LookaheadSchedule:
         if self.last_step != 0 or step != self.config.taken_steps or step < 1:
             raise InputError(f"continue_at({step!r}) needs before(0) first and the config's taken_steps "
                              f"({self.config.taken_steps}) >= 1")
-        if self.config.ending == "raced" and step >= self.total_steps - 2 * self.h:
+        if self.config.ending == "raced" and step >= self.total_steps - self.ending_len:
             raise InputError(f"continue_at({step}) leaves no room for the raced ending: the copy is taken at step "
-                             f"{self.total_steps - 2 * self.h}")
+                             f"{self.total_steps - self.ending_len}")
         self.last_step = step - 1
 
     def before(self, step: int) -> None:
-        """Call before each optimizer step: the check at multiples of h, the copy at T - 2h, the rate."""
+        """Call before each optimizer step: the check at multiples of h, the copy for the raced
+        ending (at T - 2h unless its length is given), the rate."""
         from leadline.rate.state import Snapshot, set_lr
 
         if self.finished:
@@ -225,7 +253,8 @@ class LookaheadSchedule:
         self.last_step = step
         if step % self.h == 0 and (step == 0 or step >= self.config.taken_steps):
             self._check(step)
-        if self.copy is None and self.config.ending == "raced" and step >= self.total_steps - 2 * self.h and step > 0:
+        copy_at = self.total_steps - self.ending_len
+        if self.copy is None and self.config.ending == "raced" and step >= copy_at and step > 0:
             self.copy = Snapshot.take(self.params, self.opt, place=self.place)
             self.copy_from, self.copy_lr = step, self.lr_at(step)
         set_lr(self.opt, self.lr_at(step), self.ratios)
@@ -289,8 +318,8 @@ class LookaheadSchedule:
 
     # ---- the end ---------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
-        """Race the ending (decay from the T - 2h copy against the constant run), keep the
-        better by a test, then a final check against the best check. Returns the ending's evidence."""
+        """Race the ending (decay from the copy against the constant run), keep the better by a
+        test, then a final check against the best check. Returns the ending's evidence."""
         from leadline.rate._run import race_ending
 
         if self.finished:
@@ -313,8 +342,8 @@ class LookaheadSchedule:
         else:
             losses = self._read()
             self.ending = {"kept": "constant",
-                           "why": f"no copy: the run ({self.total_steps} steps) is not longer than 2h = {2 * self.h} "
-                                  "steps"}
+                           "why": f"no copy: the run ({self.total_steps} steps) is not longer than its raced ending "
+                                  f"({self.ending_len} steps)"}
         if self.best is not None:
             v = compare(losses, self.best.losses, alpha=self.alpha, look=self.max_looks, max_looks=self.max_looks)
             if v.worse:
