@@ -258,3 +258,17 @@ def test_run_refuses_bad_input_in_one_sentence_and_writes_nothing(model_dir, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "under torchrun" in err[0] and "leadline derive" in err[0]
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["full", "kept.txt"]
+
+
+def test_train_races_the_ending_over_the_share_it_is_given(two_commands, model_dir):
+    """--ending-share 0.5: the copy at the run's half, the last half rerun; derive's branch is
+    continued only where its steps end before that copy."""
+    d = two_commands
+    out = d / "half"
+    assert main(["train", *_run_args(model_dir)[:-4], "--device", "cpu", "--plan", str(d / "plan.json"),
+                 "--ending-share", "0.5", "--out", str(out)]) == 0
+    res = json.loads((out / "run.json").read_text())
+    steps, n = int(RUN_STEPS), Plan.from_json(d / "plan.json").get("lookahead_state_steps")
+    copy = steps - round(0.5 * steps)
+    assert res["ending"]["from_step"] == copy and f"the last {steps - copy} steps rerun" in res["ending"]["why"]
+    assert (res["continued"]["from_step"] == n) == (n < copy), res["continued"]
