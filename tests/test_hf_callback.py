@@ -67,14 +67,13 @@ def test_trainer_runs_the_schedule(setup, tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setup, tmp_path):
-    from transformers import Trainer, TrainingArguments
+def _trainer_pieces(tok, plan, tmp_path):
+    """The tokenized rows, a collator that builds their labels, and the plan's 8-step arguments."""
+    from transformers import TrainingArguments
 
     from leadline.corpus import TokenizedRow, collate, tokenize_rows
     from leadline.hf import training_arguments
-    from leadline.hf.callback import LeadlineCallback
 
-    tok, model, plan = setup
     rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
     ds = [{"input_ids": r.input_ids, "labels": r.labels} for r in rows]
 
@@ -85,6 +84,16 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
     args = training_arguments(plan, TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
                                                       save_strategy="no", use_cpu=True, remove_unused_columns=False),
                               max_steps=8)
+    return ds, collator, args
+
+
+def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setup, tmp_path):
+    from transformers import Trainer
+
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, model, plan = setup
+    ds, collator, args = _trainer_pieces(tok, plan, tmp_path)
     cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
                                    ending="to_zero")
     calls: list[int] = []
@@ -108,24 +117,13 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
 
 
 def test_a_longer_raced_ending_inside_trainer_reruns_its_share_of_the_run(setup, tmp_path):
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer
 
-    from leadline.corpus import TokenizedRow, collate, tokenize_rows
     from leadline.errors import InputError
-    from leadline.hf import training_arguments
     from leadline.hf.callback import LeadlineCallback
 
     tok, model, plan = setup
-    rows = list(tokenize_rows(str(DATA / "prompt_completion.jsonl"), tok))
-    ds = [{"input_ids": r.input_ids, "labels": r.labels} for r in rows]
-
-    def collator(feats):
-        return collate([TokenizedRow.from_labels(f["input_ids"], f["labels"]) for f in feats],
-                       tok.pad_token_id).model_inputs()
-
-    args = training_arguments(plan, TrainingArguments(output_dir=str(tmp_path), report_to=[], logging_steps=100,
-                                                      save_strategy="no", use_cpu=True, remove_unused_columns=False),
-                              max_steps=8)
+    ds, collator, args = _trainer_pieces(tok, plan, tmp_path)
     cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
                                    ending_share=0.5)
     calls: list[int] = []

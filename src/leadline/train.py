@@ -124,15 +124,14 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.hf import trained_named_weights
     from leadline.memory import forbid_spill
     from leadline.rate import LookaheadSchedule, lookahead_from
+    from leadline.rate.schedule import ending_steps_for
 
     steps = _checked_steps(plan, total_steps)
     if ending != "raced" and races_inside(plan):
         raise InputError(f"ending={ending!r} sets the LookaheadSchedule's ending, and this quick plan races its rates "
                          "with race() instead; derive it with effort='full', or leave ending out")
     if ending_share is not None:
-        if isinstance(ending_share, bool) or not isinstance(ending_share, (int, float)) or not 0 < ending_share < 1:
-            raise InputError(f"ending_share={ending_share!r} must be a share of the run's steps between 0 and 1; pass "
-                             "e.g. 0.5 for the last half")
+        ending_steps_for(ending_share, 1)  # the share checked before any work
         if ending != "raced" or races_inside(plan):
             raise InputError("ending_share sets the length of the LookaheadSchedule's raced ending, and "
                              + (f"ending={ending!r} races none" if ending != "raced" else
@@ -152,7 +151,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     recipe_rate = _recipe_rate(plan, steps) if linear else None
     held = task.held_out_losses()
     racing = schedule and not linear and races_inside(plan)
-    ending_steps = None if ending_share is None else max(1, round(ending_share * steps))
+    ending_steps = ending_steps_for(ending_share, steps)
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
                                          schedule=schedule and not racing, linear=linear, racing=racing,
                                          ending=ending, ending_steps=ending_steps)

@@ -63,10 +63,13 @@ class LeadlineCallback(TrainerCallback):
                  ending_share: float | None = None) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
-        if ending_share is not None and (isinstance(ending_share, bool) or not isinstance(ending_share, (int, float))
-                                         or not 0 < ending_share < 1 or ending != "raced"):
-            raise InputError(f"ending_share={ending_share!r} must be a share of the run between 0 and 1, with the "
-                             "raced ending (ending='raced'); pass e.g. 0.5 for the last half, or leave it out")
+        if ending_share is not None:
+            from leadline.rate.schedule import ending_steps_for
+
+            ending_steps_for(ending_share, 1)  # the share checked now, before Trainer starts
+            if ending != "raced":
+                raise InputError(f"ending_share sets the raced ending's length, and ending={ending!r} races none; "
+                                 "leave ending_share out")
         self.plan = plan
         self.held_out_losses = held_out_losses
         self.train_step = train_step
@@ -133,8 +136,10 @@ class LeadlineCallback(TrainerCallback):
             from leadline.memory import forbid_spill
 
             self._cap_handle = forbid_spill(device)
-        config = lookahead_from(self.plan, ending=self.ending_kind, ending_steps=None if self.ending_share is None
-                                else max(1, round(self.ending_share * total)))
+        from leadline.rate.schedule import ending_steps_for
+
+        config = lookahead_from(self.plan, ending=self.ending_kind,
+                                ending_steps=ending_steps_for(self.ending_share, total))
         if self.race:
             config = self._race(params, optimizer, total, config)
         self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,

@@ -152,6 +152,21 @@ def ending_length(config: ScheduleConfig, total_steps: int) -> int:
     return 2 * check_interval(config, total_steps)
 
 
+def ending_steps_for(share: float | None, total_steps: int) -> int | None:
+    """The raced ending's steps for ``share`` of a run of ``total_steps`` (None: the default 2h).
+
+    Examples:
+        >>> ending_steps_for(0.5, 85), ending_steps_for(None, 85)
+        (42, None)
+    """
+    if share is None:
+        return None
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise InputError(f"ending_share={share!r} must be a share of the run between 0 and 1; pass e.g. 0.5 for the "
+                         "last half, or leave it out")
+    return max(1, round(share * total_steps))
+
+
 def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
     """The step at which the schedule copies the run for the raced ending: T minus its length
     (2h unless given), at least 1; None for the ``to_zero`` ending, which copies nothing."""
