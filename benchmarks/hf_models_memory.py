@@ -11,9 +11,12 @@ Each case is (shape in {1b, 8b}, base in {bf16, 4bit}, card in {24, whole}). Row
            checkpointing), micro_batch, grad_accum, lr, precision.
   ramp     derive's ramp alone without the step's upper limit (max_rows=--max-rows): the kept
            micro-batch b at seq tokens, through the length mix.
-  truth    (CUDA) the largest b (up to --max-rows) that runs --truth-steps real AdamW steps at
-           seq tokens without an OOM and without the allocator's retry counter growing, galloping
-           up from the ramp's b and bisecting.
+  truth    (CUDA) the largest b (up to --max-rows) that runs --truth-steps real AdamW steps of the
+           run's own length mix (each micro-batch padded to the longest of b rows drawn, as in
+           ``run``) without an OOM and without the allocator's retry counter growing, galloping up
+           from the ramp's b and bisecting. ``--truth-lengths seq`` measures it at seq tokens
+           every step instead (no length changes, so no allocator retries from them: a looser
+           truth than the run meets), ``both`` records the two and judges R1 by the mix.
   run      --run-steps real AdamW steps (lr 1e-5) at the ramp's b, each micro-batch padded to
            the longest of b rows drawn from the mix.
 
@@ -213,15 +216,22 @@ def steps(task: Any, b: int, lengths: list[int], n: int) -> dict[str, Any]:
             "seconds": time.perf_counter() - t}
 
 
-def truth(task: Any, b_ramp: int, seq: int, n: int, max_rows: int) -> dict[str, Any]:
-    """The largest b that runs ``n`` steps at ``seq`` tokens without an OOM or a retry."""
+def mix_of(task: Any, b: int, n: int = 64) -> list[int]:
+    """The padded lengths of ``n`` micro-batches of ``b`` rows drawn from the task's rows (seeded):
+    the lengths the run trains at."""
+    return [max(len(task.rows[i].input_ids) for i in random.Random(s).sample(task.order, min(b, len(task.order))))
+            for s in range(n)]
+
+
+def truth(task: Any, b_ramp: int, lengths_of: Any, n: int, max_rows: int) -> dict[str, Any]:
+    """The largest b that runs ``n`` steps at ``lengths_of(b)`` without an OOM or a retry."""
     tried: dict[int, dict[str, Any]] = {}
 
     def ok(b: int) -> bool:
         if b < 1:
             return True
         if b not in tried:
-            tried[b] = steps(task, b, [seq], n)
+            tried[b] = steps(task, b, lengths_of(b), n)
         return tried[b]["error"] is None and tried[b]["retries"] == 0
 
     lo, hi = (b_ramp, None) if ok(b_ramp) else (0, b_ramp)
@@ -280,16 +290,21 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
         log(shape, base, card_gb, "ramp", f"b={b}")
         save()
         if task.device.type == "cuda":
-            case["truth"] = truth(task, b, args.seq, args.truth_steps, args.max_rows)
+            if args.truth_lengths in ("seq", "both"):
+                case["truth_at_seq"] = truth(task, b, lambda _b: [args.seq], args.truth_steps, args.max_rows)
+                save()
+            if args.truth_lengths in ("mix", "both"):
+                case["truth"] = truth(task, b, lambda rows: mix_of(task, rows), args.truth_steps, args.max_rows)
+            else:
+                case["truth"] = case["truth_at_seq"]
+            case["truth"]["lengths"] = "seq" if args.truth_lengths == "seq" else "mix"
             bt = case["truth"]["b_true"]
             case["R1"] = "PASS" if bt - 1 <= b <= bt else "FAIL"
             log(shape, base, card_gb, "truth", f"b_true={bt}", case["R1"])
             save()
         else:
             case["R1"] = "not judged off CUDA (the CPU ramp reads throughput, not memory)"
-        mix = [max(len(task.rows[i].input_ids) for i in random.Random(s).sample(task.order, min(b, len(task.order))))
-               for s in range(64)]
-        case["run"] = steps(task, b, mix, args.run_steps)
+        case["run"] = steps(task, b, mix_of(task, b), args.run_steps)
         case["R2"] = "PASS" if case["run"]["error"] is None and case["run"]["retries"] == 0 else "FAIL"
         log(shape, base, card_gb, "run", case["run"]["steps_done"], "steps", case["R2"])
     finally:
@@ -310,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=2000)
     ap.add_argument("--max-rows", type=int, default=256, help="the ramp's and the truth's upper limit")
     ap.add_argument("--truth-steps", type=int, default=20)
+    ap.add_argument("--truth-lengths", choices=["mix", "seq", "both"], default="mix",
+                    help="the truth's lengths: the run's mix (R1 is judged by it), seq tokens every step, or both")
     ap.add_argument("--run-steps", type=int, default=300)
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--derive-seconds", type=float, default=None, help="derive's max_seconds (default: unbounded)")

@@ -987,14 +987,27 @@ def _arg(command: str, flag: str) -> str | None:
     return parts[parts.index(flag) + 1] if flag in parts and parts.index(flag) + 1 < len(parts) else None
 
 
+def failure(unit: dict[str, Any]) -> str:
+    """Why a failed unit has no result, in one line: the error's first sentence (the run's own record
+    before its output's last line), and the micro-batch it ran at when it got that far."""
+    run = unit.get("run") or {}
+    why = str(run.get("error") or "")
+    if not why:
+        tail = str((unit.get("train") or unit.get("derive") or unit.get("range_test") or {})
+                   .get("output_tail", "")).strip().splitlines()
+        why = tail[-1] if tail else "no output"
+    why = re.split(r"(?<=[a-z0-9)])\. |: pass ", why, maxsplit=1)[0]
+    why = why if len(why) < 120 else why[:117] + "..."
+    if run.get("micro_batch"):
+        why += f" (its micro-batch {run['micro_batch']} rows, {run.get('rows_per_step', run['micro_batch'])} a step)"
+    return why
+
+
 def _missing(data: dict[str, Any], name: str) -> str:
     """The cell of an arm that has no result: how far it got, or why it failed."""
     units = data["units"]
     if name in units and units[name].get("failed"):
-        tail = str((units[name].get("train") or units[name].get("derive") or units[name].get("range_test") or {})
-                   .get("output_tail", "")).strip().splitlines()
-        why = tail[-1] if tail else "no output"
-        return "failed: " + (why if len(why) < 160 else why[:157] + "...")
+        return "failed: " + failure(units[name])
     ran = sum(1 for k in units if k.startswith(name + "_") and k[len(name) + 1:].isdigit())
     n = len(data.get("sweep_rates", SWEEP_RATES)) if name == "sweep" else data.get("optuna_trials", OPTUNA_TRIALS)
     return f"{ran} of {n} runs so far" if ran else "not run"
@@ -1023,6 +1036,7 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
         c = compare(kind, full, arms[other], gold)
         return outcome(c).rsplit(", ", 1)[-1].rstrip(")") if c else "–"
 
+    failed_pichak = [n for n in ("pichak_quick", "pichak_full") if (data["units"].get(n) or {}).get("failed")]
     pichak = [n for n in ("pichak_quick", "pichak_full") if n in arms]
     best_pichak = None
     if pichak:
@@ -1032,7 +1046,9 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
     parts = [f"against the swept optimum: {word('sweep')} (the bar: no loss)",
              f"against the recipe: {word('recipe')} (the bar: a win on half the tasks, a loss on none)",
              "collapse: " + ("yes" if collapsed(data, full.get("verdict") or {}) else "none") + " (the bar: none)",
-             f"against pichak's best arm: {word(best_pichak) if best_pichak else 'not run yet'} (the bar: a win)"]
+             "against pichak's best arm: " + (word(best_pichak) if best_pichak else
+                                              "both of pichak's arms failed, no model to compare" if len(failed_pichak) == 2
+                                              else "not run yet") + " (the bar: a win)"]
     if "recipe" in arms and arms["recipe"].get("cost"):
         parts.append(f"deciding + training {full['cost'] / arms['recipe']['cost']:.2f}x the recipe's one run "
                      "(the bar: at most 1.5x)")
@@ -1056,7 +1072,8 @@ def summary(paths: list[Path]) -> str:
         cells = []
         for n in names:
             v = (arms.get(n) or {}).get("verdict") or {}
-            cells.append(f"{v[v['metric']]:.3f}" if v.get("metric") in v else "–")
+            failed = (data["units"].get(n) or {}).get("failed")
+            cells.append(f"{v[v['metric']]:.3f}" if v.get("metric") in v else "failed" if failed else "–")
         full = arms.get("leadline_full")
         against = " / ".join(
             outcome(compare(kind, full, arms[o], gold)).rsplit(", ", 1)[-1].rstrip(")") if full and o in arms else "–"
@@ -1066,7 +1083,8 @@ def summary(paths: list[Path]) -> str:
         metric = "accuracy" if kind == "classify" else "CE, lower better"
         lines.append(f"| {task} ({metric}) | " + " | ".join(cells) + f" | {against} | {cost} | `{path.name}` |")
     lines += ["", "Each row: `python3 benchmarks/scoreboard.py --task TASK [--card-gb 6] --model MODEL --data-dir DATA` "
-              "(the exact command of each is in its file under `benchmarks/results/`); a dash has not run yet. "
+              "(the exact command of each is in its file under `benchmarks/results/`); a dash has not run yet, "
+              "\"failed\" ran and trained no model (why: `docs/results.md`). "
               "Every arm's p-values, costs and the bar: `docs/results.md`."]
     return "\n".join(lines)
 

@@ -131,6 +131,25 @@ def test_a_failed_arm_shows_why_and_a_collapse_is_flagged(sb):
     assert "| recipe |" in text and "(collapse)" not in text.split("| recipe |")[1].split("\n")[0]
 
 
+def test_a_failed_run_names_its_own_error_and_the_bar_says_both_pichak_arms_failed(sb):
+    board = _board(sb, [])
+    board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 14.83 GiB. GPU 0 has a total capacity of "
+           "139.80 GiB of which 7.51 GiB is free.")
+    board["units"]["pichak_quick"] = {"failed": True, "train": {"output_tail": "Traceback\n" + oom},
+                                      "run": {"error": oom, "micro_batch": 349, "rows_per_step": 349}}
+    board["units"]["pichak_full"] = {"failed": True, "train": {"output_tail": "x"},
+                                     "run": {"error": "ValueError: this plan's rate was not measured by running ahead: "
+                                                      "pass grad_fn=ModelGradFn(...)"}}
+    text = sb.table_of(board, Path("x.json"))
+    assert "| pichak_quick | failed: torch.OutOfMemoryError: CUDA out of memory (its micro-batch 349 rows, 349 a step) |" in text
+    assert "| pichak_full | failed: ValueError: this plan's rate was not measured by running ahead |" in text
+    line = sb.bar_of(board, sb.arms_of(board))[0]
+    assert "against pichak's best arm: both of pichak's arms failed, no model to compare" in line
+    del board["units"]["pichak_full"]
+    assert "against pichak's best arm: not run yet" in sb.bar_of(board, sb.arms_of(board))[0]
+
+
 def test_the_bar_names_each_part_and_what_is_missing(sb):
     board = _board(sb, [])
     board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)
