@@ -5,6 +5,8 @@ the inputs it refuses."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from leadline.errors import InputError
@@ -167,3 +169,66 @@ def test_the_card_is_timed_again_only_after_the_ramp_moved():
     assert again.step.inputs["fixed_cost"] == fresh.step.inputs["fixed_cost"]
     step(plan_at(32), 6008.0, step_fn=counted, timed=first)  # the ramp moved: timed again
     assert calls[2 * PAIRS:] == [1, 32] * PAIRS
+
+
+def _jittery_card(seed: int, sd: float):
+    """The H200's shape of cost (0.22 s fixed + 3.4 ms a row) read with ``sd`` relative jitter a
+    timing: the one-row repeats of the scoreboard's plans spread 0.18-0.24 s."""
+    from leadline.memory.step import StepTiming
+
+    rng = random.Random(seed)
+
+    def step_fn(rows, length, repeats=1):
+        ts = [(0.22 + 0.0034 * rows) * (1 + rng.gauss(0, sd)) for _ in range(repeats)]
+        return StepTiming(rows, length, ts[0], 0.015, ts, [0.015] * repeats)
+
+    return step_fn
+
+
+def _gsm_plan():
+    from leadline.plan import Plan, Value
+
+    p = Plan()
+    for name, v in {"rows_fit": 30, "scored_tokens_per_row": 96.8, "t_micro_seconds": 0.32, "t_step_seconds": 0.015,
+                    "scored_tokens": 484_196.0, "seq_len": 412}.items():
+        p.set(name, Value(v, "measured", "recorded"))
+    return p
+
+
+def test_more_pairs_are_timed_while_the_step_is_not_resolved_and_the_steps_of_many_derives_draw_closer(monkeypatch):
+    """At 15% jitter a timing, three pairs leave the per-row cost loose: twenty derives of one
+    task on one simulated card took steps far apart. Timing more pairs until the bootstrap's
+    10th-90th percentile of the step is within 1.2x draws them closer, at a few more pairs."""
+    import leadline.derive.batches as batches
+
+    def steps(max_pairs: int) -> tuple[list[int], list[int]]:
+        monkeypatch.setattr(batches.resolved_timings, "__defaults__", (batches.PAIRS, max_pairs, 1.2, None))
+        out = [batches.step(_gsm_plan(), 5781.0, step_fn=_jittery_card(seed, 0.15), step_for="rows").step
+               for seed in range(20)]
+        return sorted(s.rows_per_step for s in out), [s.inputs["step_resolution"]["pairs"] for s in out]
+
+    fixed, fixed_pairs = steps(batches.PAIRS)
+    resolved, pairs = steps(batches.MAX_PAIRS)
+    assert set(fixed_pairs) == {batches.PAIRS}
+    assert max(pairs) > batches.PAIRS and max(pairs) <= batches.MAX_PAIRS
+    assert resolved[-1] / resolved[0] < fixed[-1] / fixed[0]
+    assert resolved[17] / resolved[2] <= 1.25  # the middle 80% of the derives within the rule's 1.2x, give or take a row
+
+
+def test_a_steady_card_takes_the_first_pairs_only_and_the_source_gives_the_interval():
+    from leadline.derive.batches import PAIRS, step
+
+    calls = []
+    card = _drifting_card([False])
+
+    def counted(rows, length, repeats=1):
+        calls.append(rows)
+        return card(rows, length, repeats)
+
+    phase = step(_gsm_plan(), 5781.0, step_fn=counted, step_for="rows")
+    res = phase.step.inputs["step_resolution"]
+    assert len(calls) == 2 * PAIRS and res["pairs"] == PAIRS and res["resolved"]
+    assert res["rows_p10"] == res["rows_p90"] == phase.step.rows_per_step
+    assert f"timed in turn {PAIRS} times" in phase.values["tokens_per_step"].source
+    given = step(_gsm_plan(), 5781.0, step_fn=_jittery_card(0, 0.15), rows_per_step=16).step
+    assert "step_resolution" not in given.inputs and len(given.inputs["t_micro_repeats"]) == PAIRS

@@ -6,7 +6,8 @@ rows a step on every card, accumulated where fewer fit)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import random
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,8 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
     ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).
     ``step_for``: ``time`` or ``rows`` (:func:`~leadline.noise.step.rows_step_rule`).
     ``timed``: an earlier step phase whose paired timings are reused where it timed the same
-    rows_fit (the card is timed again only after the ramp moved)."""
+    rows_fit (the card is timed again only after the ramp moved, and more pairs are added only
+    while this step is not resolved: :func:`resolved_timings`)."""
     from leadline.noise import tokens_per_step
 
     rows_fit = int(plan.get("rows_fit"))
@@ -51,22 +53,80 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
                             t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0),
                             corpus_scored_tokens=plan.get("scored_tokens"), step_for=step_for)
         return StepPhase(None, values)
-    one_row = None
-    t_micro, t_step = plan.get("t_micro_seconds"), plan.get("t_step_seconds")
+
+    def plan_for(timings: Timings | None, t_micro: Any, t_step: Any) -> Any:
+        return tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
+                               t_step_seconds=t_step, t_micro_seconds=t_micro,
+                               corpus_scored_tokens=plan.get("scored_tokens"),
+                               t_micro_one_row_seconds=timings[0] if timings else None,
+                               rows_per_step=rows_per_step, step_for=step_for)
+
+    timings, resolution = None, None
     if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
-        one_row, t_micro, t_step = (timings_of(timed, rows_fit)
-                                    or paired_timings(step_fn, rows_fit, int(plan.get("seq_len"))))
-    sp = tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
-                         t_step_seconds=t_step, t_micro_seconds=t_micro,
-                         corpus_scored_tokens=plan.get("scored_tokens"), t_micro_one_row_seconds=one_row,
-                         rows_per_step=rows_per_step, step_for=step_for)
-    if one_row is not None:
+        timings, resolution = resolved_timings(
+            step_fn, rows_fit, int(plan.get("seq_len")),
+            None if rows_per_step is not None else lambda t: plan_for(t, t[1], t[2]).rows_per_step,
+            taken=timings_of(timed, rows_fit))
+    if timings is not None:
+        sp = plan_for(timings, timings[1], timings[2])
         sp.inputs["timed_in_turn"] = True
+        if resolution is not None:
+            sp.inputs["step_resolution"] = resolution
+    else:
+        sp = plan_for(None, plan.get("t_micro_seconds"), plan.get("t_step_seconds"))
     return StepPhase(sp, sp.as_values())
 
 
 PAIRS = 3
 """Repeats of the one-row and the rows-fit step, taken in turn (their medians are used)."""
+MAX_PAIRS = 9
+"""The most pairs :func:`resolved_timings` takes while the step is not resolved."""
+STEP_SPREAD = 1.2
+"""The step is resolved when the 90th percentile of its rows over the pairs' bootstrap is at
+most this times the 10th."""
+RESAMPLES = 40
+
+
+def bootstrap_rows(timings: Timings, rows_of: Callable[[Timings], int], resamples: int = RESAMPLES,
+                   seed: int = 0) -> tuple[int, int]:
+    """The 10th and 90th percentiles of ``rows_of`` over ``resamples`` resamples of the pairs
+    (drawn whole, with replacement, so each keeps its one-row and rows-fit times together)."""
+    one, fit, update = timings
+    rng = random.Random(seed)
+    n = len(one)
+    rows = sorted(rows_of(([one[i] for i in ix], [fit[i] for i in ix], [update[i] for i in ix]))
+                  for ix in ([rng.randrange(n) for _ in range(n)] for _ in range(resamples)))
+    return rows[int(0.1 * (resamples - 1))], rows[math.ceil(0.9 * (resamples - 1))]
+
+
+def resolved_timings(step_fn: Any, rows_fit: int, length: int, rows_of: Callable[[Timings], int] | None,
+                     pairs: int = PAIRS, max_pairs: int = MAX_PAIRS, spread: float = STEP_SPREAD,
+                     taken: Timings | None = None) -> tuple[Timings, dict[str, Any] | None]:
+    """:func:`paired_timings`, and more pairs, one at a time, while the step they give is not
+    resolved: while the 90th percentile of the rows a step over the pairs' bootstrap
+    (:func:`bootstrap_rows`) is above ``spread`` times the 10th, up to ``max_pairs`` pairs.
+
+    The step reads the per-row cost from the difference of two timings a few percent apart; on a
+    card bound by its fixed cost three pairs left that difference loose enough that three derives
+    of one task on one card took steps up to 1.28x apart (docs/results.md). ``rows_of`` maps
+    timings to the rows a step; None (a step the caller fixed) takes the first pairs only.
+    ``taken``: pairs an earlier step phase took at the same shape, reused (the step read again
+    past the format starts from them and adds pairs only where its own step is not resolved).
+    Returns the timings and the resolution (pairs, the interval, whether it resolved), None
+    without ``rows_of``.
+    """
+    one, fit, update = taken if taken is not None else paired_timings(step_fn, rows_fit, length, pairs)
+    if rows_of is None:
+        return (one, fit, update), None
+    while True:
+        lo, hi = bootstrap_rows((one, fit, update), rows_of)
+        if hi <= spread * lo or len(one) >= max_pairs:
+            break
+        o, f, u = paired_timings(step_fn, rows_fit, length, 1)
+        one, fit, update = one + o, fit + f, update + u
+    return (one, fit, update), {"pairs": len(one), "rows_p10": lo, "rows_p90": hi, "spread": spread,
+                                "resolved": hi <= spread * lo}
+
 
 
 def timings_of(timed: StepPhase | None, rows_fit: int) -> Timings | None:

@@ -261,6 +261,11 @@ class StepPlan:
               "given_rows": self.given_rows, "row_efficiency": self.row_efficiency}
         use = (f"; a step of {format_tokens(self.tokens_per_step)} tokens uses the rows at 1/(1 + B/B_noise) = "
                f"{self.row_efficiency:.0%} of a small step's efficiency (E_min(1 + B/B_noise) rows to a loss)")
+        res = i.get("step_resolution")
+        if res:
+            use += (f"; one row and the rows that fit timed in turn {res['pairs']} times: the rows a step "
+                    f"{res['rows_p10']}-{res['rows_p90']} over the pairs' bootstrap (10th-90th percentile)"
+                    + ("" if res["resolved"] else f", wider than {res['spread']:g}x at the most pairs derive takes"))
         rule = i.get("rows_rule")
         if self.given_rows is None and rule:
             step = Value(self.tokens_per_step, "derived",
