@@ -263,8 +263,10 @@ class StepPlan:
                f"{self.row_efficiency:.0%} of a small step's efficiency (E_min(1 + B/B_noise) rows to a loss)")
         res = i.get("step_resolution")
         if res:
-            use += (f"; one row and the rows that fit timed in turn {res['pairs']} times: the rows a step "
-                    f"{res['rows_p10']}-{res['rows_p90']} over the pairs' bootstrap (10th-90th percentile)"
+            spread = (f"{res['rows_p10']} in every resample" if res["rows_p10"] == res["rows_p90"] else
+                      f"{res['rows_p10']}-{res['rows_p90']} (10th-90th percentile)")
+            use += (f"; one row and the rows that fit timed in turn {res['pairs']} times, the rows a step over the "
+                    f"pairs' bootstrap {spread}"
                     + ("" if res["resolved"] else f", wider than {res['spread']:g}x at the most pairs derive takes"))
         rule = i.get("rows_rule")
         if self.given_rows is None and rule:
