@@ -232,3 +232,11 @@ def test_a_steady_card_takes_the_first_pairs_only_and_the_source_gives_the_inter
     assert f"timed in turn {PAIRS} times" in phase.values["tokens_per_step"].source
     given = step(_gsm_plan(), 5781.0, step_fn=_jittery_card(0, 0.15), rows_per_step=16).step
     assert "step_resolution" not in given.inputs and len(given.inputs["t_micro_repeats"]) == PAIRS
+
+
+def test_a_noise_scale_past_the_bootstraps_reach_is_decided_by_the_first_pairs(monkeypatch):
+    import leadline.derive.batches as batches
+
+    monkeypatch.setattr(batches, "MOST_ROWS", 50)  # B_noise 5,781 tokens at 96.8 a row: 60 rows
+    sp = batches.step(_gsm_plan(), 5781.0, step_fn=_jittery_card(0, 0.15), step_for="rows").step
+    assert "step_resolution" not in sp.inputs and len(sp.inputs["t_micro_repeats"]) == batches.PAIRS

@@ -63,9 +63,11 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
 
     timings, resolution = None, None
     if step_fn is not None and rows_fit > 1 and plan.get("seq_len"):  # the fixed cost of a micro-batch
+        b_noise = getattr(noise, "b_noise_tokens", noise)
+        bootstrap = rows_per_step is None and isinstance(b_noise, (int, float)) and b_noise / per_row <= MOST_ROWS
         timings, resolution = resolved_timings(
             step_fn, rows_fit, int(plan.get("seq_len")),
-            None if rows_per_step is not None else lambda t: plan_for(t, t[1], t[2]).rows_per_step,
+            (lambda t: plan_for(t, t[1], t[2]).rows_per_step) if bootstrap else None,
             taken=timings_of(timed, rows_fit))
     if timings is not None:
         sp = plan_for(timings, timings[1], timings[2])
@@ -85,6 +87,9 @@ STEP_SPREAD = 1.2
 """The step is resolved when the 90th percentile of its rows over the pairs' bootstrap is at
 most this times the 10th."""
 RESAMPLES = 40
+MOST_ROWS = 20_000
+"""Above this many rows in B_noise the step is not bootstrapped (each resample searches every
+whole number of rows up to it); the first pairs decide it."""
 
 
 def bootstrap_rows(timings: Timings, rows_of: Callable[[Timings], int], resamples: int = RESAMPLES,
