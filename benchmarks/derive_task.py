@@ -77,7 +77,13 @@ def stability(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return max(xs) / min(xs) if len(xs) >= 2 else None
 
     tokens, rate = spread("tokens_per_step"), spread("lr")
+    steps = [x for r in runs if isinstance(x := r.get("values", {}).get("tokens_per_step"), (int, float))]
+    ses = [x for r in runs if isinstance(x := r.get("noise_past_format_se_tokens"), (int, float)) and x > 0]
+    # recorded beside the rules: the steps' range against the noise reading's own error (the
+    # card-independence criterion: the steps within the noise scale's error of each other)
+    within = (max(steps) - min(steps)) / min(ses) if len(steps) >= 2 and ses else None
     return {"tokens_per_step_max_over_min": tokens, "lr_max_over_min": rate,
+            "tokens_per_step_range_over_noise_se": within,
             "S4": None if tokens is None else tokens <= 1.2, "S5": None if rate is None else rate <= 2.0}
 
 
@@ -99,6 +105,10 @@ def derive_once(args: argparse.Namespace, data: Path, plan_path: Path, rows: int
         vals = plan.get("values", {})
         entry["values"] = {k: vals[k].get("value") for k in KEYS if k in vals}
         entry["sources"] = {k: vals[k].get("source") for k in KEYS if k in vals}
+        past = (vals.get("noise_scale_past_format_tokens") or {}).get("evidence")
+        entry["noise_past_format_se_tokens"] = past.get("se_tokens") if isinstance(past, dict) else None
+        step_ev = (vals.get("tokens_per_step") or {}).get("evidence")
+        entry["step_resolution"] = step_ev.get("step_resolution") if isinstance(step_ev, dict) else None
         entry["notes"] = plan.get("notes", [])
         entry["derive_seconds"] = derive_seconds(plan)
     entry["rules_outcome"] = rules(entry.get("values", {}), entry.get("derive_seconds"), args.max_seconds, rc)

@@ -33,3 +33,14 @@ def test_plans_within_the_bounds_pass_and_a_missing_plan_is_not_judged():
                            {"values": {"tokens_per_step": 34.0, "lr": 1.3e-3}}, {"rc": 1}])
     assert got["S4"] is True and got["S5"] is True
     assert bench.stability([{"values": {"tokens_per_step": 30.0}}, {"rc": 1}])["S4"] is None
+
+
+def test_the_steps_range_is_recorded_against_the_noise_readings_error():
+    bench = _bench()
+    runs = [{"values": {"tokens_per_step": 50.0, "lr": 4.6e-4}, "noise_past_format_se_tokens": 85.0},
+            {"values": {"tokens_per_step": 64.0, "lr": 4.6e-4}, "noise_past_format_se_tokens": 90.0}]
+    got = bench.stability(runs)
+    assert got["tokens_per_step_range_over_noise_se"] == 14.0 / 85.0
+    assert got["S4"] is False  # 1.28x: the 20% rule, whatever the noise's error
+    assert bench.stability([{"values": {"tokens_per_step": 50.0}}, {"values": {"tokens_per_step": 64.0}}])[
+        "tokens_per_step_range_over_noise_se"] is None
