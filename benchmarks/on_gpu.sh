@@ -32,6 +32,9 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
     e2e-bound40)        echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms bound --bound-seconds 40 --out $OUT/e2e_debian_h200_bound40.json" ;;
     scoreboard-*-6gb)   local t=${name#scoreboard-}; t=${t%-6gb}
                         echo "$PY benchmarks/scoreboard.py --task $t --card-gb 6 $m $d --out $OUT/scoreboard_${t}_6gb.json --stop-after 480" ;;
+    scoreboard-*-seed*) local t=${name#scoreboard-} seed; seed=${t##*-seed}; t=${t%-seed*}
+                        [[ $seed =~ ^[0-9]+$ ]] || return 0
+                        echo "$PY benchmarks/scoreboard.py --task $t --seed $seed $m $d --out $OUT/scoreboard_${t}_seed${seed}.json --stop-after 480" ;;
     scoreboard-*)       echo "$PY benchmarks/scoreboard.py --task ${name#scoreboard-} $m $d --out $OUT/scoreboard_${name#scoreboard-}.json --stop-after 480" ;;
     hf-memory-*)        # hf-memory-SHAPE-BASE-CARD, e.g. hf-memory-1b-bf16-24 (CARD 0: the whole card); needs bitsandbytes for 4bit
                         local rest=${name#hf-memory-} shape base card
@@ -64,6 +67,7 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
 
 NAMES="gpu-tests gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-debian_sections
 scoreboard-debian_sections-6gb scoreboard-man_sections scoreboard-gsm_symbolic scoreboard-debian_summary
+scoreboard-debian_sections-seed1 scoreboard-gsm_symbolic-seed1
 hf-memory-1b-bf16-24 hf-memory-1b-4bit-24 hf-memory-8b-4bit-24 hf-memory-8b-bf16-0 sft-vs-train memory-lora16-6gb-seq512
 memory-verdicts sweep-full sweep-lora schedule-plan schedule-plan-6gb schedule-race schedule-all
 warmup-tf32 warmup-fp32 noise-debian noise-gsm no-trace derive-tasks derive-stability distributed-1gpu"

@@ -18,7 +18,7 @@ The pieces are pichak's own, as in the README's core:
                   named_weights=trained_weights, trained_as="factors", tokenizer=tok)
     res = race(params, opt, train_step, held_out, race_rates(lookahead, steps), total_steps=steps)
 
-wired to leadline's task (``leadline.hf.prepare(model, tok, train, seed=0)``): ``rows`` are the
+wired to leadline's task (``leadline.hf.prepare(model, tok, train, seed=SEED)``, ``--seed``, 0 by default): ``rows`` are the
 training rows (``task.order``, seeded order) as ``{"input_ids", "labels"}``; ``TrainingStep``'s
 loss is the longest training row repeated ``b`` times at ``length`` tokens; ``ModelGradFn`` serves
 one training row a micro-batch in ``task.order``; ``train_step`` is ``task.train_step_of(
@@ -91,7 +91,7 @@ def cap_cpu_ramp(limit: int) -> None:
     pt.ramp_micro_batch = capped
 
 
-def build(model_path: str, train: str) -> tuple[Any, Any, Any]:
+def build(model_path: str, train: str, seed: int = 0) -> tuple[Any, Any, Any]:
     """The model, tokenizer and leadline task every arm builds (scoreboard._worker_task)."""
     sys.path.insert(0, str(ROOT / "src"))
     import torch
@@ -101,10 +101,10 @@ def build(model_path: str, train: str) -> tuple[Any, Any, Any]:
 
     tok = load_tokenizer(model_path)
     model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)  # the adapter's init, as every arm draws it
+    torch.manual_seed(seed)  # the adapter's init, as every arm draws it
     cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
     model = get_peft_model(model, cfg)
-    task, _ = prepare(model, tok, train, seed=0)
+    task, _ = prepare(model, tok, train, seed=seed)
     return model, tok, task
 
 
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> None:
         from leadline.stats import mean_se
 
         rec["pichak"] = pichak.__version__
-        model, tok, task = build(args.model, args.train)
+        model, tok, task = build(args.model, args.train, args.seed)
         dev = task.device
         cuda = dev.type == "cuda"
         device = f"cuda:{dev.index or 0}" if cuda else "cpu"
@@ -271,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="--effort full: race() over race_rates(lookahead_from(plan)) (the README's core, default) "
                          "or LookaheadSchedule (the plan's note)")
     ap.add_argument("--max-seconds", type=float, default=None, help="derive(max_seconds=...): pichak's own bound")
+    ap.add_argument("--seed", type=int, default=0, help="the adapter's init and leadline's split of the rows")
     ap.add_argument("--cpu-ramp-limit", type=int, default=8, help="off CUDA only: the ramp's limit= (rows)")
     run(ap.parse_args(argv))
 

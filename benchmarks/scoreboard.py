@@ -1,8 +1,8 @@
 """The scoreboard: leadline against the searches it replaces, side by side, task by task.
 
 "Should I run leadline, or sweep, or just use 2e-4?" Every arm trains SmolLM2-135M-Instruct
-with LoRA r16 (alpha 32, every linear layer) on the same training rows, seed 0, and is judged
-on the same test rows, which no arm trains or decides on.
+with LoRA r16 (alpha 32, every linear layer) on the same training rows, seed 0 (``--seed``), and
+is judged on the same test rows, which no arm trains or decides on.
 
 Tasks (``--task``):
   debian_sections  4-class topic of a Debian package from its description; accuracy by the
@@ -93,7 +93,11 @@ Decision rules, written before any run (``RULES`` below is what the table prints
       fall over the whole run at a rate measured constant leaves a low rate too low), before
       this arm ran anywhere: a race keeps the constant ending where the longer fall loses.
 Every arm is compared with the recipe and with the swept optimum; losses are reported as wins
-are.
+are. Each test within one seed compares two trained models; ``--seed N`` runs the arms again at
+another seed (the split into trained and held-out rows, their order and the adapter's init; the
+rows given and the test rows stay) into ``_seedN``, and the table then lists a task's arms seed
+by seed with each rule's comparison at every seed: an outcome that moves with the seed is the
+training's noise, not the procedure's.
 
 One arm at a time, resumable: each finished unit (an arm, or one rate of the sweep, or one
 optuna trial) is written into ``--out`` at once, and a rerun skips what is there, so a cut
@@ -467,16 +471,15 @@ class Arms:
         self.work.mkdir(parents=True, exist_ok=True)
         self.train = self.work / "train.jsonl"
         self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
-        self.common = ["--model", args.model, "--data", str(self.train), "--lora-rank", "16", "--seed", "0"]
+        self.common = ["--model", args.model, "--data", str(self.train), "--lora-rank", "16", "--seed", str(args.seed)]
         self.short = ["--steps", "2"] if args.smoke else []  # --smoke: every arm's run two steps long
         self.base_plan = self.work / "base_plan.json"
-        if not self.base_plan.exists():  # the recipe arms' plan: nothing derived, the split's seed only
-            sys.path.insert(0, str(ROOT / "src"))
-            from leadline.plan import Plan
+        sys.path.insert(0, str(ROOT / "src"))  # the recipe arms' plan: nothing derived, the split's seed only
+        from leadline.plan import Plan
 
-            p = Plan()
-            p.held_out = {"seed": 0}
-            p.to_json(self.base_plan)
+        p = Plan()
+        p.held_out = {"seed": args.seed}
+        p.to_json(self.base_plan)
 
     def out_of_time(self) -> bool:
         return time.perf_counter() - T0 > self.args.stop_after
@@ -563,7 +566,7 @@ class Arms:
         out = self.work / "lr_find.json"
         micro = recipe_micro(16, self.args.recipe_micro_batch)
         f = proc([str(HERE / "scoreboard.py"), "--worker", "lr_find", "--model", self.args.model, "--train", str(self.train),
-                  "--worker-out", str(out), *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  "--seed", str(self.args.seed), "--worker-out", str(out), *(["--recipe-micro-batch", str(micro)] if micro else []),
                   *(["--smoke"] if self.args.smoke else [])],
                  self.work / "lr_find_range.log", self.args.timeout)
         found = json.loads(out.read_text()) if f["rc"] == 0 and out.exists() else None
@@ -579,7 +582,7 @@ class Arms:
         _rm(run_dir)
         micro = recipe_micro(16, self.args.recipe_micro_batch)
         t = proc([str(HERE / "scoreboard.py"), "--worker", "schedulefree", "--model", self.args.model, "--train", str(self.train),
-                  "--worker-out", str(run_dir), *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  "--seed", str(self.args.seed), "--worker-out", str(run_dir), *(["--recipe-micro-batch", str(micro)] if micro else []),
                   *(["--smoke"] if self.args.smoke else [])],
                  self.work / "schedulefree.log", self.args.timeout)
         rec = {"decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
@@ -670,7 +673,7 @@ class Arms:
         _rm(run_dir)
         extra = ["--full-train", "schedule"] if effort == "full" else []
         t = proc([str(HERE / "pichak_arm.py"), "--effort", effort, "--model", self.args.model, "--train", str(self.train),
-                  "--out", str(run_dir), *extra], self.work / f"{unit}.log", self.args.timeout)
+                  "--seed", str(self.args.seed), "--out", str(run_dir), *extra], self.work / f"{unit}.log", self.args.timeout)
         run = run_json(run_dir)
         derive = float((run or {}).get("derive_seconds") or 0.0)
         rec = {"decide_seconds": derive, "train_seconds": t["seconds"] - derive, "train": t, "run": run,
@@ -749,7 +752,7 @@ def _rm(p: Path) -> None:
 
 
 # ---- the workers: arms that are not leadline's CLI ----------------------------------------
-def _worker_task(model_path: str, train: str) -> tuple[Any, Any, Any, list[Any]]:
+def _worker_task(model_path: str, train: str, seed: int = 0) -> tuple[Any, Any, Any, list[Any]]:
     sys.path.insert(0, str(ROOT / "src"))
     import torch
     from peft import LoraConfig, get_peft_model
@@ -758,15 +761,15 @@ def _worker_task(model_path: str, train: str) -> tuple[Any, Any, Any, list[Any]]
 
     tok = load_tokenizer(model_path)
     model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
-    torch.manual_seed(0)  # the adapter's init, as `leadline train --seed 0` draws it
+    torch.manual_seed(seed)  # the adapter's init, as `leadline train --seed SEED` draws it
     cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
     model = get_peft_model(model, cfg)
-    task, _ = prepare(model, tok, train, seed=0)
+    task, _ = prepare(model, tok, train, seed=seed)
     return model, tok, task, [p for _, p in trained_named_weights(model)]
 
 
 def worker_schedulefree(model_path: str, train: str, out: Path, micro: int | None = None,
-                        max_steps: int | None = None) -> None:
+                        max_steps: int | None = None, seed: int = 0) -> None:
     """AdamWScheduleFree at its defaults, 16 rows a step (``micro`` rows a pass, accumulated), one
     pass, by leadline's own rows, collation and loss; saved at the averaged weights
     (``optimizer.eval()``)."""
@@ -774,7 +777,7 @@ def worker_schedulefree(model_path: str, train: str, out: Path, micro: int | Non
 
     from leadline.stats import mean_se
 
-    model, _, task, params = _worker_task(model_path, train)
+    model, _, task, params = _worker_task(model_path, train, seed)
     opt = schedulefree.AdamWScheduleFree(params)
     micro = micro or 16
     step_of = task.train_step_of(micro, 16 // micro)
@@ -799,14 +802,14 @@ def worker_schedulefree(model_path: str, train: str, out: Path, micro: int | Non
 
 
 def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = None,
-                   max_steps: int | None = None) -> None:
+                   max_steps: int | None = None, seed: int = 0) -> None:
     """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step (``micro``
     rows a pass, the rest accumulated by Lightning)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.tuner import Tuner
 
-    model, _, task, params = _worker_task(model_path, train)
+    model, _, task, params = _worker_task(model_path, train, seed)
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -896,8 +899,59 @@ def outcome(c: dict[str, Any] | None) -> str:
 
 
 def table(paths: list[Path]) -> str:
-    """The README's results: one table a task, from the tasks' results files."""
-    return "\n".join(table_of(json.loads(path.read_text()), path) for path in paths)
+    """The README's results: one table a task, from the tasks' results files, and where a task ran
+    at more than one seed, the arms seed by seed (:func:`seeds_table`)."""
+    boards = [(json.loads(path.read_text()), path) for path in paths]
+    return "\n".join([*(table_of(data, path) for data, path in boards), *seeds_table(boards)])
+
+
+BASE_OF = {"leadline_full_to_zero": "leadline_full", "leadline_full_16rows_to_zero": "leadline_full_16rows",
+           "leadline_full_rows_to_zero": "leadline_full_rows", "leadline_full_half_ending": "leadline_full"}
+"""The arm each retrained arm's rule compares it with (rules E, Z and H)."""
+
+
+def seeds_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
+    """Each task and card run at two seeds or more: every arm's metric seed by seed with their mean
+    and spread, and each comparison the rules read (leadline_full against the recipe and the swept
+    optimum, each retrained arm against its base) seed by seed. A McNemar or paired t within one
+    seed compares two trained models; whether an outcome holds for the procedure shows across seeds."""
+    groups: dict[tuple[str, Any], dict[int, dict[str, Any]]] = {}
+    for data, _ in boards:
+        groups.setdefault((data["task"], data.get("card_gb")), {})[int(data.get("seed", 0))] = data
+    lines: list[str] = []
+    for (task, card), by_seed in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        if len(by_seed) < 2:
+            continue
+        seeds = sorted(by_seed)
+        arms = {k: arms_of(d) for k, d in by_seed.items()}
+        kind = next(iter(by_seed.values()))["kind"]
+        metric = lambda a: (a.get("verdict") or {}).get((a.get("verdict") or {}).get("metric", ""))  # noqa: E731
+        on = f", the card held to {card:g} GB" if card else ""
+        lines += ["", f"**{task}**{on}, seed by seed ({'accuracy' if kind == 'classify' else 'test CE/token'})", "",
+                  "| arm | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± sd |", "|---|" + "---|" * (len(seeds) + 1)]
+        names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_quick", "pichak_full",
+                             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+                             "leadline_full_rows", *RETRAINED)
+                 if sum(isinstance(metric(arms[k].get(n) or {}), (int, float)) for k in seeds) >= 2]
+        for n in names:
+            xs = {k: metric(arms[k].get(n) or {}) for k in seeds}
+            got = [x for x in xs.values() if isinstance(x, (int, float))]
+            mean = sum(got) / len(got)
+            sd = math.sqrt(sum((x - mean) ** 2 for x in got) / (len(got) - 1))
+            lines.append(f"| {n} | " + " | ".join(f"{x:.4f}" if isinstance(x, (int, float)) else "–" for x in xs.values())
+                         + f" | {mean:.4f} ± {sd:.4f} |")
+        pairs = [("leadline_full", "recipe"), ("leadline_full", "sweep"), *((r, b) for r, b in BASE_OF.items())]
+        for a, b in pairs:
+            words = []
+            for k in seeds:
+                c = compare(kind, arms[k][a], arms[k][b], by_seed[k].get("gold", [])) if a in arms[k] and b in arms[k] else None
+                if c is not None:
+                    words.append((k, outcome(c).rsplit(", ", 1)[-1].rstrip(")")))
+            if len(words) >= 2:
+                same = len({w for _, w in words}) == 1
+                lines.append(f"- {a} against {b}: " + ", ".join(f"{w} at seed {k}" for k, w in words)
+                             + (" (the same at every seed)" if same else " (the outcome moves with the seed)") + ".")
+    return lines
 
 
 def table_of(data: dict[str, Any], path: Path) -> str:
@@ -907,6 +961,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
     metric = "accuracy" if kind == "classify" else "test CE/token"
     gold = data.get("gold", [])
     on = f", the card held to {data['card_gb']:g} GB" if data.get("card_gb") else ""
+    on += f", seed {data['seed']}" if data.get("seed") else ""
     lines += [f"**{data['task']}**{on} ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
               f"{data['test_rows']:,} test rows; {metric}"
               f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
@@ -1079,7 +1134,8 @@ def summary(paths: list[Path]) -> str:
             outcome(compare(kind, full, arms[o], gold)).rsplit(", ", 1)[-1].rstrip(")") if full and o in arms else "–"
             for o in ("recipe", "sweep"))
         cost = f"{full['cost'] / arms['recipe']['cost']:.1f}x" if full and "recipe" in arms else "–"
-        task = data["task"] + (f" at {data['card_gb']:g} GB" if data.get("card_gb") else "")
+        task = data["task"] + (f" at {data['card_gb']:g} GB" if data.get("card_gb") else "") + (
+            f", seed {data['seed']}" if data.get("seed") else "")
         metric = "accuracy" if kind == "classify" else "CE, lower better"
         lines.append(f"| {task} ({metric}) | " + " | ".join(cells) + f" | {against} | {cost} | `{path.name}` |")
     lines += ["", "Each row: `python3 benchmarks/scoreboard.py --task TASK [--card-gb 6] --model MODEL --data-dir DATA` "
@@ -1117,6 +1173,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/scoreboard")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--train-rows", type=int, default=2000, help="training rows every arm gets (a seeded sample)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="every arm's seed: the split of the training rows into trained and held out, their order "
+                    "and the adapter's init (the rows given and the test rows stay the same); a seed other than 0 "
+                    "writes scoreboard_<task>[_6gb]_seed<N>.json by default")
     ap.add_argument("--test-rows", type=int, default=0, help="test rows (0: all)")
     ap.add_argument("--em-rows", type=int, default=200, help="gsm_symbolic: test rows judged by greedy exact match")
     ap.add_argument("--timeout", type=float, default=400)
@@ -1145,7 +1205,7 @@ def main(argv: list[str] | None = None) -> int:
         # --smoke: the fewest steps each worker can answer from (Lightning's suggestion skips the
         # range test's first 10 points and needs two after them)
         fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
-           ({"lr_find": 16, "schedulefree": 2}[args.worker]) if args.smoke else None)
+           ({"lr_find": 16, "schedulefree": 2}[args.worker]) if args.smoke else None, args.seed)
         return 0
     if args.table:
         paths = sorted(RESULTS.glob("scoreboard_*.json"))
@@ -1160,8 +1220,14 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
     task = load_task(args.task, Path(args.data_dir), args.train_rows, args.test_rows)
     card = f"_{args.card_gb:g}gb" if args.card_gb > 0 else ""
-    out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}.json")
+    seeded = f"_seed{args.seed}" if args.seed else ""
+    out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}{seeded}.json")
     board = Board(out, task, argv)
+    if int(board.data.get("seed", 0)) != args.seed:
+        print(f"{out} holds seed {board.data.get('seed', 0)}'s arms, not --seed {args.seed}: pass --out with a new file "
+              "for this seed", file=sys.stderr)
+        return 2
+    board.data["seed"] = args.seed
     board.data["card_gb"] = args.card_gb or None
     board.data.setdefault("sweep_rates", SWEEP_RATES[::7] if args.smoke else SWEEP_RATES)
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)

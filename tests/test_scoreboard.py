@@ -373,3 +373,30 @@ def test_a_resumed_optuna_study_does_not_propose_a_trial_it_already_ran(sb):
     assert again != first
     failed = {"optuna_0": {"params": first, "unseen_loss": None, "failed": True}}
     assert len(sb.optuna_study(failed, 8)[0].trials) == 0  # a failed unit is not told: it runs again
+
+
+def test_a_task_run_at_two_seeds_gets_its_arms_seed_by_seed_and_says_when_an_outcome_moves(sb, tmp_path):
+    boards = []
+    for seed, full in ((0, ["a"] * 40), (1, ["a"] * 21 + ["b"] * 19)):
+        board = _board(sb, [])
+        board["seed"] = seed
+        board["units"]["leadline_full"] = _unit(full, cost=30.0)
+        boards.append((board, tmp_path / f"scoreboard_t_seed{seed}.json"))
+    lines = sb.seeds_table(boards)
+    text = "\n".join(lines)
+    assert "**t**, seed by seed (accuracy)" in text
+    assert "| leadline_full | 1.0000 | 0.5250 | 0.7625 ± 0.3359 |" in text
+    assert "| recipe | 0.5000 | 0.5000 | 0.5000 ± 0.0000 |" in text
+    assert "- leadline_full against recipe: win at seed 0, tie at seed 1 (the outcome moves with the seed)." in text
+    assert sb.seeds_table(boards[:1]) == []  # one seed: nothing to add
+    assert ", seed 1" in sb.table_of(boards[1][0], boards[1][1])
+
+
+def test_a_results_file_of_another_seed_is_refused_and_left_as_it_was(sb, tmp_path, capsys):
+    out = tmp_path / "scoreboard_man_sections.json"
+    out.write_text(json.dumps({"seed": 0, "units": {"recipe": {"x": 1}}}))
+    before = out.read_text()
+    rc = sb.main(["--task", "man_sections", "--train-rows", "50", "--seed", "1", "--out", str(out),
+                  "--work", str(tmp_path / "work")])
+    assert rc == 2 and out.read_text() == before
+    assert "holds seed 0's arms, not --seed 1" in capsys.readouterr().err
