@@ -1223,7 +1223,7 @@ def main(argv: list[str] | None = None) -> int:
     seeded = f"_seed{args.seed}" if args.seed else ""
     out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}{seeded}.json")
     board = Board(out, task, argv)
-    if int(board.data.get("seed", 0)) != args.seed:
+    if out.exists() and int(board.data.get("seed", 0)) != args.seed:  # a file from before --seed holds seed 0
         print(f"{out} holds seed {board.data.get('seed', 0)}'s arms, not --seed {args.seed}: pass --out with a new file "
               "for this seed", file=sys.stderr)
         return 2

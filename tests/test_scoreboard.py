@@ -400,3 +400,30 @@ def test_a_results_file_of_another_seed_is_refused_and_left_as_it_was(sb, tmp_pa
                   "--work", str(tmp_path / "work")])
     assert rc == 2 and out.read_text() == before
     assert "holds seed 0's arms, not --seed 1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_second_seed_runs_every_arm_at_it_into_its_own_file(sb, tmp_path, monkeypatch):
+    import importlib.util as iu
+
+    from helpers import save_model_dir
+
+    in_process = _leadline_in_process(sb, monkeypatch)
+    model = save_model_dir(tmp_path / "tiny")
+    data = tmp_path / "data"
+    data.mkdir()
+    _tiny_task(data, 48, 0)
+    arms = ["recipe", "leadline_quick"] + (["schedulefree"] if iu.find_spec("schedulefree") else [])
+    argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--work", str(tmp_path / "work"),
+            "--smoke", "--timeout", "240", "--arms", ",".join(arms)]
+    monkeypatch.setattr(sb, "RESULTS", tmp_path / "results")
+    (tmp_path / "results").mkdir()
+    assert sb.main([*argv, "--seed", "1"]) == 0
+    board = json.loads((tmp_path / "results" / "scoreboard_debian_sections_seed1.json").read_text())
+    assert board["seed"] == 1 and not board.get("failures")
+    assert all(not u.get("failed") for u in board["units"].values()), board["units"].keys()
+    seeds = [a[a.index("--seed") + 1] for a in in_process if "--seed" in a]
+    assert seeds and set(seeds) == {"1"}  # every leadline call ran at the seed
+    assert board["units"]["leadline_quick"]["plan"]["held_out"]["seed"] == 1
+    if "schedulefree" in arms:
+        assert board["units"]["schedulefree"]["train"]["argv"][board["units"]["schedulefree"]["train"]["argv"].index("--seed") + 1] == "1"
