@@ -155,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             plan_path.unlink(missing_ok=True)
             entry = derive_once(args, data, plan_path, len(raw))
             runs.append(entry)
-            result["tasks"][task] = {**runs[0], "repeats": [r.get("values") for r in runs]} if k else runs[0]
+            result["tasks"][task] = {**runs[0], "repeats": [r.get("values") for r in runs],
+                                     "repeat_sources": [r.get("sources") for r in runs],
+                                     "repeat_step_resolution": [r.get("step_resolution") for r in runs]} if k else runs[0]
             if k:
                 result["tasks"][task]["stability"] = stability(runs)
             print(f"[{time.perf_counter() - t0:6.1f}s] {task}: rc={entry['rc']} {entry.get('values')} "
