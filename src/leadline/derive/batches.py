@@ -87,6 +87,7 @@ STEP_SPREAD = 1.2
 """The step is resolved when the 90th percentile of its rows over the pairs' bootstrap is at
 most this times the 10th."""
 RESAMPLES = 40
+"""Resamples of the pairs a bootstrap draws (seeded: the same timings give the same answer)."""
 MOST_ROWS = 20_000
 """Above this many rows in B_noise the step is not bootstrapped (each resample searches every
 whole number of rows up to it); the first pairs decide it."""
@@ -131,7 +132,6 @@ def resolved_timings(step_fn: Any, rows_fit: int, length: int, rows_of: Callable
         one, fit, update = one + o, fit + f, update + u
     return (one, fit, update), {"pairs": len(one), "rows_p10": lo, "rows_p90": hi, "spread": spread,
                                 "resolved": hi <= spread * lo}
-
 
 
 def timings_of(timed: StepPhase | None, rows_fit: int) -> Timings | None:
