@@ -1001,9 +1001,49 @@ def table_of(data: dict[str, Any], path: Path) -> str:
                      + (f" ({load:.0f} s in leadline derive's own note)" if load is not None else "")
                      + ", counted in every arm's seconds: leadline's two processes pay it twice.")
     lines += [f"- {line}" for line in bar_of(data, arms)]
+    lines += [f"- {line}" for line in cost_of(arms)]
     lines += [f"- {line}" for line in paired_rules(data, arms)]
     lines.append("")
     return "\n".join(lines)
+
+
+PHASE_NAMES = {"noise": "the noise", "memory": "the memory ramp", "step": "the step's timings",
+               "first_step": "the first step", "past_format": "the burn-in", "rate": "the look-ahead"}
+
+
+def cost_of(arms: dict[str, dict[str, Any]]) -> list[str]:
+    """Where leadline_full's seconds went, beside the recipe's: derive's process and its phases
+    (the optimizer steps each ran), the training process and its steps, and whether the run
+    continued from the look-ahead's steps or started over (and why)."""
+    full = arms.get("leadline_full")
+    plan = (full or {}).get("plan")
+    if not isinstance(plan, dict) or not full.get("run"):
+        return []
+    phases = []
+    for ph in plan.get("phases") or []:
+        if ph.get("phase") in PHASE_NAMES and ph.get("seconds", 0) >= 0.5:
+            n = ph.get("steps") or 0
+            steps = f" over {n} optimizer step{'s' if n != 1 else ''}" if n else ""
+            phases.append(f"{PHASE_NAMES[ph['phase']]} {ph['seconds']:.1f} s{steps}")
+    run = full["run"]
+    line = (f"Where leadline_full's {full['cost']:.0f} s went: derive's process {full.get('decide_seconds', 0):.0f} s "
+            f"(derive {plan.get('derive_seconds', 0):.0f} s: " + ", ".join(phases) + "; the rest its start and the "
+            f"model's load), the training process {full.get('train_seconds', 0):.0f} s ({run['steps']} steps in "
+            f"{run.get('seconds', 0):.0f} s)")
+    recipe = arms.get("recipe")
+    if recipe and recipe.get("run"):
+        line += (f"; the recipe's one process {recipe['cost']:.0f} s ({recipe['run']['steps']} steps in "
+                 f"{recipe['run'].get('seconds', 0):.0f} s)")
+    kept = ((plan.get("values") or {}).get("lookahead_state_steps") or {})
+    cont = run.get("continued") or {}
+    if cont.get("from_step"):
+        line += f". The run continued from the look-ahead's first {cont['from_step']} steps."
+    elif kept.get("evidence", {}).get("why") or cont.get("why"):
+        why = cont.get("why") or kept["evidence"]["why"]
+        line += f". The run started over: {why}."
+    else:
+        line += "."
+    return [line]
 
 
 def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:

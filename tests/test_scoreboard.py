@@ -150,6 +150,30 @@ def test_a_failed_run_names_its_own_error_and_the_bar_says_both_pichak_arms_fail
     assert "against pichak's best arm: not run yet" in sb.bar_of(board, sb.arms_of(board))[0]
 
 
+def test_the_cost_line_says_where_leadlines_seconds_went_and_why_the_run_started_over(sb):
+    board = _board(sb, [])
+    board["units"]["recipe"]["run"] = {"steps": 66, "seconds": 11.2}
+    full = _unit(["a"] * 40, cost=70.0)
+    full["decide_seconds"] = 100.0
+    why = "the plan's rate 0.00113 is not the branch's 0.00164"
+    full["plan"] = {"derive_seconds": 79.0, "phases": [
+        {"phase": "corpus", "seconds": 0.0, "steps": 0}, {"phase": "memory", "seconds": 6.4, "steps": 0},
+        {"phase": "first_step", "seconds": 1.4, "steps": 1}, {"phase": "rate", "seconds": 56.4, "steps": 270}],
+        "values": {"lookahead_state_steps": {"value": 0, "evidence": {"why": why}}}}
+    full["run"] = {"steps": 214, "seconds": 51.7, "continued": None}
+    board["units"]["leadline_full"] = full
+    line = sb.cost_of(sb.arms_of(board))[0]
+    assert line.startswith("Where leadline_full's 170 s went: derive's process 100 s (derive 79 s: the memory ramp 6.4 s, ")
+    assert "the first step 1.4 s over 1 optimizer step, the look-ahead 56.4 s over 270 optimizer steps;" in line
+    assert "corpus" not in line  # a phase under half a second is not named
+    assert "the training process 70 s (214 steps in 52 s); the recipe's one process 10 s (66 steps in 11 s)" in line
+    assert line.endswith(f"The run started over: {why}.")
+    full["run"]["continued"] = {"from_step": 40, "steps": 40}
+    assert sb.cost_of(sb.arms_of(board))[0].endswith("The run continued from the look-ahead's first 40 steps.")
+    del full["plan"]
+    assert sb.cost_of(sb.arms_of(board)) == []
+
+
 def test_the_bar_names_each_part_and_what_is_missing(sb):
     board = _board(sb, [])
     board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)
