@@ -1063,7 +1063,32 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
         if a in arms and b in arms:
             c = compare(kind, arms[a], arms[b], gold)
             out.append(f"Rule {rule}, {what} ({a} against {b}): {outcome(c) if c else '–'}.")
+    picked = ending_pick(arms)
+    if picked is not None:
+        name, other, mine, theirs = picked
+        c = compare(kind, arms[name], arms["leadline_full"], gold) if name != "leadline_full" else None
+        out.append(f"Rule L, both endings raced on the held-out rows (the default ending, read on the "
+                   f"runs of rule H): the held-out rows pick {name}'s ending ({mine:.4f} against {theirs:.4f} for {other}'s)"
+                   + (f"; on the test rows against leadline_full: {outcome(c)}." if c else ", leadline_full's own."))
     return out
+
+
+def ending_pick(arms: dict[str, dict[str, Any]]) -> tuple[str, str, float, float] | None:
+    """Rule L on recorded runs: of leadline_full (the ending raced over the last 2h) and
+    leadline_full_half_ending (over the last half), the one whose kept ending read lower on the
+    held-out rows — the ending racing both lengths keeps. Returns (picked, other, its loss, the
+    other's), or None where either did not run or raced no ending."""
+    def kept_loss(name: str) -> float | None:
+        ending = ((arms.get(name) or {}).get("run") or {}).get("ending") or {}
+        kept = ending.get(ending.get("kept", ""))
+        return kept.get("loss") if isinstance(kept, dict) else None
+
+    a, b = kept_loss("leadline_full"), kept_loss("leadline_full_half_ending")
+    if a is None or b is None:
+        return None
+    if b < a:
+        return "leadline_full_half_ending", "leadline_full", b, a
+    return "leadline_full", "leadline_full_half_ending", a, b
 
 
 def load_seconds(data: dict[str, Any]) -> float | None:

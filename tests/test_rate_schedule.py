@@ -74,17 +74,38 @@ def test_failing_again_from_the_same_check_goes_back_further_to_step_zero():
 
 
 def test_finish_keeps_the_decayed_ending_when_it_is_significantly_better():
+    """One length raced (``ending_steps``): the last 16 steps rerun with the rate decaying."""
     toy = Regression(seed=0, dim=32)
-    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.08), total_steps=64)
+    cfg = lookahead_from({"lr": 0.08, "alpha1": 0.08, "lookahead_horizon_steps": 8}, ending_steps=16)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
     run(toy, sched, 64)
     ending = sched.finish()
-    assert ending["kept"] == "decay" and ending["from_step"] == 48
+    assert ending["kept"] == "decay" and ending["from_step"] == 48 and len(ending["decays"]) == 1
     assert ending["constant_versus_decay"]["t"] > ending["constant_versus_decay"]["bar"]
     # the model holds the decayed ending: its held-out loss is the one read for it
     assert sum(toy.held_out()) / 256 == pytest.approx(ending["decay"]["loss"])
     assert toy.calls[-16:] == list(range(48, 64))  # the same 2h steps, rerun
     values = sched.as_values()
     assert values["ending"].value == "decay" and values["schedule_rollbacks"].evidence["plot"] == "schedule"
+
+
+def test_finish_races_the_last_half_against_the_last_2h_and_keeps_the_better_decay():
+    """By default two endings are raced: the last half (from T/2) and the last 2h, each rerun
+    from its own copy; on a noisy regression at a high rate the longer decay averages more
+    noise away, reads lower, and is the one the model holds."""
+    toy = Regression(seed=0, dim=32)
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, config(0.08), total_steps=64)
+    run(toy, sched, 64)
+    ending = sched.finish()
+    by_start = {d["from_step"]: d for d in ending["decays"]}
+    assert set(by_start) == {32, 48} and by_start[32]["steps"] == 32 and by_start[48]["steps"] == 16
+    assert by_start[32]["loss"] < by_start[48]["loss"]
+    assert ending["kept"] == "decay" and ending["from_step"] == 32
+    assert ending["decay"]["loss"] == by_start[32]["loss"]
+    assert sum(toy.held_out()) / 256 == pytest.approx(by_start[32]["loss"])  # the model holds the half's ending
+    assert toy.calls[-48:] == list(range(48, 64)) + list(range(32, 64))  # the 2h rerun first, then the half
+    assert ending["why"].startswith("the last 16 and the last 32 steps each rerun from a copy")
+    assert "the decay over the last 32 read lower on the held-out rows" in ending["why"]
 
 
 def test_finish_keeps_the_decayed_ending_when_the_difference_is_not_significant():
@@ -113,6 +134,9 @@ def test_finish_keeps_the_constant_ending_bit_exactly_when_it_is_significantly_b
     ending = sched.finish()
     assert ending["kept"] == "constant" and ending["constant_versus_decay"]["better"]
     assert ending["constant"]["loss"] < ending["decay"]["loss"]
+    short, half = sorted(ending["decays"], key=lambda d: d["steps"])  # a longer decay gives up more progress
+    assert (short["steps"], half["steps"]) == (16, 32) and short["loss"] < half["loss"]
+    assert ending["decay"]["loss"] == short["loss"] and ending["from_step"] == 48
     assert torch.equal(toy.w, end_w)
     for k, v in end_state.items():
         assert torch.equal(toy.opt.state[toy.w][k], v)
@@ -168,7 +192,7 @@ def test_the_to_zero_ending_falls_linearly_to_zero_over_the_run_and_reruns_nothi
         toy.train_step(t)
         toy.opt.step()
     assert rates == pytest.approx([0.04 * (64 - t) / 64 for t in range(64)])
-    assert sched.copy is None  # no copy for a raced ending
+    assert sched.copies == []  # no copy for a raced ending
     ending = sched.finish()
     assert ending["kept"] == "to_zero" and (ending["from_step"], ending["to_step"]) == (0, 64)
     assert toy.calls == list(range(64))  # no step rerun
@@ -197,12 +221,12 @@ def test_an_unknown_ending_is_one_sentence():
 
 def test_a_longer_raced_ending_copies_earlier_and_reruns_its_own_steps():
     """ending_steps=32 of 64: the copy at step 32, the last 32 steps rerun with the rate falling from
-    the copy's rate to zero; the default (2h = 16) copies at 48."""
+    the copy's rate to zero, and no other length raced (the default copies at 32 and 48)."""
     toy = Regression(seed=0, dim=32)
     cfg = lookahead_from({"lr": 0.08, "alpha1": 0.08, "lookahead_horizon_steps": 8}, ending_steps=32)
     sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
     run(toy, sched, 64)
-    assert sched.copy_from == 32
+    assert [c.start for c in sched.copies] == [32]
     ran = len(toy.calls)
     ending = sched.finish()
     assert ending["from_step"] == 32 and toy.calls[ran:] == list(range(32, 64))

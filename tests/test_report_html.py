@@ -73,6 +73,8 @@ def _plan() -> Plan:
         "to_step": 26,
         "constant": {"loss": 1.0, "se": 0.4},
         "decay": {"loss": 0.68, "se": 0.25},
+        "decays": [{"from_step": 20, "steps": 6, "loss": 0.68, "se": 0.25},
+                   {"from_step": 13, "steps": 13, "loss": 0.74, "se": 0.27}],
     }
     p.set("ending", Value("decay", "measured", "the last 6 steps rerun from a copy", evidence=ending))
     p.phases = [
@@ -109,7 +111,8 @@ def test_every_decision_has_one_figure_with_a_caption_of_what_it_shows_and_what_
     captions = [re.search(r"<figcaption>(.*?)</figcaption>", f, flags=re.S).group(1) for f in figs]
     assert all(f.startswith("<svg") for f in figs)
     assert captions[0].startswith("The micro-batch sizes tried") and "rows_fit = 4 rows</b>" in captions[0]
-    assert "The run&#x27;s last steps rerun both ways" in captions[2] and "ending = decay</b>" in captions[2]
+    assert "The run&#x27;s last steps rerun from copies" in captions[2] and "ending = decay</b>" in captions[2]
+    assert "decay over 13" in figs[2] and "decay over 6" in figs[2]  # a bar for each length raced
 
 
 def test_a_local_model_path_is_shown_by_its_name():

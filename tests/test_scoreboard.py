@@ -174,6 +174,23 @@ def test_the_cost_line_says_where_leadlines_seconds_went_and_why_the_run_started
     assert sb.cost_of(sb.arms_of(board)) == []
 
 
+def test_rule_l_picks_the_ending_that_read_lower_on_the_held_out_rows_and_judges_it_on_the_test_rows(sb):
+    board = _board(sb, [])
+    short = _unit(["a"] * 30 + ["b"] * 10)
+    half = _unit(["a"] * 40)
+    short["run"] = {"ending": {"kept": "decay", "decay": {"loss": 0.111}, "constant": {"loss": 0.128}}}
+    half["run"] = {"ending": {"kept": "decay", "decay": {"loss": 0.103}, "constant": {"loss": 0.128}}}
+    board["units"].update(leadline_full=short, leadline_full_half_ending=half)
+    arms = sb.arms_of(board)
+    assert sb.ending_pick(arms) == ("leadline_full_half_ending", "leadline_full", 0.103, 0.111)
+    line = next(r for r in sb.paired_rules(board, arms) if r.startswith("Rule L"))
+    assert "pick leadline_full_half_ending's ending (0.1030 against 0.1110" in line and line.endswith("win).")
+    short["run"]["ending"] = {"kept": "constant", "decay": {"loss": 0.2}, "constant": {"loss": 0.09}}
+    assert sb.ending_pick(sb.arms_of(board))[0] == "leadline_full"  # its kept ending, the constant, read lower
+    del half["run"]
+    assert sb.ending_pick(sb.arms_of(board)) is None
+
+
 def test_the_bar_names_each_part_and_what_is_missing(sb):
     board = _board(sb, [])
     board["units"]["leadline_full"] = _unit(["a"] * 40, cost=30.0)

@@ -114,10 +114,10 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     counted against the run's length — and is the run that took those n steps itself, bit for bit;
     otherwise it starts over and ``result["continued"]["why"]`` says why.
 
-    ``ending``: ``raced`` (the schedule reruns its last 2h steps with the rate decaying and keeps
-    the better ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
+    ``ending``: ``raced`` (the schedule reruns its last half and its last 2h steps with the rate
+    decaying and keeps the best ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
     under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
-    share of the run's steps the raced ending reruns (default 2h, at most a quarter of the run).
+    share of the run's steps the raced ending reruns, one length alone (default: the last half and 2h).
     """
     import torch
 

@@ -43,7 +43,7 @@ def add_ending_argument(p: argparse.ArgumentParser) -> None:
                    "run, under the same checks, nothing raced (docs/rate.md)")
     p.add_argument("--ending-share", type=float, metavar="S",
                    help="the share of the run the raced ending reruns with the rate decaying (e.g. 0.5: the last "
-                   "half; default: two check intervals, at most a quarter of the run)")
+                   "half; default: the last half and the last two check intervals, both raced)")
 
 
 def ending_flag(args: argparse.Namespace) -> str | None:
@@ -158,8 +158,9 @@ def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
     if ending.get("kept") == "to_zero":
         print(f"ending: the rate fell linearly to zero from step {ending['from_step']} to {ending['to_step']}")
     elif "constant_versus_decay" in ending:
-        print(f"ending: {ending['kept']} kept on the held-out rows (the last {ending['to_step'] - ending['from_step']} "
-              f"steps: constant {ending['constant']['loss']:.4f}, decayed {ending['decay']['loss']:.4f})")
+        decays = ending.get("decays") or [{"steps": ending["to_step"] - ending["from_step"], **ending["decay"]}]
+        read = ", ".join(f"decayed over the last {d['steps']} {d['loss']:.4f}" for d in decays)
+        print(f"ending: {ending['kept']} kept on the held-out rows (constant {ending['constant']['loss']:.4f}, {read})")
     elif ending.get("why"):
         print(f"ending: {ending['kept']} ({ending['why']})")
     if "test_loss_after" in res:

@@ -19,13 +19,13 @@ What it does, step by step:
 - ``on_step_begin``: ``schedule.before(step)`` — checks every horizon on the plan's held-out
   rows, rolls back (weights and optimizer state) and halves the rate on a significant
   worsening, sets the rate.
-- ``on_step_end`` of the last step: ``schedule.finish()`` races the decayed ending against
-  the constant one and keeps the better by a test — before Trainer's final save, so the last
+- ``on_step_end`` of the last step: ``schedule.finish()`` races the decayed endings against
+  the constant one and keeps the best by a test — before Trainer's final save, so the last
   checkpoint holds the model leadline kept.
 - ``on_train_end``: gives Trainer's scheduler back and lifts the cap.
 
 One difference from leadline's own loop: Trainer's sampler chooses the rows of each step, so
-``finish()`` reruns the last 2h steps on the plan's rows (the same distribution, not the same
+``finish()`` reruns the raced endings' steps on the plan's rows (the same distribution, not the same
 rows Trainer used); the comparison is unbiased, with more noise.
 """
 
@@ -52,9 +52,11 @@ class LeadlineCallback(TrainerCallback):
         total_steps: the run's length (default: Trainer's ``max_steps``).
         cap: cap the process on a CUDA card (default True).
         race: race a quick plan's rates from Trainer's starting weights (default: a quick plan races).
-        ending: ``raced`` (the last 2h steps rerun with the rate decaying, the better ending kept)
+        ending: ``raced`` (the last half and the last 2h steps rerun with the rate decaying, the best
+            ending kept)
             or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
-        ending_share: the share of the run the raced ending reruns (default 2h, at most a quarter).
+        ending_share: the share of the run the raced ending reruns, one length alone (default: the
+            last half and the last 2h, both raced).
     """
 
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,

@@ -6,9 +6,10 @@ the same origin with the same RNG state and calls ``train_step`` with the same s
 so all of them see the same rows and the same dropout; advancing one to a longer horizon
 continues from its snapshot.
 
-:func:`race_ending` races the last 2h steps of a run: the constant ending (the run as it
-went) against the same steps rerun from a copy with the rate falling linearly to zero, and
-keeps the decayed one only when it is better by a one-sided paired t test.
+:func:`race_ending` races a run's ending: the constant ending (the run as it went) against
+its last steps rerun from one or more copies with the rate falling linearly to zero (the last
+2h and the last half, by default), and keeps the best decayed one unless the constant one is
+better by a one-sided paired t test.
 """
 
 from __future__ import annotations
@@ -69,36 +70,76 @@ class Candidate:
         return out
 
 
-def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
-                held_out: HeldOut, copy: Snapshot, copy_lr: float, start: int, end: int,
-                ratios: Sequence[float], rows: int, *, alpha: float, place: str) -> tuple[dict[str, Any], list[float]]:
-    """Keep the constant ending (the state now, at ``end``) or rerun ``start..end-1`` from ``copy``
-    with lr(t) = copy_lr * (end - t) / (end - start) and keep that, whichever is better by test.
+@dataclass
+class EndingCopy:
+    """A copy of the run taken for the raced ending: the state at ``start`` and the rate then."""
 
-    The decayed ending is kept unless the constant one's per-row held-out losses are lower by a
-    one-sided paired t test at ``alpha`` (one look), or the decayed ones are not finite; then the
-    constant ending is put back bit-exactly. The decay is the null: it is the ending
-    measured helping (``docs/rate.md``). On an exception the constant ending is put back and
-    the error re-raised.
-    Returns the evidence and the kept ending's per-row losses.
+    snapshot: Snapshot
+    lr: float
+    start: int
+
+
+def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
+                held_out: HeldOut, copies: Sequence[EndingCopy], end: int,
+                ratios: Sequence[float], rows: int, *, alpha: float, place: str) -> tuple[dict[str, Any], list[float]]:
+    """Keep the constant ending (the state now, at ``end``) or the best of the decayed endings:
+    each copy's steps ``start..end-1`` rerun from it with lr(t) = copy.lr * (end - t) / (end - start).
+
+    The decayed endings are ranked by their mean held-out loss; the best of them is kept unless
+    the constant one's per-row held-out losses are lower by a one-sided paired t test at
+    ``alpha`` (one look), or its losses are not finite; then the constant ending is put back
+    bit-exactly. The decay is the null: it is the ending measured helping (``docs/rate.md``).
+    Each copy's snapshot holds its decayed ending once it has run (no other memory is taken).
+    On an exception the constant ending is put back and the error re-raised.
+    Returns the evidence (``decays``: every length raced) and the kept ending's per-row losses.
     """
+    if not copies:
+        raise ValueError("race_ending needs at least one copy")
     constant = read_held_out(held_out, rows)
     at_end = Snapshot.take(params, opt, place=place)
+    read: list[tuple[EndingCopy, list[float]]] = []
     try:
-        copy.load(params, opt)
-        run_steps(opt, train_step, start, end, lambda t: linear_decay_lr(t, start, end, copy_lr), ratios)
-        decayed = read_held_out(held_out, rows)
+        for copy in sorted(copies, key=lambda c: -c.start):  # the shortest ending first
+            copy.snapshot.load(params, opt)
+            run_steps(opt, train_step, copy.start, end, lambda t, c=copy: linear_decay_lr(t, c.start, end, c.lr),
+                      ratios)
+            read.append((copy, read_held_out(held_out, rows)))
+            copy.snapshot.save(params, opt)  # the copy now holds this decayed ending
     except BaseException:
         at_end.load(params, opt)
         raise
+    best, decayed = min(read, key=lambda r: _mean(r[1]))
     verdict = compare(constant, decayed, alpha=alpha)
     keep = "constant" if verdict.better or not finite(decayed) else "decay"
-    if keep == "constant":
-        at_end.load(params, opt)
-    c_mean, c_se = stats.mean_se(constant) if finite(constant) else (float("inf"), float("inf"))
-    d_mean, d_se = stats.mean_se(decayed) if finite(decayed) else (float("inf"), float("inf"))
+    (at_end if keep == "constant" else best.snapshot).load(params, opt)
+    c_mean, c_se = _mean_se(constant)
+    d_mean, d_se = _mean_se(decayed)
     return {
-        "kept": keep, "from_step": start, "to_step": end, "lr_at_copy": copy_lr,
+        "kept": keep, "from_step": best.start, "to_step": end, "lr_at_copy": best.lr,
         "constant": {"loss": c_mean, "se": c_se}, "decay": {"loss": d_mean, "se": d_se},
         "constant_versus_decay": verdict.as_dict(), "alpha": alpha,
+        "decays": [{"from_step": c.start, "steps": end - c.start, "lr_at_copy": c.lr,
+                    "loss": _mean_se(losses)[0], "se": _mean_se(losses)[1]} for c, losses in read],
     }, (decayed if keep == "decay" else constant)
+
+
+def ending_why(ending: dict[str, Any]) -> str:
+    """The sentence for a raced ending's record: what was rerun and what was kept."""
+    decays = ending.get("decays") or [{"steps": ending["to_step"] - ending["from_step"]}]
+    if len(decays) == 1:
+        rerun = f"the last {decays[0]['steps']} steps rerun from a copy with the rate falling linearly to zero"
+    else:
+        lengths = " and ".join(f"the last {d['steps']}" for d in decays)
+        rerun = (f"{lengths} steps each rerun from a copy with the rate falling linearly to zero; the decay over the "
+                 f"last {ending['to_step'] - ending['from_step']} read lower on the held-out rows ("
+                 + " against ".join(f"{d['loss']:.4f}" for d in sorted(decays, key=lambda d: d["loss"])) + ")")
+    return rerun + (": kept: the constant ending was not better by a one-sided paired t test"
+                    if ending["kept"] == "decay" else ": the constant ending kept: better by a one-sided paired t test")
+
+
+def _mean(losses: list[float]) -> float:
+    return _mean_se(losses)[0]
+
+
+def _mean_se(losses: list[float]) -> tuple[float, float]:
+    return stats.mean_se(losses) if finite(losses) else (float("inf"), float("inf"))

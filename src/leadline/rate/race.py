@@ -12,9 +12,10 @@ T/16; a short horizon favours the rate that learns the answer's format fastest);
 decides the winner **by a test**: the best mean wins when every other rate is significantly
 worse; otherwise the lowest rate among those not significantly worse (a tie goes to the rate
 least likely to spike late — the format trap's collapse in docs/rate.md came from the highest). The winner runs
-to the end; at T - 2h a copy is kept, and the ending is raced: the same 2h steps rerun from
-the copy with the rate falling linearly to zero, kept unless the constant ending is better
-by a one-sided paired t test (:func:`leadline.rate._run.race_ending`).
+to the end; copies are kept at T/2 and T - 2h (those past its last round), and the ending is
+raced: the same steps rerun from each copy with the rate falling linearly to zero, the better
+decay (by its mean held-out loss) kept unless the constant ending is better by a one-sided
+paired t test (:func:`leadline.rate._run.race_ending`).
 
 On success the model holds the winner's end (the run's result). On an exception everything is
 put back as it was before race() (weights, optimizer state, rates, gradients, RNG).
@@ -101,7 +102,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             (default round(1/(1 - beta1))).
         first_round: the first halving point (default max(warmup, T/16)): a reading inside the
             warmup is of the warmup, not of the rate; the points double from there.
-        ending_horizon: h; the ending is raced over the last 2h steps (default T // 8).
+        ending_horizon: h; the ending is raced over the last 2h steps and the last half (default
+            h = T // 8).
         alpha: the error rate of the tests.
         place: where the snapshots live.
         rounds_only: run the halving rounds and decide the winner, then put the weights and
@@ -241,25 +243,26 @@ def _survivors(s: _Race, readings: dict[Any, Any], best: Any, verdicts: dict[Any
 
 
 def _run_winner(s: _Race, win: Any, total_steps: int, h: int) -> dict[str, Any]:
-    """The winner run to the end from its snapshot, a copy kept at T - 2h and the ending raced
-    from it. Returns the ending's record."""
-    from leadline.rate._run import race_ending
+    """The winner run to the end from its snapshot, copies kept at T/2 and T - 2h (those after
+    its last round) and the endings raced from them. Returns the ending's record."""
+    from leadline.rate._run import EndingCopy, ending_why, race_ending
     from leadline.rate.state import Snapshot, run_steps
 
     (win.snapshot or s.origin).load(s.params, s.opt)
-    copy_at = total_steps - 2 * h
-    if copy_at <= win.done:
+    lengths = (total_steps // 2, 2 * h) if total_steps // 2 > 2 * h else (2 * h,)
+    starts = sorted(total_steps - n for n in lengths if win.done < total_steps - n < total_steps)
+    if total_steps - 2 * h <= win.done:
         run_steps(s.opt, s.train_step, win.done, total_steps, win.lr_at, s.ratios)
         s.used += total_steps - win.done
         return {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}
-    run_steps(s.opt, s.train_step, win.done, copy_at, win.lr_at, s.ratios)
-    copy = Snapshot.take(s.params, s.opt, place=s.place)
-    run_steps(s.opt, s.train_step, copy_at, total_steps, win.lr_at, s.ratios)
-    s.used += total_steps - win.done + 2 * h
-    ending, _ = race_ending(s.params, s.opt, s.train_step, s.held, copy, win.lr_at(copy_at), copy_at, total_steps,
-                            s.ratios, s.rows, alpha=s.alpha, place=s.place)
-    ending["why"] = (f"the last {2 * h} steps rerun from a copy with the rate falling linearly to zero: "
-                     + ("kept: the constant ending was not better by a one-sided paired t test"
-                        if ending["kept"] == "decay"
-                        else "the constant ending kept: better by a one-sided paired t test"))
+    copies, at = [], win.done
+    for start in starts:
+        run_steps(s.opt, s.train_step, at, start, win.lr_at, s.ratios)
+        copies.append(EndingCopy(Snapshot.take(s.params, s.opt, place=s.place), win.lr_at(start), start))
+        at = start
+    run_steps(s.opt, s.train_step, at, total_steps, win.lr_at, s.ratios)
+    s.used += total_steps - win.done + sum(total_steps - c.start for c in copies)
+    ending, _ = race_ending(s.params, s.opt, s.train_step, s.held, copies, total_steps, s.ratios, s.rows,
+                            alpha=s.alpha, place=s.place)
+    ending["why"] = ending_why(ending)
     return ending

@@ -22,13 +22,16 @@ Used inside the caller's loop::
   check itself is suspect — a state already collapsed — and the schedule goes one check
   further back (as far as step 0, where the warmup restarts). It keeps step 0 and the last
   ``keep_checks - 1`` best checks.
-- At T - 2h a copy; ``finish()`` reruns those 2h steps from the copy with the rate falling
-  linearly to zero and keeps that ending unless the constant one's held-out loss is lower by a
-  one-sided paired t test (the decay is the null: it measured helping, -0.0084 +- 0.0019
-  for a 256-step full fine-tune); then a final
-  check against the best check, which is put back if the ending is significantly worse.
-  ``ending_steps`` (``lookahead_from(..., ending_steps=n)``) races a longer or shorter ending:
-  the copy at T - n, n steps rerun.
+- Copies at T/2 and at T - 2h; ``finish()`` reruns the last half and the last 2h steps from
+  them with the rate falling linearly to zero, ranks the two decayed endings by their mean
+  held-out loss, and keeps the better one unless the constant ending's held-out loss is lower
+  by a one-sided paired t test (the decay is the null: it measured helping, -0.0084 +- 0.0019
+  for a 256-step full fine-tune). Neither length wins everywhere: over the last half it read
+  lower on a worked-solutions task and higher on a classification task, each as on its test rows
+  (``docs/results.md``, rule L). Then a final check against the best check, which is put back if
+  the ending is significantly worse. ``ending_steps`` (``lookahead_from(..., ending_steps=n)``)
+  races one length only: the copy at T - n, n steps rerun. A copy is a state the run passed
+  through; a rollback after it does not void it (its decayed ending is raced like the others).
 
 Snapshots hold the trained tensors and their optimizer state only, on the card when it has
 room for them twice (else in host memory).
@@ -75,18 +78,18 @@ class ScheduleConfig:
     taken_lr: float | None = None
     """The rate they were taken at (with the warmup, where ``warmup_steps``)."""
     ending: Literal["raced", "to_zero"] = "raced"
-    """``raced``: the last 2h steps rerun with the rate decaying and the better ending kept;
-    ``to_zero``: the rate falls linearly to zero over the run's own steps, nothing raced."""
+    """``raced``: the last half and the last 2h steps rerun with the rate decaying and the best
+    ending kept; ``to_zero``: the rate falls linearly to zero over the run's own steps, nothing raced."""
     ending_steps: int | None = None
-    """The raced ending's length: the last steps rerun from the copy with the rate decaying
-    (None: 2h)."""
+    """One raced ending's length: the last steps rerun from the copy with the rate decaying
+    (None: the last half and the last 2h, both raced)."""
 
     def __post_init__(self) -> None:
         if self.ending not in ENDINGS:
             raise InputError(f"ending must be one of {', '.join(ENDINGS)}, got {self.ending!r}")
         if self.ending_steps is not None and (isinstance(self.ending_steps, bool) or not isinstance(
                 self.ending_steps, int) or self.ending_steps < 1):
-            raise InputError(f"ending_steps must be a whole number of steps >= 1 (or None for 2h), got "
+            raise InputError(f"ending_steps must be a whole number of steps >= 1 (or None for the default), got "
                              f"{self.ending_steps!r}")
         if self.ending_steps is not None and self.ending != "raced":
             raise InputError(f"ending_steps sets the raced ending's length, and ending={self.ending!r} races nothing; "
@@ -98,7 +101,8 @@ def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, 
     """The schedule's settings from a :class:`Plan` (values ``lr``, ``alpha1``, ``warmup_steps``,
     ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`.
     ``taken``: (steps, rate) of the run's first steps taken elsewhere; ``ending``: ``raced`` or
-    ``to_zero``; ``ending_steps``: the raced ending's length (default 2h; see the module docstring)."""
+    ``to_zero``; ``ending_steps``: one raced ending's length (default: the last half and 2h, both raced;
+    see the module docstring)."""
     cfg = replace(_config_of(source), ending=ending, ending_steps=ending_steps)
     if taken is None:
         return cfg
@@ -138,22 +142,43 @@ def check_interval(config: ScheduleConfig, total_steps: int) -> int:
     return max(1, min(config.horizon_steps or total_steps, total_steps // 8))
 
 
+def ending_lengths(config: ScheduleConfig, total_steps: int) -> tuple[int, ...]:
+    """The raced endings' steps, longest first: ``config.ending_steps`` (at most T - 1) alone,
+    else the last half and 2h (2h alone where the half is not longer, or where the run continues
+    from steps taken elsewhere that reach past T/2).
+
+    Examples:
+        >>> ending_lengths(ScheduleConfig(1e-3, horizon_steps=12), 100)
+        (50, 24)
+        >>> ending_lengths(ScheduleConfig(1e-3, horizon_steps=12, ending_steps=30), 100)
+        (30,)
+        >>> ending_lengths(ScheduleConfig(1e-3, horizon_steps=1), 3)
+        (2,)
+    """
+    if config.ending_steps is not None:
+        return (max(1, min(config.ending_steps, total_steps - 1)),)
+    two_h = min(2 * check_interval(config, total_steps), max(1, total_steps - 1))
+    half = total_steps // 2
+    lengths = (half, two_h) if half > two_h else (two_h,)
+    # a run continued from steps taken elsewhere races the endings that start after them
+    return tuple(n for n in lengths if total_steps - n > config.taken_steps) or lengths[-1:]
+
+
 def ending_length(config: ScheduleConfig, total_steps: int) -> int:
-    """The raced ending's steps: ``config.ending_steps`` (at most T - 1), else 2h.
+    """The longest raced ending's steps: the first copy is taken at T minus it.
 
     Examples:
         >>> ending_length(ScheduleConfig(1e-3, horizon_steps=12), 100)
-        24
-        >>> ending_length(ScheduleConfig(1e-3, horizon_steps=12, ending_steps=50), 100)
         50
+        >>> ending_length(ScheduleConfig(1e-3, horizon_steps=12, ending_steps=30), 100)
+        30
     """
-    if config.ending_steps is not None:
-        return max(1, min(config.ending_steps, total_steps - 1))
-    return 2 * check_interval(config, total_steps)
+    return ending_lengths(config, total_steps)[0]
 
 
 def ending_steps_for(share: float | None, total_steps: int) -> int | None:
-    """The raced ending's steps for ``share`` of a run of ``total_steps`` (None: the default 2h).
+    """The raced ending's steps for ``share`` of a run of ``total_steps`` (None: the default,
+    the last half and 2h).
 
     Examples:
         >>> ending_steps_for(0.5, 85), ending_steps_for(None, 85)
@@ -168,8 +193,9 @@ def ending_steps_for(share: float | None, total_steps: int) -> int | None:
 
 
 def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
-    """The step at which the schedule copies the run for the raced ending: T minus its length
-    (2h unless given), at least 1; None for the ``to_zero`` ending, which copies nothing."""
+    """The step at which the schedule takes its first copy for the raced ending: T minus the
+    longest ending (the last half unless a length is given), at least 1; None for the
+    ``to_zero`` ending, which copies nothing."""
     if config.ending == "to_zero":
         return None
     return max(1, total_steps - ending_length(config, total_steps))
@@ -189,7 +215,7 @@ class LookaheadSchedule:
         params: the trained tensors.
         opt: the optimizer over them; the schedule sets its learning rate in ``before``.
         train_step: ``train_step(step)``, the loop's forward+backward; ``finish()`` calls it to
-            rerun the last 2h steps (the same rows for the same step).
+            rerun the raced endings' steps (the same rows for the same step).
         held_out_losses_per_row: per-row losses on fixed held-out rows.
         config: ``lookahead_from(plan)``.
         total_steps: T.
@@ -215,7 +241,8 @@ class LookaheadSchedule:
         self.config, self.total_steps, self.alpha = config, total_steps, alpha
         self.keep_checks, self.place, self.on_check = keep_checks, place, on_check
         self.h = check_interval(config, total_steps)
-        self.ending_len = ending_length(config, total_steps)
+        self.ending_lens = ending_lengths(config, total_steps)
+        self.ending_len = self.ending_lens[0]
         self.max_looks = max(1, total_steps // self.h)
         self.rate = config.lr
         self.warm_from = 0
@@ -226,9 +253,7 @@ class LookaheadSchedule:
         self.looks = 0
         self.rows: int | None = None
         self.checks: list[dict[str, Any]] = []
-        self.copy: Any = None
-        self.copy_from = 0
-        self.copy_lr = 0.0
+        self.copies: list[Any] = []  # EndingCopy, one per raced ending, longest first
         self.ending: dict[str, Any] = {}
         self.last_step = -1
         self.finished = False
@@ -257,7 +282,7 @@ class LookaheadSchedule:
 
     def before(self, step: int) -> None:
         """Call before each optimizer step: the check at multiples of h, the copy for the raced
-        ending (at T - 2h unless its length is given), the rate."""
+        endings (at T/2 and T - 2h unless a length is given), the rate."""
         from leadline.rate.state import Snapshot, set_lr
 
         if self.finished:
@@ -268,10 +293,13 @@ class LookaheadSchedule:
         self.last_step = step
         if step % self.h == 0 and (step == 0 or step >= self.config.taken_steps):
             self._check(step)
-        copy_at = self.total_steps - self.ending_len
-        if self.copy is None and self.config.ending == "raced" and step >= copy_at and step > 0:
-            self.copy = Snapshot.take(self.params, self.opt, place=self.place)
-            self.copy_from, self.copy_lr = step, self.lr_at(step)
+        if self.config.ending == "raced" and step > 0 and len(self.copies) < len(self.ending_lens):
+            from leadline.rate._run import EndingCopy
+
+            copy_at = self.total_steps - self.ending_lens[len(self.copies)]
+            if step >= copy_at and all(c.start < step for c in self.copies):
+                self.copies.append(EndingCopy(Snapshot.take(self.params, self.opt, place=self.place),
+                                              self.lr_at(step), step))
         set_lr(self.opt, self.lr_at(step), self.ratios)
 
     # ---- the checks ------------------------------------------------------------------
@@ -333,21 +361,17 @@ class LookaheadSchedule:
 
     # ---- the end ---------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
-        """Race the ending (decay from the copy against the constant run), keep the better by a
-        test, then a final check against the best check. Returns the ending's evidence."""
-        from leadline.rate._run import race_ending
+        """Race the ending (the decays from the copies against the constant run), keep the best
+        by a test, then a final check against the best check. Returns the ending's evidence."""
+        from leadline.rate._run import ending_why, race_ending
 
         if self.finished:
             raise InputError("finish() was already called for this LookaheadSchedule")
-        if self.copy is not None:
+        if self.copies:
             self.ending, losses = race_ending(
-                self.params, self.opt, self.train_step, self.held_out, self.copy, self.copy_lr, self.copy_from,
-                self.total_steps, self.ratios, self._rows(), alpha=self.alpha, place=self.place)
-            self.ending["why"] = (f"the last {self.total_steps - self.copy_from} steps rerun from a copy with the rate "
-                                  "falling linearly to zero: "
-                                  + ("kept: the constant ending was not better by a one-sided paired t test"
-                                     if self.ending["kept"] == "decay"
-                                     else "the constant ending kept: better by a one-sided paired t test"))
+                self.params, self.opt, self.train_step, self.held_out, self.copies, self.total_steps, self.ratios,
+                self._rows(), alpha=self.alpha, place=self.place)
+            self.ending["why"] = ending_why(self.ending)
         elif self.config.ending == "to_zero":
             losses = self._read()
             start = self.config.taken_steps
@@ -368,7 +392,7 @@ class LookaheadSchedule:
             else:
                 self._record(self.total_steps, losses, "final", versus_best=v.as_dict())
         self.finished = True
-        self.chain, self.copy = [], None  # the snapshots go; the checks' record stays
+        self.chain, self.copies = [], []  # the snapshots go; the checks' record stays
         if self.best is not None:
             self.best = _Check(self.best.step, self.best.losses, None)
         return self.ending

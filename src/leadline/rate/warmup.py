@@ -8,8 +8,8 @@
   the run's length (docs/rate.md). Where it was not raced, 0, resting on the paired runs measured
   elsewhere (:data:`WARMUP_MEASURED`); where the rate is at or below alpha1 there is nothing to
   warm.
-- Ending: the rate falls linearly to zero over the last 2h steps (LookaheadSchedule races it
-  against the constant ending and keeps the better by a test).
+- Ending: the rate falls linearly to zero over the last half or the last 2h steps
+  (LookaheadSchedule races both against the constant ending and keeps the best by a test).
 - Weight decay: 0, by a measured argument (docs/rate.md): a decay that acts within the run
   pulls fine-tuned weights toward zero, and one that does not act is 0.
 """

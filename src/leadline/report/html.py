@@ -190,7 +190,7 @@ SHOWS = {
     "past_format": "The burn-in past the rows' format, and the noise scale read again after it",
     "lookahead": "The held-out loss per rate after each horizon of training steps",
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
-    "ending": "The run's last steps rerun both ways from one copy: the rate held against falling to zero",
+    "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
 }
 
 

@@ -214,13 +214,24 @@ def _past_format(ev: dict[str, Any], ax: Any) -> None:
 
 @register_plot("ending")
 def _ending(ev: dict[str, Any], ax: Any) -> None:
-    """The run's last steps rerun from a copy: held-out loss with the rate held against falling
-    to zero, each ±1 SE; the kept ending in green."""
-    names = [n for n in ("constant", "decay") if isinstance(ev.get(n), dict) and ev[n].get("loss") is not None]
-    losses = [ev[n]["loss"] for n in names]
-    ses = [ev[n].get("se") or 0 for n in names]
-    colors = ["tab:green" if n == ev.get("kept") else "tab:gray" for n in names]
-    ax.bar(names, losses, yerr=ses, color=colors, capsize=4, width=0.5)
+    """The run's last steps rerun from copies: held-out loss with the rate held against falling
+    to zero over each length raced, each ±1 SE; the kept ending in green."""
+    decays = ev.get("decays") if isinstance(ev.get("decays"), list) else None
+    bars: list[tuple[str, dict[str, Any], bool]] = []
+    if isinstance(ev.get("constant"), dict):
+        bars.append(("constant", ev["constant"], ev.get("kept") == "constant"))
+    if decays:
+        for d in sorted(decays, key=lambda d: -d.get("steps", 0)):
+            kept = ev.get("kept") == "decay" and d.get("from_step") == ev.get("from_step")
+            bars.append((f"decay over {d.get('steps')}", d, kept))
+    elif isinstance(ev.get("decay"), dict):
+        bars.append(("decay", ev["decay"], ev.get("kept") == "decay"))
+    bars = [b for b in bars if b[1].get("loss") is not None]
+    ax.bar([b[0] for b in bars], [b[1]["loss"] for b in bars], yerr=[b[1].get("se") or 0 for b in bars],
+           color=["tab:green" if b[2] else "tab:gray" for b in bars], capsize=4, width=0.5)
     ax.set_ylabel("held-out loss")
     a, b = ev.get("from_step"), ev.get("to_step")
+    if decays and len(decays) > 1:
+        ax.set_title(f"ending: the last {' and '.join(str(d.get('steps')) for d in decays)} steps rerun, to step {b}")
+        return
     ax.set_title(f"ending: steps {a} to {b} rerun both ways" if a is not None else "ending: the last steps rerun")
