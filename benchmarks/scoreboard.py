@@ -41,6 +41,8 @@ processes (model loading included, the same for every arm), deciding and trainin
                    the raced ending over the run's last half (rule H).
   leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
                    the model loaded once; its cost is that one process's wall seconds.
+  leadline_run_quick  ``leadline run --effort quick``: the default effort in one process, the
+                   rate raced inside the run: leadline's cheapest whole job.
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
                    train``: the recipe's batch, everything else measured. Beside leadline_full
                    it isolates the step: rule S below.
@@ -155,7 +157,7 @@ RULES = {
 }
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
 
@@ -645,23 +647,24 @@ class Arms:
         # most of a generation task's judging time
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
 
-    def leadline_run(self) -> None:
-        """``leadline run``: derive (full) and train in one process; deciding is the derive's
+    def leadline_run(self, effort: str = "full") -> None:
+        """``leadline run``: derive (``effort``) and train in one process; deciding is the derive's
         seconds and the model's one load, training the rest of the process's wall time."""
-        if self.board.has("leadline_run"):
+        unit = "leadline_run" + ("_quick" if effort == "quick" else "")
+        if self.board.has(unit):
             return
-        run_dir = self.work / "run_leadline_run"
+        run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
         bound = ["--max-seconds", "20"] if self.args.smoke else []
-        t = leadline(["run", *self.common, "--effort", "full", *self.short, *bound, "--out", str(run_dir)],
-                     self.work / "leadline_run.log", self.args.timeout)
+        t = leadline(["run", *self.common, "--effort", effort, *self.short, *bound, "--out", str(run_dir)],
+                     self.work / f"{unit}.log", self.args.timeout)
         run = run_json(run_dir)
         decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
         rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
                                "unseen_loss": unseen_loss(run)}
         if (run_dir / "plan.json").exists():
             rec["plan"] = json.loads((run_dir / "plan.json").read_text())
-        self.finish("leadline_run", rec, run_dir if t["rc"] == 0 else None)
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def pichak(self, effort: str) -> None:
         """pichak 0.4.1 as its README prescribes (benchmarks/pichak_arm.py): quick + race(), full +
@@ -840,7 +843,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
                  "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
@@ -930,7 +933,7 @@ def seeds_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
         lines += ["", f"**{task}**{on}, seed by seed ({'accuracy' if kind == 'classify' else 'test CE/token'})", "",
                   "| arm | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± sd |", "|---|" + "---|" * (len(seeds) + 1)]
         names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_quick", "pichak_full",
-                             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+                             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
                              "leadline_full_rows", *RETRAINED)
                  if sum(isinstance(metric(arms[k].get(n) or {}), (int, float)) for k in seeds) >= 2]
         for n in names:
@@ -969,7 +972,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -1174,6 +1177,9 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
                      "(the bar: at most 1.5x)")
         if "leadline_run" in arms:
             parts.append(f"in one process (`leadline run`) {arms['leadline_run']['cost'] / arms['recipe']['cost']:.2f}x")
+        if "leadline_run_quick" in arms:
+            parts.append(f"the quick effort in one process (`leadline run --effort quick`) "
+                         f"{arms['leadline_run_quick']['cost'] / arms['recipe']['cost']:.2f}x")
     if "sweep" in arms:
         parts.append(f"{full['cost'] / arms['sweep']['cost']:.2f}x the sweep's {arms['sweep']['cost']:.0f} s")
     return ["leadline_full against the bar: " + "; ".join(parts) + "."]
@@ -1313,6 +1319,7 @@ def main(argv: list[str] | None = None) -> int:
             {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
+             "leadline_run_quick": lambda: arms.leadline_run("quick"),
              "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
              "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),

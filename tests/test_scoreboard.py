@@ -260,7 +260,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows",
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
             "leadline_full_rows", "leadline_full_rows_to_zero", "leadline_full_half_ending"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
@@ -275,11 +275,13 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
               if v.get("failed")}
     assert not failed, failed
     assert not board.get("failures"), board.get("failures")
-    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full", "leadline_run", "leadline_full_16rows"):
+    for name in ("recipe", "sweep_0", "sweep_1", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
+                 "leadline_full_16rows"):
         assert units[name]["verdict"]["metric"] == "accuracy", name
         assert units[name]["run"]["steps"] == 2, name
     if "optuna" in arms:
         assert units["optuna"]["trials"] == 2 and "optuna_1" in units
+    assert units["leadline_run_quick"]["plan"]["values"].get("race_rates")  # the quick effort: raced inside the run
     rows = units["leadline_full_rows"]["plan"]["values"]["tokens_per_step"]
     assert rows["evidence"]["step_for"] == "rows" and rows["source"].startswith("for the rows")
     assert "Rule R, the step for the rows against the least-time step" in sb.table_of(board, out)
