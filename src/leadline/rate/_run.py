@@ -63,7 +63,7 @@ class Candidate:
     def row(self, step: int, versus: dict[str, Any] | None = None) -> dict[str, Any]:
         """The evidence row at a horizon: lr, mean loss, its SE, the status and the test."""
         losses = self.readings[step]
-        mean, se = stats.mean_se(losses) if finite(losses) else (float("inf"), float("inf"))
+        mean, se = _mean_se(losses)
         out: dict[str, Any] = {"lr": self.lr, "loss": mean, "se": se, "status": self.status}
         if versus is not None:
             out["versus_best"] = versus
