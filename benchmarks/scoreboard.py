@@ -286,10 +286,15 @@ class Board:
         })
         self.data.setdefault("invocations", []).append({k: self.data[k] for k in ("command", "commit", "machine")})
 
+    rerun: frozenset[str] = frozenset()
+    """Units to run again though recorded (:func:`drop_units`): each stays until its new run is put."""
+
     def has(self, unit: str) -> bool:
-        return unit in self.data["units"] and not self.data["units"][unit].get("failed")
+        return unit in self.data["units"] and unit not in self.rerun and not self.data["units"][unit].get("failed")
 
     def put(self, unit: str, rec: dict[str, Any]) -> None:
+        if unit in self.rerun and unit in self.data["units"]:
+            self.data.setdefault("superseded", {})[unit] = self.data["units"][unit]
         self.data["units"][unit] = rec
         self.save()
 
@@ -730,11 +735,20 @@ def optuna_study(units: dict[str, Any], trials: int) -> tuple[Any, dict[str, Any
     return study, dists
 
 
-def drop_units(data: dict[str, Any], arms: str) -> None:
-    """``--rerun``: the named arms' units moved under ``superseded`` so that the arms run again."""
+def drop_units(data: dict[str, Any], arms: str) -> frozenset[str]:
+    """``--rerun``: the named arms run again. An arm of several units (the sweep's rates, Optuna's
+    trials) has them moved under ``superseded`` now, so that its rows are never half old and half
+    new; an arm of one unit keeps it until its new run is put (:meth:`Board.put` moves it then), so
+    a call cut before the arm finishes leaves the board as it was. Returns those kept units."""
+    kept: set[str] = set()
     for name in filter(None, arms.split(",")):
-        for unit in [u for u in data["units"] if u == name or (u.startswith(name + "_") and u[len(name) + 1:].isdigit())]:
-            data.setdefault("superseded", {})[unit] = data["units"].pop(unit)
+        family = [u for u in data["units"] if u.startswith(name + "_") and u[len(name) + 1:].isdigit()]
+        if family:
+            for unit in [*family, *([name] if name in data["units"] else [])]:
+                data.setdefault("superseded", {})[unit] = data["units"].pop(unit)
+        elif name in data["units"]:
+            kept.add(name)
+    return frozenset(kept)
 
 
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
@@ -1004,7 +1018,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
                      + (f" ({load:.0f} s in leadline derive's own note)" if load is not None else "")
                      + ", counted in every arm's seconds: leadline's two processes pay it twice.")
     lines += [f"- {line}" for line in bar_of(data, arms)]
-    lines += [f"- {line}" for line in cost_of(arms)]
+    lines += [f"- {line}" for line in cost_of(arms) + quick_cost_of(arms)]
     lines += [f"- {line}" for line in paired_rules(data, arms)]
     lines.append("")
     return "\n".join(lines)
@@ -1022,12 +1036,7 @@ def cost_of(arms: dict[str, dict[str, Any]]) -> list[str]:
     plan = (full or {}).get("plan")
     if not isinstance(plan, dict) or not full.get("run"):
         return []
-    phases = []
-    for ph in plan.get("phases") or []:
-        if ph.get("phase") in PHASE_NAMES and ph.get("seconds", 0) >= 0.5:
-            n = ph.get("steps") or 0
-            steps = f" over {n} optimizer step{'s' if n != 1 else ''}" if n else ""
-            phases.append(f"{PHASE_NAMES[ph['phase']]} {ph['seconds']:.1f} s{steps}")
+    phases = phase_seconds(plan)
     run = full["run"]
     line = (f"Where leadline_full's {full['cost']:.0f} s went: derive's process {full.get('decide_seconds', 0):.0f} s "
             f"(derive {plan.get('derive_seconds', 0):.0f} s: " + ", ".join(phases) + "; the rest its start and the "
@@ -1047,6 +1056,41 @@ def cost_of(arms: dict[str, dict[str, Any]]) -> list[str]:
     else:
         line += "."
     return [line]
+
+
+def phase_seconds(plan: dict[str, Any]) -> list[str]:
+    """derive's phases of half a second or more, each with its seconds and optimizer steps."""
+    out = []
+    for ph in plan.get("phases") or []:
+        if ph.get("phase") in PHASE_NAMES and ph.get("seconds", 0) >= 0.5:
+            n = ph.get("steps") or 0
+            steps = f" over {n} optimizer step{'s' if n != 1 else ''}" if n else ""
+            out.append(f"{PHASE_NAMES[ph['phase']]} {ph['seconds']:.1f} s{steps}")
+    return out
+
+
+def quick_cost_of(arms: dict[str, dict[str, Any]]) -> list[str]:
+    """Where the quick effort's whole job in one process (leadline_run_quick) spent its seconds:
+    the model's load (derive's own note), derive's phases, and the run's optimizer steps split into
+    the run's own, the race's other rates and the raced endings' reruns."""
+    quick = arms.get("leadline_run_quick")
+    plan, run = (quick or {}).get("plan"), (quick or {}).get("run")
+    if not isinstance(plan, dict) or not isinstance(run, dict) or not isinstance(run.get("race"), dict):
+        return []
+    race = run["race"]
+    used, total = int(race.get("steps_used") or 0), int(run.get("steps") or race.get("total_steps") or 0)
+    decays = [int(d.get("steps") or 0) for d in ((race.get("ending") or {}).get("decays") or [])]
+    load = next((float(m.group(1)) for n in plan.get("notes") or []
+                 for m in [re.search(r"loading the model and tokenizer before it ([\d.]+) s", n)] if m), None)
+    line = f"Where leadline_run_quick's {quick['cost']:.0f} s went, in one process: "
+    line += f"the model's load {load:.0f} s, " if load is not None else ""
+    line += (f"derive {plan.get('derive_seconds', 0):.0f} s (" + ", ".join(phase_seconds(plan)) + "), the run "
+             f"{run.get('seconds', 0):.0f} s over {used} optimizer steps: the run's own {total}, the race's other "
+             f"rates {used - total - sum(decays)}")
+    if decays:
+        line += (f" and the raced endings' reruns {sum(decays)} (the last "
+                 + " and the last ".join(str(d) for d in decays) + " steps)")
+    return [line + "."]
 
 
 def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
@@ -1304,7 +1348,7 @@ def main(argv: list[str] | None = None) -> int:
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
-    drop_units(board.data, args.rerun)
+    board.rerun = drop_units(board.data, args.rerun)
     board.save()
     judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)

@@ -150,6 +150,24 @@ def test_a_failed_run_names_its_own_error_and_the_bar_says_both_pichak_arms_fail
     assert "against pichak's best arm: not run yet" in sb.bar_of(board, sb.arms_of(board))[0]
 
 
+def test_the_quick_whole_jobs_cost_line_splits_its_steps_into_the_runs_the_races_and_the_endings(sb):
+    board = _board(sb, [])
+    quick = _unit(["a"] * 40, cost=124.0)
+    quick["plan"] = {"derive_seconds": 28.0, "notes": ["derive took 28.7 s; loading the model and tokenizer before it "
+                                                       "38.1 s"],
+                     "phases": [{"phase": "past_format", "seconds": 13.9, "steps": 25}]}
+    quick["run"] = {"steps": 107, "seconds": 54.6, "race": {"steps_used": 242, "ending": {
+        "decays": [{"steps": 26}, {"steps": 53}]}}}
+    board["units"]["leadline_run_quick"] = quick
+    assert sb.quick_cost_of(sb.arms_of(board)) == [
+        "Where leadline_run_quick's 124 s went, in one process: the model's load 38 s, derive 28 s (the burn-in 13.9 s "
+        "over 25 optimizer steps), the run 55 s over 242 optimizer steps: the run's own 107, the race's other rates 56 "
+        "and the raced endings' reruns 79 (the last 26 and the last 53 steps)."]
+    assert "Where leadline_run_quick's" in sb.table_of(board, Path("x.json"))
+    del quick["run"]["race"]
+    assert sb.quick_cost_of(sb.arms_of(board)) == []
+
+
 def test_the_cost_line_says_where_leadlines_seconds_went_and_why_the_run_started_over(sb):
     board = _board(sb, [])
     board["units"]["recipe"]["run"] = {"steps": 66, "seconds": 11.2}
@@ -308,11 +326,17 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     assert units["recipe"]["train"]["argv"] not in in_process  # the recipe's train ran as its own process
 
 
-def test_rerun_drops_the_named_arms_units_and_keeps_them_aside(sb):
+def test_rerun_sets_a_several_unit_arm_aside_at_once_and_a_one_unit_arm_when_its_new_run_lands(sb, tmp_path):
     data = {"units": {"recipe": {"a": 1}, "sweep_0": {}, "sweep_1": {}, "leadline_full": {"b": 2}, "sweep_extra": {}}}
-    sb.drop_units(data, "sweep,leadline_full")
-    assert sorted(data["units"]) == ["recipe", "sweep_extra"]
-    assert sorted(data["superseded"]) == ["leadline_full", "sweep_0", "sweep_1"]
+    kept = sb.drop_units(data, "sweep,leadline_full")
+    assert sorted(data["units"]) == ["leadline_full", "recipe", "sweep_extra"]  # a cut call leaves leadline_full
+    assert sorted(data["superseded"]) == ["sweep_0", "sweep_1"] and kept == {"leadline_full"}
+    board = sb.Board(tmp_path / "b.json", {"name": "t", "kind": "classify", "train": [], "test": []}, [])
+    board.data["units"] = data["units"]
+    board.rerun = kept
+    assert not board.has("leadline_full") and board.has("recipe")  # runs again, though recorded
+    board.put("leadline_full", {"b": 3})
+    assert board.data["units"]["leadline_full"] == {"b": 3} and board.data["superseded"] == {"leadline_full": {"b": 2}}
 
 
 def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_path):
