@@ -31,11 +31,11 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
     e2e-quick)          echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms quick,train_quick,recipe --out $OUT/e2e_debian_h200_quick.json" ;;
     e2e-bound40)        echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms bound --bound-seconds 40 --out $OUT/e2e_debian_h200_bound40.json" ;;
     scoreboard-*-6gb)   local t=${name#scoreboard-}; t=${t%-6gb}
-                        echo "$PY benchmarks/scoreboard.py --task $t --card-gb 6 $m $d --out $OUT/scoreboard_${t}_6gb.json --stop-after 480" ;;
+                        echo "$PY benchmarks/scoreboard.py --task $t --card-gb 6 $m $d --out $OUT/scoreboard_${t}_6gb.json --stop-after 480 --deadline 570" ;;
     scoreboard-*-seed*) local t=${name#scoreboard-} seed; seed=${t##*-seed}; t=${t%-seed*}
                         [[ $seed =~ ^[0-9]+$ ]] || return 0
-                        echo "$PY benchmarks/scoreboard.py --task $t --seed $seed $m $d --out $OUT/scoreboard_${t}_seed${seed}.json --stop-after 480" ;;
-    scoreboard-*)       echo "$PY benchmarks/scoreboard.py --task ${name#scoreboard-} $m $d --out $OUT/scoreboard_${name#scoreboard-}.json --stop-after 480" ;;
+                        echo "$PY benchmarks/scoreboard.py --task $t --seed $seed $m $d --out $OUT/scoreboard_${t}_seed${seed}.json --stop-after 480 --deadline 570" ;;
+    scoreboard-*)       echo "$PY benchmarks/scoreboard.py --task ${name#scoreboard-} $m $d --out $OUT/scoreboard_${name#scoreboard-}.json --stop-after 480 --deadline 570" ;;
     hf-memory-*)        # hf-memory-SHAPE-BASE-CARD, e.g. hf-memory-1b-bf16-24 (CARD 0: the whole card); needs bitsandbytes for 4bit
                         local rest=${name#hf-memory-} shape base card
                         shape=${rest%%-*}; rest=${rest#*-}; base=${rest%%-*}; card=${rest#*-}

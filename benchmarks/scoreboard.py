@@ -128,6 +128,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -491,6 +492,20 @@ class Arms:
     def out_of_time(self) -> bool:
         return time.perf_counter() - T0 > self.args.stop_after
 
+    def fits(self, arm: str) -> bool:
+        """Whether ``arm``'s last recorded run (:func:`arm_seconds`) ends before ``--deadline``;
+        True without a deadline or a record."""
+        deadline = getattr(self.args, "deadline", None)
+        if deadline is None:
+            return True
+        took = arm_seconds(arm, [self.board.data, *(json.loads(f.read_text()) for f in RESULTS.glob("scoreboard_*.json")
+                                                    if f.resolve() != self.board.path.resolve())])
+        left = deadline - (time.perf_counter() - T0)
+        if took is not None and took > left:
+            log(f"{arm} not started: its last run took {took:.0f} s, {left:.0f} s are left of --deadline")
+            return False
+        return True
+
     def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True) -> None:
         if adapter is not None and (adapter / "adapter_config.json").exists():
             t = time.perf_counter()
@@ -562,7 +577,7 @@ class Arms:
             unit = f"sweep_{k}"
             if self.board.has(unit):
                 continue
-            if self.out_of_time():
+            if self.out_of_time() or not self.fits("recipe"):
                 return
             self.recipe_run(unit, lr, em=False)
         self.em_for_best("sweep", len(self.board.data["sweep_rates"]))
@@ -700,7 +715,7 @@ class Arms:
             unit = f"optuna_{k}"
             if self.board.has(unit):
                 continue
-            if self.out_of_time():
+            if self.out_of_time() or not self.fits("recipe"):
                 return
             trial = study.ask(dists)
             p = dict(trial.params)
@@ -757,6 +772,19 @@ def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
     if not micro:
         return None
     return max(d for d in range(1, min(rows_per_step, micro) + 1) if rows_per_step % d == 0)
+
+
+def arm_seconds(arm: str, boards: Sequence[dict[str, Any]]) -> float | None:
+    """The wall seconds ``arm`` took when it last ran — its processes and the judge's verdict —
+    from the first board that recorded it (this task's first, then others'; a superseded run
+    counts); None where no board has it. A sweep's or Optuna's one unit is a recipe run."""
+    for data in boards:
+        for units in (data.get("units") or {}, data.get("superseded") or {}):
+            rec = units.get(arm)
+            if isinstance(rec, dict) and not rec.get("failed") and (rec.get("train_seconds") or rec.get("decide_seconds")):
+                return float(rec.get("decide_seconds") or 0) + float(rec.get("train_seconds") or 0) + float(
+                    rec.get("judge_seconds") or 0)
+    return None
 
 
 def _rm(p: Path) -> None:
@@ -1305,6 +1333,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="the seconds this call may run: an arm whose last recorded run (on this task's board, "
+                    "else another's) would end past it is not started, and the arms after it are tried")
     ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
     ap.add_argument("--readme", help="with --table: write the one-row-a-task summary into this file between the "
                     "scoreboard markers")
@@ -1358,6 +1389,8 @@ def main(argv: list[str] | None = None) -> int:
         if arms.out_of_time():
             log("stopping: --stop-after reached; rerun the same command to go on")
             break
+        if not arms.fits(name):
+            continue  # a shorter arm after it may still fit
         log("arm", name)
         try:
             {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import re
 import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -494,3 +495,24 @@ def test_a_second_seed_runs_every_arm_at_it_into_its_own_file(sb, tmp_path, monk
     assert board["units"]["leadline_quick"]["plan"]["held_out"]["seed"] == 1
     if "schedulefree" in arms:
         assert board["units"]["schedulefree"]["train"]["argv"][board["units"]["schedulefree"]["train"]["argv"].index("--seed") + 1] == "1"
+
+
+def test_an_arm_whose_last_run_would_pass_the_deadline_is_not_started(sb, tmp_path, monkeypatch):
+    here = {"units": {"recipe": {"decide_seconds": 0.0, "train_seconds": 50.0, "judge_seconds": 10.0},
+                      "pichak_quick": {"failed": True, "train_seconds": 5.0}},
+            "superseded": {"leadline_full": {"decide_seconds": 90.0, "train_seconds": 60.0}}}
+    other = {"units": {"pichak_quick": {"decide_seconds": 15.0, "train_seconds": 163.0, "judge_seconds": 9.0},
+                       "leadline_full": {"decide_seconds": 1.0, "train_seconds": 1.0}}}
+    assert sb.arm_seconds("recipe", [here, other]) == 60.0
+    assert sb.arm_seconds("leadline_full", [here, other]) == 150.0  # this task's own run first, superseded or not
+    assert sb.arm_seconds("pichak_quick", [here, other]) == 187.0  # a failed run says nothing of the time
+    assert sb.arm_seconds("optuna", [here, other]) is None
+    monkeypatch.setattr(sb, "RESULTS", tmp_path)  # no other board
+    (tmp_path / "scoreboard_t.json").write_text(json.dumps(here))
+    arms = object.__new__(sb.Arms)
+    arms.board = types.SimpleNamespace(data=here, path=tmp_path / "scoreboard_t.json")
+    arms.args = types.SimpleNamespace(deadline=None)
+    assert arms.fits("leadline_full")  # no deadline: every arm starts
+    monkeypatch.setattr(sb, "T0", sb.time.perf_counter() - 100.0)  # 100 s into the call
+    arms.args.deadline = 200.0
+    assert arms.fits("recipe") and not arms.fits("leadline_full") and arms.fits("optuna")  # 60 fits, 150 does not
