@@ -323,6 +323,10 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     again = json.loads(out.read_text())
     assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
     assert len(again["invocations"]) == 2
+    # a rerun that cannot finish before --deadline does not start, and the recorded run stays
+    assert sb.main([*argv, "--arms", "leadline_full", "--rerun", "leadline_full", "--deadline", "0.001"]) == 0
+    third = json.loads(out.read_text())
+    assert third["units"]["leadline_full"] == again["units"]["leadline_full"] and "superseded" not in third
     assert in_process and all(a[:2] == ["-m", "leadline"] for a in in_process)  # the first ran as a process
     assert units["recipe"]["train"]["argv"] not in in_process  # the recipe's train ran as its own process
 
