@@ -493,8 +493,8 @@ class Arms:
         return time.perf_counter() - T0 > self.args.stop_after
 
     def fits(self, arm: str) -> bool:
-        """Whether ``arm``'s last recorded run (:func:`arm_seconds`) ends before ``--deadline``;
-        True without a deadline or a record."""
+        """Whether a run as long as ``arm``'s recorded one (:func:`arm_seconds`) ends before
+        ``--deadline``; True without a deadline or a record."""
         deadline = getattr(self.args, "deadline", None)
         if deadline is None:
             return True
@@ -502,7 +502,7 @@ class Arms:
                                                     if f.resolve() != self.board.path.resolve())])
         left = deadline - (time.perf_counter() - T0)
         if took is not None and took > left:
-            log(f"{arm} not started: its last run took {took:.0f} s, {left:.0f} s are left of --deadline")
+            log(f"{arm} not started: its recorded run took {took:.0f} s, {left:.0f} s are left of --deadline")
             return False
         return True
 
@@ -1334,7 +1334,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
     ap.add_argument("--deadline", type=float, default=None,
-                    help="the seconds this call may run: an arm whose last recorded run (on this task's board, "
+                    help="the seconds this call may run: an arm whose recorded run (on this task's board, "
                     "else another's) would end past it is not started, and the arms after it are tried")
     ap.add_argument("--table", action="store_true", help="print the results table from benchmarks/results/scoreboard_*.json")
     ap.add_argument("--readme", help="with --table: write the one-row-a-task summary into this file between the "
@@ -1389,7 +1389,7 @@ def main(argv: list[str] | None = None) -> int:
         if arms.out_of_time():
             log("stopping: --stop-after reached; rerun the same command to go on")
             break
-        if not arms.fits(name):
+        if name not in ("sweep", "optuna") and not arms.fits(name):  # those two check each of their runs
             continue  # a shorter arm after it may still fit
         log("arm", name)
         try:
