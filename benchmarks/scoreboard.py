@@ -1186,13 +1186,16 @@ def failure(unit: dict[str, Any]) -> str:
     """Why a failed unit has no result, in one line: the error's first sentence (the run's own record
     before its output's last line), and the micro-batch it ran at when it got that far."""
     run = unit.get("run") or {}
+    process = unit.get("train") or unit.get("derive") or unit.get("range_test") or {}
     why = str(run.get("error") or "")
     if not why:
-        tail = str((unit.get("train") or unit.get("derive") or unit.get("range_test") or {})
-                   .get("output_tail", "")).strip().splitlines()
+        tail = str(process.get("output_tail", "")).strip().splitlines()
         why = tail[-1] if tail else "no output"
     why = re.split(r"(?<=[a-z0-9)])\. |: pass ", why, maxsplit=1)[0]
     why = why if len(why) < 120 else why[:117] + "..."
+    if str(process.get("rc", "")).startswith("timeout"):  # the harness's limit, not the arm's own error
+        limit = re.sub(r"^timeout( after)? ", "", str(process["rc"]))
+        why = f"cut by the harness's limit of {limit} (its last line: {why})"
     if run.get("micro_batch"):
         why += f" (its micro-batch {run['micro_batch']} rows, {run.get('rows_per_step', run['micro_batch'])} a step)"
     return why

@@ -173,3 +173,32 @@ def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
     monkeypatch.setattr(hf, "prepare", slow_prepare)
     plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick", max_seconds=1.0)
     assert any("not reached within max_seconds" in n for n in plan.notes), plan.notes
+
+
+def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(monkeypatch):
+    """An 8B model's ramp can take all of max_seconds: the step is then arithmetic on the ramp's
+    own timings (no pairs timed), so the plan still has micro_batch, grad_accum and
+    tokens_per_step that can train, and says the timed phases after it were not reached."""
+    import time
+
+    import leadline.hf.deriving as hf
+    from leadline.derive import phases
+
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    real = phases.memory
+    budget = 6.0
+
+    def slow_memory(*a, **k):  # the ramp ends past the budget
+        out = real(*a, **k)
+        time.sleep(budget)
+        return out
+
+    monkeypatch.setattr(phases, "memory", slow_memory)
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+                         max_seconds=budget)
+    assert plan.rows_fit >= 1 and 1 <= plan.micro_batch <= plan.rows_fit and plan.grad_accum >= 1
+    assert plan["tokens_per_step"].kind != "constant" and "timed_in_turn" not in plan["tokens_per_step"].evidence
+    assert next(t for t in plan.phases if t.phase == "step").status == "done"
+    assert any(n.startswith("first_step: not reached within max_seconds") for n in plan.notes), plan.notes
+    assert any(n.startswith("step: max_seconds=6 was spent before it") for n in plan.notes), plan.notes

@@ -149,6 +149,10 @@ def test_a_failed_run_names_its_own_error_and_the_bar_says_both_pichak_arms_fail
     assert "against pichak's best arm: both of pichak's arms failed, no model to compare" in line
     del board["units"]["pichak_full"]
     assert "against pichak's best arm: not run yet" in sb.bar_of(board, sb.arms_of(board))[0]
+    board["units"]["pichak_full"] = {"failed": True, "run": None, "train": {
+        "rc": "timeout after 300 s", "output_tail": "[pichak 179s] look-ahead: horizon 16 done, 52 steps run\n"}}
+    assert ("| pichak_full | failed: cut by the harness's limit of 300 s (its last line: [pichak 179s] look-ahead: "
+            "horizon 16 done, 52 steps run) |") in sb.table_of(board, Path("x.json"))
 
 
 def test_the_quick_whole_jobs_cost_line_splits_its_steps_into_the_runs_the_races_and_the_endings(sb):

@@ -206,3 +206,38 @@ def test_rows_fit_with_and_without_checkpointing_side_by_side(tmp_path, monkeypa
     seen.clear()
     plan = find_batch_size(trainer(False), progress=False).plan
     assert "rows_fit_without_checkpointing" not in plan and seen and not any(seen)
+
+
+def test_rows_fit_without_checkpointing_is_zero_when_nothing_fits_without_it(tmp_path, monkeypatch):
+    """A model that fits only with checkpointing (an 8B QLoRA at 1,024 tokens on 24 GB): the
+    ramp with it off meets an OOM at one row. derive still returns its plan, with
+    rows_fit_without_checkpointing 0 measured and the ramp's sentence, not a WontFit."""
+    pytest.importorskip("trl")
+    datasets = pytest.importorskip("datasets")
+    import torch
+    from peft import LoraConfig
+    from trl import SFTConfig, SFTTrainer
+
+    from leadline.hf import find_batch_size
+    from leadline.hf.precision import precision_of
+    from leadline.hf.task import Task
+
+    real = Task.loss_of
+
+    def oom_unchecked(self, b, length):  # the allocator refuses every step without checkpointing
+        if not precision_of(self.model).checkpointing:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, b, length)
+
+    monkeypatch.setattr(Task, "loss_of", oom_unchecked)
+    tok = make_tokenizer()
+    ds = datasets.load_dataset("json", data_files=str(DATA / "prompt_completion.jsonl"), split="train")
+    cfg = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=8, dataset_num_proc=None,
+                    activation_checkpointing=True)
+    t = SFTTrainer(model=make_model(vocab_size=len(tok)), args=cfg, train_dataset=ds, processing_class=tok,
+                   peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
+    plan = find_batch_size(t, progress=False).plan
+    off = plan["rows_fit_without_checkpointing"]
+    assert off.kind == "measured" and off.value == 0 and plan.rows_fit >= 1
+    assert "not even 1 row" in off.source and off.evidence["rows_fit_with_checkpointing"] == plan.rows_fit
+    assert any(r["verdict"] == "oom" for r in off.evidence["rungs"])

@@ -194,8 +194,15 @@ def derive(
         stepped = None
         if step_fn is not None and grad_fn is not None:
             step0 = noise if noise is not None else plan.get("noise_scale_tokens")
-            stepped = runner.run("step", phases.step, plan, step0, world, step_fn=step_fn if world is None else None,
-                                 rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS)
+            # out of time, the step is arithmetic on the ramp's timings: a plan that can train, not none
+            spent = (left := runner.seconds_left()) is not None and left <= 0
+            stepped = runner.run("step", phases.step, plan, step0, world,
+                                 step_fn=step_fn if world is None and not spent else None,
+                                 rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS, always=spent)
+            if spent and stepped is not None:
+                plan.notes.append(f"step: max_seconds={max_seconds:g} was spent before it; its micro-batch and step "
+                                  "are arithmetic on the memory ramp's timings (one row and the rows that fit were "
+                                  "not timed in turn)")
         timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
         first = None
         if timed is not None:

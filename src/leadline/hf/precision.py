@@ -170,7 +170,7 @@ def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
     off, up to the plan's ``rows_fit`` (checkpointing on never fits fewer rows), the weights,
     optimizer and RNG put back after. None when the plan's model trains without checkpointing
     or has no ``rows_fit``; a ``constant`` saying why when ``seconds_left`` is shorter than the
-    ramp with it on took."""
+    ramp with it on took; 0 rows, measured, when not even one row fits with it off."""
     if not precision_of(model).checkpointing or "rows_fit" not in plan or "seq_len" not in plan:
         return None
     on = plan["rows_fit"]
@@ -179,11 +179,18 @@ def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
                                        f"checkpointing on took {on.seconds:.3g} s", unit="rows")
     from leadline.derive.no_trace import leave_no_trace
     from leadline.memory import forbid_spill, ramp
+    from leadline.memory.ramp import WontFit
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizers = [o for o in (optimizer_of(step),) if o is not None]
-    with leave_no_trace(params, optimizers), forbid_spill(step.device), checkpointing(model, False):
-        res = ramp(step, int(plan.get("seq_len")), lengths=lengths, max_rows=int(on.value))
+    try:
+        with leave_no_trace(params, optimizers), forbid_spill(step.device), checkpointing(model, False):
+            res = ramp(step, int(plan.get("seq_len")), lengths=lengths, max_rows=int(on.value))
+    except WontFit as e:  # checkpointing is what lets the run fit at all: a measurement, not a failure
+        evidence = e.result.evidence() if e.result is not None else {}
+        return Value(0, "measured", f"gradient checkpointing off: {e} (the run trains with it on: {on.value} rows "
+                                    "fit)", {**evidence, "rows_fit_with_checkpointing": on.value},
+                     float(getattr(e.result, "seconds", 0.0) or 0.0), "rows")
     return Value(res.micro_batch, "measured",
                  f"gradient checkpointing off (the run trains with it on: {on.value} rows fit): {res.source()}",
                  {**res.evidence(), "rows_fit_with_checkpointing": on.value}, res.seconds, "rows")

@@ -328,9 +328,13 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
     t0 = time.perf_counter()
     warm, _ = probe(step, mem, 1, length, 1, "warmup", False)  # lazy initialisation, not timed
     rungs: list[Rung] = [warm]
-    if warm.verdict != "fits":
-        raise WontFit(f"not even 1 row at {length} tokens runs on {mem.device}: the allocator refused it", None)
     room = mem.room()
+    if warm.verdict != "fits":
+        refused = RampResult(micro_batch=0, length=length, t_micro_seconds=None, t_step_seconds=None, rungs=rungs,
+                             device=mem.device, rule="throughput", stopped_because="1 row ran out of host memory",
+                             stop="out_of_memory", budget_bytes=room, start_room_bytes=room, max_rows=max_rows,
+                             seconds=time.perf_counter() - t0)
+        raise WontFit(f"not even 1 row at {length} tokens runs on {mem.device}: the allocator refused it", refused)
     search = ThroughputSearch(room_bytes=room, max_rows=max_rows, min_gain=min_gain, baseline_bytes=mem.reserved())
     timings: dict[int, Any] = {}
     while (rows := search.next()) is not None:
