@@ -364,6 +364,40 @@ def test_too_long_does_not_start_a_host_rung_that_cannot_finish(monkeypatch):
     assert asked[-1] > 12.0
 
 
+def test_too_long_on_cuda_counts_the_confirmation_and_the_mix_a_try_would_start(monkeypatch):
+    """On CUDA a try that fits is confirmed by its repeats and the length mix: on an 8B model
+    that is over a minute. too_long is asked for all of it before the try starts."""
+    import sys
+    import types
+
+    ramp_mod = sys.modules["leadline.memory.ramp"]
+    clock = [0.0]
+    monkeypatch.setattr(ramp_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    mem = FakeAllocator(total=1000, resident=100)  # 18 rows at 10 tokens is the truth
+
+    def seconds_of(rows, length):  # a second a row at the full length, the clock moved by every repeat
+        return 1.0 * rows * length / 10
+
+    def after(step, rows, length):
+        clock[0] += step.calls[-1][2] * seconds_of(rows, length)
+
+    step = FakeStep(mem, per_token=5, seconds_of=seconds_of, after_call=after)
+    asked: list[float] = []
+
+    def too_long(seconds):
+        asked.append(seconds)
+        return seconds > 20.0
+
+    # the mix 10, 5, 10 after the 2 repeats: a try at 4 rows, a second a row, costs 4 x (1 + 2 + 2.5) = 22 s
+    r = ramp(step, 10, memory=mem, lengths=[5] * 50 + [10], mix_steps=2, too_long=too_long)
+    assert search_rows(r) == [1, 2] and r.micro_batch == 2 and r.stopped_because.startswith("max_seconds")
+    assert asked == [pytest.approx(2 * 5.5), pytest.approx(4 * 5.5)]
+    assert [(g.rows, g.length) for g in r.rungs if g.phase != "search"] == [(2, 10), (2, 5), (2, 10)]
+    free = FakeAllocator(total=1000, resident=100)
+    unbounded = ramp(FakeStep(free, per_token=5), 10, memory=free)
+    assert unbounded.micro_batch == 18  # without too_long the same card keeps the truth
+
+
 def test_one_row_that_squeezes_through_the_length_mix_is_named_with_the_fragmentation_fix():
     """The H200's 6 GB case at 2048 tokens: 1 row fit at the full length, then needed the
     allocator's retry through the length mix; the sentence names that rung, not the first."""

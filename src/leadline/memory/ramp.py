@@ -221,10 +221,11 @@ def ramp(
         should_stop: called with every rung; once it returns True (a time budget running
             out) the search stops and keeps what it has: on CUDA the most rows a step fitted
             so far, confirmed the same way; off CUDA the rows with the most rows per second.
-        too_long: off CUDA, called before each search rung with the seconds it should take
-            (the last rung's seconds per row x its rows); True ends the search there, as
-            ``should_stop`` does (host rungs take seconds: max_seconds must not start one it
-            cannot finish).
+        too_long: called before each search rung with the seconds it should take (off CUDA
+            the last rung's seconds per row x its rows; on CUDA the try and, should it fit, its
+            confirmation and length mix: :func:`candidate_seconds`); True ends the search there
+            and keeps what it has, as ``should_stop`` does (max_seconds must not start a rung
+            it cannot finish: on an 8B model one candidate's confirmation is over a minute).
 
     Returns:
         :class:`RampResult`. On CUDA: the most rows that fit (see :mod:`leadline.memory.decide`);
@@ -245,13 +246,14 @@ def ramp(
     mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
     if mem.on_cuda:
         return _ramp_cuda(step, length, lengths, max_rows, start_rows, max(2, repeats), mix_steps, mem, on_rung,
-                          should_stop)
+                          should_stop, too_long)
     return _ramp_host(step, length, max_rows, repeats, mem, min_gain, on_rung, should_stop, too_long)
 
 
 def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: int | None, start_rows: int,
                repeats: int, mix_steps: int, mem: DeviceMemory, on_rung: Callable[[Rung], None] | None,
-               should_stop: Callable[[Rung], bool] | None = None) -> RampResult:
+               should_stop: Callable[[Rung], bool] | None = None,
+               too_long: Callable[[float], bool] | None = None) -> RampResult:
     from leadline.memory.cap import forbid_spill
 
     t0 = time.perf_counter()
@@ -283,6 +285,11 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
     try:
         while (move := search.next()) is not None:
             kind, rows = move
+            if kind == "try" and too_long is not None and not search.hurried:
+                forecast = candidate_seconds(rungs, rows, length, repeats, mix)
+                if forecast is not None and too_long(forecast):
+                    search.hurry("max_seconds")  # the try and the confirmation it would start do not fit
+                    continue
             if kind == "try":
                 search.record("try", rows, run(rows, length, 1, "search", True)[0].verdict == "fits")
                 continue
@@ -320,6 +327,19 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
     if result.micro_batch == 0:
         raise WontFit(nothing_fits(result), result)
     return result
+
+
+def candidate_seconds(rungs: Sequence[Rung], rows: int, length: int, repeats: int,
+                      mix: Sequence[int]) -> float | None:
+    """What a CUDA try at ``rows`` costs if it fits: the try, the confirmation's ``repeats`` and
+    the length mix's steps after it, each at the seconds a row and a token of the last
+    full-length rung that fitted (its fixed cost counted per row: an overestimate, never an
+    under-). None before any rung fitted."""
+    last = next((r for r in reversed(rungs) if r.verdict == "fits" and r.length == length and r.rows > 0), None)
+    if last is None:
+        return None
+    per_row = last.seconds / last.rows / max(1, last.repeats)
+    return per_row * rows * (1 + repeats + sum(n / length for n in mix))
 
 
 def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: DeviceMemory, min_gain: float,
