@@ -388,7 +388,7 @@ def test_too_long_on_cuda_counts_the_confirmation_and_the_mix_a_try_would_start(
         asked.append(seconds)
         return seconds > 20.0
 
-    # the mix 10, 5, 10 after the 2 repeats: a try at 4 rows, a second a row, costs 4 x (1 + 2 + 2.5) = 22 s
+    # a try at 4 rows, a second a row, costs 4 x (1 + 3 repeats + the mix 5, 10 at 1.5) = 22 s
     r = ramp(step, 10, memory=mem, lengths=[5] * 50 + [10], mix_steps=2, too_long=too_long)
     assert search_rows(r) == [1, 2] and r.micro_batch == 2 and r.stopped_because.startswith("max_seconds")
     assert asked == [pytest.approx(2 * 5.5), pytest.approx(4 * 5.5)]
@@ -410,3 +410,20 @@ def test_one_row_that_squeezes_through_the_length_mix_is_named_with_the_fragment
     assert msg.startswith("not even 1 row at 10 tokens fits on cuda:0")
     assert "through the corpus's length mix" in msg and "retried" in msg and "expandable_segments" in msg
     assert e.value.result.micro_batch == 0
+
+
+def test_a_candidates_seconds_are_the_line_through_the_last_two_fitted_rungs():
+    from leadline.memory.ramp import Rung, candidate_seconds
+
+    def rung(rows, seconds, verdict="fits", length=10, phase="search"):
+        return Rung(rows, length, 0, 0, 0, verdict, seconds, phase, 1)
+
+    assert candidate_seconds([rung(1, 2.0, "oom")], 2, 10, 3, []) is None  # nothing fitted: no forecast
+    one = candidate_seconds([rung(2, 3.0)], 4, 10, 3, [5, 10])  # one rung: 1.5 s a row, no fixed cost
+    assert one == pytest.approx(6.0 * 4 + 1.5 * 4 * 1.5)
+    # 1 s fixed + 1 s a row: a try at 4 rows is 5 s a step, 4 steps, and the mix's 5 and 10 tokens
+    two = candidate_seconds([rung(1, 2.0), rung(2, 3.0), rung(4, 99.0, "oom"), rung(2, 50.0, phase="confirm")],
+                            4, 10, 3, [5, 10])
+    assert two == pytest.approx(5.0 * 4 + (1 + 4 * 0.5) + (1 + 4 * 1.0)) and two < one
+    # a step that got faster with more rows (noise) is never forecast below the last rung's seconds
+    assert candidate_seconds([rung(1, 3.0), rung(2, 2.0)], 4, 10, 0, []) == pytest.approx(2.0)

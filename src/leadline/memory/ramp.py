@@ -332,14 +332,22 @@ def _ramp_cuda(step: Any, length: int, lengths: Sequence[int] | None, max_rows: 
 def candidate_seconds(rungs: Sequence[Rung], rows: int, length: int, repeats: int,
                       mix: Sequence[int]) -> float | None:
     """What a CUDA try at ``rows`` costs if it fits: the try, the confirmation's ``repeats`` and
-    the length mix's steps after it, each at the seconds a row and a token of the last
-    full-length rung that fitted (its fixed cost counted per row: an overestimate, never an
-    under-). None before any rung fitted."""
-    last = next((r for r in reversed(rungs) if r.verdict == "fits" and r.length == length and r.rows > 0), None)
-    if last is None:
+    the length mix's steps after it. A step's seconds are the line through the last two
+    full-length search rungs that fitted (a fixed cost and a cost a row; never below the last
+    rung's), or with one such rung its seconds a row (an overestimate, never an under-); a mix
+    step at n tokens pays the rows' share n/length. None before any rung fitted."""
+    fitted = [r for r in rungs if r.verdict == "fits" and r.length == length and r.rows > 0 and r.phase == "search"]
+    if not fitted:
         return None
-    per_row = last.seconds / last.rows / max(1, last.repeats)
-    return per_row * rows * (1 + repeats + sum(n / length for n in mix))
+    last = fitted[-1]
+    prev = next((r for r in reversed(fitted) if r.rows < last.rows), None)
+    per_row = last.seconds / last.rows
+    fixed = 0.0
+    if prev is not None:
+        per_row = max(0.0, (last.seconds - prev.seconds) / (last.rows - prev.rows))
+        fixed = max(0.0, last.seconds - per_row * last.rows)
+    full = max(last.seconds, fixed + per_row * rows)
+    return full * (1 + repeats) + sum(fixed + per_row * rows * n / length for n in mix)
 
 
 def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: DeviceMemory, min_gain: float,
