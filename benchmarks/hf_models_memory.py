@@ -20,8 +20,10 @@ Each case is (shape in {1b, 8b}, base in {bf16, 4bit}, card in {24, whole}). Row
   run      --run-steps real AdamW steps (lr 1e-5) at the ramp's b, each micro-batch padded to
            the longest of b rows drawn from the mix.
 
-On the 8B shapes ``benchmarks/on_gpu.sh`` caps the ramp and the truth at 16 rows and runs 5 truth
-steps and 40 run steps, so a case fits one 10-minute call; a truth at the cap is not judged.
+On the 8B shapes ``benchmarks/on_gpu.sh`` caps the ramp and the truth at 16 rows (a truth at the
+cap is not judged), takes 5 truth steps, stops the run at ``--deadline 540`` and passes
+``--resume``: the same command again keeps the stages the file records and continues the run's
+300 steps, so a case spreads over 10-minute calls. R2 is judged once all 300 ran.
 
 Decision rules, written before the run:
   R1 truth - 1 <= ramp b <= truth (equal, or one rung below); above the truth FAILS.
@@ -185,8 +187,9 @@ def retries() -> int:
     return int(torch.cuda.memory_stats().get("num_alloc_retries", 0)) if torch.cuda.is_available() else 0
 
 
-def steps(task: Any, b: int, lengths: list[int], n: int) -> dict[str, Any]:
-    """``n`` real AdamW steps of ``b`` rows at the given padded lengths (cycled)."""
+def steps(task: Any, b: int, lengths: list[int], n: int, until: float | None = None) -> dict[str, Any]:
+    """``n`` real AdamW steps of ``b`` rows at the given padded lengths (cycled); ``until`` (a
+    ``time.perf_counter()``) stops them early, ``steps_done`` saying how far they got."""
     import torch
 
     from leadline.memory.readings import is_oom
@@ -200,6 +203,8 @@ def steps(task: Any, b: int, lengths: list[int], n: int) -> dict[str, Any]:
     r0, done, error, t = retries(), 0, None, time.perf_counter()
     try:
         for s in range(n):
+            if until is not None and time.perf_counter() >= until:
+                break
             task.loss_of(b, lengths[s % len(lengths)]).backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -258,9 +263,10 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
     limit keeps the stages it finished."""
     import torch
 
-    from leadline.hf import derive_for, prepare
-    from leadline.memory import TrainingStep, ramp
+    from leadline.hf import prepare
 
+    for stale in ("error", "traceback"):  # an earlier call's failure is not this call's
+        case.pop(stale, None)
     case.update({"shape": shape, "base": base, "card_gb": card_gb or "whole", "seq": args.seq})
     t0 = time.perf_counter()
     log(shape, base, card_gb, "building the model")
@@ -270,28 +276,58 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
     rows = rows_of(args.seq, args.rows, min(len(tok), SHAPES[shape]["vocab_size"]))
     child, case["holder"] = hold(card_gb)
     try:
-        t = time.perf_counter()
-        plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="quick", seq_len=args.seq,
-                          max_seconds=args.derive_seconds, progress=False)
-        case["derive"] = {
-            "wall_seconds": time.perf_counter() - t, "derive_seconds": plan.derive_seconds,
-            "phases": [{"phase": p.phase, "seconds": p.seconds, "status": p.status} for p in plan.phases],
-            **{n: plan.get(n) for n in ("rows_fit", "rows_fit_without_checkpointing", "micro_batch", "grad_accum",
-                                        "tokens_per_step", "lr", "seq_len")},
-            "precision": plan.get("precision"), "notes": plan.notes,
-        }
-        memory_s = sum(p.seconds for p in plan.phases if p.phase == "memory")
-        case["derive"]["memory_share"] = memory_s / plan.derive_seconds if plan.derive_seconds else None
-        log(shape, base, card_gb, "derive", f"{plan.derive_seconds:.1f} s", f"rows_fit {plan.get('rows_fit')}")
-        save()
-        task, _ = prepare(model, tok, rows, seq_len=args.seq)
-        res = ramp(TrainingStep(task.loss_of, task.optimizer), args.seq,
-                   lengths=[len(task.rows[i].input_ids) for i in task.order[:64]], max_rows=args.max_rows)
-        b = res.micro_batch
-        case["ramp"] = {"micro_batch": b, "seconds": res.seconds, "rungs": [r.as_dict() for r in res.rungs],
-                        "stopped_because": res.stopped_because}
-        log(shape, base, card_gb, "ramp", f"b={b}")
-        save()
+        if "derive" in case and "ramp" in case:
+            log(shape, base, card_gb, "derive and ramp recorded by an earlier call: resumed")
+            b = case["ramp"]["micro_batch"]
+            task, _ = prepare(model, tok, rows, seq_len=args.seq)
+        else:
+            task, b = derive_and_ramp(model, tok, rows, shape, base, card_gb, args, case, save)
+        later_stages(task, b, shape, base, card_gb, args, case, save)
+    finally:
+        release(child)
+        del model
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    case["seconds"] = case.get("seconds", 0.0) + time.perf_counter() - t0
+    return case
+
+
+def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card_gb: float,
+                    args: argparse.Namespace, case: dict[str, Any], save: Any) -> tuple[Any, int]:
+    """derive_for bounded by --derive-seconds, then derive's ramp alone up to --max-rows."""
+    from leadline.hf import derive_for, prepare
+    from leadline.memory import TrainingStep, ramp
+
+    t = time.perf_counter()
+    plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="quick", seq_len=args.seq,
+                      max_seconds=args.derive_seconds, progress=False)
+    case["derive"] = {
+        "wall_seconds": time.perf_counter() - t, "derive_seconds": plan.derive_seconds,
+        "phases": [{"phase": p.phase, "seconds": p.seconds, "status": p.status} for p in plan.phases],
+        **{n: plan.get(n) for n in ("rows_fit", "rows_fit_without_checkpointing", "micro_batch", "grad_accum",
+                                    "tokens_per_step", "lr", "seq_len")},
+        "precision": plan.get("precision"), "notes": plan.notes,
+    }
+    memory_s = sum(p.seconds for p in plan.phases if p.phase == "memory")
+    case["derive"]["memory_share"] = memory_s / plan.derive_seconds if plan.derive_seconds else None
+    log(shape, base, card_gb, "derive", f"{plan.derive_seconds:.1f} s", f"rows_fit {plan.get('rows_fit')}")
+    save()
+    task, _ = prepare(model, tok, rows, seq_len=args.seq)
+    res = ramp(TrainingStep(task.loss_of, task.optimizer), args.seq,
+               lengths=[len(task.rows[i].input_ids) for i in task.order[:64]], max_rows=args.max_rows)
+    b = res.micro_batch
+    case["ramp"] = {"micro_batch": b, "seconds": res.seconds, "rungs": [r.as_dict() for r in res.rungs],
+                    "stopped_because": res.stopped_because}
+    log(shape, base, card_gb, "ramp", f"b={b}")
+    save()
+    return task, b
+
+
+def later_stages(task: Any, b: int, shape: str, base: str, card_gb: float, args: argparse.Namespace,
+                 case: dict[str, Any], save: Any) -> None:
+    """The truth (R1) and the run (R2), each skipped when an earlier call recorded it; a run cut by
+    --deadline is continued for the steps it has left."""
+    if "R1" not in case:
         if task.device.type == "cuda":
             if args.truth_lengths in ("seq", "both"):
                 case["truth_at_seq"] = truth(task, b, lambda _b: [args.seq], args.truth_steps, args.max_rows)
@@ -308,16 +344,26 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
             save()
         else:
             case["R1"] = "not judged off CUDA (the CPU ramp reads throughput, not memory)"
-        case["run"] = steps(task, b, mix_of(task, b), args.run_steps)
-        case["R2"] = "PASS" if case["run"]["error"] is None and case["run"]["retries"] == 0 else "FAIL"
-        log(shape, base, card_gb, "run", case["run"]["steps_done"], "steps", case["R2"])
-    finally:
-        release(child)
-        del model
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-    case["seconds"] = time.perf_counter() - t0
-    return case
+        save()
+    before = case.get("run") or {"b": b, "steps_done": 0, "steps": args.run_steps, "error": None, "retries": 0,
+                                 "peak_allocated_bytes": None, "seconds": 0.0, "calls": 0}
+    left = args.run_steps - before["steps_done"]
+    if before["error"] is None and left > 0:
+        until = None if args.deadline is None else T0 + args.deadline
+        more = steps(task, b, mix_of(task, b), left, until=until)
+        peaks = [p for p in (before["peak_allocated_bytes"], more["peak_allocated_bytes"]) if p is not None]
+        case["run"] = {"b": b, "steps_done": before["steps_done"] + more["steps_done"], "steps": args.run_steps,
+                       "error": more["error"], "retries": before["retries"] + more["retries"],
+                       "peak_allocated_bytes": max(peaks) if peaks else None,
+                       "seconds": before["seconds"] + more["seconds"], "calls": before.get("calls", 0) + 1}
+    run = case["run"]
+    if run["error"] is not None or run["retries"] > 0:
+        case["R2"] = "FAIL"
+    elif run["steps_done"] >= run["steps"]:
+        case["R2"] = "PASS"
+    else:
+        case["R2"] = f"not judged yet: {run['steps_done']} of {run['steps']} steps (--resume continues them)"
+    log(shape, base, card_gb, "run", run["steps_done"], "steps", case["R2"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--work", default="/tmp/hf_models_memory")
     ap.add_argument("--smoke", action="store_true", help="a tiny config on the CPU, a few steps: the script runs")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the stages --out already records for each case (derive and ramp, the truth, the "
+                         "run's steps so far) and run only the rest")
+    ap.add_argument("--deadline", type=float, default=None,
+                    help="seconds after the start at which the run stage stops, recorded as far as it got")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     import torch
@@ -356,11 +407,13 @@ def main(argv: list[str] | None = None) -> int:
                                           "device": torch.cuda.get_device_name(0) if torch.cuda.is_available()
                                           else "cpu"},
                               "cases": []}
+    earlier = json.loads(out.read_text())["cases"] if args.resume and out.exists() else []
     tok = make_tokenizer()
     for shape in args.shapes.split(","):
         for base in args.bases.split(","):
             for card in (float(c) for c in args.cards.split(",")):
-                case: dict[str, Any] = {}
+                case: dict[str, Any] = next((c for c in earlier if (c.get("shape"), c.get("base"), c.get("card_gb"))
+                                             == (shape, base, card or "whole")), {})
                 report["cases"].append(case)
 
                 def save() -> None:

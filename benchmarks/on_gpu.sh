@@ -40,8 +40,8 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
                         local rest=${name#hf-memory-} shape base card
                         shape=${rest%%-*}; rest=${rest#*-}; base=${rest%%-*}; card=${rest#*-}
                         [[ $shape =~ ^(1b|8b)$ && $base =~ ^(bf16|4bit)$ && $card =~ ^[0-9]+$ ]] || return 0
-                        local small=""  # an 8B step at 16 rows x 1,024 tokens takes seconds: a case within one 10-minute call
-                        [[ $shape == 8b ]] && small=" --max-rows 16 --truth-steps 5 --run-steps 40"
+                        local small=""  # an 8B step at 16 rows x 1,024 tokens takes seconds: the same command again continues the case
+                        [[ $shape == 8b ]] && small=" --max-rows 16 --truth-steps 5 --resume --deadline 540"
                         echo "$PY benchmarks/hf_models_memory.py --shapes $shape --bases $base --cards $card --derive-seconds 120$small --out $OUT/hf_models_memory/${shape}_${base}_${card}gb.json" ;;
     sft-vs-train)       echo "$PY benchmarks/sft_vs_train_debian.py $m $d --out $OUT/sft_vs_train_debian.json" ;;
     memory-verdicts)    echo "$PY benchmarks/acceptance_memory.py --out $OUT/acceptance_memory.md" ;;

@@ -1,0 +1,37 @@
+"""The 8B memory benchmark's stages across calls: a run cut by --deadline is recorded as far as it
+got, and --resume runs only what is left (an 8B case does not fit one 10-minute call)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def hfm():
+    spec = importlib.util.spec_from_file_location("hf_models_memory", ROOT / "benchmarks" / "hf_models_memory.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["hf_models_memory"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_a_run_cut_by_the_deadline_is_continued_by_resume_and_only_then_judged(hfm, tmp_path, monkeypatch):
+    out = tmp_path / "case.json"
+    base = ["--smoke", "--bases", "bf16", "--work", str(tmp_path / "work"), "--out", str(out)]
+    assert hfm.main([*base, "--deadline", "0"]) == 0  # the deadline passed before the run: no step taken
+    first = json.loads(out.read_text())["cases"][0]
+    assert first["run"]["steps_done"] == 0 and first["R2"].startswith("not judged yet: 0 of 5 steps")
+    derived: list[int] = []
+    monkeypatch.setattr(hfm, "derive_and_ramp", lambda *a, **k: derived.append(1))
+    assert hfm.main([*base, "--resume"]) == 0
+    case = json.loads(out.read_text())["cases"][0]
+    assert derived == [] and case["derive"] == first["derive"] and case["ramp"] == first["ramp"]
+    assert case["run"]["steps_done"] == 5 and case["run"]["calls"] == 2 and case["R2"] == "PASS"
+    assert len(json.loads(out.read_text())["cases"]) == 1
