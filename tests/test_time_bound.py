@@ -114,3 +114,44 @@ def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
         train_with_plan(None, None, [], plan)
     with pytest.raises(InputError, match="derive it with `leadline derive`"):
         train_with_plan(None, None, [], Plan())
+
+
+def test_without_the_memory_phase_the_noise_draws_stand_in_for_the_first_estimates():
+    from types import SimpleNamespace
+
+    from leadline.derive.recipe import _draw_row_seconds
+
+    # 4 draws of 2 rows in 8 s: a row's forward+backward 1 s; a 40-row read forward only 20 s
+    per_row = _draw_row_seconds(SimpleNamespace(k=4, seconds=8.0), SimpleNamespace(rows_per_draw=2))
+    assert per_row == pytest.approx(1.0)
+    assert held_estimate(Plan(), _reader(40, []), per_row)() == pytest.approx(20.0)
+    assert step_estimate(Plan(), per_row)(4, 3) == pytest.approx(12.0)
+    assert held_estimate(_plan(), _reader(40, []), per_row)() == pytest.approx(10.0)  # the ramp's timings first
+    assert _draw_row_seconds(SimpleNamespace(k=4, seconds=8.0), object()) is None  # no rows a draw: no stand-in
+    assert _draw_row_seconds(None, SimpleNamespace(rows_per_draw=2)) is None
+
+
+def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_cut(monkeypatch):
+    """max_seconds spent in the noise and the ramp: the first step's first held-out read, which by
+    the noise draws would take far longer than what is left, is not started (with no estimate, a
+    CPU derive bounded at 15 s would start a 17 s read)."""
+    from peft import LoraConfig, get_peft_model
+
+    import leadline.hf.deriving as hf
+    from helpers import DATA, make_model, make_tokenizer
+    from leadline.budget import OutOfTime
+    from leadline.derive import phases
+
+    def cut(*a, **k):
+        raise OutOfTime
+
+    monkeypatch.setattr(phases, "memory", cut)
+    monkeypatch.setattr(phases, "draw_seconds", lambda noise: 50.0)  # a draw as slow as an 8B model's
+    tok = make_tokenizer()
+    model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, target_modules="all-linear",
+                                                                        task_type="CAUSAL_LM"))
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+                         max_seconds=60.0)
+    first = next(t for t in plan.phases if t.phase == "first_step")
+    assert first.status == "cut" and first.reads == 0 and first.seconds < 5.0
+    assert any(n.startswith("first_step: cut by max_seconds=60") for n in plan.notes), plan.notes

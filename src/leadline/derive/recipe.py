@@ -203,7 +203,8 @@ def derive(
                 plan.notes.append(f"step: max_seconds={max_seconds:g} was spent before it; its micro-batch and step "
                                   "are arithmetic on the memory ramp's timings (one row and the rows that fit were "
                                   "not timed in turn)")
-        timed = _timed(runner, plan, held_out_losses, train_step_of) if rate_ready else None
+        timed = _timed(runner, plan, held_out_losses, train_step_of, _draw_row_seconds(noise, grad_fn)) \
+            if rate_ready else None
         first = None
         if timed is not None:
             first = runner.run("first_step", phases.first_step, params, optimizer, timed.steps_of, timed.held, plan,
@@ -298,9 +299,17 @@ class _Timed:
 
 
 def _timed(runner: PhaseRunner, plan: Plan, held_out_losses: Callable[[], Sequence[float]],
-           train_step_of: Callable[[int, int], Callable[[int], Any]]) -> _Timed:
-    held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses))
-    return _Timed(held, timed_steps(train_step_of, runner.ensure, step_estimate(plan)))
+           train_step_of: Callable[[int, int], Callable[[int], Any]], row_seconds: float | None = None) -> _Timed:
+    held = timed_reads(held_out_losses, runner.ensure, held_estimate(plan, held_out_losses, row_seconds))
+    return _Timed(held, timed_steps(train_step_of, runner.ensure, step_estimate(plan, row_seconds)))
+
+
+def _draw_row_seconds(noise: Any, grad_fn: Any) -> float | None:
+    """One row's forward+backward by the noise probe's draws (their mean seconds over their rows):
+    what stands in for the memory phase's timings when max_seconds cut that phase."""
+    per_draw = getattr(grad_fn, "rows_per_draw", None)
+    seconds = phases.draw_seconds(noise)
+    return seconds / int(per_draw) if seconds > 0 and isinstance(per_draw, int) and per_draw > 0 else None
 
 
 def _length(runner: PhaseRunner, plan: Plan, total_steps: int | None, epochs: float | None) -> None:

@@ -1,6 +1,7 @@
 """The time budget held inside a phase: train steps and held-out reads that check, before each
 one, that one more as long as the last fits in derive's max_seconds, and the estimates that stand
-in for the first one from the memory phase's timings."""
+in for the first one from the memory phase's timings (the noise probe's draws where max_seconds
+cut that phase)."""
 
 from __future__ import annotations
 
@@ -111,29 +112,34 @@ def timed_reads(held_out: Callable[[], Sequence[float]], ensure: Callable[[float
     return read
 
 
-def _seconds_per_row(plan: Plan) -> float | None:
-    """One row's forward+backward at the planned length, from the memory phase's t_micro."""
+def _seconds_per_row(plan: Plan, fallback: float | None = None) -> float | None:
+    """One row's forward+backward at the planned length, from the memory phase's t_micro; where
+    that phase did not time it, ``fallback`` (the noise probe's seconds a row)."""
     t, rows = plan.get("t_micro_seconds"), plan.get("rows_fit")
     if not isinstance(t, (int, float)) or not isinstance(rows, (int, float)) or rows < 1:
-        return None
+        return fallback
     return float(t) / float(rows)
 
 
-def step_estimate(plan: Plan) -> Callable[[int, int], float]:
+def step_estimate(plan: Plan, fallback: float | None = None) -> Callable[[int, int], float]:
     """The seconds a training step of micro_batch x grad_accum rows should take, from the
-    memory phase's per-row forward+backward and the optimizer update (0 when not measured)."""
+    memory phase's per-row forward+backward (else ``fallback``, seconds a row) and the optimizer
+    update (0 when nothing was measured)."""
     def est(micro_batch: int, grad_accum: int) -> float:
-        per_row, t_step = _seconds_per_row(plan), plan.get("t_step_seconds")
+        per_row, t_step = _seconds_per_row(plan, fallback), plan.get("t_step_seconds")
         upd = float(t_step) if isinstance(t_step, (int, float)) else 0.0
         return 0.0 if per_row is None else per_row * micro_batch * grad_accum + upd
     return est
 
 
-def held_estimate(plan: Plan, held_out: Callable[[], Sequence[float]]) -> Callable[[], float]:
+def held_estimate(plan: Plan, held_out: Callable[[], Sequence[float]],
+                  fallback: float | None = None) -> Callable[[], float]:
     """The seconds one held-out read should take: its rows (the reader's ``rows``) forward only,
     taken as half a forward+backward (LoRA's backward skips the frozen weights' gradients, so
-    half is the cautious share). 0 when the reader does not say its rows or nothing was timed."""
+    half is the cautious share), a row's forward+backward from the memory phase, else
+    ``fallback``. 0 when the reader does not say its rows or nothing was timed."""
     def est() -> float:
-        per_row, n = _seconds_per_row(plan), (held_out.rows if isinstance(held_out, CountedReader) else None)
+        per_row = _seconds_per_row(plan, fallback)
+        n = held_out.rows if isinstance(held_out, CountedReader) else None
         return 0.0 if per_row is None or not isinstance(n, int) else 0.5 * per_row * n
     return est
