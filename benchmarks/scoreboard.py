@@ -26,6 +26,11 @@ processes (model loading included, the same for every arm), deciding and trainin
                    not the test rows); the grid's summed time is the sweep's cost.
   lr_find          Lightning's LR range test (``Tuner.lr_find``: 100 steps, 1e-8..1, its
                    ``suggestion()``), then the recipe at the suggested rate.
+  lr_find_log      the same range test (lr_find's, when it recorded one), its suggestion taken
+                   where the loss falls fastest against log10(lr) instead of lr: Lightning's
+                   ``suggestion()`` differentiates against the rate itself over log-spaced rates,
+                   which pulls it to the smallest ones (Lightning-AI/pytorch-lightning#21141,
+                   the open fix #21171); then the recipe at that rate.
   optuna           TPE (seed 0, 3 random start-up trials so that TPE proposes the other 5;
                    the default 10 would leave all 8 random) over the rate (1e-5..3e-3, log),
                    rows a step (4, 8, 16, 32) and the warmup's share (0..0.1), 8 trials of the
@@ -159,7 +164,7 @@ RULES = {
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
 ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
-        "schedulefree", "lr_find",
+        "schedulefree", "lr_find", "lr_find_log",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
 
 
@@ -597,6 +602,19 @@ class Arms:
             return
         self.recipe_run("lr_find", float(found["suggestion"]), decide=f["seconds"], extra={"range_test": found})
 
+    def lr_find_log(self) -> None:
+        if self.board.has("lr_find_log"):
+            return
+        if not self.board.has("lr_find"):
+            self.lr_find()  # the range test it reads
+        found = (self.board.data["units"].get("lr_find") or {}).get("range_test") or {}
+        lr = log_suggestion(found) if found.get("lr") and found.get("loss") else None
+        if lr is None:
+            self.board.put("lr_find_log", {"failed": True, "run": {"error": "lr_find recorded no range test to read"}})
+            return
+        self.recipe_run("lr_find_log", lr, decide=float(found.get("seconds") or 0.0),
+                        extra={"range_test_of": "lr_find", "lightning_suggestion": found.get("suggestion")})
+
     def schedulefree(self) -> None:
         if self.board.has("schedulefree"):
             return
@@ -880,6 +898,21 @@ def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = N
                                "loss": finder.results["loss"] if finder else None}, default=float))
 
 
+def log_suggestion(found: dict[str, Any], skip_begin: int = 10, skip_end: int = 1) -> float | None:
+    """Lightning's ``LRFinder.suggestion()`` on a recorded range test (its smoothed losses, the
+    same skips and finite filter), the gradient taken against log10(lr), the coordinate its
+    exponential mode samples in, instead of lr. None with fewer than two finite points."""
+    import torch
+
+    loss = torch.tensor(found["loss"][skip_begin:-skip_end], dtype=torch.float64)
+    lrs = torch.tensor(found["lr"][skip_begin:-skip_end], dtype=torch.float64)
+    ok = torch.isfinite(loss) & (lrs > 0)
+    loss, lrs = loss[ok], lrs[ok]
+    if len(loss) < 2:
+        return None
+    return float(lrs[int(torch.gradient(loss, spacing=[torch.log10(lrs)])[0].argmin())])
+
+
 # ---- the table ----------------------------------------------------------------------------
 def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
@@ -887,7 +920,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     arms: dict[str, dict[str, Any]] = {}
     for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
-                 "schedulefree", "lr_find", "pichak_quick", "pichak_full"):
+                 "schedulefree", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
     for prefix, n in (("sweep", len(data.get("sweep_rates", SWEEP_RATES))), ("optuna", data.get("optuna_trials", OPTUNA_TRIALS))):
@@ -974,7 +1007,8 @@ def seeds_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
         on = f", the card held to {card:g} GB" if card else ""
         lines += ["", f"**{task}**{on}, seed by seed ({'accuracy' if kind == 'classify' else 'test CE/token'})", "",
                   "| arm | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± sd |", "|---|" + "---|" * (len(seeds) + 1)]
-        names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_quick", "pichak_full",
+        names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "lr_find_log", "optuna", "pichak_quick",
+                             "pichak_full",
                              "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
                              "leadline_full_rows", *RETRAINED)
                  if sum(isinstance(metric(arms[k].get(n) or {}), (int, float)) for k in seeds) >= 2]
@@ -1013,7 +1047,8 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "| arm | " + metric + " | against the recipe | against the swept optimum | leadline_full against it "
               "| top answer | GPU s deciding + training |",
               "|---|---|---|---|---|---|---|"]
-    order = ["untrained", "recipe", "sweep", "lr_find", "optuna", "schedulefree", "pichak_quick", "pichak_full",
+    order = ["untrained", "recipe", "sweep", "lr_find", "lr_find_log", "optuna", "schedulefree", "pichak_quick",
+             "pichak_full",
              "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
     full = arms.get("leadline_full")
     for name in order:
@@ -1396,7 +1431,8 @@ def main(argv: list[str] | None = None) -> int:
             continue  # a shorter arm after it may still fit
         log("arm", name)
         try:
-            {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "optuna": arms.optuna,
+            {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "lr_find_log": arms.lr_find_log,
+             "optuna": arms.optuna,
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
              "leadline_run_quick": lambda: arms.leadline_run("quick"),

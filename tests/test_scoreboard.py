@@ -286,7 +286,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
             "leadline_full_rows", "leadline_full_rows_to_zero", "leadline_full_half_ending"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
-                              ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
+                              ("lr_find_log", "lightning"), ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
     argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
             "--work", str(tmp_path / "work"), "--smoke", "--timeout", "240"]
@@ -524,3 +524,49 @@ def test_an_arm_whose_last_run_would_pass_the_deadline_is_not_started(sb, tmp_pa
     monkeypatch.setattr(sb, "T0", sb.time.perf_counter() - 100.0)  # 100 s into the call
     arms.args.deadline = 200.0
     assert arms.fits("recipe") and not arms.fits("leadline_full") and arms.fits("optuna")  # 60 fits, 150 does not
+
+
+def _range_test(lrs, loss_of):
+    return {"suggestion": None, "seconds": 66.0, "lr": list(lrs), "loss": [loss_of(lr) for lr in lrs]}
+
+
+def test_the_log_suggestion_reads_the_descent_the_linear_one_misses(sb):
+    """A range test whose smoothed loss wiggles at the smallest rates and falls fastest around 1e-3:
+    Lightning's suggestion() differentiates against lr, so a wiggle of 0.002 between rates 1e-6
+    apart outweighs the descent; against log10(lr) the descent wins."""
+    import math
+
+    import torch
+
+    lrs = [10 ** (-8 + 8 * k / 99) for k in range(100)]
+    wiggle = {k: 0.002 * (-1) ** k for k in range(100)}
+    found = _range_test(lrs, lambda lr: 3.0 - 1.0 / (1 + math.exp(-3 * (math.log10(lr) + 3)))
+                        + wiggle[lrs.index(lr)] * (lr < 1e-5))
+    lin = torch.tensor(found["lr"][10:-1], dtype=torch.float64)[
+        int(torch.gradient(torch.tensor(found["loss"][10:-1], dtype=torch.float64),
+                           spacing=[torch.tensor(found["lr"][10:-1], dtype=torch.float64)])[0].argmin())]
+    assert float(lin) < 1e-5  # Lightning's reading: a wiggle at the smallest rates
+    assert 3e-4 < sb.log_suggestion(found) < 3e-3  # the descent
+    assert sb.log_suggestion(_range_test([1e-3, 1e-2], lambda lr: 1.0)) is None  # skipped down to nothing
+
+
+def test_the_log_arm_reads_lr_finds_own_range_test_and_trains_the_recipe_there(sb):
+    from types import SimpleNamespace
+
+    lrs = [10 ** (-8 + 8 * k / 99) for k in range(100)]
+    found = _range_test(lrs, lambda lr: 3.0 - (lr > 1e-4) * min(1.0, lr * 500))
+    units = {"lr_find": {"lr": 3e-6, "range_test": found}}
+    ran, searched = [], []
+    fake = SimpleNamespace(board=SimpleNamespace(data={"units": units}, has=lambda u: u in units,
+                                                 put=lambda u, rec: units.__setitem__(u, rec)),
+                           lr_find=lambda: searched.append(1),
+                           recipe_run=lambda unit, lr, **k: ran.append((unit, lr, k)))
+    sb.Arms.lr_find_log(fake)
+    assert searched == [] and len(ran) == 1
+    unit, lr, k = ran[0]
+    assert unit == "lr_find_log" and lr == sb.log_suggestion(found) and k["decide"] == 66.0
+    assert k["extra"]["range_test_of"] == "lr_find"
+    del units["lr_find"]  # no range test recorded and none that runs: the arm fails in one sentence
+    sb.Arms.lr_find_log(fake)
+    assert searched == [1] and units["lr_find_log"]["failed"]
+    assert "no range test" in sb.failure(units["lr_find_log"])
