@@ -48,6 +48,9 @@ processes (model loading included, the same for every arm), deciding and trainin
                    the model loaded once; its cost is that one process's wall seconds.
   leadline_run_quick  ``leadline run --effort quick``: the default effort in one process, the
                    rate raced inside the run: leadline's cheapest whole job.
+  leadline_run_quick_average  the same with ``--average-ending``: the race's ending also reads
+                   the weights averaged over the run's last half at the constant rate (no step
+                   rerun): rule A below.
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
                    train``: the recipe's batch, everything else measured. Beside leadline_full
                    it isolates the step: rule S below.
@@ -160,10 +163,16 @@ RULES = {
     "H": "the raced ending over the run's last half (--ending-share 0.5) replaces the raced ending over two check "
          "intervals as the default when, on the same plan, leadline_full_half_ending beats leadline_full with "
          "p < 0.05 on at least one task and loses on none",
+    "A": "the weights averaged over the run's last half (--average-ending) join the quick effort's default ending "
+         "race when leadline_run_quick_average beats leadline_run_quick with p < 0.05 on at least one task and "
+         "loses on none; the ending that costs no step replaces the rerun of the last half when, in addition, "
+         "leadline_run_quick_average's held-out rows kept the average on every task where leadline_run_quick kept "
+         "the last half",
 }
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
+ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
+        "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find", "lr_find_log",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
 
@@ -685,16 +694,18 @@ class Arms:
         # most of a generation task's judging time
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
 
-    def leadline_run(self, effort: str = "full") -> None:
+    def leadline_run(self, effort: str = "full", average: bool = False) -> None:
         """``leadline run``: derive (``effort``) and train in one process; deciding is the derive's
-        seconds and the model's one load, training the rest of the process's wall time."""
-        unit = "leadline_run" + ("_quick" if effort == "quick" else "")
+        seconds and the model's one load, training the rest of the process's wall time.
+        ``average``: with ``--average-ending``."""
+        unit = "leadline_run" + ("_quick" if effort == "quick" else "") + ("_average" if average else "")
         if self.board.has(unit):
             return
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
         bound = ["--max-seconds", "20"] if self.args.smoke else []
-        t = leadline(["run", *self.common, "--effort", effort, *self.short, *bound, "--out", str(run_dir)],
+        t = leadline(["run", *self.common, "--effort", effort, *self.short, *bound,
+                      *(["--average-ending"] if average else []), "--out", str(run_dir)],
                      self.work / f"{unit}.log", self.args.timeout)
         run = run_json(run_dir)
         decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
@@ -918,7 +929,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
+    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
+                 "leadline_run_quick_average", "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
                  "schedulefree", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
@@ -1009,7 +1021,8 @@ def seeds_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
                   "| arm | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± sd |", "|---|" + "---|" * (len(seeds) + 1)]
         names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "lr_find_log", "optuna", "pichak_quick",
                              "pichak_full",
-                             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
+                             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
+                             "leadline_run_quick_average", "leadline_full_16rows",
                              "leadline_full_rows", *RETRAINED)
                  if sum(isinstance(metric(arms[k].get(n) or {}), (int, float)) for k in seeds) >= 2]
         for n in names:
@@ -1049,7 +1062,8 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "lr_find_log", "optuna", "schedulefree", "pichak_quick",
              "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
+             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
+             "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -1167,7 +1181,9 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
              ("Z", "leadline_full_rows_to_zero", "leadline_full_rows",
               "the ending to zero against the raced ending, at the step for the rows"),
              ("H", "leadline_full_half_ending", "leadline_full",
-              "the raced ending over the last half against the raced ending over two check intervals")]
+              "the raced ending over the last half against the raced ending over two check intervals"),
+             ("A", "leadline_run_quick_average", "leadline_run_quick",
+              "the averaged weights raced with the endings against the endings alone")]
     out = []
     for rule, a, b, what in pairs:
         if a in arms and b in arms:
@@ -1436,6 +1452,7 @@ def main(argv: list[str] | None = None) -> int:
              "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
              "leadline_run_quick": lambda: arms.leadline_run("quick"),
+             "leadline_run_quick_average": lambda: arms.leadline_run("quick", average=True),
              "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
              "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),

@@ -90,6 +90,8 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
           str(tmp_path / "r3"), "--state", str(tmp_path)], "is not a state leadline derive wrote"),
         (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
           str(tmp_path / "r4"), "--state", str(tmp_path), "--fresh"], "drop one of them"),
+        (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
+          str(tmp_path / "r5"), "--average-ending"], "is of the full effort, which runs the LookaheadSchedule"),
     ]
     for argv, needle in cases:
         capsys.readouterr()
@@ -97,7 +99,7 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
         assert len(err) == 1 and needle in err[0], err  # one sentence (a loader's progress bar may precede it)
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()
-    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists() and not (tmp_path / "r5").exists()
 
 
 def test_derive_keeps_a_step_the_user_fixes(model_dir, tmp_path):
@@ -247,6 +249,8 @@ def test_run_refuses_bad_input_in_one_sentence_and_writes_nothing(model_dir, tmp
         (["run", *_run_args(model_dir)[:2], "--data", str(tmp_path / "missing.jsonl"), "--device", "cpu",
           "--out", str(tmp_path / "new")], "missing.jsonl does not exist"),
         (["run", *_run_args(model_dir)[:4], "--steps", "0", "--out", str(tmp_path / "new")], "--steps 0"),
+        (["run", *_run_args(model_dir), "--effort", "full", "--average-ending", "--out", str(tmp_path / "new")],
+         "--average-ending races the averaged weights inside the quick effort's race"),
     ]
     for argv, needle in cases:
         capsys.readouterr()
@@ -272,3 +276,18 @@ def test_train_races_the_ending_over_the_share_it_is_given(two_commands, model_d
     copy = steps - round(0.5 * steps)
     assert res["ending"]["from_step"] == copy and f"the last {steps - copy} steps rerun" in res["ending"]["why"]
     assert (res["continued"]["from_step"] == n) == (n < copy), res["continued"]
+
+
+def test_a_quick_run_races_the_averaged_weights_at_no_step_more(model_dir, tmp_path):
+    """--average-ending: the race's ending also reads the weights averaged over the run's last
+    half, with no optimizer step more than the same run without it."""
+    runs = {}
+    for name, extra in (("plain", []), ("average", ["--average-ending"])):
+        with ticking():
+            assert main(["run", *_run_args(model_dir), "--effort", "quick", *extra, "--out", str(tmp_path / name)]) == 0
+        runs[name] = json.loads((tmp_path / name / "run.json").read_text())["race"]
+    avg = runs["average"]["ending"]["average"]
+    steps = int(RUN_STEPS)
+    assert avg["from_step"] == steps // 2 and avg["iterates"] == steps - steps // 2
+    assert runs["average"]["steps_used"] == runs["plain"]["steps_used"] and "average" not in runs["plain"]["ending"]
+    assert runs["average"]["ending"]["kept"] in ("constant", "decay", "average")

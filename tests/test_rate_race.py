@@ -104,3 +104,45 @@ def test_when_every_rate_spikes_the_lowest_goes_on_and_the_run_ends():
     r = race(toy.params, toy.opt, step, toy.held_out, [0.001, 0.002, 0.004, 0.008], 64)
     assert r.lr == 0.004 and "the lowest, 0.004, goes on" in r.decided_by, r.decided_by
     assert r.steps_used >= 64  # the run went on to its end
+
+
+def test_the_tail_average_is_the_mean_of_the_iterates_it_folded():
+    from leadline.rate._run import TailAverage
+
+    w = torch.nn.Parameter(torch.zeros(3))
+    avg = TailAverage([w], start=0)
+    for v in ([1.0, 2.0, 3.0], [3.0, 2.0, 1.0], [2.0, 5.0, 2.0]):
+        with torch.no_grad():
+            w.copy_(torch.tensor(v))
+        avg.fold([w])
+    avg.load([w])
+    assert avg.count == 3 and torch.allclose(w.detach(), torch.tensor([2.0, 3.0, 2.0]))
+
+
+def test_the_averaged_ending_is_raced_without_a_step_and_kept_where_it_reads_lowest():
+    """A noisy regression at a rate that keeps the weights bouncing: the iterates of the last half
+    averaged read below the constant ending, at no optimizer step, and the model ends on the
+    ending kept."""
+    steps = 64
+    toy = Regression(seed=3, dim=32, noise=2.0)
+    r = race(toy.params, toy.opt, toy.train_step, toy.held_out, [0.05], steps, average=True)
+    avg = r.ending["average"]
+    assert avg["from_step"] == steps // 2 and avg["iterates"] == steps - steps // 2
+    assert avg["loss"] < r.ending["constant"]["loss"]
+    plain = Regression(seed=3, dim=32, noise=2.0)
+    q = race(plain.params, plain.opt, plain.train_step, plain.held_out, [0.05], steps)
+    assert r.steps_used == q.steps_used and "average" not in q.ending  # no step more for the average
+    assert r.ending["constant"]["loss"] == pytest.approx(q.ending["constant"]["loss"])  # the same run to step T
+    kept = r.ending["kept"]
+    assert kept in ("average", "decay") and sum(toy.held_out()) / 256 == pytest.approx(
+        avg["loss"] if kept == "average" else r.ending["decay"]["loss"])
+    assert "averaged over the last 32 steps" in r.ending["why"]
+
+
+def test_an_average_that_reads_lowest_is_the_model_the_run_ends_on():
+    toy = Regression(seed=1, dim=32, noise=2.0)  # a rate that bounces: the average beats both decays
+    r = race(toy.params, toy.opt, toy.train_step, toy.held_out, [0.3], 64, average=True)
+    assert r.ending["kept"] == "average" and r.as_values()["ending"].value == "average"
+    assert r.ending["average"]["loss"] < min(d["loss"] for d in r.ending["decays"])
+    assert sum(toy.held_out()) / 256 == pytest.approx(r.ending["average"]["loss"])
+    assert "the average kept" in r.ending["why"] and toy.w.grad is None

@@ -283,7 +283,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_full_16rows",
+    arms = ["recipe", "sweep", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
+            "leadline_run_quick_average", "leadline_full_16rows",
             "leadline_full_rows", "leadline_full_rows_to_zero", "leadline_full_half_ending"]
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("optuna", "optuna"), ("lr_find", "lightning"),
                               ("lr_find_log", "lightning"), ("pichak_quick", "pichak")) if iu.find_spec(pkg) is not None]
@@ -305,6 +306,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     if "optuna" in arms:
         assert units["optuna"]["trials"] == 2 and "optuna_1" in units
     assert units["leadline_run_quick"]["plan"]["values"].get("race_rates")  # the quick effort: raced inside the run
+    assert "--average-ending" in units["leadline_run_quick_average"]["train"]["argv"]
+    assert "--average-ending" not in units["leadline_run_quick"]["train"]["argv"]
     rows = units["leadline_full_rows"]["plan"]["values"]["tokens_per_step"]
     assert rows["evidence"]["step_for"] == "rows" and rows["source"].startswith("for the rows")
     assert "Rule R, the step for the rows against the least-time step" in sb.table_of(board, out)

@@ -96,7 +96,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,
                     ending: Literal["raced", "to_zero"] = "raced",
-                    ending_share: float | None = None) -> dict[str, Any]:
+                    ending_share: float | None = None, average_ending: bool = False) -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
@@ -118,6 +118,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     decaying and keeps the best ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
     under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
     share of the run's steps the raced ending reruns, one length alone (default: the last half and 2h).
+    ``average_ending``: a quick plan's race also races the winner's weights averaged over the
+    run's last half at the constant rate (no step rerun; :func:`~leadline.rate.race`).
     """
     import torch
 
@@ -137,6 +139,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                              + (f"ending={ending!r} races none" if ending != "raced" else
                                 "this quick plan races its rates with race() instead")
                              + "; leave ending_share out")
+    if average_ending and not races_inside(plan):
+        raise InputError("average_ending races the averaged weights inside a quick plan's race(), and this plan runs "
+                         "the LookaheadSchedule; derive it with effort='quick', or leave average_ending out")
     task = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
@@ -172,7 +177,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
             from leadline.rate import race
 
             race_result = race(params, opt, train_step, held, list(plan.race_rates), steps,
-                               alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"))
+                               alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"),
+                               average=average_ending)
         start = _continue(run_state, sched, params, opt)
         curve = _steps(range(start, 0 if racing else steps), opt, train_step, sched, recipe_rate, t0, on_step)
         ending = sched.finish() if sched is not None else None

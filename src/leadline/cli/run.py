@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
     if asked and args.effort == "quick":
         raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort quick races its rates inside the "
                          f"run instead; pass --effort full (the default) or leave {asked.split()[0]} out")
+    if args.average_ending and args.effort != "quick":
+        raise InputError("--average-ending races the averaged weights inside the quick effort's race, and --effort "
+                         f"{args.effort} runs the LookaheadSchedule; pass --effort quick or leave --average-ending out")
     check_device(args.device)
     made = not out.exists()
     try:
@@ -90,7 +93,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         t_train = time.perf_counter()
         # the model derive measured, as derive_for left it: the weights a fresh load gives
         res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state,
-                              ending=ending_of(args), ending_share=args.ending_share)
+                              ending=ending_of(args), ending_share=args.ending_share,
+                              average_ending=args.average_ending)
         seconds["train_seconds"] = time.perf_counter() - t_train
     _add_seconds(out / "run.json", seconds)
     print_run(res, out)

@@ -44,6 +44,9 @@ def add_ending_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ending-share", type=float, metavar="S",
                    help="the share of the run the raced ending reruns with the rate decaying (e.g. 0.5: the last "
                    "half; default: the last half and the last two check intervals, both raced)")
+    p.add_argument("--average-ending", action="store_true",
+                   help="a quick plan's race also races the weights averaged over the run's last half at the "
+                   "constant rate (no step rerun, one held-out read) and keeps it where it reads lowest")
 
 
 def ending_flag(args: argparse.Namespace) -> str | None:
@@ -103,6 +106,15 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{asked} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
                              "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
                              f"effort, or leave {asked.split()[0]} out")
+    if args.average_ending:
+        from leadline.train import races_inside
+
+        if args.recipe or args.no_schedule or not races_inside(plan):
+            why = ("--recipe trains without a race" if args.recipe else "--no-schedule trains without a race"
+                   if args.no_schedule else f"the plan {args.plan} is of the full effort, which runs the "
+                   "LookaheadSchedule")
+            raise InputError(f"--average-ending races the averaged weights inside a quick plan's race, and {why}; "
+                             "derive the plan with --effort quick, or leave --average-ending out")
     if args.recipe:
         if args.batch < 1:
             raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
@@ -138,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
                               schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
-                              ending=ending_of(args), ending_share=args.ending_share)
+                              ending=ending_of(args), ending_share=args.ending_share,
+                              average_ending=args.average_ending)
     print_run(res, args.out)
     return 0
 

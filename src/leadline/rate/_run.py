@@ -79,9 +79,32 @@ class EndingCopy:
     start: int
 
 
+class TailAverage:
+    """The mean of the trained tensors over the run's iterates from ``start`` on (float32, beside
+    the tensors): an ending that costs no optimizer step, read once on the held-out rows.
+    :meth:`fold` adds the tensors as they are now."""
+
+    def __init__(self, params: Sequence[torch.Tensor], start: int) -> None:
+        self.start = int(start)
+        self.count = 0
+        self.mean = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+
+    @torch.no_grad()
+    def fold(self, params: Sequence[torch.Tensor]) -> None:
+        self.count += 1
+        for m, p in zip(self.mean, params):
+            m.add_(p.detach().float() - m, alpha=1.0 / self.count)
+
+    @torch.no_grad()
+    def load(self, params: Sequence[torch.Tensor]) -> None:
+        for m, p in zip(self.mean, params):
+            p.copy_(m.to(p.dtype))
+
+
 def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
                 held_out: HeldOut, copies: Sequence[EndingCopy], end: int,
-                ratios: Sequence[float], rows: int, *, alpha: float, place: str) -> tuple[dict[str, Any], list[float]]:
+                ratios: Sequence[float], rows: int, *, alpha: float, place: str,
+                average: TailAverage | None = None) -> tuple[dict[str, Any], list[float]]:
     """Keep the constant ending (the state now, at ``end``) or the best of the decayed endings:
     each copy's steps ``start..end-1`` rerun from it with lr(t) = copy.lr * (end - t) / (end - start).
 
@@ -90,14 +113,17 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
     ``alpha`` (one look), or its losses are not finite; then the constant ending is put back
     bit-exactly. The decay is the null: it is the ending measured helping (``docs/rate.md``).
     Each copy's snapshot holds its decayed ending once it has run (no other memory is taken).
+    ``average``: the constant run's weights averaged from ``average.start`` on, ranked with the
+    decays (kept: those weights, with the constant ending's optimizer state).
     On an exception the constant ending is put back and the error re-raised.
     Returns the evidence (``decays``: every length raced) and the kept ending's per-row losses.
     """
-    if not copies:
-        raise ValueError("race_ending needs at least one copy")
+    if not copies and average is None:
+        raise ValueError("race_ending needs at least one copy or an average")
     constant = read_held_out(held_out, rows)
     at_end = Snapshot.take(params, opt, place=place)
     read: list[tuple[EndingCopy, list[float]]] = []
+    averaged: list[float] | None = None
     try:
         for copy in sorted(copies, key=lambda c: -c.start):  # the shortest ending first
             copy.snapshot.load(params, opt)
@@ -105,26 +131,55 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
                       ratios)
             read.append((copy, read_held_out(held_out, rows)))
             copy.snapshot.save(params, opt)  # the copy now holds this decayed ending
+        if average is not None:
+            average.load(params)
+            averaged = read_held_out(held_out, rows)
     except BaseException:
         at_end.load(params, opt)
         raise
-    best, decayed = min(read, key=lambda r: _mean(r[1]))
-    verdict = compare(constant, decayed, alpha=alpha)
-    keep = "constant" if verdict.better or not finite(decayed) else "decay"
-    (at_end if keep == "constant" else best.snapshot).load(params, opt)
+    ranked: list[tuple[str, Any, list[float]]] = [("decay", c, losses) for c, losses in read]
+    if averaged is not None:
+        ranked.append(("average", average, averaged))
+    kind, best, losses = min(ranked, key=lambda r: _mean(r[2]))
+    verdict = compare(constant, losses, alpha=alpha)
+    keep = "constant" if verdict.better or not finite(losses) else kind
+    if keep == "decay":
+        best.snapshot.load(params, opt)
+    else:
+        at_end.load(params, opt)
+        if keep == "average":
+            average.load(params)
     c_mean, c_se = _mean_se(constant)
-    d_mean, d_se = _mean_se(decayed)
-    return {
-        "kept": keep, "from_step": best.start, "to_step": end, "lr_at_copy": best.lr,
-        "constant": {"loss": c_mean, "se": c_se}, "decay": {"loss": d_mean, "se": d_se},
+    d_mean, d_se = _mean_se(losses)
+    start = best.start
+    out = {
+        "kept": keep, "from_step": start, "to_step": end, "lr_at_copy": getattr(best, "lr", None),
+        "constant": {"loss": c_mean, "se": c_se}, kind: {"loss": d_mean, "se": d_se},
         "constant_versus_decay": verdict.as_dict(), "alpha": alpha,
         "decays": [{"from_step": c.start, "steps": end - c.start, "lr_at_copy": c.lr,
-                    "loss": _mean_se(losses)[0], "se": _mean_se(losses)[1]} for c, losses in read],
-    }, (decayed if keep == "decay" else constant)
+                    "loss": _mean_se(ls)[0], "se": _mean_se(ls)[1]} for c, ls in read],
+    }
+    if averaged is not None:
+        out["average"] = {"from_step": average.start, "iterates": average.count, "loss": _mean_se(averaged)[0],
+                          "se": _mean_se(averaged)[1]}
+    return out, (constant if keep == "constant" else losses)
 
 
 def ending_why(ending: dict[str, Any]) -> str:
     """The sentence for a raced ending's record: what was rerun and what was kept."""
+    avg = ending.get("average")
+    if isinstance(avg, dict):
+        decays = ending.get("decays") or []
+        raced = "; ".join([f"the last {d['steps']} steps rerun with the rate falling linearly to zero "
+                           f"({d['loss']:.4f})" for d in decays]
+                          + [f"the weights averaged over the last {ending['to_step'] - avg['from_step']} steps "
+                             f"({avg['loss']:.4f}, no step rerun)"])
+        kept = {"constant": "the constant ending kept: better by a one-sided paired t test",
+                "average": "the average kept: the lowest, and the constant ending not better by a one-sided paired t "
+                           "test",
+                "decay": "the decay kept: the lowest, and the constant ending not better by a one-sided paired t "
+                         "test"}[ending["kept"]]
+        return f"{raced} (held-out loss): {kept}"
     decays = ending.get("decays") or [{"steps": ending["to_step"] - ending["from_step"]}]
     if len(decays) == 1:
         rerun = f"the last {decays[0]['steps']} steps rerun from a copy with the rate falling linearly to zero"

@@ -89,7 +89,8 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
          held_out: Callable[[], Sequence[float]], rates: Sequence[float], total_steps: int, *,
          alpha1: float | None = None, warmup_steps: int | None = None, first_round: int | None = None,
          ending_horizon: int | None = None, alpha: float = 0.05, place: str = "auto",
-         on_progress: Callable[[dict[str, Any]], None] | None = None, rounds_only: bool = False) -> RaceResult:
+         on_progress: Callable[[dict[str, Any]], None] | None = None, rounds_only: bool = False,
+         average: bool = False) -> RaceResult:
     """Race ``rates`` inside a run of ``total_steps`` optimizer steps (see the module docstring).
 
     Args:
@@ -109,6 +110,9 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
         rounds_only: run the halving rounds and decide the winner, then put the weights and
             the optimizer state back as they were (a loop of someone else's, e.g. Trainer's,
             then runs the winner's rate from the start); ``steps_used`` counts the rounds.
+        average: also race the winner's weights averaged over the run's last half at the
+            constant rate (no step rerun: one held-out read; a float32 copy of the trained
+            tensors kept while it runs), ranked with the decays.
     """
     t0 = time.perf_counter()
     rates = sorted({float(r) for r in rates})
@@ -147,7 +151,7 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
             s.decided += "".join("; " + n for n in s.notes)
             return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
                               time.perf_counter() - t0, s.snaps)
-        ending = _run_winner(s, win, total_steps, h)
+        ending = _run_winner(s, win, total_steps, h, average)
         for c in cands:
             c.snapshot = None
     if s.notes:
@@ -242,13 +246,21 @@ def _survivors(s: _Race, readings: dict[Any, Any], best: Any, verdicts: dict[Any
     return (sorted(tied, key=lambda k: s.cands[k].lr) + rest)[:half]
 
 
-def _run_winner(s: _Race, win: Any, total_steps: int, h: int) -> dict[str, Any]:
+def _run_winner(s: _Race, win: Any, total_steps: int, h: int, average: bool = False) -> dict[str, Any]:
     """The winner run to the end from its snapshot, copies kept at T/2 and T - 2h (those after
-    its last round) and the endings raced from them. Returns the ending's record."""
-    from leadline.rate._run import EndingCopy, ending_why, race_ending
+    its last round) and the endings raced from them; with ``average``, the iterates after T/2
+    averaged on the way. Returns the ending's record."""
+    from leadline.rate._run import EndingCopy, TailAverage, ending_why, race_ending
     from leadline.rate.state import Snapshot, run_steps
 
     (win.snapshot or s.origin).load(s.params, s.opt)
+    tail = TailAverage(s.params, total_steps // 2) if average and win.done <= total_steps // 2 else None
+    step = s.train_step
+    if tail is not None:
+        def step(t: int) -> Any:  # the weights entering step t are the iterate after t steps
+            if t > tail.start:
+                tail.fold(s.params)
+            return s.train_step(t)
     lengths = (total_steps // 2, 2 * h) if total_steps // 2 > 2 * h else (2 * h,)
     starts = sorted(total_steps - n for n in lengths if win.done < total_steps - n < total_steps)
     if total_steps - 2 * h <= win.done:
@@ -257,12 +269,14 @@ def _run_winner(s: _Race, win: Any, total_steps: int, h: int) -> dict[str, Any]:
         return {"kept": "constant", "why": "no ending race: the run is too short for 2h steps after the last round"}
     copies, at = [], win.done
     for start in starts:
-        run_steps(s.opt, s.train_step, at, start, win.lr_at, s.ratios)
+        run_steps(s.opt, step, at, start, win.lr_at, s.ratios)
         copies.append(EndingCopy(Snapshot.take(s.params, s.opt, place=s.place), win.lr_at(start), start))
         at = start
-    run_steps(s.opt, s.train_step, at, total_steps, win.lr_at, s.ratios)
+    run_steps(s.opt, step, at, total_steps, win.lr_at, s.ratios)
+    if tail is not None:
+        tail.fold(s.params)  # the last iterate, after step T-1
     s.used += total_steps - win.done + sum(total_steps - c.start for c in copies)
     ending, _ = race_ending(s.params, s.opt, s.train_step, s.held, copies, total_steps, s.ratios, s.rows,
-                            alpha=s.alpha, place=s.place)
+                            alpha=s.alpha, place=s.place, average=tail)
     ending["why"] = ending_why(ending)
     return ending
