@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 DATA = Path(__file__).parent / "data"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 # ChatML as SmolLM2 uses it; {% generation %} marks what the loss scores (assistant turns).
 CHAT_TEMPLATE = (
@@ -88,3 +89,16 @@ def free_port() -> int:
     port = s.getsockname()[1]
     s.close()
     return port
+
+
+def load_benchmark(name: str) -> Any:
+    """A script of ``benchmarks/`` imported as the module ``name`` (registered in sys.modules, so
+    its dataclasses and pickles resolve)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

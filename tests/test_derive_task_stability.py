@@ -3,17 +3,11 @@ within one grid step), on recorded plans."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("derive_task", ROOT / "benchmarks" / "derive_task.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("derive_task")
 
 
 def test_the_three_gsm_plans_of_one_card_fail_the_step_rule_and_pass_the_rate_rule():

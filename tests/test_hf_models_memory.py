@@ -3,23 +3,16 @@ got, and --resume runs only what is left (an 8B case does not fit one 10-minute 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def hfm():
-    spec = importlib.util.spec_from_file_location("hf_models_memory", ROOT / "benchmarks" / "hf_models_memory.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["hf_models_memory"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("hf_models_memory")
 
 
 def test_a_run_cut_by_the_deadline_is_continued_by_resume_and_only_then_judged(hfm, tmp_path, monkeypatch):

@@ -3,26 +3,22 @@ rate is the optimum, what counts as a win, the table written into the README."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
-import sys
 import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from helpers import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def sb():
-    spec = importlib.util.spec_from_file_location("scoreboard", ROOT / "benchmarks" / "scoreboard.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["scoreboard"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("scoreboard")
 
 
 def _unit(preds, lr=2e-4, unseen=0.1, cost=10.0, rows=16):
