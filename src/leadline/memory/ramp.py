@@ -225,7 +225,7 @@ def ramp(
             the last rung's seconds per row x its rows; on CUDA the try and, should it fit, its
             confirmation and length mix: :func:`candidate_seconds`); True ends the search there
             and keeps what it has, as ``should_stop`` does (max_seconds must not start a rung
-            it cannot finish: on an 8B model one candidate's confirmation is over a minute).
+            it cannot finish).
 
     Returns:
         :class:`RampResult`. On CUDA: the most rows that fit (see :mod:`leadline.memory.decide`);
