@@ -10,6 +10,7 @@ import pytest
 from helpers import DATA
 from leadline import InputError, Plan, Value
 from leadline.derive.no_trace import tensors_digest
+from leadline.pieces import Corpus, Pieces
 
 
 def _lora(model):
@@ -176,8 +177,7 @@ def test_exception_in_any_phase_restores_everything(phase, monkeypatch):
 
     monkeypatch.setattr(phases, phase, broken)
     with pytest.raises(RuntimeError, match="boom"):
-        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                 held_out_losses=held_out, total_steps=20)
+        d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20)
     assert tensors_digest([w]) == digest
     assert torch.equal(torch.random.get_rng_state(), rng)
     assert opt.param_groups[0]["lr"] == 1e-3 and not opt.state
@@ -187,8 +187,7 @@ def test_generic_derive_measures_the_rate_on_a_toy():
     w, opt, train_step_of, held_out = _toy()
     from leadline.derive import derive
 
-    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                  held_out_losses=held_out, total_steps=20)
+    plan = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20)
     assert plan["alpha1"].kind == "measured" and plan.alpha1 > 0
     assert "lr" in plan and plan.warmup_steps == 0
     assert plan["warmup_steps"].kind == ("constant" if plan.lr > plan.alpha1 else "derived")
@@ -207,8 +206,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
 
     monkeypatch.setattr(phases, "rate", killed)
     with pytest.raises(KeyboardInterrupt):
-        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                 held_out_losses=held_out, total_steps=20, resume=resume)
+        d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, resume=resume)
     saved = json.loads(resume.read_text())
     assert saved["finished"] == ["first_step", "anchor"]
     monkeypatch.setattr(phases, "rate", real)
@@ -216,8 +214,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     real_first = phases.first_step
     monkeypatch.setattr(phases, "first_step", lambda *a, **k: calls.append(1) or {})
     events: list[dict] = []
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                    held_out_losses=held_out, total_steps=20, resume=resume, on_progress=events.append)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, resume=resume, on_progress=events.append)
     assert not calls, "a finished phase ran again"
     assert {"phase": "first_step", "status": "resumed"}.items() <= next(e for e in events if e["phase"] == "first_step").items()
     assert "alpha1" in plan and "lr" in plan
@@ -225,8 +222,7 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
     # the resumed plan is the uninterrupted one: same numbers, phase by phase (the toy is deterministic)
     monkeypatch.setattr(phases, "first_step", real_first)
     w2, opt2, step_of2, held2 = _toy()
-    whole = d.derive(named_weights=[("w", w2)], trained_as="weights", optimizer=opt2, train_step_of=step_of2,
-                     held_out_losses=held2, total_steps=20)
+    whole = d.derive(pieces=Pieces(weights=[("w", w2)], trained_as="weights", optimizer=opt2, train_step_of=step_of2, held_out_losses=held2), total_steps=20)
     assert {n: plan[n].value for n in plan} == {n: whole[n].value for n in whole}
 
 
@@ -245,8 +241,7 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch):
         return out
 
     monkeypatch.setattr(phases, "first_step", slow)
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                    held_out_losses=held_out, total_steps=20, max_seconds=0.2)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, max_seconds=0.2)
     assert any("rate: not reached within max_seconds" in n for n in plan.notes)
     # the anchor is arithmetic and runs past the budget; the lower of alpha1 and it stands in for the rate not reached
     assert "lr_anchor" in plan and plan.lr == min(plan.alpha1, plan.lr_anchor)
@@ -259,8 +254,7 @@ def test_max_seconds_counts_from_started_when_given():
 
     w, opt, train_step_of, held_out = _toy()
     # a wrapper's set-up already spent the budget: no timed phase starts, the arithmetic still runs
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                    held_out_losses=held_out, total_steps=20, max_seconds=5, started=time.monotonic() - 6)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, max_seconds=5, started=time.monotonic() - 6)
     assert any("first_step: not reached within max_seconds" in n for n in plan.notes)
     assert "alpha1" not in plan and "lr_anchor" in plan
 
@@ -271,7 +265,7 @@ def test_bad_arguments_are_one_sentence():
     with pytest.raises(InputError, match="effort"):
         derive(effort="fast")
     with pytest.raises(InputError, match="trained_as"):
-        derive(trained_as="adapters")
+        derive(pieces=Pieces(trained_as="adapters"))
     with pytest.raises(InputError, match="total_steps or epochs"):
         derive(total_steps=3, epochs=1)
     with pytest.raises(InputError, match="max_seconds"):
@@ -306,8 +300,7 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch):
 
     slow_step_of = _slowed(train_step_of, 0.01)
     t0 = time.monotonic()
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
-                    held_out_losses=held_out, total_steps=400, effort="full", max_seconds=1.5)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of, held_out_losses=held_out), total_steps=400, effort="full", max_seconds=1.5)
     took = time.monotonic() - t0
     assert took < 2.5, f"max_seconds=1.5 was not a bound: derive took {took:.1f} s"
     # the look-ahead read at least its first horizon, short of its 50-step minimum (400 / 8): the
@@ -330,8 +323,7 @@ def test_a_short_run_reads_fewer_rates_around_the_anchor_from_its_minimum_horizo
 
     w, opt, train_step_of, held_out = _toy()
     # 24 steps: the default grid (5 rates) cannot reach the 16-step minimum horizon on 2 x 24 steps
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                    held_out_losses=held_out, total_steps=24, effort="full")
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=24, effort="full")
     assert plan["lookahead_horizon_steps"].value >= 16
     lr = plan["lr"]
     assert lr.kind == "measured" and "a short run: 24 steps" in lr.source and "3 rates around the anchor" in lr.source, lr.source
@@ -365,8 +357,7 @@ def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alp
     w, opt, train_step_of, held_out = _toy()
 
     slow_step_of = _slowed(train_step_of, 0.05)
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of,
-                    held_out_losses=held_out, total_steps=400, effort="full", max_seconds=0.6)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=slow_step_of, held_out_losses=held_out), total_steps=400, effort="full", max_seconds=0.6)
     assert any("rate: cut by max_seconds" in n for n in plan.notes), plan.notes
     assert plan.lr == min(plan.alpha1, plan.lr_anchor)
     if plan.lr_anchor < plan.alpha1:  # alpha1 is the best single step, not a rate to hold
@@ -384,8 +375,7 @@ def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch):
     w, opt, train_step_of, held_out = _toy()
     real = phases.first_step
     monkeypatch.setattr(phases, "first_step", lambda *a, **k: (time.sleep(0.3), real(*a, **k))[1])
-    plan = d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                    held_out_losses=held_out, total_steps=20, max_seconds=0.1)
+    plan = d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, max_seconds=0.1)
     assert "warmup_steps" in plan and "weight_decay" in plan
 
 
@@ -407,8 +397,7 @@ def test_killed_inside_the_lookahead_resumes_to_the_uninterrupted_plan(tmp_path)
 
             return step
 
-        return derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=killing_step_of,
-                      held_out_losses=held, total_steps=40, effort="full", resume=resume), calls["n"]
+        return derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=killing_step_of, held_out_losses=held), total_steps=40, effort="full", resume=resume), calls["n"]
 
     whole, n_calls = run()
     assert n_calls > 10, "the look-ahead ran too few steps for the test to kill it inside"
@@ -442,12 +431,10 @@ def test_a_resume_file_from_another_run_is_refused(tmp_path, monkeypatch):
     resume = tmp_path / "derive.json"
     monkeypatch.setattr(phases, "rate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
-        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                 held_out_losses=held_out, total_steps=20, resume=resume)
+        d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, resume=resume)
     saved = resume.read_text()
     with pytest.raises(InputError, match=r"different run \(total_steps differ\)"):
-        d.derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                 held_out_losses=held_out, total_steps=30, resume=resume)
+        d.derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=30, resume=resume)
     assert resume.read_text() == saved  # refused before anything was written
 
 
@@ -455,10 +442,8 @@ def test_prior_plan_is_checked_not_rederived():
     from leadline.derive import derive
 
     w, opt, train_step_of, held_out = _toy()
-    first = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                   held_out_losses=held_out, total_steps=20, effort="full")
-    again = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                   held_out_losses=held_out, total_steps=20, effort="full", prior=first)
+    first = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, effort="full")
+    again = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, effort="full", prior=first)
     assert again.lr == first.lr and "prior plan's rate, kept" in again["lr"].source
     assert again["alpha1"].kind == "measured"
 
@@ -477,8 +462,7 @@ def test_max_seconds_stops_before_a_read_that_would_not_fit():
         return held_out()
 
     t0 = time.perf_counter()
-    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                  held_out_losses=slow_read, total_steps=400, effort="full", max_seconds=1.0)
+    plan = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=slow_read), total_steps=400, effort="full", max_seconds=1.0)
     took = time.perf_counter() - t0
     assert took < 1.0 + 0.15, f"derive took {took:.2f} s against max_seconds 1.0"
     assert any("max_seconds" in n for n in plan.notes), plan.notes
@@ -585,8 +569,7 @@ def test_under_max_seconds_the_ramp_leaves_time_for_the_phases_after_it():
 
     slow.device = "cpu"
     t0 = time.perf_counter()
-    plan = derive(named_weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of,
-                  held_out_losses=held_out, step_fn=slow, seq_len=16, total_steps=50, max_seconds=3.0)
+    plan = derive(Corpus(seq_len=16), Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out, step=slow), total_steps=50, max_seconds=3.0)
     assert plan["rows_fit"].evidence["stopped_because"].startswith("max_seconds")
     assert 1 < plan.rows_fit < 1024 and len(fake.calls) <= 1 + 0.3 * 3.0 / 0.15 + 1
     assert "alpha1" in plan and "lr" in plan  # the phases after the ramp ran

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from leadline.pieces import Corpus, Pieces
 from test_derive_golden import clock  # noqa: F401  (the fixture)
 
 SAME = ("tokens_per_step", "alpha1", "noise_scale_tokens", "noise_scale_past_format_tokens", "lr", "lr_anchor",
@@ -66,9 +67,9 @@ def _pieces(clock, fits: int) -> dict:  # noqa: F811
         return out
 
     step_fn.device = "cpu"
-    return {"data": str(DATA / "tokenized.jsonl"), "named_weights": [("w", w)], "trained_as": "weights",
-            "optimizer": opt, "train_step_of": train_step_of, "held_out_losses": held_out, "grad_fn": grad_fn,
-            "step_fn": step_fn}
+    return {"corpus": Corpus(str(DATA / "tokenized.jsonl")),
+            "pieces": Pieces(step=step_fn, gradients=grad_fn, weights=[("w", w)], trained_as="weights", optimizer=opt,
+                             train_step_of=train_step_of, held_out_losses=held_out)}
 
 
 @pytest.mark.parametrize("effort", ["quick", "full"])

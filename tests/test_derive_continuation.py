@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import DATA, make_model, make_tokenizer
+from leadline.pieces import Corpus, Pieces
 
 T = 32  # a short run: 4 rates from a 16-step horizon, which the budget stops at; the ending's copy is at 24
 DATA_FILE = str(DATA / "prompt_completion.jsonl")
@@ -44,9 +45,7 @@ def derived(tmp_path_factory):
     model.train()
     where = tmp_path_factory.mktemp("state") / "plan.state"
     with keep_run_state(where) as kept:
-        plan = derive(DATA_FILE, profile=prof, named_weights=named, optimizer=task.optimizer,
-                      train_step_of=task.train_step_of, held_out_losses=task.held_out_losses(), total_steps=T,
-                      effort="full", held_out=task.split.as_dict())
+        plan = derive(Corpus(data=DATA_FILE, profile=prof, held_out=task.split.as_dict()), Pieces(weights=named, optimizer=task.optimizer, train_step_of=task.train_step_of, held_out_losses=task.held_out_losses()), total_steps=T, effort="full")
         assert not where.exists()  # nothing reaches the path before the commit
         assert kept.commit() == where
     for name in ("micro_batch", "grad_accum"):  # no ramp here: the one row a step the look-ahead ran

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from helpers import DATA
+from leadline.pieces import Corpus, Pieces
 
 GOLDEN = Path(__file__).parent / "data" / "derive_golden.json"
 REPO = str(Path(__file__).resolve().parents[1])
@@ -108,9 +109,9 @@ def _pieces(clock: Clock, *, kill_at: int | None = None) -> dict:
         return out
 
     step_fn.device = "cpu"
-    return {"data": str(DATA / "tokenized.jsonl"), "named_weights": [("w", w)], "trained_as": "weights",
-            "optimizer": opt, "train_step_of": train_step_of, "held_out_losses": held_out, "grad_fn": grad_fn,
-            "step_fn": step_fn}
+    return {"corpus": Corpus(str(DATA / "tokenized.jsonl")),
+            "pieces": Pieces(step=step_fn, gradients=grad_fn, weights=[("w", w)], trained_as="weights", optimizer=opt,
+                             train_step_of=train_step_of, held_out_losses=held_out)}
 
 
 def _record(plan) -> dict:

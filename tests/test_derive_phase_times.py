@@ -3,6 +3,8 @@ moves only when a fake piece runs the phases' seconds add up to derive's wall ti
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from leadline.plan import PhaseTime, Plan
@@ -11,7 +13,7 @@ from test_derive_golden import _pieces, clock  # noqa: F401  (the fixture)
 
 def _counting(pieces: dict) -> tuple[dict, dict]:
     calls = {"steps": 0}
-    inner = pieces["train_step_of"]
+    inner = pieces["pieces"].train_step_of
 
     def train_step_of(mb, accum):
         step = inner(mb, accum)
@@ -22,7 +24,7 @@ def _counting(pieces: dict) -> tuple[dict, dict]:
 
         return counted
 
-    return {**pieces, "train_step_of": train_step_of}, calls
+    return {**pieces, "pieces": replace(pieces["pieces"], train_step_of=train_step_of)}, calls
 
 
 def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
@@ -59,13 +61,13 @@ def test_each_phase_says_how_much_of_it_was_steps_and_held_out_reads(clock):  # 
 
     pieces = _pieces(clock)
     reads = {"n": 0}
-    inner = pieces["held_out_losses"]
+    inner = pieces["pieces"].held_out_losses
 
     def held_out_losses():
         reads["n"] += 1
         return inner()
 
-    plan = derive(**{**pieces, "held_out_losses": held_out_losses}, total_steps=40, effort="full")
+    plan = derive(**{**pieces, "pieces": replace(pieces["pieces"], held_out_losses=held_out_losses)}, total_steps=40, effort="full")
     by = {p.phase: p for p in plan.phases}
     assert sum(p.reads for p in plan.phases) == reads["n"] > 0
     assert by["first_step"].reads > 0 and by["rate"].reads > 0 and by["noise"].reads == 0
@@ -107,13 +109,13 @@ def test_a_step_the_caller_fixes_shapes_the_rate_phases_and_the_length(clock):  
 
     pieces = _pieces(clock)
     shapes = []
-    inner = pieces["train_step_of"]
+    inner = pieces["pieces"].train_step_of
 
     def train_step_of(mb, accum):
         shapes.append((mb, accum))
         return inner(mb, accum)
 
-    plan = derive(**{**pieces, "train_step_of": train_step_of}, epochs=1.0, effort="full", rows_per_step=3)
+    plan = derive(**{**pieces, "pieces": replace(pieces["pieces"], train_step_of=train_step_of)}, epochs=1.0, effort="full", rows_per_step=3)
     assert plan["tokens_per_step"].kind == "given" and plan.micro_batch * plan.grad_accum == 3
     per_row = plan.get("scored_tokens_per_row")
     assert plan.tokens_per_step == pytest.approx(3 * per_row)

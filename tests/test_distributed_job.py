@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from helpers import DATA, free_port
+from leadline.pieces import Pieces
 
 WORLD = 2
 DEADLINE_S = 180.0
@@ -260,7 +261,7 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
             probe_mod._clock = real_clock
         from leadline.derive import derive
 
-        plan = derive(grad_fn=grad_fn)  # the noise phase of derive() on the sharded model
+        plan = derive(pieces=Pieces(gradients=grad_fn))  # the noise phase of derive() on the sharded model
     return {"ref": {"b": ref.b_noise_tokens, "se": ref.se_tokens, "micro_tokens": ref.micro_tokens},
             "got": {"b": got.b_noise_tokens, "se": got.se_tokens, "micro_tokens": got.micro_tokens},
             "got2": {"b": got2.b_noise_tokens, "se": got2.se_tokens, "micro_tokens": got2.micro_tokens},

@@ -12,6 +12,7 @@ import math
 import random
 
 from helpers import DATA
+from leadline.pieces import Corpus, Pieces
 from test_derive_golden import Clock, clock  # noqa: F401  (the fake clock and its fixture)
 
 RPS = {1: 10.0, 2: 14.0, 4: 16.8, 8: 16.8 * 1.04, 16: 15.7}  # rows per second at each rung: +4% from 4 to 8
@@ -73,9 +74,9 @@ def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:  # no
         return StepTiming(rows, length, sorted(micro)[len(micro) // 2], sorted(steps)[len(steps) // 2], micro, steps)
 
     step_fn.device = "cpu"
-    return {"data": str(DATA / "tokenized.jsonl"), "named_weights": [("w", w)], "trained_as": "weights",
-            "optimizer": opt, "train_step_of": train_step_of, "held_out_losses": held_out, "grad_fn": grad_fn,
-            "step_fn": step_fn}
+    return {"corpus": Corpus(str(DATA / "tokenized.jsonl")),
+            "pieces": Pieces(step=step_fn, gradients=grad_fn, weights=[("w", w)], trained_as="weights", optimizer=opt,
+                             train_step_of=train_step_of, held_out_losses=held_out)}
 
 
 def _derives(clock: Clock, seeds, effort: str = "full") -> list:  # noqa: F811

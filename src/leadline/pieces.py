@@ -1,4 +1,5 @@
-"""The pieces a user passes to derive(), each contract named once as a :class:`typing.Protocol`.
+"""What a user passes to derive(): the rows (:class:`Corpus`), the model's pieces (:class:`Pieces`),
+and each piece's contract named once as a :class:`typing.Protocol`.
 
 - :class:`GradientSource` — ``grad_fn(i) -> (gradient, scored_tokens)`` or None when the data
   ran out (the noise phase). Optional parts, each its own protocol: :class:`CountedSource` (the
@@ -18,7 +19,9 @@ plain function with the attributes set. Loads no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -138,3 +141,90 @@ def device_of(step_fn: Any) -> Any:
         ('cpu', None)
     """
     return step_fn.device if isinstance(step_fn, TimedStep) else None
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The training rows derive() profiles (the corpus phase) and how the run reads them.
+
+    Attributes:
+        data: a jsonl path, or the rows in memory (any corpus format, or tokenized rows).
+        tokenizer: the run's tokenizer (not needed for tokenized rows or a profile).
+        seq_len / quantile: the run's length, or the quantile of row lengths it is cut at
+            (:func:`~leadline.corpus.profile_corpus`); ``seq_len`` alone stands where no rows are given.
+        lengths: the rows' lengths in the order the run reads them (the ramp runs through them).
+        profile: a :class:`~leadline.corpus.CorpusProfile` made already for the same rows: read,
+            not made again.
+        held_out: the split the caller made (``plan.held_out``).
+
+    Examples:
+        >>> Corpus([{"text": "a b"}], seq_len=64).seq_len
+        64
+        >>> Corpus().given
+        False
+    """
+
+    data: str | os.PathLike[str] | Sequence[Any] | None = None
+    tokenizer: Any = None
+    seq_len: int | None = None
+    quantile: float | None = None
+    lengths: Sequence[int] | None = None
+    profile: Any = None
+    held_out: Mapping[str, Any] | None = None
+
+    @property
+    def given(self) -> bool:
+        """Whether there are rows (or their profile) to measure."""
+        return self.data is not None or self.profile is not None
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """The model's pieces derive() measures with. Each is optional: a phase runs when the pieces
+    it needs are given (the noise: ``gradients``; the memory and the step: ``step``; the first
+    step and the rate: ``weights``, ``optimizer``, ``train_step_of`` and ``held_out_losses``).
+
+    Attributes:
+        step: a :class:`TimedStep` (e.g. :class:`~leadline.memory.TrainingStep`).
+        gradients: a :class:`GradientSource` (e.g. :class:`~leadline.noise.ModelGradFn`).
+        weights: ``(name, tensor)`` of the trained tensors.
+        trained_as: ``"factors"`` (LoRA/PiSSA) or ``"weights"`` (a full fine-tune, a new head).
+        optimizer: the run's optimizer over the trained tensors, fresh (handed back without
+            state and with its settings restored).
+        train_step_of: ``train_step_of(micro_batch, grad_accum) -> train_step(step)`` doing that
+            step's forward+backward.
+        held_out_losses: a :class:`HeldOutReader` on fixed held-out rows.
+        loss_resolution: the share of the held-out loss below which a change is rounding
+            (default float32's; ``leadline.rate.first_step.BF16_RESOLUTION`` for a bf16 forward).
+        device: the accelerator (default: the step's).
+        model_info: the model's record for the plan.
+
+    Examples:
+        >>> Pieces().measures
+        ()
+        >>> def held_out_losses():
+        ...     return [1.0, 2.0]
+        >>> Pieces(weights=[("w", object())], optimizer=object(), train_step_of=lambda m, a: None,
+        ...        held_out_losses=held_out_losses).measures
+        ('rate',)
+    """
+
+    step: Any = None
+    gradients: Any = None
+    weights: Sequence[tuple[str, Any]] = ()
+    trained_as: str = "factors"
+    optimizer: Any = None
+    train_step_of: Callable[[int, int], Callable[[int], Any]] | None = None
+    held_out_losses: Callable[[], Sequence[float]] | None = None
+    loss_resolution: float | None = None
+    device: Any = None
+    model_info: Mapping[str, Any] | None = None
+
+    @property
+    def measures(self) -> tuple[str, ...]:
+        """What these pieces can measure: ``"noise"``, ``"memory"`` (with the step where the
+        noise is measured too) and ``"rate"`` (alpha1 and the rate)."""
+        rate = (self.optimizer is not None and self.train_step_of is not None
+                and self.held_out_losses is not None and bool(self.weights))
+        return tuple(name for name, given in (("noise", self.gradients is not None), ("memory", self.step is not None),
+                                              ("rate", rate)) if given)

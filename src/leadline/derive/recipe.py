@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.noise.step import DEFAULT_STEP_FOR, STEP_FOR
-from leadline.pieces import device_of, optimizer_of
+from leadline.pieces import Corpus, Pieces, device_of, optimizer_of
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
 from leadline.rate.policy import fallback_rate
@@ -80,74 +80,29 @@ def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float 
 
 
 def derive(
-    data: str | os.PathLike[str] | None = None,
+    corpus: Corpus | None = None,
+    pieces: Pieces | None = None,
     *,
-    rows: Sequence[Any] | None = None,
-    tokenizer: Any = None,
-    step_fn: Any = None,
-    grad_fn: Any = None,
-    named_weights: Iterable[tuple[str, Any]] | None = None,
-    trained_as: str = "factors",
-    optimizer: Any = None,
-    train_step_of: Callable[[int, int], Callable[[int], Any]] | None = None,
-    held_out_losses: Callable[[], Sequence[float]] | None = None,
+    effort: str = "quick",
     total_steps: int | None = None,
     epochs: float | None = None,
-    effort: str = "quick",
+    rows_per_step: int | None = None,
+    step_for: str | None = None,
     max_seconds: float | None = None,
+    started: float | None = None,
     on_progress: ProgressFn | None = None,
     resume: str | os.PathLike[str] | None = None,
     prior: Plan | str | os.PathLike[str] | None = None,
-    seq_len: int | None = None,
-    quantile: float | None = None,
-    lengths: Sequence[int] | None = None,
-    held_out: dict[str, Any] | None = None,
-    profile: Any = None,
-    loss_resolution: float | None = None,
-    model_info: dict[str, Any] | None = None,
-    device: Any = None,
-    started: float | None = None,
-    rows_per_step: int | None = None,
-    step_for: str | None = None,
 ) -> Plan:
-    """Derive a fine-tuning plan from measurements. Every argument is optional: each phase
-    runs when what it needs is given, and a plan with three derived values and an honest gap
-    beats one with ten nobody can tell apart.
+    """Derive a fine-tuning plan from measurements. Everything is optional: each phase runs when
+    what it needs is given, and a plan with three derived values and an honest gap beats one with
+    ten nobody can tell apart.
 
     Args:
-        data / rows: the training corpus (a jsonl path, or rows in memory) for the profile.
-        tokenizer: the run's tokenizer (for the profile; not needed for tokenized rows).
-        step_fn: a :class:`~leadline.memory.TrainingStep` (the ramp and the timings).
-        grad_fn: ``grad_fn(i) -> (gradient, scored_tokens)``, e.g. a
-            :class:`~leadline.noise.ModelGradFn` (the noise scale).
-        named_weights: ``(name, tensor)`` of the trained tensors (the anchor, the rate).
-        trained_as: ``"factors"`` (LoRA/PiSSA) or ``"weights"`` (full FT, a new head).
-        optimizer: the run's optimizer over the trained tensors (fresh; derive hands it back
-            without state and with its settings restored).
-        train_step_of: ``train_step_of(micro_batch, grad_accum)`` -> ``train_step(step)`` doing
-            that step's forward+backward (the rate phases run the real optimizer with it).
-        held_out_losses: per-row losses on fixed held-out rows.
-        total_steps / epochs: the run's length (epochs need the corpus and the step).
+        corpus: the training rows and how the run reads them (:class:`~leadline.pieces.Corpus`).
+        pieces: the model's pieces the phases measure with (:class:`~leadline.pieces.Pieces`).
         effort: ``"quick"`` (alpha1 and a grid for race()) or ``"full"`` (the look-ahead).
-        max_seconds: a bound on the whole derive; phases it does not reach are listed in
-            ``plan.notes``.
-        started: the ``time.monotonic()`` at which max_seconds began (default: now); a
-            wrapper that prepares the pieces first (``leadline.hf.derive_for``) passes its own
-            start, so its set-up counts against the bound too.
-        on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase.
-        resume: a file a killed derive continues from (written atomically after each phase,
-            removed when derive finishes).
-        prior: an earlier plan to check with short measurements instead of starting over.
-        seq_len / quantile: the length (see :func:`~leadline.corpus.profile_corpus`).
-        lengths: the corpus's row lengths in its order (the ramp runs through them).
-        held_out: the split derive's callers made (``plan.held_out``).
-        profile: a corpus profile already made (:func:`~leadline.corpus.profile_corpus`) for
-            the same rows; the corpus phase then reads it instead of tokenizing again.
-        loss_resolution: the share of the held-out loss below which a change is rounding, not a
-            fall (default: float32's; pass ``leadline.rate.first_step.BF16_RESOLUTION`` for a
-            bf16 forward).
-        model_info: the model's record for the plan.
-        device: the accelerator (default: the step's).
+        total_steps / epochs: the run's length (epochs need the corpus and the step).
         rows_per_step: the rows an optimizer step takes, fixed by the caller (a batch size the
             run must keep): the card decides only its micro-batch and accumulation, the rate
             phases run at it, and the least-time step is kept in ``tokens_per_step``'s evidence.
@@ -155,27 +110,60 @@ def derive(
             whose time a row is what the least-time step pays a row to the loss its rows reach at
             a small step, :func:`~leadline.noise.step.rows_step_rule`) or ``"time"`` (the least
             time to a loss).
+        max_seconds: a bound on the whole derive; phases it does not reach are listed in
+            ``plan.skipped`` and ``plan.notes``.
+        started: the ``time.monotonic()`` at which max_seconds began (default: now); a
+            wrapper that prepares the pieces first (``leadline.hf.derive_for``) passes its own
+            start, so its set-up counts against the bound too.
+        on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase
+            (:class:`~leadline.progress.PhaseBar` draws them).
+        resume: a file a killed derive continues from (written atomically after each phase,
+            removed when derive finishes).
+        prior: an earlier plan to check with short measurements instead of starting over.
 
     Returns:
         The :class:`~leadline.plan.Plan`; ``plan.phases`` says where its seconds went (a
         :class:`~leadline.plan.PhaseTime` per phase) and ``plan.derive_seconds`` its wall time.
+
+    Examples:
+        >>> plan = derive(Corpus(seq_len=512), total_steps=300)
+        >>> plan.seq_len, plan.total_steps, plan["total_steps"].kind
+        (512, 300, 'given')
+        >>> derive(effort="fast")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: effort='fast' is not one of quick, full; quick measures alpha1 and a grid, ...
     """
+    corpus = corpus if corpus is not None else Corpus()
+    pieces = pieces if pieces is not None else Pieces()
+    return _derive(corpus, pieces, effort=effort, total_steps=total_steps, epochs=epochs, rows_per_step=rows_per_step,
+                   step_for=step_for, max_seconds=max_seconds, started=started, on_progress=on_progress,
+                   resume=resume, prior=prior)
+
+
+def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epochs: float | None,
+            rows_per_step: int | None, step_for: str | None, max_seconds: float | None, started: float | None,
+            on_progress: ProgressFn | None, resume: str | os.PathLike[str] | None,
+            prior: Plan | str | os.PathLike[str] | None) -> Plan:
+    """derive() on its arguments unpacked: the phases in order, one call each."""
+    corpus, tokenizer, seq_len, quantile, lengths, profile = c.data, c.tokenizer, c.seq_len, c.quantile, c.lengths, \
+        c.profile
+    step_fn, grad_fn, optimizer, trained_as = p.step, p.gradients, p.optimizer, p.trained_as
     entered = time.monotonic()
     _check(effort, trained_as, total_steps, epochs, rows_per_step, step_for)
     prior = Plan.from_json(prior) if isinstance(prior, (str, os.PathLike)) else prior
-    named = list(named_weights or [])
+    named = list(p.weights or [])
     params = [w for _, w in named]
-    device = device if device is not None else device_of(step_fn)
-    corpus = data if data is not None else rows
-    plan = _blank_plan(device, step_fn, model_info, held_out, params, trained_as, corpus)
+    device = p.device if p.device is not None else device_of(step_fn)
+    plan = _blank_plan(device, step_fn, p.model_info, c.held_out, params, trained_as, corpus)
     world = current_world()  # None outside a torch.distributed job of more than one process
     if world is not None and rows_per_step is not None:
         raise InputError("rows_per_step is not supported in a distributed job yet (the step there is micro-batch x "
                          "accumulation x world size); leave it out, or derive in one process")
     if step_for is None:  # a step the caller fixed is not measured: the rule is moot there
         step_for = DEFAULT_STEP_FOR if rows_per_step is None else "time"
-    train_step_of = CountedSteps(train_step_of) if train_step_of is not None else None  # counted for plan.phases
-    held_out_losses = CountedReads(held_out_losses) if held_out_losses is not None else None
+    train_step_of = CountedSteps(p.train_step_of) if p.train_step_of is not None else None  # counted: plan.phases
+    held_out_losses = CountedReads(p.held_out_losses) if p.held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
     past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world is None
     expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
@@ -208,7 +196,7 @@ def derive(
         first = None
         if timed is not None:
             first = runner.run("first_step", phases.first_step, params, optimizer, timed.steps_of, timed.held, plan,
-                               loss_resolution, world is not None)
+                               p.loss_resolution, world is not None)
         if past_format_ready:
             runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
                        noise, lengths, runner, named, trained_as, rows_per_step, step_for, stepped,
@@ -223,7 +211,7 @@ def derive(
     return _finish(runner, plan, entered, world)
 
 
-def _blank_plan(device: Any, step_fn: Any, model_info: dict[str, Any] | None, held_out: dict[str, Any] | None,
+def _blank_plan(device: Any, step_fn: Any, model_info: Mapping[str, Any] | None, held_out: Mapping[str, Any] | None,
                 params: Sequence[Any], trained_as: str, corpus: Any) -> Plan:
     """The plan before any phase: the machine (where anything runs), the model's record, the split, the data's."""
     plan = Plan(machine=describe_machine(device if params or step_fn is not None else None),

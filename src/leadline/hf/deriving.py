@@ -26,6 +26,7 @@ from leadline.hf.task import (
     trained_named_weights,
 )
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 
 __all__ = ["PARTS", "derive_for", "derive_parts"]
@@ -129,22 +130,16 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
         sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
         rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
         path = isinstance(given.train_dataset, (str, os.PathLike))
-        plan = derive(
-            data=given.train_dataset if path else None,
-            rows=None if path else _rows_of(given.train_dataset),
-            tokenizer=given.tokenizer, seq_len=p.task.seq_len, profile=p.prof,
-            step_fn=p.step_fn if sizes else None,
-            grad_fn=(p.grad_fn or _probe(p.model, p.task, [w for _, w in p.named])) if sizes else None,
-            named_weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer,
-            train_step_of=p.train_step_of,
-            held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
-            total_steps=given.total_steps, epochs=given.epochs, effort=effort, max_seconds=max_seconds,
-            on_progress=on_progress, resume=resume, prior=prior,
-            lengths=p.lengths,
-            held_out=p.task.split.as_dict(), model_info=p.model_info,
-            loss_resolution=_loss_resolution(p.inner),
-            device=p.task.device, started=started, rows_per_step=rows_per_step, step_for=step_for,
-        )
+        corpus = Corpus(given.train_dataset if path else _rows_of(given.train_dataset), tokenizer=given.tokenizer,
+                        seq_len=p.task.seq_len, lengths=p.lengths, profile=p.prof, held_out=p.task.split.as_dict())
+        pieces = Pieces(step=p.step_fn if sizes else None,
+                        gradients=(p.grad_fn or _probe(p.model, p.task, [w for _, w in p.named])) if sizes else None,
+                        weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer, train_step_of=p.train_step_of,
+                        held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
+                        loss_resolution=_loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
+        plan = derive(corpus, pieces, effort=effort, total_steps=given.total_steps, epochs=given.epochs,
+                      rows_per_step=rows_per_step, step_for=step_for, max_seconds=max_seconds, started=started,
+                      on_progress=on_progress, resume=resume, prior=prior)
         _given_values(plan, p, batch, given.policy)
         _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)
     finally:
