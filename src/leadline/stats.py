@@ -54,7 +54,21 @@ def _betacf(a: float, b: float, x: float) -> float:
 
 
 def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b)."""
+    """The regularized incomplete beta function I_x(a, b) = B(x; a, b) / B(a, b).
+
+    By its continued fraction (modified Lentz), on the side where it converges fast
+    (Press et al., *Numerical Recipes*, 3rd ed., §6.4).
+
+    Examples:
+        >>> round(betainc(2, 3, 0.5), 12)  # I_x(2, 3) = 6x^2 - 8x^3 + 3x^4; at x = 1/2, 11/16
+        0.6875
+        >>> round(betainc(1, 1, 0.3), 12)  # the uniform's CDF
+        0.3
+        >>> betainc(2, 3, 1.5)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: betainc needs 0 <= x <= 1, got x=1.5
+    """
     if not 0.0 <= x <= 1.0:
         raise InputError(f"betainc needs 0 <= x <= 1, got x={x}")
     if x in (0.0, 1.0):
@@ -67,7 +81,19 @@ def betainc(a: float, b: float, x: float) -> float:
 
 
 def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with ``df`` degrees of freedom."""
+    """P(T <= t) for Student's t with ``df`` degrees of freedom.
+
+    P(T <= t) = 1 - I_x(df/2, 1/2) / 2 for t > 0, with x = df / (df + t^2) (:func:`betainc`);
+    symmetric about 0.
+
+    Examples:
+        >>> t_cdf(0.0, 5)
+        0.5
+        >>> round(t_cdf(1.0, 1), 12)  # df = 1 is the Cauchy: 1/2 + atan(1)/pi
+        0.75
+        >>> round(t_cdf(2.015, 5), 4)  # the tables' 95% one-sided point for df = 5
+        0.95
+    """
     if df <= 0:
         raise InputError(f"Student's t needs df > 0, got df={df}")
     if math.isinf(t):
@@ -81,6 +107,14 @@ def t_quantile(p: float, df: float) -> float:
     """The t with P(T <= t) = p, Student's t with ``df`` degrees of freedom.
 
     Solved by bisection on :func:`t_cdf` to 1e-12 relative, started from the normal quantile.
+
+    Examples:
+        >>> round(t_quantile(0.975, 10), 4)  # the tables' two-sided 95% point for df = 10
+        2.2281
+        >>> round(t_quantile(0.025, 10), 4)
+        -2.2281
+        >>> round(t_quantile(0.75, 1), 9)  # the Cauchy's upper quartile: tan(pi/4)
+        1.0
     """
     if not 0.0 < p < 1.0:
         raise InputError(f"t_quantile needs 0 < p < 1, got p={p}")
@@ -107,19 +141,43 @@ def t_quantile(p: float, df: float) -> float:
 
 
 def normal_quantile(p: float) -> float:
-    """The standard normal quantile."""
+    """The standard normal quantile: the z with Phi(z) = p.
+
+    Examples:
+        >>> round(normal_quantile(0.975), 4)
+        1.96
+        >>> normal_quantile(1.0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: normal_quantile needs 0 < p < 1, got p=1.0
+    """
     if not 0.0 < p < 1.0:
         raise InputError(f"normal_quantile needs 0 < p < 1, got p={p}")
     return _NORMAL.inv_cdf(p)
 
 
 def normal_cdf(z: float) -> float:
+    """The standard normal CDF Phi(z).
+
+    Examples:
+        >>> normal_cdf(0.0)
+        0.5
+        >>> round(normal_cdf(1.96), 4)
+        0.975
+    """
     return _NORMAL.cdf(z)
 
 
 # ---- means, paired differences ---------------------------------------------------------
 def mean_se(xs: Sequence[float]) -> tuple[float, float]:
-    """The mean of ``xs`` and its standard error s/sqrt(n) (n-1 in the variance); se is inf for n < 2."""
+    """The mean of ``xs`` and its standard error s/sqrt(n) (n-1 in the variance); se is inf for n < 2.
+
+    Examples:
+        >>> mean_se([1, 2, 3, 4])  # s^2 = 5/3, se = sqrt(5/12)
+        (2.5, 0.645...)
+        >>> mean_se([5.0])
+        (5.0, inf)
+    """
     n = len(xs)
     if n == 0:
         raise InputError("mean_se needs at least one number")
@@ -132,7 +190,18 @@ def mean_se(xs: Sequence[float]) -> tuple[float, float]:
 
 @dataclass(frozen=True)
 class PairedDifference:
-    """mean(a - b) over paired rows, its standard error and its t test (df = n - 1)."""
+    """mean(a - b) over paired rows, its standard error and its t test (df = n - 1).
+
+    Built by :func:`paired_difference`; ``ci_low``/``ci_high`` are the two-sided ``confidence``
+    interval of the mean, mean -+ t_quantile(0.5 + confidence/2, df) x se.
+
+    Examples:
+        >>> d = paired_difference([2.0, 2.1, 1.9, 2.2], [2.1, 2.3, 2.0, 2.4])
+        >>> d.a_lower(), d.a_higher()  # a's losses are lower on every row
+        (True, False)
+        >>> sorted(d.as_dict())
+        ['ci_high', 'ci_low', 'confidence', 'df', 'mean', 'n', 'p_less', 'p_two_sided', 'se', 't']
+    """
 
     mean: float
     se: float
@@ -147,13 +216,15 @@ class PairedDifference:
     confidence: float
 
     def a_lower(self, alpha: float = 0.05) -> bool:
-        """True when a's mean is below b's by a one-sided t test at ``alpha``."""
+        """True when a's mean is below b's by a one-sided t test at ``alpha`` (``p_less < alpha``)."""
         return self.p_less < alpha
 
     def a_higher(self, alpha: float = 0.05) -> bool:
+        """True when a's mean is above b's by a one-sided t test at ``alpha`` (``1 - p_less < alpha``)."""
         return (1.0 - self.p_less) < alpha and self.mean > 0
 
     def as_dict(self) -> dict[str, float]:
+        """Every field by name, for the evidence and the JSON."""
         return {
             "mean": self.mean, "se": self.se, "n": self.n, "t": self.t, "df": self.df,
             "p_two_sided": self.p_two_sided, "p_less": self.p_less,
@@ -165,7 +236,18 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
     """The paired difference a - b (e.g. per-row held-out losses of two candidates).
 
     t = mean(d) / (sd(d)/sqrt(n)), df = n - 1; a zero-variance difference gives t = ±inf
-    (or 0 when the mean is 0 too).
+    (or 0 when the mean is 0 too). ``p_less`` = P(T <= t), the one-sided p for mean(d) < 0.
+
+    Examples:
+        >>> d = paired_difference([2.0, 2.1, 1.9, 2.2], [2.1, 2.3, 2.0, 2.4])
+        >>> round(d.mean, 3), round(d.se, 4), d.df, round(d.t, 3)  # d = -0.1, -0.2, -0.1, -0.2
+        (-0.15, 0.0289, 3, -5.196)
+        >>> round(d.p_less, 4), round(d.p_two_sided, 4)
+        (0.0069, 0.0138)
+        >>> paired_difference([1.0, 2.0], [1.0])
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: paired_difference needs the same rows for both: got 2 and 1 values
     """
     if len(a) != len(b):
         raise InputError(f"paired_difference needs the same rows for both: got {len(a)} and {len(b)} values")
@@ -188,7 +270,17 @@ def paired_difference(a: Sequence[float], b: Sequence[float], confidence: float 
 # ---- interim looks ----------------------------------------------------------------------
 def obrien_fleming_spent(fraction: float, alpha: float) -> float:
     """Lan-DeMets O'Brien-Fleming-shaped alpha spent by information fraction t (one-sided):
-    alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t))."""
+    alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)).
+
+    References:
+        Lan & DeMets, "Discrete sequential boundaries for clinical trials", Biometrika 70 (1983).
+
+    Examples:
+        >>> round(obrien_fleming_spent(1.0, 0.05), 12)  # all of alpha at the end
+        0.05
+        >>> round(obrien_fleming_spent(0.5, 0.05), 5)  # little of it half way
+        0.00557
+    """
     if not 0.0 < fraction <= 1.0:
         raise InputError(f"the information fraction must be in (0, 1], got {fraction}")
     z = normal_quantile(1.0 - alpha / 2.0)
@@ -203,6 +295,20 @@ def sequential_bar(look: int, max_looks: int, alpha: float = 0.05, df: float | N
     conservative: the looks together never exceed ``alpha``). Returns a z quantile, or a
     Student-t quantile when ``df`` is given. Early looks need a large statistic; the last
     look's bar is close to the fixed-sample one.
+
+    References:
+        Lan & DeMets, "Discrete sequential boundaries for clinical trials", Biometrika 70 (1983);
+        O'Brien & Fleming, "A multiple testing procedure for clinical trials", Biometrics 35 (1979).
+
+    Examples:
+        >>> [round(sequential_bar(k, 4), 3) for k in (1, 2, 3, 4)]  # z bars; 1.645 at a single look
+        [3.75, 2.544, 2.096, 1.937]
+        >>> round(sequential_bar(4, 4, df=20), 3)
+        2.059
+        >>> sequential_bar(5, 4)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: look must be in 1..max_looks=4, got 5
     """
     if not 1 <= look <= max_looks:
         raise InputError(f"look must be in 1..max_looks={max_looks}, got {look}")
@@ -223,7 +329,13 @@ def sequential_bar(look: int, max_looks: int, alpha: float = 0.05, df: float | N
 class McNemar:
     """McNemar's test on paired right/wrong answers of two systems on the same rows.
 
-    b: rows the first got right and the second wrong; c: the reverse.
+    b: rows the first got right and the second wrong; c: the reverse. ``statistic`` is
+    min(b, c) for the exact test, chi-square otherwise; ``method`` says which.
+
+    Examples:
+        >>> m = mcnemar([True, True, False], [False, True, True])
+        >>> m.b, m.c, m.method, m.as_dict()["p_value"]
+        (1, 1, 'exact binomial', 1.0)
     """
 
     b: int
@@ -236,6 +348,7 @@ class McNemar:
     n: int
 
     def as_dict(self) -> dict[str, float | int | str]:
+        """Every field by name, for the evidence and the JSON."""
         return {
             "b": self.b, "c": self.c, "statistic": self.statistic, "p_value": self.p_value,
             "method": self.method, "accuracy_a": self.accuracy_a, "accuracy_b": self.accuracy_b, "n": self.n,
@@ -254,6 +367,19 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool], exact_below: i
 
     With b + c < ``exact_below`` discordant pairs the exact binomial test (p = 1/2);
     otherwise chi2 = (|b - c| - 1)^2 / (b + c) with one degree of freedom.
+
+    References:
+        McNemar, "Note on the sampling error of the difference between correlated proportions
+        or percentages", Psychometrika 12 (1947); the continuity correction: Edwards,
+        Psychometrika 13 (1948).
+
+    Examples:
+        >>> m = mcnemar([True] * 10 + [False] * 2, [False] * 10 + [True] * 2)
+        >>> m.b, m.c, m.method, round(m.p_value, 4)  # 2 P(X <= 2), X ~ Binomial(12, 1/2)
+        (10, 2, 'exact binomial', 0.0386)
+        >>> m = mcnemar([True] * 30 + [False] * 10, [False] * 30 + [True] * 10)
+        >>> m.method, m.statistic, round(m.p_value, 4)  # (|30 - 10| - 1)^2 / 40
+        ('chi-square, continuity-corrected', 9.025, 0.0027)
     """
     if len(correct_a) != len(correct_b):
         raise InputError(f"mcnemar needs answers on the same rows: got {len(correct_a)} and {len(correct_b)}")
@@ -274,7 +400,12 @@ def mcnemar(correct_a: Sequence[bool], correct_b: Sequence[bool], exact_below: i
 
 
 def median(xs: Sequence[float]) -> float:
-    """The median (the mean of the middle two for an even count)."""
+    """The median (the mean of the middle two for an even count).
+
+    Examples:
+        >>> median([3, 1, 2]), median([4, 1, 3, 2])
+        (2, 2.5)
+    """
     if not xs:
         raise InputError("median needs at least one number")
     s = sorted(xs)

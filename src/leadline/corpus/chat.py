@@ -28,7 +28,15 @@ _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 def template_of(tokenizer: Any) -> str | None:
-    """The tokenizer's default chat template text, or None when it has none."""
+    """The tokenizer's default chat template text, or None when it has none.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> template_of(SimpleNamespace(chat_template={"default": "T", "tool_use": "U"}))
+        'T'
+        >>> template_of(SimpleNamespace(chat_template="  ")) is None, template_of(object()) is None
+        (True, True)
+    """
     t = getattr(tokenizer, "chat_template", None)
     if isinstance(t, dict):
         t = t.get("default")
@@ -36,15 +44,43 @@ def template_of(tokenizer: Any) -> str | None:
 
 
 def has_generation_markers(template: str | None) -> bool:
-    """Whether the template marks assistant text with ``{% generation %}``."""
+    """Whether the template marks assistant text with ``{% generation %}``.
+
+    Examples:
+        >>> has_generation_markers("{% generation %}{{ m.content }}{% endgeneration %}")
+        True
+        >>> has_generation_markers("{{ m.content }}"), has_generation_markers(None)
+        (False, False)
+    """
     return bool(template) and _GENERATION.search(template) is not None
 
 
 class TemplateError(Exception):
-    """The template cannot be read for this row (the reason is the message)."""
+    """The template cannot be read for this row (the reason is the message, a clause after "line N").
+
+    Examples:
+        >>> class Refuses:
+        ...     def apply_chat_template(self, messages, **kwargs):
+        ...         raise ValueError("no system role")
+        >>> render(Refuses(), [{"role": "system", "content": "be brief"}])
+        Traceback (most recent call last):
+        ...
+        leadline.corpus.chat.TemplateError: cannot be rendered by the ... chat template (ValueError: no system role)
+    """
 
 
 def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
+    """The chat as text through the tokenizer's chat template; a template that fails is a :class:`TemplateError`.
+
+    Examples:
+        >>> class Tags:  # a stand-in chat template: <role>content</s> per message
+        ...     chat_template = "<role>content</s>"
+        ...     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        ...         text = "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
+        ...         return text + ("<assistant>" if add_generation_prompt else "")
+        >>> render(Tags(), [{"role": "user", "content": "hi"}], generation_prompt=True)
+        '<user>hi</s><assistant>'
+    """
     try:
         out = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # jinja raises its own errors for a template's exceptions
@@ -56,7 +92,22 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
 
 
 def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-    """The rendered chat and the character spans of its assistant turns (prefix difference)."""
+    """The rendered chat and the character spans of its assistant turns (prefix difference).
+
+    A turn's span runs from the end of ``messages[:i]`` rendered with the generation prompt to
+    the end of ``messages[:i+1]`` rendered (see the module docstring).
+
+    Examples:
+        >>> class Tags:  # a stand-in chat template: <role>content</s> per message
+        ...     chat_template = "<role>content</s>"
+        ...     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        ...         text = "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
+        ...         return text + ("<assistant>" if add_generation_prompt else "")
+        >>> chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+        >>> text, spans = assistant_spans(Tags(), chat)
+        >>> spans, text[spans[0][0]:spans[0][1]]
+        ([(23, 29)], 'yo</s>')
+    """
     full = render(tokenizer, messages)
     spans = []
     for i, m in enumerate(messages):
@@ -75,7 +126,20 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str
 
 def completion_span(tokenizer: Any, prompt: list[dict[str, Any]],
                     completion: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
-    """A conversational prompt/completion rendered, and the span of the completion."""
+    """A conversational prompt/completion rendered, and the span of the completion: what follows
+    the prompt rendered with its generation prompt.
+
+    Examples:
+        >>> class Tags:  # a stand-in chat template: <role>content</s> per message
+        ...     chat_template = "<role>content</s>"
+        ...     def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=False):
+        ...         text = "".join(f"<{m['role']}>{m['content']}</s>" for m in messages)
+        ...         return text + ("<assistant>" if add_generation_prompt else "")
+        >>> text, spans = completion_span(Tags(), [{"role": "user", "content": "hi"}],
+        ...                               [{"role": "assistant", "content": "yo"}])
+        >>> text, text[spans[0][0]:spans[0][1]]
+        ('<user>hi</s><assistant>yo</s>', 'yo</s>')
+    """
     a = render(tokenizer, prompt, generation_prompt=True)
     full = render(tokenizer, prompt + completion)
     if not full.startswith(a):
@@ -87,8 +151,11 @@ def completion_span(tokenizer: Any, prompt: list[dict[str, Any]],
 def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[bool]:
     """Which tokens overlap a character span ``[a, b)``; ``offsets`` are the tokens' ``(start, end)``.
 
-    >>> token_mask([(0, 2), (2, 4), (4, 6)], [(3, 6)])
-    [False, True, True]
+    A token with no characters belongs to the span its start sits in.
+
+    Examples:
+        >>> token_mask([(0, 2), (2, 4), (4, 6)], [(3, 6)])
+        [False, True, True]
     """
     out = []
     for s, e in offsets:
@@ -100,5 +167,10 @@ def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, in
 
 
 def masked_labels(ids: Sequence[int], mask: Sequence[Any]) -> list[int]:
-    """``labels``: the id where the mask is set, -100 elsewhere."""
+    """``labels``: the id where the mask is set, -100 elsewhere.
+
+    Examples:
+        >>> masked_labels([5, 6, 7], [False, True, True])
+        [-100, 6, 7]
+    """
     return [t if m else -100 for t, m in zip(ids, mask)]

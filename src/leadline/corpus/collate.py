@@ -32,6 +32,12 @@ class MicroBatch:
             :func:`~leadline.corpus.pack_steps`.
         mask_dtype: ``None`` for a boolean 4D mask (SDPA), else the float dtype of an additive
             mask (eager attention adds it to the scores).
+
+    Examples:
+        >>> rows = [TokenizedRow.from_labels([5, 6, 7], [-100, 6, 7]), TokenizedRow.from_labels([8, 9], [8, 9])]
+        >>> batch = collate(rows, pad_id=0)
+        >>> len(batch), batch.length, batch.scored_tokens, batch.tokens
+        (2, 3, 3, 5)
     """
 
     input_ids: Any
@@ -49,10 +55,17 @@ class MicroBatch:
 
     @property
     def length(self) -> int:
+        """The padded length of each line, in tokens."""
         return int(self.input_ids.shape[1])
 
     def to(self, device: Any, non_blocking: bool = True) -> MicroBatch:
-        """The same batch with its tensors on ``device``; the host counts stay host ints."""
+        """The same batch with its tensors on ``device``; the host counts stay host ints.
+
+        Examples:
+            >>> batch = collate([TokenizedRow.from_labels([5, 6, 7], [-100, 6, 7])], pad_id=0).to("cpu")
+            >>> batch.input_ids.device.type, type(batch.scored_tokens).__name__
+            ('cpu', 'int')
+        """
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
         return replace(self, input_ids=move(self.input_ids), attention_mask=move(self.attention_mask),
                        labels=move(self.labels), position_ids=move(self.position_ids))
@@ -60,7 +73,13 @@ class MicroBatch:
     def model_inputs(self) -> dict[str, Any]:
         """The keyword arguments of ``model(**batch.model_inputs())`` for a causal LM (packed
         batches add ``use_cache=False``: a training forward keeps no cache, and transformers
-        reads varlen boundaries from ``position_ids`` only when there is none)."""
+        reads varlen boundaries from ``position_ids`` only when there is none).
+
+        Examples:
+            >>> batch = collate([TokenizedRow.from_labels([5, 6, 7], [-100, 6, 7])], pad_id=0)
+            >>> sorted(batch.model_inputs())
+            ['attention_mask', 'input_ids', 'labels']
+        """
         if self.attention == "padded":
             return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": self.labels}
         # no cache: Hugging Face models read packed boundaries from position_ids only without one
@@ -76,6 +95,15 @@ def block_causal_mask(position_ids: Any, dtype: Any = None) -> Any:
 
     Rows are told apart by ``position_ids`` restarting at 0. Boolean (True = attend) when
     ``dtype`` is None, else additive: 0 where attended, the dtype's lowest value elsewhere.
+
+    Examples:
+        Two rows of 2 and 3 tokens in one sequence:
+
+        >>> import torch
+        >>> block_causal_mask(torch.tensor([[0, 1, 0, 1, 2]]))[0, 0].int().tolist()
+        [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [0, 0, 1, 0, 0], [0, 0, 1, 1, 0], [0, 0, 1, 1, 1]]
+        >>> block_causal_mask(torch.tensor([[0, 1]]), torch.float32)[0, 0].tolist()
+        [[0.0, -3.4028234663852886e+38], [0.0, 0.0]]
     """
     import torch
 
@@ -96,6 +124,18 @@ def collate(rows: Sequence[TokenizedRow], pad_id: int | None, pad_to: int | None
     ``scored_tokens`` is the sum of the rows' own counts, an int computed before any tensor
     exists. Rows longer than ``pad_to`` are an error (truncate them first with
     ``row.truncated(seq_len)``).
+
+    Examples:
+        >>> rows = [TokenizedRow.from_labels([5, 6, 7], [-100, 6, 7]), TokenizedRow.from_labels([8, 9], [8, 9])]
+        >>> batch = collate(rows, pad_id=0)
+        >>> batch.input_ids.tolist(), batch.labels.tolist(), batch.attention_mask.tolist()
+        ([[5, 6, 7], [8, 9, 0]], [[-100, 6, 7], [8, 9, -100]], [[1, 1, 1], [1, 1, 0]])
+        >>> batch.scored_tokens  # 2 + 1: the first label of a row is never scored
+        3
+        >>> collate(rows, pad_id=0, pad_to=2)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: a row of 3 tokens does not fit pad_to=2; truncate the rows with row.truncated(2) ...
     """
     import torch
 

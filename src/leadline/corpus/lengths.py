@@ -23,7 +23,12 @@ Hist = Mapping[int, int]
 
 
 def total(hist: Hist) -> int:
-    """The number of items counted."""
+    """The number of items counted.
+
+    Examples:
+        >>> total({10: 3, 20: 1})
+        4
+    """
     return sum(hist.values())
 
 
@@ -32,10 +37,15 @@ def length_at_quantile(lengths: Hist, q: float) -> int:
 
     Nearest rank: with ``n`` rows, ``L`` is the ``ceil(q * n)``-th shortest length.
 
-    >>> length_at_quantile({10: 3, 20: 1}, 0.75)
-    10
-    >>> length_at_quantile({10: 3, 20: 1}, 0.76)
-    20
+    Examples:
+        >>> length_at_quantile({10: 3, 20: 1}, 0.75)
+        10
+        >>> length_at_quantile({10: 3, 20: 1}, 0.76)
+        20
+        >>> length_at_quantile({10: 3}, 0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: quantile must be in (0, 1], got 0; pass e.g. 0.99 to keep 99% of rows whole
     """
     if not 0.0 < q <= 1.0:
         raise InputError(f"quantile must be in (0, 1], got {q}; pass e.g. 0.99 to keep 99% of rows whole")
@@ -52,28 +62,56 @@ def length_at_quantile(lengths: Hist, q: float) -> int:
 
 
 def count_at_or_above(hist: Hist, at: int) -> int:
-    """Items counted at keys ``>= at`` (scored labels cut, rows left unscored)."""
+    """Items counted at keys ``>= at`` (scored labels cut, rows left unscored).
+
+    Examples:
+        >>> count_at_or_above({10: 3, 20: 1}, 15)  # rows truncation to 14 tokens cuts
+        1
+    """
     return sum(c for k, c in hist.items() if k >= at)
 
 
 def tokens_kept(lengths: Hist, seq_len: int) -> int:
-    """Tokens read at length ``seq_len``: ``sum(min(n, seq_len))`` over rows."""
+    """Tokens read at length ``seq_len``: ``sum(min(n, seq_len))`` over rows.
+
+    Examples:
+        >>> tokens_kept({10: 3, 20: 1}, 15)  # 3 x 10 + 15
+        45
+    """
     return sum(min(n, seq_len) * c for n, c in lengths.items())
 
 
 def quantiles(hist: Hist, qs: tuple[float, ...] = (0.1, 0.5, 0.9)) -> dict[str, int]:
-    """Nearest-rank quantiles of a histogram as ``{"p10": .., "p50": .., "p90": .., "min", "max"}``."""
+    """Nearest-rank quantiles of a histogram as ``{"p10": .., "p50": .., "p90": .., "min", "max"}``.
+
+    Examples:
+        >>> quantiles({10: 3, 20: 1})
+        {'min': 10, 'p10': 10, 'p50': 10, 'p90': 20, 'max': 20}
+    """
     out = {"min": min(hist), **{f"p{round(q * 100)}": length_at_quantile(hist, q) for q in qs}, "max": max(hist)}
     return out
 
 
 def mean(hist: Hist) -> float:
+    """The mean key, weighted by the counts; 0.0 for an empty histogram.
+
+    Examples:
+        >>> mean({10: 3, 20: 1}), mean({})
+        (12.5, 0.0)
+    """
     n = total(hist)
     return sum(k * c for k, c in hist.items()) / n if n else 0.0
 
 
 def binned(hist: Hist, bins: int = 20) -> list[dict[str, int]]:
-    """The histogram in at most ``bins`` equal-width bins ``[lo, hi]`` (for the evidence)."""
+    """The histogram in at most ``bins`` equal-width bins ``[lo, hi]`` (for the evidence).
+
+    The width is ``ceil((max - min + 1) / bins)``; empty bins are left out.
+
+    Examples:
+        >>> binned({1: 2, 5: 1, 10: 4}, bins=3)
+        [{'lo': 1, 'hi': 4, 'rows': 2}, {'lo': 5, 'hi': 8, 'rows': 1}, {'lo': 9, 'hi': 10, 'rows': 4}]
+    """
     if not hist:
         return []
     lo, hi = min(hist), max(hist)

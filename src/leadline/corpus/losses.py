@@ -19,8 +19,8 @@ from leadline.errors import InputError
 MAX_TOKENS = 16384
 """Padded tokens a forward of the reader holds when no ``micro_batch`` is given. On a
 launch-bound card a forward costs nearly the same at 1 row as at many, so the reader's cost is
-its number of forwards (docs/corpus.md has the measurement). Without gradients a forward keeps
-one layer's activations; an OOM halves the forward and goes on."""
+its number of forwards (measured: docs/corpus.md). Without gradients a forward keeps one
+layer's activations; an OOM halves the forward and goes on."""
 
 
 def _accepts_logits_to_keep(model: Any) -> bool:
@@ -65,7 +65,7 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
 
     Runs in eval mode under ``torch.no_grad()`` and puts ``model.training`` back as it was,
     on every exit path. Rows go through sorted by length so that little padding is added
-    (padding moves a row's numbers at ~1e-5), in forwards of ``micro_batch`` rows, or
+    (padding moves a row's loss slightly: docs/corpus.md), in forwards of ``micro_batch`` rows, or
     (default) of as many rows as keep the padded tokens within ``max_tokens``; a forward that
     runs out of memory is split in two and read again. The logits are computed only at the
     positions some row of the forward scores (``logits_to_keep``, where the model takes it).
@@ -74,6 +74,26 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
     Raises:
         InputError: a row with no scored token (its mean is undefined), ``micro_batch < 1`` or
             ``max_tokens < 1``.
+
+    Examples:
+        A model whose logits are uniform over 10 tokens scores every row ln 10:
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class Uniform(torch.nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = torch.nn.Parameter(torch.zeros(10))
+        ...     def forward(self, input_ids, attention_mask=None):
+        ...         return SimpleNamespace(logits=self.w.expand(*input_ids.shape, 10))
+        >>> model = Uniform()
+        >>> rows = [TokenizedRow.from_labels([5, 6, 7], [-100, 6, 7]), TokenizedRow.from_labels([8, 9], [8, 9])]
+        >>> [round(x, 4) for x in row_losses(model, rows)], model.training
+        ([2.3026, 2.3026], True)
+        >>> row_losses(model, rows, micro_batch=0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: row_losses needs micro_batch an int >= 1 (or None for forwards of up to ...
     """
     import torch
     import torch.nn.functional as F

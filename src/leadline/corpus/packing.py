@@ -39,6 +39,13 @@ class Packing:
         note: why packing fell back, or None.
         truncated_rows: rows cut to ``seq_len``.
         fill: the share of ``seq_len`` the packs' tokens fill, on average.
+        groups: the row indices of each pack (what each ``batch.rows`` holds).
+
+    Examples:
+        >>> rows = [TokenizedRow.from_labels(list(range(1, n + 1)), list(range(1, n + 1))) for n in (3, 2, 4)]
+        >>> packing = pack_steps(rows, 6)
+        >>> len(packing), packing.attention, packing.groups, packing.fill  # (5 + 4) / (2 x 6)
+        (2, 'block_mask', [[0, 1], [2]], 0.75)
     """
 
     batches: list[MicroBatch]
@@ -59,8 +66,13 @@ class Packing:
 def pack_groups(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
     """Greedy in order: the row indices of each pack, every pack's lengths summing to <= seq_len.
 
-    >>> pack_groups([3, 4, 2, 5, 1], 6)
-    [[0], [1, 2], [3, 4]]
+    A row longer than ``seq_len`` counts as ``seq_len`` (it is truncated) and fills a pack.
+
+    Examples:
+        >>> pack_groups([3, 4, 2, 5, 1], 6)
+        [[0], [1, 2], [3, 4]]
+        >>> pack_groups([9, 1], 6)
+        [[0], [1]]
     """
     groups: list[list[int]] = []
     room = 0
@@ -75,7 +87,22 @@ def pack_groups(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
 
 
 def attention_for(model: Any) -> tuple[str, Any, str | None]:
-    """How ``model`` keeps packed rows apart: (attention, mask dtype, note when it cannot)."""
+    """How ``model`` keeps packed rows apart: (attention, mask dtype, note when it cannot).
+
+    Read from ``model.config._attn_implementation``: ``flash_attention_2/3`` -> ``varlen``;
+    ``sdpa`` -> ``block_mask`` boolean; ``eager`` -> ``block_mask`` additive in the model's
+    floating dtype (float32 otherwise); anything else -> ``padded``, with the note.
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> attention_for(SimpleNamespace(config=SimpleNamespace(_attn_implementation="flash_attention_2")))
+        ('varlen', None, None)
+        >>> attention_for(SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"), dtype=torch.bfloat16))
+        ('block_mask', torch.bfloat16, None)
+        >>> attention_for(torch.nn.Linear(4, 2))[2]
+        'a model without a Hugging Face config takes neither a 4D block mask nor varlen position ids here, ...'
+    """
     cfg = getattr(model, "config", None)
     impl = getattr(cfg, "_attn_implementation", None) if cfg is not None else None
     if impl in _VARLEN:
@@ -109,6 +136,21 @@ def pack_steps(rows: Sequence[TokenizedRow], seq_len: int, *, model: Any = None,
 
     Returns:
         A :class:`Packing`; ``model(**batch.model_inputs())`` runs a pack.
+
+    Examples:
+        Rows of 3 and 2 tokens fill one pack of 6; each row's positions restart at 0 and its first
+        label is -100, so the pack scores what the rows alone score:
+
+        >>> rows = [TokenizedRow.from_labels([1, 2, 3], [1, 2, 3]), TokenizedRow.from_labels([4, 5], [4, 5])]
+        >>> batch = pack_steps(rows, 6).batches[0]
+        >>> batch.input_ids.tolist(), batch.position_ids.tolist(), batch.labels.tolist()
+        ([[1, 2, 3, 4, 5]], [[0, 1, 2, 0, 1]], [[-100, 2, 3, -100, 5]])
+        >>> batch.scored_tokens, batch.rows, batch.model_inputs()["attention_mask"].shape
+        (3, (0, 1), torch.Size([1, 1, 5, 5]))
+        >>> pack_steps(rows, 6, attention="flat")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: attention='flat' is not one of auto, block_mask, varlen, padded
     """
     if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
         raise InputError(f"pack_steps needs seq_len an int of at least 2 tokens, got {seq_len!r}")

@@ -36,6 +36,18 @@ class CorpusProfile:
 
     ``*_untruncated`` fields count the rows whole; the others at ``seq_len``. Scored tokens are
     label positions the loss scores after the causal shift (see :mod:`leadline.corpus.tokenize`).
+    Built by :func:`profile_corpus`.
+
+    Examples:
+        A row of 4 tokens scores 3; a row of 8 whose first 4 labels are -100 scores 4. At
+        ``seq_len=6`` the second row loses its last 2 scored tokens:
+
+        >>> rows = [{"input_ids": [1, 2, 3, 4]}, {"input_ids": list(range(1, 9)), "labels": [-100] * 4 + [5, 6, 7, 8]}]
+        >>> profile = profile_corpus(rows, seq_len=6)
+        >>> profile.scored_tokens_untruncated, profile.scored_tokens, profile.truncated_rows
+        (7, 5, 1)
+        >>> round(profile.truncated_scored_share, 4)  # 2 / 7
+        0.2857
     """
 
     source: str
@@ -68,20 +80,35 @@ class CorpusProfile:
 
     @property
     def rows_per_second(self) -> float:
+        """Rows profiled per second of the pass (inf when it took no measurable time)."""
         return self.rows / self.seconds if self.seconds > 0 else float("inf")
 
     @property
     def data(self) -> dict[str, Any]:
-        """The plan's record of the data: path (None in memory), rows, sha256."""
+        """The plan's record of the data: path (None in memory), rows, sha256.
+
+        Examples:
+            >>> profile = profile_corpus([{"input_ids": [1, 2, 3]}])
+            >>> sorted(profile.data), profile.data["path"], profile.data["rows"]
+            (['path', 'rows', 'sha256'], None, 1)
+        """
         return {"path": self.path, "rows": self.rows, "sha256": self.sha256}
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name (what ``leadline corpus --json`` prints)."""
         return asdict(self)
 
     @property
     def mixed_formats(self) -> str | None:
         """One sentence when the rows come in more than one format (each row's loss then follows
-        its own format's policy, which is rarely meant), else None."""
+        its own format's policy, which is rarely meant), else None.
+
+        Examples:
+            >>> profile_corpus([{"input_ids": [1, 2, 3]}]).mixed_formats is None
+            True
+            >>> profile_corpus([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}]).formats
+            {'tokenized': 2}
+        """
         if len(self.formats) < 2:
             return None
         fmt = ", ".join(f"{_KIND_NAMES.get(k, k)} {format_number(n)}" for k, n in self.formats.items())
@@ -89,7 +116,24 @@ class CorpusProfile:
                 "put one format in a file if that is not what you meant")
 
     def describe(self) -> str:
-        """The profile as a person reads it, one fact a line."""
+        """The profile as a person reads it, one fact a line (what ``leadline corpus`` prints).
+
+        Examples:
+            >>> rows = [{"input_ids": [1, 2, 3, 4]},
+            ...         {"input_ids": list(range(1, 9)), "labels": [-100] * 4 + [5, 6, 7, 8]}]
+            >>> print(profile_corpus(rows).describe())
+            corpus                 the rows given
+            rows                   2  (input_ids/labels 2)
+            tokens read            12  at seq_len (12 whole)
+            scored tokens          7  what the loss scores (7 whole)
+            scored tokens per row  3.5 mean at seq_len; whole rows: min 3, p10 3, median 3, p90 4, max 4
+            row length (tokens)    min 4, p10 4, median 4, p90 8, max 8
+            seq_len                8  the longest row
+            truncation             none
+            loss policy            input_ids/labels rows (2): the labels as given, -100 not scored
+                                   scored tokens = labels after the causal shift (labels[1:] != -100)
+            took                   ...
+        """
         f = format_number
         fmt = ", ".join(f"{_KIND_NAMES.get(k, k)} {f(n)}" for k, n in self.formats.items())
         sp = self.scored_per_row
@@ -133,7 +177,20 @@ class CorpusProfile:
 
     def as_values(self) -> dict[str, Value]:
         """The plan's entries: ``rows``, ``tokens_read``, ``scored_tokens``,
-        ``scored_tokens_per_row`` and ``seq_len``, each with its evidence."""
+        ``scored_tokens_per_row`` and ``seq_len``, each with its evidence.
+
+        ``seq_len``'s kind follows its rule: ``measured`` (the longest row), ``derived`` (a
+        quantile, or cut to the model's positions) or ``given``.
+
+        Examples:
+            >>> rows = [{"input_ids": [1, 2, 3, 4]},
+            ...         {"input_ids": list(range(1, 9)), "labels": [-100] * 4 + [5, 6, 7, 8]}]
+            >>> values = profile_corpus(rows, quantile=0.5).as_values()
+            >>> {name: v.value for name, v in values.items()}
+            {'rows': 2, 'tokens_read': 8, 'scored_tokens': 3, 'scored_tokens_per_row': 1.5, 'seq_len': 4}
+            >>> values["seq_len"].kind, values["seq_len"].source.split("; ")[1]
+            ('derived', 'truncation cuts 1 rows and 57.14% of the scored tokens')
+        """
         src = self.source
         truncation = {
             "truncated_rows": self.truncated_rows,
@@ -270,6 +327,22 @@ def profile_corpus(
 
     Raises:
         InputError: bad rows, an empty corpus, or a corpus with no scored tokens.
+
+    Examples:
+        Rows already tokenized need no tokenizer (rows of 4 and 8 tokens; the second scores its
+        last 4):
+
+        >>> rows = [{"input_ids": [1, 2, 3, 4]}, {"input_ids": list(range(1, 9)), "labels": [-100] * 4 + [5, 6, 7, 8]}]
+        >>> profile = profile_corpus(rows)
+        >>> profile.rows, profile.seq_len, profile.seq_len_rule, profile.tokens_read, profile.scored_tokens
+        (2, 8, 'longest', 12, 7)
+        >>> profile = profile_corpus(rows, positions=6)  # the model reads 6 positions at most
+        >>> profile.seq_len, profile.seq_len_rule, profile.scored_tokens
+        (6, 'positions', 5)
+        >>> profile_corpus(rows, seq_len=3)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: rows[1] has 4 tokens before its first scored token, so at seq_len 3 nothing is ...
     """
     if seq_len is not None and quantile is not None:
         raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the "

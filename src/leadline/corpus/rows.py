@@ -47,7 +47,12 @@ class Example:
     """One usable row: its format (``kind``), its fields under their role names, and where it came from.
 
     ``kind`` is one of ``text``, ``prompt_completion``, ``chat_prompt_completion``,
-    ``messages``, ``tokenized``, ``instruction``, ``question_answer``.
+    ``messages``, ``tokenized``, ``instruction``, ``question_answer``. ``where`` is the file and
+    line, or ``rows[i]`` for rows in memory.
+
+    Examples:
+        >>> next(read_rows([{"question": "2+2?", "answer": 4}]))
+        Example(kind='question_answer', data={'question': '2+2?', 'answer': '4'}, where='rows[0]')
     """
 
     kind: str
@@ -56,7 +61,21 @@ class Example:
 
 
 class Problems:
-    """The rows that cannot be used, handled by one policy (``raise``, ``report`` or ``skip``)."""
+    """The rows that cannot be used, handled by one policy (``raise``, ``report`` or ``skip``).
+
+    ``count`` rows recorded; ``first`` quotes the first three, without the source's name.
+
+    Examples:
+        >>> p = Problems("skip", "train.jsonl")
+        >>> p.record("train.jsonl line 3", "is not JSON")
+        >>> p.record("train.jsonl line 9", "has an empty text (nothing to score)")
+        >>> p.count, p.summary()
+        (2, '2 rows of train.jsonl cannot be used (line 3 is not JSON; line 9 has an empty text (nothing to score))')
+        >>> Problems("ignore")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: bad_rows='ignore' is not one of raise, report, skip; pick how a row ...
+    """
 
     def __init__(self, mode: str = "raise", source: str = "the rows") -> None:
         if mode not in BAD_ROWS:
@@ -68,7 +87,14 @@ class Problems:
         self.first: list[str] = []
 
     def record(self, where: str, reason: str, fix: str = "fix or remove it") -> None:
-        """One row cannot be used: raise now, or count it."""
+        """One row cannot be used: raise now (``raise``), or count it.
+
+        Examples:
+            >>> Problems("raise", "the rows given").record("rows[1]", "has an empty text (nothing to score)")
+            Traceback (most recent call last):
+            ...
+            leadline.errors.InputError: rows[1] has an empty text (nothing to score); fix or remove it, or list ...
+        """
         self.count += 1
         if self.mode == "raise":
             shell = (f" (from the shell: leadline corpus {self.source} --bad-rows report)" if self.source != GIVEN
@@ -79,12 +105,22 @@ class Problems:
             self.first.append(f"{short} {reason}")
 
     def summary(self) -> str:
+        """One sentence: how many rows cannot be used, the first three quoted (see the class)."""
         more = f", and {self.count - len(self.first)} more" if self.count > len(self.first) else ""
         return (f"{self.count:,} row{'s' if self.count != 1 else ''} of {self.source} cannot be used "
                 f"({'; '.join(self.first)}{more})")
 
     def finish(self) -> None:
-        """After the last row: in ``report`` mode, one sentence for all the problems."""
+        """After the last row: in ``report`` mode, one sentence for all the problems.
+
+        Examples:
+            >>> p = Problems("report", "the rows given")
+            >>> p.record("rows[1]", "has an empty text (nothing to score)")
+            >>> p.finish()
+            Traceback (most recent call last):
+            ...
+            leadline.errors.InputError: 1 row of the rows given cannot be used (rows[1] ...); fix or remove them, ...
+        """
         if self.mode == "report" and self.count:
             raise InputError(f"{self.summary()}; fix or remove them, or pass bad_rows='skip' (--bad-rows skip) to drop "
                              "them")
@@ -97,6 +133,13 @@ class RowReader:
     ``ignored`` (Counter of keys no format used), ``problems``, ``sha256`` (of the file's
     bytes, or of the rows as canonical JSON, as :func:`leadline.provenance.content_hash`),
     ``bytes_read`` / ``bytes_total`` (files only, for progress).
+
+    Examples:
+        >>> reader = RowReader([{"text": "a", "id": 1}, {"prompt": "p", "completion": "c", "id": 2}])
+        >>> [ex.kind for ex in reader]
+        ['text', 'prompt_completion']
+        >>> reader.rows, dict(reader.formats), dict(reader.ignored)
+        (2, {'text': 1, 'prompt_completion': 1}, {'id': 2})
     """
 
     def __init__(self, path_or_rows: Any, *, fields: Mapping[str, str] | None = None,
@@ -162,7 +205,17 @@ class RowReader:
                     self.problems.record(where, "is not UTF-8 text")
 
     def parse(self, raw: Any, where: str) -> Example | None:
-        """The row as an :class:`Example`, or None after recording why it cannot be used."""
+        """The row as an :class:`Example`, or None after recording why it cannot be used.
+
+        Examples:
+            >>> reader = RowReader([], problems=Problems("skip"))
+            >>> reader.parse({"q": "2+2?", "text": "4"}, "rows[0]")
+            Example(kind='text', data={'text': '4'}, where='rows[0]')
+            >>> reader.parse({"title": "x"}, "rows[1]") is None
+            True
+            >>> reader.problems.first
+            ['rows[1] has none of the known fields (it has title; known: text, prompt+completion, ...)']
+        """
         raw = _plain(raw)
         if not isinstance(raw, Mapping):
             self.problems.record(where, f"is a JSON {_json_type(raw)}, not an object with fields")
@@ -214,7 +267,14 @@ _USED: dict[str, tuple[str, ...]] = {
 
 
 def detect(row: Mapping[str, Any]) -> str | None:
-    """The format of a row by its fields (see the module docstring for the order), or None."""
+    """The format of a row by its fields (see the module docstring for the order), or None.
+
+    Examples:
+        >>> detect({"prompt": "2+2=", "completion": "4"}), detect({"prompt": [], "completion": []})
+        ('prompt_completion', 'chat_prompt_completion')
+        >>> detect({"input_ids": [1], "text": "a"}), detect({"title": "x"})
+        ('tokenized', None)
+    """
     if "input_ids" in row:
         return "tokenized"
     if "messages" in row:
@@ -232,8 +292,20 @@ def detect(row: Mapping[str, Any]) -> str | None:
 
 
 def validate(kind: str, d: dict[str, Any]) -> str | None:
-    """Why a row of this format cannot be used (the clause after "line N"), or None. Numbers
-    given as an answer/output/completion are read as their text, as any loader would."""
+    """Why a row of this format cannot be used (the clause after "line N"), or None.
+
+    Numbers given as an answer/output/completion are read as their text, as any loader would
+    (``d`` is changed in place); tokenized rows without labels get ``labels = input_ids``.
+
+    Examples:
+        >>> validate("text", {"text": "  "})
+        'has an empty text (nothing to score)'
+        >>> d = {"question": "2+2?", "answer": 4}
+        >>> validate("question_answer", d), d["answer"]
+        (None, '4')
+        >>> validate("tokenized", {"input_ids": [5, 6], "labels": [-100, -100]})
+        'has every label after the first at -100 (nothing to score)'
+    """
     for key in ("completion", "output", "answer"):
         if isinstance(d.get(key), (int, float)) and not isinstance(d.get(key), bool):
             d[key] = str(d[key])
@@ -358,6 +430,29 @@ def read_rows(path_or_rows: str | os.PathLike[str] | Iterable[Any], *, fields: M
 
     Raises:
         InputError: a missing or empty file, or a bad row (see ``bad_rows``).
+
+    Examples:
+        >>> [ex.kind for ex in read_rows([{"text": "hi"}, {"prompt": "2+2=", "completion": "4"}])]
+        ['text', 'prompt_completion']
+        >>> [ex.data for ex in read_rows([{"q": "2+2=", "a": "4"}], fields={"prompt": "q", "completion": "a"})]
+        [{'prompt': '2+2=', 'completion': '4'}]
+        >>> list(read_rows([{"text": "hi"}, {"title": "x"}], bad_rows="skip"))
+        [Example(kind='text', data={'text': 'hi'}, where='rows[0]')]
+        >>> list(read_rows([{"text": "hi"}, {"text": ""}]))
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: rows[1] has an empty text (nothing to score); fix or remove it, ...
+
+        A file, in a temporary folder:
+
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = os.path.join(folder, "train.jsonl")
+        ...     with open(path, "w") as f:
+        ...         for line in ('{"text": "one"}', "", '{"text": "two"}'):
+        ...             print(line, file=f)
+        ...     [ex.where.replace(folder, "DIR") for ex in read_rows(path)]
+        ['DIR/train.jsonl line 1', 'DIR/train.jsonl line 3']
     """
     problems = Problems(bad_rows)
     reader = RowReader(path_or_rows, fields=fields, problems=problems)

@@ -17,7 +17,15 @@ from leadline.errors import InputError
 
 @dataclass(frozen=True)
 class Split:
-    """Row indices of each part, each sorted ascending; disjoint, together ``range(n)``."""
+    """Row indices of each part, each sorted ascending; disjoint, together ``range(n)``.
+
+    Built by :func:`split_rows`; ``seed`` is the one that drew it.
+
+    Examples:
+        >>> split = Split(train=[0, 3], held_out=[1], test=[2])
+        >>> split.held_out, split.as_dict()
+        ([1], {'train': [0, 3], 'held_out': [1], 'test': [2], 'seed': 0})
+    """
 
     train: list[int]
     held_out: list[int]
@@ -25,13 +33,39 @@ class Split:
     seed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """The form ``plan.held_out`` stores."""
+        """The form ``plan.held_out`` stores: the three index lists and the seed (see the class)."""
         return {"train": list(self.train), "held_out": list(self.held_out), "test": list(self.test), "seed": self.seed}
 
     def reader(self, model: Any, rows: Sequence[Any], part: str = "held_out", *, micro_batch: int | None = None,
                device: Any = None, pad_id: int = 0) -> Callable[[], list[float]]:
         """A function returning the per-row mean losses of ``part``'s rows under ``model`` as it is
-        when called (what ``LookaheadSchedule(held_out_losses_per_row=...)`` takes)."""
+        when called (what ``LookaheadSchedule(held_out_losses_per_row=...)`` takes).
+
+        Each call reads through :func:`~leadline.corpus.row_losses`; the function's ``rows`` is
+        how many rows a read holds.
+
+        Examples:
+            A model whose logits are uniform over 10 tokens scores every row ln 10:
+
+            >>> import torch
+            >>> from types import SimpleNamespace
+            >>> from leadline.corpus import TokenizedRow
+            >>> class Uniform(torch.nn.Module):
+            ...     def __init__(self):
+            ...         super().__init__()
+            ...         self.w = torch.nn.Parameter(torch.zeros(10))
+            ...     def forward(self, input_ids, attention_mask=None):
+            ...         return SimpleNamespace(logits=self.w.expand(*input_ids.shape, 10))
+            >>> rows = [TokenizedRow.from_labels([1, 2, 3], [1, 2, 3])] * 4
+            >>> split = split_rows(4, held_out=2, test=1)
+            >>> read = split.reader(Uniform(), rows)
+            >>> read.rows, [round(x, 4) for x in read()]
+            (2, [2.3026, 2.3026])
+            >>> split.reader(Uniform(), rows, "dev")
+            Traceback (most recent call last):
+            ...
+            leadline.errors.InputError: part='dev' is not one of train, held_out, test
+        """
         if part not in ("train", "held_out", "test"):
             raise InputError(f"part={part!r} is not one of train, held_out, test")
         idx = getattr(self, part)
@@ -64,6 +98,14 @@ def split_rows(n: int, held_out: int | float = 0.1, test: int | float = 0.1, see
     ``held_out`` and ``test`` are row counts (int) or shares of ``n`` (float, rounded). The
     same ``n``, sizes and ``seed`` give the same split on any machine (Python's Mersenne
     Twister shuffle). At least one row is left to train on.
+
+    Examples:
+        >>> split_rows(10, held_out=0.2, test=2, seed=0)
+        Split(train=[0, 2, 3, 4, 6, 9], held_out=[1, 5], test=[7, 8], seed=0)
+        >>> split_rows(3, held_out=2, test=1)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: held_out (2) + test (1) rows leave none of the 3 rows to train on; ask for fewer
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise InputError(f"split_rows needs n, the number of rows, an int >= 1; got {n!r}")

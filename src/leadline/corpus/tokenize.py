@@ -42,6 +42,11 @@ class TokenizedRow:
         labels: one per input id, aligned with it (the model shifts), -100 = not scored.
         scored_tokens: ``sum(l != -100 for l in labels[1:])`` — the labels the loss scores.
         where: the file and line (or ``rows[i]``) it came from, for messages.
+
+    Examples:
+        >>> row = TokenizedRow.from_labels([1, 2, 3, 4], [-100, -100, 3, 4])
+        >>> row.scored_tokens, len(row)
+        (2, 4)
     """
 
     input_ids: list[int]
@@ -51,21 +56,36 @@ class TokenizedRow:
 
     @classmethod
     def from_labels(cls, input_ids: list[int], labels: list[int], where: str = "") -> TokenizedRow:
-        """A row with ``scored_tokens`` counted from its labels after the shift."""
+        """A row with ``scored_tokens`` counted from its labels after the shift (:func:`count_scored`).
+
+        Examples:
+            >>> TokenizedRow.from_labels([5, 6, 7], [5, 6, 7])  # the first label is never predicted
+            TokenizedRow(input_ids=[5, 6, 7], labels=[5, 6, 7], scored_tokens=2, where='')
+        """
         return cls(input_ids, labels, count_scored(labels), where)
 
     def __len__(self) -> int:
         return len(self.input_ids)
 
     def truncated(self, seq_len: int) -> TokenizedRow:
-        """The first ``seq_len`` tokens (the loader's truncation keeps the start)."""
+        """The first ``seq_len`` tokens (the loader's truncation keeps the start), scored tokens recounted.
+
+        Examples:
+            >>> TokenizedRow.from_labels([1, 2, 3, 4], [-100, 2, 3, 4]).truncated(2)
+            TokenizedRow(input_ids=[1, 2], labels=[-100, 2], scored_tokens=1, where='')
+        """
         if len(self.input_ids) <= seq_len:
             return self
         return TokenizedRow.from_labels(self.input_ids[:seq_len], self.labels[:seq_len], self.where)
 
 
 def count_scored(labels: Sequence[int]) -> int:
-    """Labels the loss scores after the causal shift: ``labels[1:]`` that are not -100."""
+    """Labels the loss scores after the causal shift: ``labels[1:]`` that are not -100.
+
+    Examples:
+        >>> count_scored([-100, 5, -100, 7]), count_scored([5, 6, 7])
+        (2, 2)
+    """
     return sum(1 for t in labels[1:] if t != -100)
 
 
@@ -75,6 +95,19 @@ class RowEncoder:
     Attributes: ``formats`` (rows by kind), ``chat_methods`` (chat rows by how the assistant
     tokens were found: ``generation mask`` or ``prefix difference``), ``boundary_merges``
     (prompt/completion rows whose prompt tokens are not a prefix of the joint tokens).
+
+    Examples:
+        A stand-in tokenizer, one id per character and EOS id 0:
+
+        >>> class Chars:
+        ...     eos_token_id = 0
+        ...     def __len__(self):
+        ...         return 128
+        ...     def __call__(self, texts, add_special_tokens=True):
+        ...         return {"input_ids": [[ord(c) for c in t] for t in texts]}
+        >>> enc = RowEncoder(Chars(), Problems())
+        >>> enc.encode([Example("prompt_completion", {"prompt": "Q:", "completion": "A"}, "rows[0]")])
+        [TokenizedRow(input_ids=[81, 58, 65, 0], labels=[-100, -100, 65, 0], scored_tokens=2, where='rows[0]')]
     """
 
     def __init__(self, tokenizer: Any, problems: Problems) -> None:
@@ -90,7 +123,19 @@ class RowEncoder:
 
     # ---- one batch ------------------------------------------------------------------------
     def encode(self, batch: Sequence[Example]) -> list[TokenizedRow]:
-        """The usable rows of ``batch`` tokenized, in order (a row that fails is recorded)."""
+        """The usable rows of ``batch`` tokenized, in order (a row that fails is recorded).
+
+        One tokenizer call per format in the batch; a row that scores no token is a problem.
+        Rows other than ``input_ids``/``labels`` need a tokenizer:
+
+        Examples:
+            >>> RowEncoder(None, Problems()).encode([Example("tokenized", {"input_ids": [5, 6], "labels": [5, 6]}, "")])
+            [TokenizedRow(input_ids=[5, 6], labels=[5, 6], scored_tokens=1, where='')]
+            >>> RowEncoder(None, Problems("raise", "train.jsonl")).encode([Example("text", {"text": "hi"}, "")])
+            Traceback (most recent call last):
+            ...
+            leadline.errors.InputError: train.jsonl has rows in the text format, which need a tokenizer; ...
+        """
         out: list[TokenizedRow | None] = [None] * len(batch)
         groups: dict[str, list[int]] = {}
         items: list[Example] = []
@@ -246,7 +291,16 @@ class RowEncoder:
 
     # ---- what it scores, in words ---------------------------------------------------------
     def policy(self) -> list[str]:
-        """The loss policy, one line per format seen."""
+        """The loss policy, one line per format seen, and the scored-token convention last.
+
+        Examples:
+            >>> enc = RowEncoder(None, Problems())
+            >>> _ = enc.encode([Example("tokenized", {"input_ids": [5, 6], "labels": [5, 6]}, "")])
+            >>> for line in enc.policy():
+            ...     print(line)
+            input_ids/labels rows (1): the labels as given, -100 not scored
+            scored tokens = labels after the causal shift (labels[1:] != -100)
+        """
         lines = []
         f = self.formats
         eos = "the EOS" if self.eos_id is not None else "no EOS (the tokenizer has none)"
@@ -276,6 +330,12 @@ class RowEncoder:
 
 
 def batches(it: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """``it`` in lists of ``size`` items, the last one shorter; streams (holds one list at a time).
+
+    Examples:
+        >>> list(batches(range(5), 2))
+        [[0, 1], [2, 3], [4]]
+    """
     it = iter(it)
     while chunk := list(islice(it, size)):
         yield chunk
@@ -294,6 +354,23 @@ def tokenize_rows(
     Tokenizes ``batch_size`` rows per tokenizer call (see the module docstring for what each
     format scores). ``bad_rows`` as in :func:`leadline.corpus.read_rows`; a row that tokenizes
     to no scored token is a bad row too.
+
+    Examples:
+        A stand-in tokenizer, one id per character and EOS id 0 (``input_ids`` rows need none):
+
+        >>> class Chars:
+        ...     eos_token_id = 0
+        ...     def __len__(self):
+        ...         return 128
+        ...     def __call__(self, texts, add_special_tokens=True):
+        ...         return {"input_ids": [[ord(c) for c in t] for t in texts]}
+        >>> rows = [{"text": "hi"}, {"prompt": "2+2=", "completion": "4"},
+        ...         {"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}]
+        >>> for row in tokenize_rows(rows, Chars()):
+        ...     print(row.input_ids, row.labels, row.scored_tokens)
+        [104, 105, 0] [104, 105, 0] 2
+        [50, 43, 50, 61, 52, 0] [-100, -100, -100, -100, 52, 0] 2
+        [5, 6, 7] [-100, 6, 7] 2
     """
     problems = Problems(bad_rows)
     if isinstance(path_or_rows, list) and path_or_rows and all(isinstance(r, Example) for r in path_or_rows):
