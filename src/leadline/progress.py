@@ -19,8 +19,13 @@ TEXT_CHARS = 60
 
 
 def sig3(x: Any) -> str:
-    """``x`` at 3 significant digits (ints with separators below 1e6, floats 1.23e-04 style when
-    tiny or huge); anything else as text."""
+    """``x`` at 3 significant digits (ints with separators below 1e6, floats 1.23e-04 style
+    outside [1e-3, 1e5)); lists as a tuple; anything else as text.
+
+    Examples:
+        >>> sig3(12345), sig3(2_500_000), sig3(2.0213), sig3(0.000457), sig3(123456.0), sig3([1, 0.5])
+        ('12,345', '2.5e+06', '2.02', '4.57e-04', '1.23e+05', '(1, 0.5)')
+    """
     if isinstance(x, bool) or x is None or isinstance(x, str):
         return str(x)
     if isinstance(x, int):
@@ -38,12 +43,23 @@ def sig3(x: Any) -> str:
 
 
 def summary(values: dict[str, Any]) -> str:
-    """``name=value`` pairs at 3 significant digits, lists and dicts left out."""
+    """``name=value`` pairs at 3 significant digits, lists and dicts left out.
+
+    Examples:
+        >>> summary({"noise_scale_tokens": 2.0213, "micro_batch": 8, "draws": [1, 2]})
+        'noise_scale_tokens=2.02, micro_batch=8'
+    """
     return ", ".join(f"{k}={sig3(v)}" for k, v in values.items() if not isinstance(v, (list, tuple, dict)))
 
 
 def reformat(text: str) -> str:
-    """A runner's ``name=value; name=value`` summary with its numbers at 3 significant digits."""
+    """A runner's ``name=value; name=value`` summary with its numbers at 3 significant digits;
+    parts without ``=`` are kept as they are.
+
+    Examples:
+        >>> reformat("b_noise=2021.3; draws=12; settled")
+        'b_noise=2021, draws=12, settled'
+    """
     out = []
     for part in text.split(";"):
         name, eq, raw = part.strip().partition("=")
@@ -59,7 +75,12 @@ def reformat(text: str) -> str:
 
 
 def clip(text: str, chars: int = TEXT_CHARS) -> str:
-    """``text`` cut at a word boundary to at most ``chars`` characters, with an ellipsis when cut."""
+    """``text`` cut at a word boundary to at most ``chars`` characters, with an ellipsis when cut.
+
+    Examples:
+        >>> clip("the look-ahead read five rates over three horizons", 40), clip("short")
+        ('the look-ahead read five rates over…', 'short')
+    """
     if len(text) <= chars:
         return text
     cut = text[: chars - 1]
@@ -69,7 +90,13 @@ def clip(text: str, chars: int = TEXT_CHARS) -> str:
 
 
 def wants_bar(stream: TextIO) -> bool:
-    """True when ``stream`` is a terminal."""
+    """True when ``stream`` is a terminal (False for one without ``isatty`` or already closed).
+
+    Examples:
+        >>> import io
+        >>> wants_bar(io.StringIO())
+        False
+    """
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):
@@ -82,6 +109,18 @@ class PhaseBar:
 
     The first event carries ``phases`` (the names derive() will call: the total); a phase's
     ``done`` carries ``values`` (its numbers) or ``summary`` (a sentence).
+
+    Examples:
+        >>> import io
+        >>> out = io.StringIO()  # not a terminal: one line a finished phase
+        >>> bar = PhaseBar(out)
+        >>> bar({"phase": "ramp", "status": "start", "phases": ["ramp", "noise"]})
+        >>> bar({"phase": "ramp", "status": "done", "values": {"micro_batch": 8}, "elapsed_s": 3.2})
+        >>> bar({"phase": "noise", "status": "skipped", "reason": "out of time", "elapsed_s": 5.4})
+        >>> bar.close()
+        >>> print(out.getvalue(), end="")
+        [   3.2 s] 1/2 ramp: done (micro_batch=8)
+        [   5.4 s] 2/2 noise: skipped — out of time
     """
 
     def __init__(self, stream: TextIO | None = None, *, bar: bool | None = None, quiet: bool = False) -> None:
@@ -100,6 +139,15 @@ class PhaseBar:
                 self.bar = None
 
     def text(self, ev: dict[str, Any]) -> str:
+        """One event as a line: ``phase: status (numbers) — reason``, or ``phase: measuring``.
+
+        Examples:
+            >>> bar = PhaseBar(quiet=True)
+            >>> bar.text({"phase": "noise", "status": "start"})
+            'noise: measuring'
+            >>> bar.text({"phase": "noise", "status": "done", "summary": "b_noise=2021.3"})
+            'noise: done (b_noise=2021)'
+        """
         status, phase = ev.get("status"), ev.get("phase")
         if isinstance(ev.get("values"), dict) and ev["values"]:
             detail = summary(ev["values"])
@@ -111,6 +159,7 @@ class PhaseBar:
         return f"{phase}: {status}" + (f" ({detail})" if detail else "") + reason
 
     def __call__(self, ev: dict[str, Any]) -> None:
+        """Take one of derive()'s progress events: move the bar, or print a finished phase."""
         if self.quiet:
             return
         phases = ev.get("phases")

@@ -19,7 +19,17 @@ from leadline._version import __version__
 
 
 def describe_machine(device: Any = None) -> dict[str, Any]:
-    """The host and, where torch is loaded, the accelerator: name, memory, driver, torch version."""
+    """The host and, where torch is loaded, the accelerator: name, memory, driver, torch version.
+
+    Without ``device`` and with torch not yet imported, only the host is read (no torch import);
+    with a CUDA device its name, memory, CUDA version and NVIDIA driver are added.
+
+    Examples:
+        >>> {"platform", "python", "cpu_count", "leadline"} <= set(describe_machine())
+        True
+        >>> describe_machine("cpu")["device"]
+        'cpu'
+    """
     info: dict[str, Any] = {
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -61,7 +71,21 @@ def _nvidia_driver() -> str | None:
 
 
 def describe_model(model: Any = None, *, name: str | None = None, trained_as: str | None = None) -> dict[str, Any]:
-    """The model's name, its trained (requires_grad) parameter count and how they are trained."""
+    """The model's name, its trained (requires_grad) parameter count and how they are trained.
+
+    The name is ``name``, else the config's ``_name_or_path``, else the class name.
+
+    Examples:
+        >>> import torch
+        >>> describe_model(torch.nn.Linear(4, 2))  # 4 x 2 weights + 2 biases
+        {'name': 'Linear', 'parameters': 10, 'trained_parameters': 10}
+        >>> frozen_bias = torch.nn.Linear(4, 2)
+        >>> _ = frozen_bias.bias.requires_grad_(False)
+        >>> describe_model(frozen_bias, name="probe", trained_as="lora")
+        {'name': 'probe', 'parameters': 10, 'trained_parameters': 8, 'trained_as': 'lora'}
+        >>> describe_model(name="my-model")
+        {'name': 'my-model'}
+    """
     out: dict[str, Any] = {}
     if model is not None:
         cfg = getattr(model, "config", None)
@@ -77,7 +101,21 @@ def describe_model(model: Any = None, *, name: str | None = None, trained_as: st
 
 
 def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
-    """sha256 of a file's bytes, or of the rows as canonical JSON (one per line)."""
+    """sha256 of a file's bytes, or of the rows as canonical JSON (sorted keys, one per line).
+
+    Examples:
+        >>> import hashlib, os, tempfile
+        >>> content_hash([]) == hashlib.sha256(b"").hexdigest()
+        True
+        >>> content_hash([{"b": 2, "a": 1}]) == hashlib.sha256(b'{"a": 1, "b": 2}\\n').hexdigest()
+        True
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = os.path.join(folder, "rows.txt")
+        ...     with open(path, "wb") as f:
+        ...         _ = f.write(b"abc")
+        ...     content_hash(path)
+        'ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad'
+    """
     h = hashlib.sha256()
     if isinstance(path_or_rows, (str, os.PathLike)):
         with open(path_or_rows, "rb") as f:
@@ -91,7 +129,16 @@ def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
 
 
 def describe_data(path_or_rows: Any, rows: int | None = None) -> dict[str, Any]:
-    """The data's path (or that it came in memory), its row count and its content hash."""
+    """The data's path (None: it came in memory), its row count and its :func:`content_hash`.
+
+    A path's row count is ``rows`` as given (the file is hashed, not parsed); rows in memory
+    are counted unless ``rows`` says otherwise.
+
+    Examples:
+        >>> d = describe_data([{"text": "hi"}, {"text": "yo"}])
+        >>> d["path"], d["rows"], d["sha256"][:12]
+        (None, 2, '408c2de512d3')
+    """
     if isinstance(path_or_rows, (str, os.PathLike)):
         return {"path": str(path_or_rows), "rows": rows, "sha256": content_hash(path_or_rows)}
     rows_list = list(path_or_rows)

@@ -222,6 +222,21 @@ def disk_queue_depth(
     Raises:
         InputError: a file is missing, lives in memory (tmpfs) or refuses the bypass; the
             files are too small to give every reader two reads at the deepest depth.
+
+    Examples:
+        >>> import os, tempfile
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = os.path.join(folder, "w.bin")
+        ...     with open(path, "wb") as f:
+        ...         _ = f.write(bytes(1 << 20))
+        ...     disk_queue_depth(path)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the files hold 1.0 MiB, too small to measure: queue depth 32 needs 256.0 MiB ...
+        >>> disk_queue_depth("/no/such/file.bin")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: disk file /no/such/file.bin does not exist; pass files on the disk you want ...
     """
     t0 = time.perf_counter()
     paths = _expand(files)

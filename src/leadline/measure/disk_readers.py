@@ -17,7 +17,16 @@ _F_NOCACHE = 48  # macOS <sys/fcntl.h>
 
 
 def filesystem_of(path: str | os.PathLike[str], mounts_text: str | None = None) -> str | None:
-    """The filesystem type holding ``path`` (longest mount point of ``/proc/self/mounts``)."""
+    """The filesystem type holding ``path``: the longest mount point of ``/proc/self/mounts``
+    (or ``mounts_text``) that contains it; None where there is no mount table.
+
+    Examples:
+        >>> mounts = "/dev/vda1 / ext4 rw 0 0\\ntmpfs /tmp tmpfs rw 0 0\\n/dev/vdb1 /tmp/data xfs rw 0 0"
+        >>> filesystem_of("/tmp/w.bin", mounts), filesystem_of("/tmp/data/w.bin", mounts), filesystem_of("/srv", mounts)
+        ('tmpfs', 'xfs', 'ext4')
+        >>> filesystem_of("/tmp/w.bin", mounts) in MEMORY_FILESYSTEMS
+        True
+    """
     if mounts_text is None:
         try:
             mounts_text = Path("/proc/self/mounts").read_text()
@@ -37,7 +46,13 @@ def filesystem_of(path: str | os.PathLike[str], mounts_text: str | None = None) 
 
 
 def bypass_name() -> str:
-    """The cache bypass this platform uses."""
+    """The cache bypass this platform uses: ``FILE_FLAG_NO_BUFFERING`` on Windows, ``F_NOCACHE``
+    on macOS, ``O_DIRECT`` elsewhere.
+
+    Examples:
+        >>> bypass_name()  # on Linux
+        'O_DIRECT'
+    """
     return {"win32": "FILE_FLAG_NO_BUFFERING", "darwin": "F_NOCACHE"}.get(sys.platform, "O_DIRECT")
 
 

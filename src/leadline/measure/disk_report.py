@@ -21,7 +21,13 @@ COLLAPSE_FRACTION = 0.80  # "collapsed": past the optimum, below 80% of it from 
 
 @dataclass
 class DepthRow:
-    """One queue depth: what was read, how long it took, and the per-read latency."""
+    """One queue depth: what was read, how long it took, and the per-read latency.
+
+    Examples:
+        >>> r = DepthRow(3, 64, 64 << 22, 0.158, 1703.0, 8.6, 27.8, [1650.0, 1703.0, 1720.0])
+        >>> round(r.spread, 4)  # (1720 - 1650) / 1703
+        0.0411
+    """
 
     depth: int
     reads: int  # per round
@@ -54,6 +60,27 @@ class DiskSweep:
         buffered_rows: the comparison arm through the page cache (not the disk), if asked.
         gain_over_qd1: the optimum's MB/s minus the shallowest depth's, paired by round
             (``leadline.stats.paired_difference``: mean, 95% CI, p-values), with 2+ rounds.
+
+    Examples:
+        >>> def row(depth, rounds):  # 64 reads of 4 MiB per round; the median round is the figure
+        ...     return DepthRow(depth, 64, 64 << 22, 0.16, sorted(rounds)[1], 2.0 * depth, 5.0 * depth, rounds)
+        >>> rows = [row(1, [990.0, 1017.0, 1040.0]), row(2, [1600.0, 1655.0, 1700.0]),
+        ...         row(3, [1650.0, 1703.0, 1720.0]), row(8, [1000.0, 1035.0, 1090.0])]
+        >>> optimum, enough, collapse = summarise(rows)
+        >>> files = [{"path": "w.bin", "size_bytes": 2**31, "filesystem": "ext4"}]
+        >>> sweep = DiskSweep(files, "O_DIRECT", 4 << 20, rows, optimum, 1703.0, enough, collapse,
+        ...                   gain_over_qd1=gain_over_shallowest(rows, optimum))
+        >>> print(sweep.text())
+        leadline disk: 1 file, 2.00 GiB on ext4, O_DIRECT, 4 MiB reads, one reader thread per queue slot, ...
+        depth     MB/s  vs QD1  rounds min-max  read ms median/max
+          QD1    1,017   1.00x       990-1,040       2.0 /     5.0
+          QD2    1,655   1.63x     1,600-1,700       4.0 /    10.0
+          QD3    1,703   1.67x     1,650-1,720       6.0 /    15.0 <- optimum
+          QD8    1,035   1.02x     1,000-1,090      16.0 /    40.0 <- collapsed
+        optimum: QD3 at 1,703 MB/s; QD2 is the fewest readers within 5% of it; from QD8 on, throughput stays ...
+        QD3 against QD1, paired by round: +675 MB/s (95% CI +642 to +709, 3 rounds): a real gain.
+        >>> {k: v.value for k, v in sweep.as_values().items()}
+        {'disk_read_mb_per_s': 1703.0, 'disk_queue_depth': 3}
     """
 
     files: list[dict[str, Any]]
@@ -71,6 +98,7 @@ class DiskSweep:
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-ready data (``leadline disk --json``)."""
         return asdict(self)
 
     def text(self) -> str:
@@ -130,7 +158,17 @@ class DiskSweep:
 
 
 def summarise(rows: Sequence[DepthRow]) -> tuple[int, int, int | None]:
-    """(optimum, enough, collapse) depths of a sweep — the rules stated on :class:`DiskSweep`."""
+    """(optimum, enough, collapse) depths of a sweep — the rules stated on :class:`DiskSweep`.
+
+    Examples:
+        >>> mb_per_s = {1: 1017, 2: 1655, 3: 1703, 4: 1535, 6: 1270, 8: 1035}  # a dip below 80% from QD6 on
+        >>> summarise([DepthRow(d, 64, 64 << 22, 0.2, x, 2.0, 5.0) for d, x in mb_per_s.items()])
+        (3, 2, 6)
+        >>> summarise([])
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: a disk sweep needs at least one depth
+    """
     if not rows:
         raise InputError("a disk sweep needs at least one depth")
     ordered = sorted(rows, key=lambda r: r.depth)
@@ -144,7 +182,19 @@ def summarise(rows: Sequence[DepthRow]) -> tuple[int, int, int | None]:
 
 def gain_over_shallowest(rows: Sequence[DepthRow], depth: int) -> dict[str, float] | None:
     """``depth``'s MB/s minus the shallowest depth's, paired round by round (rounds run close
-    in time, so a drift of the disk hits both); None with fewer than 2 rounds or no gap."""
+    in time, so a drift of the disk hits both); None with fewer than 2 rounds or no gap.
+
+    Examples:
+        >>> def row(depth, rounds):  # 64 reads of 4 MiB per round; the median round is the figure
+        ...     return DepthRow(depth, 64, 64 << 22, 0.16, sorted(rounds)[1], 2.0 * depth, 5.0 * depth, rounds)
+        >>> rows = [row(1, [990.0, 1017.0, 1040.0]), row(2, [1600.0, 1655.0, 1700.0]),
+        ...         row(3, [1650.0, 1703.0, 1720.0]), row(8, [1000.0, 1035.0, 1090.0])]
+        >>> g = gain_over_shallowest(rows, 3)  # per round: +660, +686, +680
+        >>> round(g["mean"], 1), round(g["ci_low"]), round(g["ci_high"]), g["n"]
+        (675.3, 642, 709, 3)
+        >>> gain_over_shallowest(rows, 1) is None
+        True
+    """
     first = min(rows, key=lambda r: r.depth)
     row = next(r for r in rows if r.depth == depth)
     if row is first or len(row.mb_per_s_rounds) < 2 or len(row.mb_per_s_rounds) != len(first.mb_per_s_rounds):

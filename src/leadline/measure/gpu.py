@@ -108,9 +108,22 @@ def measure_gpu(
 ) -> GpuReport:
     """Measure the card and judge it (a minute on a data-centre card; ``quick`` for seconds).
 
+    Reads the virtualisation, times launches, transfers, ``mem_get_info``, a device copy and a
+    matmul, compares the last two with the card's :func:`datasheet_for`, and hands the numbers
+    to :func:`judge`: with ``plan`` (its t_micro, t_step, grad_accum) the launch and
+    mem_get_info costs are judged as shares of its step, launches only with
+    ``launches_per_step``. ``on_progress`` receives the name of each measurement as it starts.
+
     Raises:
-        LeadlineError: no CUDA device is visible (the virtualisation is still readable
-            through :func:`leadline.measure.virt.virtualisation`).
+        LeadlineError: torch is missing, or ``device`` is not a visible CUDA device (the
+            virtualisation is still readable through :func:`leadline.measure.virt.virtualisation`).
+        InputError: ``launches_per_step`` is not a positive count.
+
+    Examples:
+        >>> measure_gpu("cpu")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.LeadlineError: leadline gpu measures a CUDA device and cpu is not one; run it on a machine ...
     """
     t0 = time.perf_counter()
     try:

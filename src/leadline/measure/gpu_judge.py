@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 from leadline.plan import Plan
 
-LAUNCH_US_LIMIT = 10.0  # seed 002: 2-5 µs is normal, 14.7 local, 55-85 rented
-ASYMMETRY_LIMIT = 2.0  # seed 002: a fabric gave D2H 457 MB/s against H2D 1502 (3.4x)
+LAUNCH_US_LIMIT = 10.0  # a local card launches in a few µs, one behind a fabric in tens (measured: docs/measure.md)
+ASYMMETRY_LIMIT = 2.0  # one direction over 2x slower than the other: a fabric, not a PCIe link (docs/measure.md)
 LAUNCH_SHARE_LIMIT = 0.05  # with a plan: launches worth more than 5% of a step
 MEM_INFO_SHARE_LIMIT = 0.01  # the SpillWatch's budget: 1% of a step (SPEC, Memory)
 MEM_INFO_SECONDS_LIMIT = 0.01  # without a plan; a local card answers in tens of µs
@@ -22,7 +22,13 @@ MIB = 1 << 20
 
 @dataclass(frozen=True)
 class Datasheet:
-    """A card's published figures: dense bf16 tensor TFLOP/s and memory bandwidth."""
+    """A card's published figures: dense bf16 tensor TFLOP/s and memory bandwidth (TB/s).
+
+    Examples:
+        >>> sheet = Datasheet("H100 SXM", 989.0, 3.35, "NVIDIA H100 datasheet")
+        >>> sheet.bf16_dense_tflops, sheet.memory_tb_per_s * 1000  # GB/s, as a device copy is read
+        (989.0, 3350.0)
+    """
 
     name: str
     bf16_dense_tflops: float
@@ -67,7 +73,17 @@ def _pct(x: float) -> str:
 
 
 def datasheet_for(device_name: str) -> Datasheet | None:
-    """The datasheet entry whose pattern matches ``device_name`` (as torch reports it)."""
+    """The first :data:`DATASHEETS` entry whose pattern matches ``device_name`` (as torch reports
+    it, lower-cased, hyphens as spaces), or None: an unknown card gets no percentage, never a guess.
+
+    Examples:
+        >>> datasheet_for("NVIDIA H100 80GB HBM3").name, datasheet_for("NVIDIA A100-SXM4-80GB").name
+        ('H100 SXM', 'A100 80GB SXM')
+        >>> datasheet_for("NVIDIA H200 NVL")
+        Datasheet(name='H200 NVL', bf16_dense_tflops=835.0, memory_tb_per_s=4.8, source='NVIDIA H200 datasheet')
+        >>> datasheet_for("Tesla T4") is None
+        True
+    """
     name = re.sub(r"\s+", " ", device_name.lower().replace("-", " "))
     for pattern, sheet in DATASHEETS:
         if re.search(pattern, name):
@@ -77,7 +93,12 @@ def datasheet_for(device_name: str) -> Datasheet | None:
 
 @dataclass
 class StepTimes:
-    """A plan's step: one forward+backward (t_micro), the optimizer update (t_step), grad_accum."""
+    """A plan's step: one forward+backward (t_micro), the optimizer update (t_step), grad_accum.
+
+    Examples:
+        >>> StepTimes(t_micro_seconds=0.2, t_step_seconds=0.05, grad_accum=8).step_seconds  # 8 x 0.2 + 0.05
+        1.65...
+    """
 
     t_micro_seconds: float
     t_step_seconds: float
@@ -85,12 +106,24 @@ class StepTimes:
 
     @property
     def step_seconds(self) -> float:
-        """One whole optimizer step: grad_accum micro-batches plus the update."""
+        """One whole optimizer step: ``grad_accum x t_micro_seconds + t_step_seconds``."""
         return self.t_micro_seconds * self.grad_accum + self.t_step_seconds
 
 
 def step_times_from_plan(plan: Plan) -> StepTimes | None:
-    """The plan's t_micro / t_step / grad_accum values (``*_seconds`` spellings too), or None."""
+    """The plan's t_micro / t_step / grad_accum values (``*_seconds`` spellings first), or None
+    when the plan has no positive t_micro. A missing t_step reads 0, a missing grad_accum 1.
+
+    Examples:
+        >>> from leadline.plan import Plan, Value
+        >>> plan = Plan()
+        >>> plan.set("t_micro", Value(0.2, "measured", "timed micro-batches"))
+        >>> plan.set("grad_accum", Value(8, "derived", "the split of the step"))
+        >>> step_times_from_plan(plan)
+        StepTimes(t_micro_seconds=0.2, t_step_seconds=0.0, grad_accum=8)
+        >>> step_times_from_plan(Plan()) is None
+        True
+    """
     def pick(*names: str) -> float | None:
         for n in names:
             if n in plan and isinstance(plan.get(n), (int, float)):
@@ -107,7 +140,18 @@ def step_times_from_plan(plan: Plan) -> StepTimes | None:
 
 @dataclass
 class Finding:
-    """One thing that would (``lies``) or might make timings here mislead."""
+    """One thing that would (``lies``) or might make timings here mislead.
+
+    Attributes:
+        reading: the measured figure (µs, a ratio, seconds, a share) or a word.
+        threshold: the limit it was judged against, None where there is none.
+        share_of_step: the reading as a share of the plan's step, when a plan was given.
+
+    Examples:
+        >>> f = Finding("launch latency", 4.0, LAUNCH_US_LIMIT, None, False, "a kernel launch costs 4.0 µs")
+        >>> f.lies, f.reading < f.threshold
+        (False, True)
+    """
 
     what: str
     reading: float | str | None
@@ -130,9 +174,31 @@ def judge(
     copy_share_of_datasheet: float | None = None,
     pinning_gain: float | None = None,
 ) -> list[Finding]:
-    """The findings, pure. With ``step`` the launch and mem_get_info costs are judged as shares
-    of one optimizer step (launches: ``launches_per_step`` x launch time; mem_get_info: one
-    call per micro-batch, as the SpillWatch reads it); without it, against raw thresholds."""
+    """The findings on measured numbers, pure.
+
+    Lies: a vGPU card (``shared_card``); a launch over :data:`LAUNCH_US_LIMIT` µs; one
+    direction over :data:`ASYMMETRY_LIMIT` x slower than the other; one ``mem_get_info`` over
+    :data:`MEM_INFO_SECONDS_LIMIT` s. With ``step`` the launch and mem_get_info costs are judged
+    as shares of one optimizer step instead: launches (``launches_per_step`` x launch time)
+    over :data:`LAUNCH_SHARE_LIMIT` of the step, one mem_get_info call over
+    :data:`MEM_INFO_SHARE_LIMIT` of a micro-batch (one call per micro-batch, as the SpillWatch
+    reads it). Noted, never lies: an unknown virtualisation, pinning under 1.1x pageable, a
+    matmul or device copy under :data:`DATASHEET_SHARE_NOTE` of the datasheet.
+
+    Examples:
+        >>> rented = judge(shared_card=False, launch_us=55.0, h2d_gb_per_s=1.502, d2h_gb_per_s=0.457,
+        ...                mem_get_info_seconds=None)
+        >>> [(f.what, f.lies) for f in rented]
+        [('launch latency', True), ('direction asymmetry', True)]
+        >>> rented[1].sentence
+        'device-to-host is 3.29x slower than the other direction (over 2x): a fabric, not a local PCIe link'
+        >>> local = judge(shared_card=False, launch_us=4.0, h2d_gb_per_s=25.0, d2h_gb_per_s=26.0,
+        ...               mem_get_info_seconds=2e-5, step=StepTimes(0.2, 0.05, 8), launches_per_step=40_000)
+        >>> local[0].sentence  # 40,000 x 4 µs = 0.16 s of a 1.65 s step
+        "40,000 launches at 4.0 µs are 9.7% of this plan's 1.65 s step (limit 5%)"
+        >>> [(f.what, f.lies) for f in local]
+        [('launch latency', True), ('direction asymmetry', False), ('mem_get_info cost', False)]
+    """
     f: list[Finding] = []
     if shared_card:
         f.append(Finding("vGPU card", "shared", None, None, True,
@@ -188,7 +254,16 @@ def judge(
 
 
 def verdict_of(findings: list[Finding]) -> tuple[bool, str]:
-    """(trustworthy, one sentence) from the findings."""
+    """(trustworthy, one sentence) from the findings: untrustworthy when any finding lies.
+
+    Examples:
+        >>> verdict_of(judge(shared_card=True, launch_us=4.0, h2d_gb_per_s=None, d2h_gb_per_s=None,
+        ...                  mem_get_info_seconds=None))
+        (False, 'do not trust timings on this machine: vGPU card')
+        >>> verdict_of(judge(shared_card=False, launch_us=4.0, h2d_gb_per_s=25.0, d2h_gb_per_s=26.0,
+        ...                  mem_get_info_seconds=2e-5))[1]
+        'timings here can be trusted: no vGPU; launches, transfers and mem_get_info within limits'
+    """
     lies = [x.what for x in findings if x.lies]
     if lies:
         return False, "do not trust timings on this machine: " + ", ".join(lies)

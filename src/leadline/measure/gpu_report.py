@@ -15,7 +15,18 @@ from leadline.plan import Value
 
 @dataclass
 class Transfer:
-    """One direction and memory kind: GB/s per size and the best (saturated) figure."""
+    """One direction and memory kind: GB/s per size and the best figure over the sizes.
+
+    ``saturated``: the two largest sizes' GB/s lie within 10% of each other, so a larger copy
+    would not be faster.
+
+    Examples:
+        >>> rows = [{"bytes": 4 * MIB, "seconds": 1.0e-4, "gb_per_s": 41.9},
+        ...         {"bytes": 32 * MIB, "seconds": 6.2e-4, "gb_per_s": 54.1}]
+        >>> t = Transfer("h2d", "pinned", rows, best_gb_per_s=54.1, saturated=False)
+        >>> t.best_gb_per_s == max(r["gb_per_s"] for r in t.sizes)
+        True
+    """
 
     direction: str  # "h2d" or "d2h"
     memory: str  # "pinned" or "pageable"
@@ -26,7 +37,42 @@ class Transfer:
 
 @dataclass
 class GpuReport:
-    """Everything :func:`measure_gpu` measured, with its evidence and the verdict."""
+    """Everything :func:`measure_gpu` measured, with its evidence and the verdict.
+
+    ``text()`` is what ``leadline gpu`` prints, ``to_dict()`` its ``--json``, ``as_values()``
+    the figures a plan takes.
+
+    Examples:
+        >>> from leadline.measure.gpu_judge import datasheet_for, judge, verdict_of
+        >>> rows = [{"bytes": 4 * MIB, "seconds": 1.6e-4, "gb_per_s": 26.2},
+        ...         {"bytes": 32 * MIB, "seconds": 1.3e-3, "gb_per_s": 25.8}]
+        >>> transfers = [Transfer("h2d", "pinned", rows, 26.2, True), Transfer("d2h", "pinned", rows, 26.2, True)]
+        >>> findings = judge(shared_card=False, launch_us=5.0, h2d_gb_per_s=26.2, d2h_gb_per_s=26.2,
+        ...                  mem_get_info_seconds=None)
+        >>> ok, verdict = verdict_of(findings)
+        >>> name = "NVIDIA H100 80GB HBM3"
+        >>> r = GpuReport("cuda:0", name, Virtualisation(), 5.0, 11.0, transfers, None, None,
+        ...               copy_gb_per_s=2680.0, copy_bytes=1024 * MIB, matmul_tflops=742.0, matmul_n=4096,
+        ...               matmul_dtype="bfloat16", datasheet=datasheet_for(name), pcie_link_gb_per_s=None,
+        ...               step=None, findings=findings, trustworthy=ok, verdict=verdict)
+        >>> print(r.text())
+        leadline gpu: NVIDIA H100 80GB HBM3 (cuda:0), datasheet H100 SXM
+        virtualisation: no card reading, on an unknown host
+        launch latency   5.00 µs per kernel back-to-back; 11.0 µs for one launch + synchronize
+        transfers        best GB/s over sizes 4-32 MiB (median of repeats)
+                            pinned  pageable
+          host->device       26.20         -
+          device->host       26.20         -
+        device copy      2,680 GB/s counting read + write (1024 MiB) = 80% of the 3.35 TB/s datasheet
+        bfloat16 matmul  742.0 TFLOP/s (4096^3) = 75% of the 989 TFLOP/s dense bf16 datasheet
+        verdict: timings here can be trusted: no vGPU; launches, transfers and mem_get_info within limits
+          ok   launch latency: a kernel launch costs 5.0 µs (within the 10 µs a local card gives)
+          ok   direction asymmetry: host-to-device is 1x slower than the other direction (within 2x)
+        >>> r.transfer("h2d", "pinned").best_gb_per_s, r.transfer("h2d", "pageable")
+        (26.2, None)
+        >>> sorted(r.as_values())[:3]
+        ['gpu_copy_gb_per_s', 'gpu_d2h_pinned_gb_per_s', 'gpu_h2d_pinned_gb_per_s']
+    """
 
     device: str
     device_name: str
@@ -51,9 +97,12 @@ class GpuReport:
     machine: dict[str, Any] = field(default_factory=dict)
 
     def transfer(self, direction: str, memory: str) -> Transfer | None:
+        """The :class:`Transfer` of ``direction`` (``h2d``/``d2h``) and ``memory``
+        (``pinned``/``pageable``), or None where that arm was not measured."""
         return next((t for t in self.transfers if t.direction == direction and t.memory == memory), None)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-ready data (``leadline gpu --json``)."""
         return asdict(self)
 
     def text(self) -> str:

@@ -56,14 +56,28 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|layer|blk|h|blocks|block)\.(\d+)\.")
 
 
 def layer_of(name: str) -> int | None:
-    """The layer index in a weight's name (``model.layers.3.``, ``blk.3.``, ``h.3.``), or None."""
+    """The layer index in a weight's name (``model.layers.3.``, ``blk.3.``, ``h.3.``), or None.
+
+    Examples:
+        >>> layer_of("model.layers.3.mlp.up_proj.weight"), layer_of("blk.3.attn_q.weight"), layer_of("lm_head.weight")
+        (3, 3, None)
+    """
     m = _LAYER.search(name)
     return int(m.group(1)) if m else None
 
 
 def family_of(name: str) -> str:
     """The family of a 2-D weight: q/k/v/o/gate/up/down (or fused qkv/gate_up), embeddings,
-    lm_head, or ``other``. Hugging Face, GGUF and Meta names are recognised."""
+    lm_head, or ``other``. Hugging Face, GGUF and Meta names are recognised; a name inside a
+    layer is never lm_head (GGUF's ``output`` names the head only outside the layers).
+
+    Examples:
+        >>> [family_of(n) for n in ("model.layers.3.mlp.up_proj.weight", "blk.3.ffn_gate.weight",
+        ...                         "layers.0.attention.wq.weight", "token_embd.weight", "output.weight")]
+        ['up', 'gate', 'q', 'embeddings', 'lm_head']
+        >>> family_of("model.layers.0.input_layernorm.weight")
+        'other'
+    """
     parts = name.split(".")
     in_layer = layer_of(name) is not None
     for fam, names in _FAMILY_NAMES.items():
@@ -77,8 +91,21 @@ def family_of(name: str) -> str:
 def roundtrip(w: Any, bits: int, group: int = 64, symmetric: bool = True) -> Any:
     """``w`` quantized to ``bits`` in groups of ``group`` along its last dimension and back.
 
-    A last dimension that is not a multiple of ``group`` is padded with its last value, which
-    changes no group's scale. Returns a float32 tensor of ``w``'s shape.
+    Round-to-nearest with one float32 scale per group (the formulas in the module docstring:
+    symmetric ``s = max|x| / (2^(b-1) - 1)``; asymmetric ``s = (max - min) / (2^b - 1)`` and
+    the minimum kept). A last dimension that is not a multiple of ``group`` is padded with its
+    last value, which changes no group's scale. Returns a float32 tensor of ``w``'s shape.
+
+    Examples:
+        >>> import torch
+        >>> x = torch.tensor([-1.0, -0.3, 0.2, 0.7])
+        >>> [round(v, 4) for v in roundtrip(x, 4, group=4).tolist()]  # s = 1/7: -7, -2, 1, 5 steps
+        [-1.0, -0.2857, 0.1429, 0.7143]
+        >>> [round(v, 4) for v in roundtrip(x, 4, group=4, symmetric=False).tolist()]  # s = 1.7/15 from -1
+        [-1.0, -0.32, 0.2467, 0.7]
+        >>> grid = torch.arange(-7.0, 8.0)  # values on the int4 grid come back exactly
+        >>> torch.equal(roundtrip(grid, 4, group=15), grid)
+        True
     """
     import torch
 
@@ -107,7 +134,16 @@ def roundtrip(w: Any, bits: int, group: int = 64, symmetric: bool = True) -> Any
 
 
 def relative_error(w: Any, w_hat: Any) -> float:
-    """``||w - w_hat||_F / ||w||_F`` (0 for an all-zero ``w`` reproduced exactly)."""
+    """``||w - w_hat||_F / ||w||_F`` in float64 (0 for an all-zero ``w`` reproduced exactly,
+    inf for an all-zero ``w`` that was not).
+
+    Examples:
+        >>> import torch
+        >>> relative_error(torch.tensor([3.0, 4.0]), torch.tensor([3.0, 3.0]))  # 1 / 5
+        0.2
+        >>> relative_error(torch.zeros(2), torch.zeros(2)), relative_error(torch.zeros(2), torch.ones(2))
+        (0.0, inf)
+    """
     import torch
 
     a = torch.as_tensor(w).detach().to(torch.float64)
@@ -222,7 +258,13 @@ def _tensors_of(source: Any) -> tuple[str, str, list[_Tensor]]:
 
 @dataclass
 class FamilyError:
-    """One family's measured error per scheme and its share of a layer."""
+    """One family's measured error per scheme (:data:`SCHEMES`) and its share of a layer.
+
+    Examples:
+        >>> f = FamilyError("gate", 3, 3 * 576 * 1536, 0.25, 0.197, {"int4_sym": 0.1125}, ["Q4_1"])
+        >>> f"{f.errors['int4_sym']:.2%} of a weight, {f.share_of_layer:.0%} of a layer"
+        '11.25% of a weight, 25% of a layer'
+    """
 
     family: str
     tensors: int
@@ -235,7 +277,30 @@ class FamilyError:
 
 @dataclass
 class QuantReport:
-    """Per-family round-trip errors of the measured layers, the embeddings, and notes."""
+    """Per-family round-trip errors of the measured layers, the embeddings, and notes.
+
+    ``text()`` is what ``leadline quant`` prints, ``to_dict()`` its ``--json``, ``as_values()``
+    the pooled symmetric int8 and int4 errors as plan values.
+
+    Examples:
+        >>> import torch
+        >>> weights = {"model.layers.0.self_attn.q_proj.weight": torch.linspace(-1, 1, 256).reshape(4, 64),
+        ...            "model.layers.0.mlp.up_proj.weight": torch.linspace(-1, 1, 768).reshape(12, 64),
+        ...            "model.embed_tokens.weight": torch.linspace(0, 1, 512).reshape(8, 64)}
+        >>> report = quant_error(weights)
+        >>> print(report.text())
+        leadline quant: tensors (tensors), layers 0 of 1, group 64, relative Frobenius error
+        family      share of layer   int8 sym  int8 asym   int4 sym  int4 asym  stored as
+        q                    25.0%      0.14%      0.10%      5.58%      1.63%  float32
+        up                   75.0%      0.25%      0.03%      4.45%      0.54%  float32
+        embeddings  (33.3% of all)      0.25%      0.02%      4.52%      0.41%  float32
+        layers            (pooled)      0.23%      0.06%      4.76%      0.94%
+        int4 symmetric across the layer families: 4.45%-5.58%, spread 1.25x: uniform (uniform means within 1.5x).
+        >>> report.family("up").share_of_layer, report.uniform()
+        (0.75, True)
+        >>> round(report.as_values()["quant_int4_error"].value, 4)
+        0.0476
+    """
 
     source: str
     format: str
@@ -249,6 +314,7 @@ class QuantReport:
     seconds: float = 0.0
 
     def family(self, name: str) -> FamilyError:
+        """The :class:`FamilyError` of ``name``; KeyError naming the measured families if absent."""
         for f in self.families:
             if f.family == name:
                 return f
@@ -259,6 +325,7 @@ class QuantReport:
         return self.spread.get(scheme, math.inf) <= UNIFORM_SPREAD
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-ready data (``leadline quant --json``)."""
         return asdict(self)
 
     def text(self) -> str:
@@ -284,6 +351,8 @@ class QuantReport:
         return "\n".join(lines)
 
     def as_values(self) -> dict[str, Value]:
+        """``quant_int8_error`` and ``quant_int4_error``: the symmetric schemes pooled over the
+        measured layers, the families as evidence."""
         ev = {"families": [asdict(f) for f in self.families], "layers": self.layers, "group": self.group,
               "source": self.source}
         src = (f"round-trip of layers {', '.join(map(str, self.layers))} of {Path(self.source).name}, group "
@@ -325,9 +394,31 @@ def quant_error(
         source: a ``.safetensors`` file, a folder of them, a ``.gguf`` file, a torch module or a
             ``{name: tensor}`` dict.
         layers: layer indices to measure; default the first, middle and last (three complete
-            layers, as seed 002 measured); ``"all"`` for every layer. Embeddings always.
+            layers); ``"all"`` for every layer. Embeddings always.
         group: values per quantization group along the input dimension.
         max_elements: a larger tensor is measured on evenly spaced whole rows up to this size.
+
+    Each 2-D weight is round-tripped by :func:`roundtrip` in the four :data:`SCHEMES`; a
+    family's error is ``sqrt(sum ||W - W'||^2 / sum ||W||^2)`` over its tensors, its share of a
+    layer its element count over all 2-D weights of the layers.
+
+    Raises:
+        InputError: a missing or unreadable file, no 2-D weights, layers not in the model.
+
+    Examples:
+        >>> import torch
+        >>> weights = {"model.layers.0.self_attn.q_proj.weight": torch.linspace(-1, 1, 256).reshape(4, 64),
+        ...            "model.layers.0.mlp.up_proj.weight": torch.linspace(-1, 1, 768).reshape(12, 64),
+        ...            "model.embed_tokens.weight": torch.linspace(0, 1, 512).reshape(8, 64)}
+        >>> report = quant_error(weights)
+        >>> report.layers, [f.family for f in report.families]
+        ([0], ['q', 'up', 'embeddings'])
+        >>> {k: round(v, 4) for k, v in report.layer_errors.items()}
+        {'int8_sym': 0.0023, 'int8_asym': 0.0006, 'int4_sym': 0.0476, 'int4_asym': 0.0094}
+        >>> quant_error(weights, layers=[5])
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: layers [5] are not in the model, which has layers 0-0; pass indices in that ...
     """
     t0 = time.perf_counter()
     if group < 1:

@@ -10,7 +10,7 @@ Three sources, each parsed by a pure function tested on recorded outputs:
 Only a vGPU slice (or the host that shares its card with vGPU guests) makes the card's own
 timings lie; a virtual machine or a passed-through card is reported with what it risks, and the
 transfer numbers of :mod:`leadline.measure.gpu` decide. A card reached over a fabric reads
-"None" too (seed 002's rented A6000), so "None" is never proof that a card is local.
+"None" too (measured: docs/measure.md), so "None" is never proof that a card is local.
 """
 
 from __future__ import annotations
@@ -50,7 +50,13 @@ _CONTAINER_NOTES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class NvidiaSmiGpu:
-    """One GPU block of ``nvidia-smi -q``: name, virtualization mode, PCIe link."""
+    """One GPU block of ``nvidia-smi -q``: name, virtualization mode, PCIe link (None: not printed).
+
+    Examples:
+        >>> g = NvidiaSmiGpu("00000000:18:00.0", "NVIDIA H800", "None", None, 5, 4, 16, 16)
+        >>> g.virtualization_mode, g.pcie_generation_max, g.pcie_width_max
+        ('None', 5, 16)
+    """
 
     bus_id: str
     product_name: str | None
@@ -64,7 +70,13 @@ class NvidiaSmiGpu:
 
 @dataclass(frozen=True)
 class Reading:
-    """One source's reading and what it means for the timings measured here."""
+    """One source's reading (None: the source was unavailable) and what it means for the timings
+    measured here.
+
+    Examples:
+        >>> Reading("systemd-detect-virt --vm", "kvm", "a kvm virtual machine").reading
+        'kvm'
+    """
 
     source: str
     reading: str | None
@@ -83,6 +95,13 @@ class Virtualisation:
         vm: True when the CPU flag or systemd-detect-virt says this is a virtual machine.
         container: the container runtime systemd-detect-virt names, or None.
         gpus: the parsed ``nvidia-smi -q`` blocks.
+
+    Examples:
+        >>> v = Virtualisation(shared_card=False, vm=True, container="docker")
+        >>> v.summary()
+        'an unshared card, inside a virtual machine, in a docker container'
+        >>> Virtualisation().text()  # nothing read yet
+        'virtualisation: no card reading, on an unknown host'
     """
 
     readings: list[Reading] = field(default_factory=list)
@@ -92,6 +111,7 @@ class Virtualisation:
     gpus: list[NvidiaSmiGpu] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field as plain JSON-ready data."""
         return asdict(self)
 
     def text(self) -> str:
@@ -153,7 +173,24 @@ def _int(text: str | None) -> int | None:
 
 
 def parse_nvidia_smi(text: str) -> list[NvidiaSmiGpu]:
-    """Parse ``nvidia-smi -q`` (any driver since the mode was added) into one record per GPU."""
+    """Parse ``nvidia-smi -q`` (any driver since the mode was added) into one record per GPU.
+
+    A block starts at a ``GPU <bus id>`` line; keys are found by their indented path
+    (``GPU Virtualization Mode/Virtualization Mode``, ``PCIe Generation/Max``...).
+
+    Examples:
+        >>> smi = "\\n".join(["GPU 00000000:18:00.0", "    Product Name : NVIDIA H800", "    GPU Virtualization Mode",
+        ...                   "        Virtualization Mode : None", "    PCI", "        GPU Link Info",
+        ...                   "            PCIe Generation", "                Max : 5", "                Current : 4",
+        ...                   "            Link Width", "                Max : 16x", "                Current : 16x"])
+        >>> (g,) = parse_nvidia_smi(smi)
+        >>> g.bus_id, g.product_name, g.virtualization_mode, g.pcie_generation_max, g.pcie_generation_current
+        ('00000000:18:00.0', 'NVIDIA H800', 'None', 5, 4)
+        >>> g.pcie_width_max, g.host_vgpu_mode
+        (16, None)
+        >>> parse_nvidia_smi("No devices were found")
+        []
+    """
     gpus = []
     for bus_id, b in _blocks(text):
         mode = _find(b, "GPU Virtualization Mode/Virtualization Mode", "Virtualization Mode")
@@ -173,7 +210,21 @@ def parse_nvidia_smi(text: str) -> list[NvidiaSmiGpu]:
 
 
 def nvidia_smi_reading(gpu: NvidiaSmiGpu) -> tuple[bool | None, str]:
-    """(is the card shared, what the mode means) for one parsed GPU."""
+    """(is the card shared, what the mode means) for one parsed GPU.
+
+    Shared: ``VGPU``, ``Host VGPU``, ``Host VSGA``; not shared: ``None``, ``Pass-Through``;
+    None (unknown) for a missing, ``N/A`` or unrecognised mode.
+
+    Examples:
+        >>> from dataclasses import replace
+        >>> g = NvidiaSmiGpu("00000000:02:00.0", "NVIDIA A10-24Q", "VGPU", None, None, None, None, None)
+        >>> nvidia_smi_reading(g)
+        (True, 'the card is a vGPU slice inside a virtual machine: other guests share its time and memory ...')
+        >>> nvidia_smi_reading(replace(g, virtualization_mode="Pass-Through"))[0]
+        False
+        >>> nvidia_smi_reading(replace(g, virtualization_mode="N/A"))
+        (None, 'the driver does not report a virtualization mode for this card')
+    """
     mode = (gpu.virtualization_mode or "").strip().lower()
     if mode in _NVSMI_MODES:
         return _NVSMI_MODES[mode]
@@ -184,7 +235,12 @@ def nvidia_smi_reading(gpu: NvidiaSmiGpu) -> tuple[bool | None, str]:
 
 
 def parse_cpuinfo(text: str) -> bool:
-    """True when any ``flags`` line of ``/proc/cpuinfo`` carries ``hypervisor``."""
+    """True when any ``flags`` line of ``/proc/cpuinfo`` carries ``hypervisor``.
+
+    Examples:
+        >>> parse_cpuinfo("processor : 0\\nflags : fpu sse2 hypervisor avx2"), parse_cpuinfo("flags : fpu sse2")
+        (True, False)
+    """
     for line in text.splitlines():
         key, sep, value = line.partition(":")
         if sep and key.strip() == "flags" and "hypervisor" in value.split():
@@ -193,7 +249,12 @@ def parse_cpuinfo(text: str) -> bool:
 
 
 def parse_detect_virt(output: str) -> str | None:
-    """The technology ``systemd-detect-virt`` names, or None for ``none``/empty output."""
+    """The technology ``systemd-detect-virt`` names, or None for ``none``/empty output.
+
+    Examples:
+        >>> parse_detect_virt("kvm\\n"), parse_detect_virt("none\\n"), parse_detect_virt("")
+        ('kvm', None, None)
+    """
     word = output.strip().splitlines()[0].strip() if output.strip() else ""
     return None if word in ("", "none") else word
 
@@ -206,7 +267,25 @@ def interpret(
 ) -> Virtualisation:
     """Turn the four raw outputs (None where a source was unavailable) into readings.
 
-    Pure: the recorded outputs in the tests go through exactly this.
+    Pure: the recorded outputs in the tests go through exactly this. The card is shared when
+    any GPU's mode is shared, unshared when every GPU's mode says so, else unknown; the machine
+    is a VM when the CPU flag or ``systemd-detect-virt --vm`` says so.
+
+    Examples:
+        >>> smi = "\\n".join(["GPU 00000000:18:00.0", "    Product Name : NVIDIA H800", "    GPU Virtualization Mode",
+        ...                   "        Virtualization Mode : VGPU", "    PCI", "        GPU Link Info",
+        ...                   "            PCIe Generation", "                Max : 5", "                Current : 4",
+        ...                   "            Link Width", "                Max : 16x", "                Current : 16x"])
+        >>> v = interpret(smi, "flags : fpu hypervisor", "kvm\\n", "none\\n")
+        >>> v.shared_card, v.vm, v.container
+        (True, True, None)
+        >>> v.summary()
+        'a shared (vGPU) card, inside a virtual machine'
+        >>> print(interpret(None, None, None, None).text())
+        virtualisation: no card reading, on an unknown host
+          nvidia-smi -q: unavailable — nvidia-smi is not available, so the driver's virtualization mode is unknown
+          /proc/cpuinfo: unavailable — no /proc/cpuinfo here, so the CPU's hypervisor flag is unknown
+          systemd-detect-virt --vm: unavailable — systemd-detect-virt is not available
     """
     v = Virtualisation()
     if nvidia_smi is None:
@@ -281,7 +360,18 @@ def _run(cmd: list[str], runner: Callable[..., Any]) -> str | None:
 def virtualisation(
     *, runner: Callable[..., Any] = subprocess.run, cpuinfo_path: str = "/proc/cpuinfo"
 ) -> Virtualisation:
-    """Read every source on this machine (missing tools are recorded, never fatal)."""
+    """Read every source on this machine (missing tools are recorded, never fatal).
+
+    Runs ``nvidia-smi -q`` and ``systemd-detect-virt --vm/--container`` through ``runner``
+    (``subprocess.run``'s signature; 20 s each) and reads ``cpuinfo_path``, then :func:`interpret`.
+
+    Examples:
+        >>> def no_tools(cmd, **kwargs):  # a machine without nvidia-smi or systemd
+        ...     raise FileNotFoundError(cmd[0])
+        >>> v = virtualisation(runner=no_tools, cpuinfo_path="/nonexistent/cpuinfo")
+        >>> v.summary(), [r.source for r in v.readings]
+        ('no card reading, on an unknown host', ['nvidia-smi -q', '/proc/cpuinfo', 'systemd-detect-virt --vm'])
+    """
     try:
         cpuinfo: str | None = Path(cpuinfo_path).read_text(errors="replace")
     except OSError:

@@ -37,7 +37,13 @@ _INSTANCE = re.compile(r"^(?:pid_(?P<pid>\d+)_)?luid_(?P<luid>0x[0-9a-fA-F]+_0x[
 
 @dataclass(frozen=True)
 class WddmSample:
-    """One reading of the counters for this process on one card, bytes."""
+    """One reading of the counters for this process on one card, bytes.
+
+    Examples:
+        >>> s = WddmSample(process_dedicated=6000, process_shared=0, card_dedicated=7000, card_shared=100)
+        >>> s.card_dedicated - s.process_dedicated  # what other programs hold on the card
+        1000
+    """
 
     process_dedicated: int
     process_shared: int
@@ -47,8 +53,15 @@ class WddmSample:
 
 
 def parse_instance(name: str) -> tuple[int | None, str, int] | None:
-    """``pid_1234_luid_0x00000000_0x0000C0E8_phys_0`` -> ``(1234, "0x00000000_0x0000C0E8", 0)``;
-    adapter instances have no pid. None for a name that is neither."""
+    """A counter instance's (pid, luid, phys): the luid lower-cased, None as the pid of an
+    adapter instance; None for a name that is neither.
+
+    Examples:
+        >>> parse_instance("pid_1234_luid_0x00000000_0x0000C0E8_phys_0")
+        (1234, '0x00000000_0x0000c0e8', 0)
+        >>> parse_instance("luid_0x00000000_0x0000C0E8_phys_0"), parse_instance("_Total")
+        ((None, '0x00000000_0x0000c0e8', 0), None)
+    """
     m = _INSTANCE.match(name.strip())
     if not m:
         return None
@@ -78,6 +91,16 @@ def aggregate(
     The card is ``luid`` when given, else the card where this process has the most dedicated
     memory (the one its CUDA context lives on). Instances of one card on several physical
     adapters (``phys_N``) are summed. None when the process has no instance.
+
+    Examples:
+        >>> card = "luid_0x00000000_0x0000C0E8_phys_0"
+        >>> dedicated = [("pid_42_" + card, 6000), ("pid_7_" + card, 500)]
+        >>> shared = [("pid_42_" + card, 10)]
+        >>> s = aggregate(dedicated, shared, [(card, 7000)], [(card, 100)], pid=42)
+        >>> s.process_dedicated, s.process_shared, s.card_dedicated, s.card_shared, s.luid
+        (6000, 10, 7000, 100, '0x00000000_0x0000c0e8')
+        >>> aggregate(dedicated, shared, [(card, 7000)], [(card, 100)], pid=99) is None
+        True
     """
     pd, ps = list(process_dedicated), list(process_shared)
     cd, cs = list(card_dedicated), list(card_shared)
@@ -98,7 +121,16 @@ def aggregate(
 
 
 def spilled_bytes(base: WddmSample, now: WddmSample, reserved_base: int, reserved_now: int) -> int:
-    """This process's allocations demoted to shared memory since ``base`` (see the module docstring)."""
+    """This process's allocations demoted to shared memory since ``base``:
+    ``max(0, min(Δ process shared, Δ (reserved - process dedicated)))`` (see the module docstring).
+
+    Examples:
+        >>> base, now = WddmSample(6000, 0, 7000, 100), WddmSample(6000, 1000, 8000, 1600)
+        >>> spilled_bytes(base, now, reserved_base=6000, reserved_now=7000)  # 1000 reserved, none of it dedicated
+        1000
+        >>> spilled_bytes(base, now, reserved_base=6000, reserved_now=6000)  # shared grew alone: pinned host memory
+        0
+    """
     d_shared = now.process_shared - base.process_shared
     d_demoted = (reserved_now - now.process_dedicated) - (reserved_base - base.process_dedicated)
     return max(0, min(d_shared, d_demoted))
@@ -107,7 +139,15 @@ def spilled_bytes(base: WddmSample, now: WddmSample, reserved_base: int, reserve
 def pushed_bytes(base: WddmSample, now: WddmSample, card_free_bytes: int) -> int:
     """Other programs' memory pushed to shared by this one since ``base``: the card's shared
     growth beyond this process's own, counted only when the card's free dedicated memory is
-    smaller than that growth (the card is at its edge)."""
+    smaller than that growth (the card is at its edge).
+
+    Examples:
+        >>> base, now = WddmSample(6000, 0, 7000, 100), WddmSample(6000, 1000, 8000, 1600)
+        >>> pushed_bytes(base, now, card_free_bytes=100)  # card shared +1500, this process's +1000
+        500
+        >>> pushed_bytes(base, now, card_free_bytes=4000)  # room was left: nothing needed to move
+        0
+    """
     beyond = (now.card_shared - base.card_shared) - (now.process_shared - base.process_shared)
     if beyond <= 0 or card_free_bytes >= beyond:
         return 0
@@ -116,7 +156,17 @@ def pushed_bytes(base: WddmSample, now: WddmSample, card_free_bytes: int) -> int
 
 @dataclass
 class SpillTracker:
-    """Spilled and pushed bytes of each reading against the first one it saw."""
+    """Spilled and pushed bytes of each reading against the first one it saw, and their peaks.
+
+    Examples:
+        >>> t = SpillTracker()
+        >>> t.update(WddmSample(6000, 0, 7000, 100), reserved_bytes=6000, card_free_bytes=4000)
+        (0, 0)
+        >>> t.update(WddmSample(6000, 1000, 8000, 1600), reserved_bytes=7000, card_free_bytes=100)
+        (1000, 500)
+        >>> t.peak_spilled_bytes, t.peak_pushed_bytes
+        (1000, 500)
+    """
 
     base: WddmSample | None = None
     reserved_base: int = 0
@@ -137,7 +187,12 @@ class SpillTracker:
 
 # ---- the platform API -------------------------------------------------------------------
 def available() -> bool:
-    """True on Windows where ``pdh.dll`` loads; False everywhere else (nothing is loaded there)."""
+    """True on Windows where ``pdh.dll`` loads; False everywhere else (nothing is loaded there).
+
+    Examples:
+        >>> available()  # off Windows
+        False
+    """
     if sys.platform != "win32":
         return False
     try:
@@ -159,6 +214,13 @@ class WddmCounters:
 
     Raises:
         OSError: off Windows, or when PDH refuses the query.
+
+    Examples:
+        >>> try:  # off Windows
+        ...     WddmCounters()
+        ... except OSError as e:
+        ...     print(e)
+        the WDDM counters exist on Windows only
     """
 
     _PDH_FMT_LARGE = 0x00000400
@@ -207,6 +269,7 @@ class WddmCounters:
         return [(items[i].szName or "", int(items[i].FmtValue.largeValue)) for i in range(count.value)]
 
     def __call__(self) -> WddmSample | None:
+        """Collect the counters once: this process's :class:`WddmSample` on its card, or None."""
         self._check(self._pdh.PdhCollectQueryData(self._query), "PdhCollectQueryData")
         arrays = [self._array(c) for c in self._counters]
         sample = aggregate(*arrays, pid=self.pid, luid=self.luid)
@@ -215,6 +278,7 @@ class WddmCounters:
         return sample
 
     def close(self) -> None:
+        """Close the PDH query (a second call does nothing)."""
         if getattr(self, "_query", None) is not None:
             self._pdh.PdhCloseQuery(self._query)
             self._query = None

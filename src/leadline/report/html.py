@@ -48,8 +48,16 @@ def _esc(x: Any) -> str:
 
 
 def sig(x: Any, digits: int = 3) -> str:
-    """A number as a person reads it: ``digits`` significant digits, ints with separators,
-    ``—`` for a missing one; text as it is."""
+    """A number as a person reads it: ``digits`` significant digits, ints with separators
+    (below 10^7), floats outside [1e-3, 1e6) in exponent form, ``—`` for a missing one; text as
+    it is.
+
+    Examples:
+        >>> sig(12345), sig(12_345_678), sig(3.14159), sig(123456.7), sig(0.000457), sig(None)
+        ('12,345', '1.23e+07', '3.14', '123,000', '4.57e-04', '—')
+        >>> sig([1, 0.5]), sig("cosine"), sig(0.0)
+        ('1, 0.5', 'cosine', '0')
+    """
     if x is None:
         return "—"
     if isinstance(x, bool) or isinstance(x, str):
@@ -71,7 +79,15 @@ def sig(x: Any, digits: int = 3) -> str:
 
 
 def value_text(v: Value) -> str:
-    """The value with its unit ("2 rows", "1 row", "0.000457 per step"), ``not resolved`` for None."""
+    """The value with its unit, singular for 1 ("2 rows", "1 row"), ``not resolved`` for None.
+
+    Examples:
+        >>> from leadline.plan import Value
+        >>> value_text(Value(2, "derived", "the split", unit="rows")), value_text(Value(1, "derived", "s", unit="rows"))
+        ('2 rows', '1 row')
+        >>> value_text(Value(None, "derived", "no rate phase finished"))
+        'not resolved'
+    """
     if v.value is None:
         return "not resolved"
     text = sig(v.value)
@@ -87,12 +103,28 @@ _PLURAL = re.compile(r"\b1 (rows|steps|tokens|micro-batches|draws|rates|rounds|h
 
 
 def prose(text: str) -> str:
-    """A source sentence for display: "1 rows" read as "1 row"."""
+    """A source sentence for display: "1 rows" read as "1 row".
+
+    Examples:
+        >>> prose("fits 1 rows in 1 micro-batches over 2 steps")
+        'fits 1 row in 1 micro-batch over 2 steps'
+    """
     return _PLURAL.sub(lambda m: "1 " + ("micro-batch" if m.group(1) == "micro-batches" else m.group(1)[:-1]), text)
 
 
 def short_why(text: str, chars: int = WHY_CHARS) -> str:
-    """The first clause of a source sentence, cut at a word boundary to ``chars`` characters."""
+    """The first clause of a source sentence, cut at a word boundary to ``chars`` characters.
+
+    The clause ends at ``"; "`` or at a colon before a lower-case word (unless that leaves under
+    25 characters); a parenthesis left open is cut away; an ellipsis marks a cut.
+
+    Examples:
+        >>> short_why("the largest micro-batch that fits: 8 rows peak at 61% of the room (rungs 1, 2, 4, 8, 16 "
+        ...           "tried; 16 ran out of memory)")
+        'the largest micro-batch that fits: 8 rows peak at 61% of the room…'
+        >>> short_why("a known default for fine-tuning; see docs/rate.md")
+        'a known default for fine-tuning…'
+    """
     text = prose(text)
     first = re.split(r"; |: (?=[a-z])", text, maxsplit=1)[0]
     if len(first) < 25:  # "none: the rate ..." says nothing before its colon
@@ -256,7 +288,23 @@ def _where(plan: Plan) -> str:
 
 
 def render_plan(plan: Plan) -> str:
-    """The plan as a self-contained HTML page."""
+    """The plan as a self-contained HTML page: no scripts, no external files (plots inline SVG).
+
+    Examples:
+        >>> from leadline.plan import Plan, Value
+        >>> plan = Plan(created=0.0)
+        >>> plan.set("micro_batch", Value(8, "measured", "the largest micro-batch that fits: 8 rows peak at 61% of "
+        ...                               "the room", unit="rows"))
+        >>> plan.set("weight_decay", Value(0.0, "constant", "the usual default for fine-tuning"))
+        >>> page = render_plan(plan)
+        >>> page.startswith("<!DOCTYPE html>"), "<script" in page, page.count("<section")
+        (True, False, 2)
+        >>> import re
+        >>> for line in re.findall(r"<p class='meta'>[^<]*</p>", page):
+        ...     print(line)
+        <p class='meta'>leadline ..., 1970-01-01 00:00 UTC</p>
+        <p class='meta'>2 values (1 measured, 1 constant); constants (not measured here): weight_decay.</p>
+    """
     can_plot = matplotlib_available()
     created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(plan.created))
     device = plan.machine.get("device") or plan.machine.get("device_name") or ""
@@ -276,7 +324,16 @@ def render_plan(plan: Plan) -> str:
 
 def write_html(plan: Plan, path: str | os.PathLike[str]) -> Path:
     """Write the plan's self-contained HTML report (inline SVG plots) to ``path`` atomically;
-    returns the path."""
+    returns the path.
+
+    Examples:
+        >>> import tempfile
+        >>> from leadline.plan import Plan
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     path = write_html(Plan(), Path(folder) / "plan.html")
+        ...     print(path.name, path.read_text(encoding="utf-8").startswith("<!DOCTYPE html>"))
+        plan.html True
+    """
     from leadline._io import write_atomic
 
     return write_atomic(path, render_plan(plan))

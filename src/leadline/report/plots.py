@@ -13,7 +13,12 @@ from typing import Any
 
 
 def sig(x: float) -> str:
-    """``x`` at 3 significant digits."""
+    """``x`` at 3 significant digits.
+
+    Examples:
+        >>> sig(0.000457123), sig(33140.0)
+        ('0.000457', '3.31e+04')
+    """
     return f"{x:.3g}"
 
 
@@ -22,7 +27,18 @@ _PLOTS: dict[str, PlotFn] = {}
 
 
 def register_plot(name: str) -> Callable[[PlotFn], PlotFn]:
-    """Register ``fn(evidence, ax)`` as the drawing for evidence with ``{"plot": name}``."""
+    """Register ``fn(evidence, ax)`` as the drawing for evidence with ``{"plot": name}``; the
+    decorator returns ``fn`` unchanged. ``fn`` draws on the matplotlib axes ``ax``; the value
+    the evidence decided is in ``evidence["_chosen"]``.
+
+    Examples:
+        >>> @register_plot("demo")
+        ... def _demo(ev, ax):
+        ...     ax.plot(ev["x"], ev["y"])
+        >>> "demo" in plot_names()
+        True
+        >>> del _PLOTS["demo"]  # leave the registry as it was
+    """
 
     def deco(fn: PlotFn) -> PlotFn:
         _PLOTS[name] = fn
@@ -32,10 +48,23 @@ def register_plot(name: str) -> Callable[[PlotFn], PlotFn]:
 
 
 def plot_names() -> list[str]:
+    """The registered plot names, sorted: the ``"plot"`` values the report can draw.
+
+    Examples:
+        >>> plot_names()
+        ['ending', 'first_step', 'lookahead', 'noise_probe', 'past_format', 'ramp', 'schedule']
+    """
     return sorted(_PLOTS)
 
 
 def matplotlib_available() -> bool:
+    """True when matplotlib imports (the ``report`` and ``hf`` extras install it).
+
+    Examples:
+        >>> import importlib.util
+        >>> matplotlib_available() == (importlib.util.find_spec("matplotlib") is not None)
+        True
+    """
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -45,7 +74,13 @@ def matplotlib_available() -> bool:
 
 def render_svg(evidence: Any, chosen: Any = None) -> str | None:
     """The SVG drawing for ``evidence`` (inline-ready, no XML header), or None if it has none.
-    ``chosen``: the value the evidence decided, marked on the drawing where it has a place."""
+    ``chosen``: the value the evidence decided, marked on the drawing where it has a place.
+    None too where matplotlib is missing.
+
+    Examples:
+        >>> render_svg({"plot": "no_such_plot"}) is None, render_svg([1.0, 2.0]) is None
+        (True, True)
+    """
     if not isinstance(evidence, dict) or evidence.get("plot") not in _PLOTS or not matplotlib_available():
         return None
     import matplotlib
