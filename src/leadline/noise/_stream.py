@@ -18,7 +18,17 @@ if TYPE_CHECKING:
 
 
 def as_tensor_list(gradient: Any, what: str) -> list[torch.Tensor]:
-    """A gradient given as one tensor or a list/tuple of tensors, as a list."""
+    """A gradient given as one tensor or a list/tuple of tensors, as a list.
+
+    Examples:
+        >>> import torch
+        >>> len(as_tensor_list(torch.zeros(3), "g")), len(as_tensor_list((torch.zeros(3), torch.ones(2)), "g"))
+        (1, 2)
+        >>> as_tensor_list([], "grad_fn(0)'s gradient")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: grad_fn(0)'s gradient must be a torch.Tensor or a non-empty list of tensors, ...
+    """
     import torch
 
     if isinstance(gradient, torch.Tensor):
@@ -29,7 +39,13 @@ def as_tensor_list(gradient: Any, what: str) -> list[torch.Tensor]:
 
 
 def accumulator_dtype(t: torch.Tensor) -> torch.dtype:
-    """fp32, or fp64 where the gradient already is (never lower than fp32)."""
+    """fp32, or fp64 where the gradient already is (never lower than fp32).
+
+    Examples:
+        >>> import torch
+        >>> accumulator_dtype(torch.zeros(1, dtype=torch.bfloat16)), accumulator_dtype(torch.zeros(1).double())
+        (torch.float32, torch.float64)
+    """
     import torch
 
     return torch.promote_types(t.dtype, torch.float32)
@@ -45,6 +61,18 @@ class MeanStream:
     ``reduce``: for a gradient sharded across ranks (each rank passes its shard), a callable
     that sums the draw's three partial sums (a float64 tensor of 3) over the ranks in place,
     e.g. an all-reduce; every sum is over coordinates, so the result is the whole gradient's.
+
+    Examples:
+        One-number gradients 1 and 3 of one token each (the draws :class:`~leadline.noise.estimator.NoiseSums` reads):
+
+        >>> import torch
+        >>> stream = MeanStream()
+        >>> stream.add([torch.tensor([1.0])], 1)
+        Draw(tokens=1.0, innovation_sq=1.0, mean_sq=1.0, cross=0.0)
+        >>> stream.add([torch.tensor([3.0])], 1)             # |3 - 1|², |2|², (3 - 1)·1
+        Draw(tokens=1.0, innovation_sq=4.0, mean_sq=4.0, cross=2.0)
+        >>> stream.mean, stream.tokens
+        ([tensor([2.])], 2.0)
     """
 
     def __init__(self, reduce: Callable[[torch.Tensor], Any] | None = None) -> None:
@@ -53,6 +81,7 @@ class MeanStream:
         self.reduce = reduce
 
     def add(self, grads: list[torch.Tensor], tokens: float) -> Draw:
+        """Fold one draw of ``tokens`` scored tokens into the mean; its scalars against the mean before it."""
         import torch
 
         if self.mean is None:

@@ -19,7 +19,7 @@ E|m_k|² = |G|² + S/T_k. The estimates (unbiased for S and |G|²):
 
 With equal t_j these are exactly McCandlish et al.'s two-batch estimators (Appendix A.1)
 with B_small = t, B_big = k t (:func:`mccandlish_two_batch`); with unequal t_j, treating
-every micro-batch as the mean size biases both (the fault of the published 0.2.0 estimator).
+every micro-batch as the mean size biases both (measured: docs/noise.md).
 
 Streaming. Nothing here sees a gradient: each draw arrives as three scalars the driver
 computes against ONE running accumulator, the token-weighted mean m_{j-1} (Welford's update,
@@ -79,6 +79,14 @@ class Draw:
         mean_sq: |m_j|², the squared norm of the token-weighted mean after this draw.
         cross: (g_j - m_{j-1})·m_{j-1}; None to derive it from the norms
             (|m_j|² - |m_{j-1}|² - (t_j/T_j)²·innovation_sq) / (2 t_j/T_j).
+
+    Examples:
+        Two one-number gradients of one token each, g_1 = 1 and g_2 = 3 (so m_1 = 1, m_2 = 2):
+
+        >>> first = Draw(tokens=1, innovation_sq=1.0, mean_sq=1.0)             # |1 - 0|², |1|²
+        >>> second = Draw(tokens=1, innovation_sq=4.0, mean_sq=4.0, cross=2.0)  # |3 - 1|², |2|², (3 - 1)·1
+        >>> noise_scale_from_draws([first, second]).s                          # S = t × var(1, 3)
+        2.0
     """
 
     tokens: float
@@ -105,6 +113,18 @@ class NoiseEstimate:
         one_se: "one standard error" for these tests: Student's t quantile at the normal's
             one-SE level (0.8413) with the innovations' n - 1 degrees of freedom, since the
             error is itself estimated from few draws (1.32 at 3 innovations, -> 1 with many).
+
+    Examples:
+        >>> est = NoiseEstimate(b_noise_tokens=100.0, se_tokens=10.0, s=2.0, s_se=0.1, g2=0.02, g2_se=0.001,
+        ...                     tokens=105.0, draws=8, groups=1, resolved=True, lower_bound=False,
+        ...                     upper_bound=False)
+        >>> est.settled                       # 105 tokens drawn do not cover 100 + 1 × 10
+        False
+        >>> import dataclasses
+        >>> dataclasses.replace(est, tokens=110.0).settled
+        True
+        >>> print(dataclasses.replace(est, b_noise_tokens=float("inf")).as_dict()["b_noise_tokens"])  # JSON: no inf
+        None
     """
 
     b_noise_tokens: float | None
@@ -133,6 +153,7 @@ class NoiseEstimate:
         )
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field as JSON-ready data, a non-finite number as None."""
         return {
             "b_noise_tokens": _finite(self.b_noise_tokens), "se_tokens": _finite(self.se_tokens),
             "s": _finite(self.s), "s_se": _finite(self.s_se), "g2": _finite(self.g2),
@@ -166,6 +187,29 @@ class NoiseSums:
     ``add(draw)`` appends a draw to the current group; ``new_group()`` starts another (the
     monitor calls it at each optimizer step: the weights moved); ``drop_oldest()`` forgets the
     oldest group (a moving window). ``estimate()`` pools every group held.
+
+    Examples:
+        One-number gradients g_1 = 1 and g_2 = 3, one token each, then a draw at new weights:
+
+        >>> sums = NoiseSums()
+        >>> sums.add(Draw(tokens=1, innovation_sq=1.0, mean_sq=1.0))   # g_1 = 1: m = 1
+        >>> sums.add(Draw(tokens=1, innovation_sq=4.0, mean_sq=4.0))   # g_2 = 3: m = 2
+        >>> est = sums.estimate()
+        >>> est.s, est.g2, round(est.b_noise_tokens, 4)   # S = var(1, 3) = 2, |G|² = 2² - S/T = 4 - 2/2
+        (2.0, 3.0, 0.6667)
+        >>> est.resolved, est.se_tokens                   # one innovation: no standard error yet
+        (False, None)
+        >>> sums.new_group()
+        >>> sums.add(Draw(tokens=2, innovation_sq=9.0, mean_sq=9.0))
+        >>> sums.draws, len(sums.groups), sums.tokens
+        (3, 2, 4.0)
+        >>> sums.drop_oldest()
+        >>> sums.draws, sums.tokens
+        (1, 2.0)
+        >>> sums.add(Draw(tokens=0, innovation_sq=1.0, mean_sq=1.0))
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: a draw's scored tokens must be a finite number > 0, got 0; ...
     """
 
     groups: list[_Group] = field(default_factory=list)
@@ -208,10 +252,12 @@ class NoiseSums:
 
     @property
     def tokens(self) -> float:
+        """The scored tokens of every draw held (T)."""
         return math.fsum(g.tokens for g in self.groups)
 
     @property
     def draws(self) -> int:
+        """How many micro-batches are held."""
         return sum(g.draws for g in self.groups)
 
     def estimate(self) -> NoiseEstimate:
@@ -251,7 +297,32 @@ class NoiseSums:
 
 
 def noise_scale_from_draws(draws: Iterable[Draw] | Sequence[Sequence[Draw]]) -> NoiseEstimate:
-    """The estimate from recorded draws: a flat sequence (one group) or a list of groups."""
+    """The estimate from recorded draws: a flat sequence (one group) or a list of groups.
+
+    The same as :class:`NoiseSums` fed the draws in order, with :meth:`NoiseSums.new_group`
+    before each group. With equal tokens t, S = t × the gradients' sample variance and
+    |G|² = |mean|² - S/T.
+
+    Examples:
+        Six one-number gradients of one token each, streamed as a driver streams them:
+
+        >>> def stream(gradients, tokens):
+        ...     m, total, draws = 0.0, 0.0, []
+        ...     for g, t in zip(gradients, tokens):
+        ...         d = g - m
+        ...         total += t
+        ...         m += t / total * d                  # Welford: m_j = m_{j-1} + (t_j/T_j)(g_j - m_{j-1})
+        ...         draws.append(Draw(t, d * d, m * m))
+        ...     return draws
+        >>> gs = [1.0, 3.0, 2.0, 2.5, 1.5, 2.0]         # mean 2, sample variance 0.5
+        >>> est = noise_scale_from_draws(stream(gs, [1] * 6))
+        >>> est.s, est.g2, 2.0 ** 2 - 0.5 / 6          # S = 0.5, |G|² = 2² - S/T
+        (0.5, 3.9166666666666665, 3.9166666666666665)
+        >>> round(est.b_noise_tokens, 4), est.resolved
+        (0.1277, True)
+        >>> noise_scale_from_draws([stream(gs[:3], [1] * 3), stream(gs[3:], [1] * 3)]).groups  # two steps
+        2
+    """
     sums = NoiseSums()
     items = list(draws)
     if items and not isinstance(items[0], Draw):
@@ -271,6 +342,20 @@ def mccandlish_two_batch(g_small_sq: float, b_small: float, g_big_sq: float, b_b
     |G|² = (B_big |G_big|² - B_small |G_small|²)/(B_big - B_small),
     S    = (|G_small|² - |G_big|²)/(1/B_small - 1/B_big).
     Returns (|G|², S). Exact only when every small batch has B_small examples.
+
+    Examples:
+        With |G|² = 3 and S = 2, E|G_B|² = |G|² + S/B: 5 at B = 1 and 4 at B = 2.
+
+        >>> mccandlish_two_batch(5.0, 1, 4.0, 2)
+        (3.0, 2.0)
+        >>> mccandlish_two_batch(5.0, 2, 4.0, 2)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: mccandlish_two_batch needs 0 < b_small < b_big, got b_small=2, b_big=2
+
+    References:
+        McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training",
+        arXiv:1812.06162 (2018), Appendix A.1.
     """
     if not 0 < b_small < b_big:
         raise InputError(f"mccandlish_two_batch needs 0 < b_small < b_big, got b_small={b_small}, b_big={b_big}")

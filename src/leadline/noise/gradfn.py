@@ -17,7 +17,19 @@ _BATCH_KEYS = ("input_ids", "attention_mask", "labels")
 
 
 def batch_inputs(mb: Any, i: int) -> tuple[dict[str, Any], int | None]:
-    """Model kwargs and the host-side scored-token count (None when not given)."""
+    """Model kwargs and the host-side scored-token count (None when not given).
+
+    ``mb`` is a dict of model inputs (its ``scored_tokens`` popped) or an object with
+    ``input_ids`` and ``labels`` attributes; ``i`` names the micro-batch in the error.
+
+    Examples:
+        >>> batch_inputs({"input_ids": [[5, 6]], "labels": [[5, 6]], "scored_tokens": 1}, 0)
+        ({'input_ids': [[5, 6]], 'labels': [[5, 6]]}, 1)
+        >>> batch_inputs([5, 6], 3)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: micro_batch_of(3) returned list; return a dict of model inputs ...
+    """
     if isinstance(mb, Mapping):
         kwargs = dict(mb)
         scored = kwargs.pop("scored_tokens", None)
@@ -56,6 +68,24 @@ class ModelGradFn:
     ``torch.autograd.grad``, so the params' ``.grad`` (None, zero or a half-accumulated step)
     and the weights are as they were; under re-entrant gradient checkpointing, which
     autograd.grad cannot run through, ``.grad`` is set aside, backward run, and put back.
+
+    Examples:
+        A one-row "model" whose row loss is x·w summed over its 2 scored tokens (labels 5 and 7):
+
+        >>> import torch
+        >>> model = torch.nn.Linear(2, 1, bias=False)
+        >>> _ = torch.nn.init.ones_(model.weight)
+        >>> rows = [{"x": torch.tensor([[1.0, 2.0]]), "labels": torch.tensor([[-100, 5, 7]])},
+        ...         {"x": torch.tensor([[1.0, 2.0]]), "labels": torch.tensor([[-100, -100, -100]])}]
+        >>> summed = lambda model, batch: model(batch["x"]).sum(dim=1)      # each row's loss, summed
+        >>> grad_fn = ModelGradFn(model, lambda i: rows[i], row_losses=summed)
+        >>> grads, scored = grad_fn(0)
+        >>> grads[0].tolist(), scored            # d(x·w / 2)/dw = x / 2
+        ([[0.5, 1.0]], 2)
+        >>> print(model.weight.grad)             # .grad left as it was
+        None
+        >>> grad_fn(1), grad_fn(2)               # scores nothing: no forward; IndexError: the data ran out
+        (([], 0), None)
     """
 
     def __init__(

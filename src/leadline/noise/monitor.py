@@ -25,11 +25,11 @@ that zeroing frees it as it frees autograd's own; a smaller one is kept, beside 
 
 The loop scales each micro-batch's mean loss by ``scale`` before ``backward()`` (by default
 1/grad_accum); the monitor divides the increment by it, so it reads the gradient of the mean
-loss whatever grad_accum is — the published monitor read the scaled increment, off by 1/k².
+loss whatever grad_accum is (reading the scaled increment would be off by 1/k²).
 
 :class:`Controller` (opt-in) moves grad_accum toward B* and sets the rate to
-anchor × min(1, sqrt(B/B_noise)) (Malladi et al., 2022). On a real model it lost to the
-fixed plan (SmolLM2-135M, docs/noise.md); it stays opt-in.
+anchor × min(1, sqrt(B/B_noise)) (Malladi et al., 2022). It stays opt-in: on a real model it
+lost to the fixed plan (measured: docs/noise.md).
 """
 
 from __future__ import annotations
@@ -59,6 +59,27 @@ class Suggestion:
             (B* ∝ sqrt(B_noise): half B_noise's relative error).
         estimate: the pooled estimate it came from.
         reason: why there is no suggestion, when there is none.
+
+    Examples:
+        Eight steps of 4 micro-batches of 100 tokens from a source whose true B_noise is 400 tokens:
+
+        >>> import torch
+        >>> from leadline.noise.synthetic import KnownNoise
+        >>> source = KnownNoise(b_noise_tokens=400, dim=64, tokens=(100, 100), seed=0)
+        >>> w = torch.zeros(64, requires_grad=True)
+        >>> mon = NoiseMonitor([w], grad_accum=4)
+        >>> for i in range(32):
+        ...     g, t = source(i)
+        ...     (w @ g / mon.grad_accum).backward()          # a loss whose gradient is g
+        ...     mon.micro(t)
+        ...     if i % 4 == 3:
+        ...         est = mon.step()
+        ...         w.grad = None
+        >>> sug = mon.suggest(tokens_per_micro_batch=100, anchor_lr=1e-3)
+        >>> round(sug.estimate.b_noise_tokens), sug.grad_accum, round(sug.lr, 6)  # B* = B_noise without times
+        (435, 4, 0.000959)
+        >>> round(sug.se_tokens, 1) == round(sug.estimate.se_tokens / 2, 1)      # B* ∝ sqrt(B_noise)
+        True
     """
 
     grad_accum: int | None
@@ -97,6 +118,24 @@ class NoiseMonitor:
     ``.grad`` must hold only this step's micro-batches: zeroed (or None) before the first.
     From the first ``micro()`` of a step each ``.grad`` is a view of the monitor's buffer; code
     that replaces a ``.grad`` (not updating it in place) costs a copy at the next ``micro()``.
+
+    Examples:
+        One-number gradients 1 and 3 of one token each in one step of grad_accum 2: S = var(1, 3) = 2,
+        |G|² = 2² - S/T = 3 (as :class:`~leadline.noise.estimator.NoiseSums` reads them).
+
+        >>> import torch
+        >>> w = torch.zeros(1, requires_grad=True)
+        >>> mon = NoiseMonitor([w], grad_accum=2)
+        >>> for g in (1.0, 3.0):
+        ...     (w * g / mon.grad_accum).sum().backward()     # the mean loss scaled by 1/grad_accum
+        ...     mon.micro(1)
+        >>> est = mon.step()
+        >>> est.s, est.g2, est.draws
+        (2.0, 3.0, 2)
+        >>> w.grad                                            # .grad as without the monitor: (1 + 3) / 2
+        tensor([2.])
+        >>> mon.suggest(tokens_per_micro_batch=1).reason
+        'fewer than 3 micro-batches read'
     """
 
     def __init__(
@@ -135,6 +174,7 @@ class NoiseMonitor:
 
     @property
     def grad_accum(self) -> int:
+        """Micro-batches per optimizer step (settable; a whole number >= 1)."""
         return self._grad_accum
 
     @grad_accum.setter
@@ -268,7 +308,29 @@ class Controller:
     step now takes. It keeps grad_accum >= ``min_grad_accum`` (2: one micro-batch a step reads
     no noise). As a context manager it puts the optimizer's rates back on exit.
 
-    On SmolLM2-135M (in the seed) this lost to the fixed plan: 0.5706 against B*'s 0.5233.
+    Opt-in: on a real model it lost to the fixed plan (measured: docs/noise.md).
+
+    Examples:
+        A source whose true B_noise is 400 tokens, 100 tokens a micro-batch, starting at grad_accum 2:
+
+        >>> import torch
+        >>> from leadline.noise.synthetic import KnownNoise
+        >>> source = KnownNoise(b_noise_tokens=400, dim=64, tokens=(100, 100), seed=0)
+        >>> w = torch.zeros(64, requires_grad=True)
+        >>> opt = torch.optim.SGD([w], lr=0.1)
+        >>> draws = iter(range(1000))
+        >>> with Controller([w], opt, anchor_lr=1e-3, tokens_per_micro=100, grad_accum=2) as ctl:
+        ...     for step in range(6):
+        ...         for _ in range(ctl.grad_accum):
+        ...             g, t = source(next(draws))
+        ...             (w @ g / ctl.grad_accum).backward()
+        ...             ctl.micro(t)
+        ...         _ = ctl.step()                      # then opt.step() in a run
+        ...         opt.zero_grad(set_to_none=True)
+        ...     print([d["next_grad_accum"] for d in ctl.decisions], round(opt.param_groups[0]["lr"], 6))
+        [2, 4, 3, 3, 3, 3] 0.000994
+        >>> opt.param_groups[0]["lr"]            # put back on exit
+        0.1
     """
 
     def __init__(
@@ -300,6 +362,7 @@ class Controller:
 
     @property
     def grad_accum(self) -> int:
+        """Micro-batches the next optimizer step takes."""
         return self.monitor.grad_accum
 
     def micro(self, scored_tokens: int) -> None:
@@ -330,6 +393,7 @@ class Controller:
             g["lr"] = lr
 
     def __enter__(self) -> Controller:
+        """The controller itself; :meth:`close` runs on exit, an exception included."""
         return self
 
     def __exit__(self, *exc: object) -> None:

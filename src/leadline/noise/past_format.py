@@ -1,26 +1,22 @@
 """The noise scale read again past the answer's format.
 
 At step 0 every row agrees on the answer's format — the end token, the label's leading space —
-and the first gradients all point that way: |G|² is large and B_noise small. It has read
-1 token on a True/False task and 2 on AG News, and a batch sized from that (5 rows) is right
-only until the format is learned. On debian_sections with SmolLM2-135M LoRA r16 the probe read
-3.3 tokens at step 0 and 7.8 to 37 tokens after 16 steps of 8 rows at 2e-4
-(benchmarks/noise_past_format.py).
+and the first gradients all point that way: |G|² is large and B_noise small, a few tokens, and
+a batch sized from that (a few rows) is right only until the format is learned: a few steps
+later the same probe reads several times more (measured: docs/noise.md, "Past the format").
 
 :func:`noise_past_format` trains from the plan's weights in rounds of w, 2w, 4w, ... optimizer
 steps (w = 1/(1 - beta1), Adam's first-moment horizon; doubling, so a noisy step still gets a
 round long enough to read a fall) at the plan's batch and ``rate`` (default alpha1/2; derive
-passes the lower of alpha1/2 and the anchor: on 1,200 debian_sections rows at 16 rows a step,
-alpha1/2 = 5.8e-3 made the training loss rise from the first round to the second (2.43 -> 3.38 a token)
-and the reading fell to 1.1 tokens, while the anchor 4.6e-4 took it 4.88 -> 0.27 -> 0.11 in 58
-steps, past the format and the labels, CPU, benchmarks/results/noise_past_format_cpu_burnin16_*.json).
+passes the lower of alpha1/2 and the anchor, as alpha1/2 can be fast enough to make the
+training loss rise from one round to the next; measured: docs/noise.md).
 The format is what the loss learns first and fastest, so the burn-in goes on while the training
 loss (free: the steps return it) still falls significantly from one round to the next — a
 one-sided Welch t-test at 5% on the rounds' per-step losses — and stops at the first round that
 does not, at ``max_rounds`` or ``max_steps``, or when its time runs out. Then the probe reads
 the noise once, on rows no round trained on, by its own stopping rule (at least ``LATE_DRAWS``
 draws when that rule settles sooner). Past the format the mean gradient can be lost in the
-noise (|G|² not above zero by one SE: 32 draws of 2 rows after those 58 steps): the reading is
+noise (|G|² not above zero by one SE, when the draws reach too few tokens): the reading is
 then a lower bound, and it counts when the bound itself is above the step-0 reading. A reading
 above the step-0 one by more than both standard errors replaces it for the step. Everything is
 undone afterwards: weights, optimizer state, rates, gradients and RNG states come back
@@ -67,6 +63,18 @@ class PastFormat:
         rate: the burn-in's rate (alpha1 / 2).
         stopped_because: the sentence saying why the burn-in stopped (displayed).
         stop: why it stopped, one of :data:`PastFormatStop`.
+
+    Examples:
+        A burn-in whose reading did not resolve leaves the step-0 noise scale standing:
+
+        >>> pf = PastFormat(b_noise_tokens=None, se_tokens=None, grew=False, step0_tokens=3.0, step0_se=0.5,
+        ...                 rate=1e-4, rows_per_step=8, round_steps=10, stopped_because="max_steps: 30 steps "
+        ...                 "trained of the 30 allowed; the reading did not resolve (max_k)", stop="max_steps")
+        >>> value = pf.as_values()["noise_scale_past_format_tokens"]
+        >>> print(value.value, value.kind)
+        None measured
+        >>> value.source
+        'no reading resolved past the format (max_steps: 30 ...); the step-0 noise scale stands'
     """
 
     b_noise_tokens: float | None
@@ -87,11 +95,13 @@ class PastFormat:
     stop: PastFormatStop = "rounds"
 
     def evidence(self) -> dict[str, Any]:
+        """The ``past_format`` plot's evidence: the step-0 reading, every round and the reading."""
         return {"plot": "past_format", "step0_tokens": self.step0_tokens, "step0_se": self.step0_se, "rate": self.rate,
                 "rows_per_step": self.rows_per_step, "round_steps": self.round_steps, "readings": self.readings,
                 "stopped_because": self.stopped_because, "grew": self.grew, "rounds": self.rounds}
 
     def as_values(self) -> dict[str, Value]:
+        """The plan's ``noise_scale_past_format_tokens`` (measured; None when no reading resolved)."""
         if self.b_noise_tokens is None:
             src = f"no reading resolved past the format ({self.stopped_because}); the step-0 noise scale stands"
             return {"noise_scale_past_format_tokens": Value(None, "measured", src, evidence=self.evidence(),
@@ -145,6 +155,36 @@ def noise_past_format(params: Sequence[Any], opt: Any, train_step: Callable[[int
         check_time: called before each step and reading (derive's max_seconds); may raise.
         place: where the snapshot lives.
         rate: the burn-in's rate (default alpha1 / 2).
+
+    Returns:
+        :class:`PastFormat`; ``params`` and ``opt`` (weights, state, rates, ``.grad``) and the RNG
+        states are as they were on entry, also when a step raises.
+
+    Examples:
+        Two rounds (2 and 4 steps) on a quadratic loss, then a reading of a source whose true
+        B_noise is 400 tokens against a step-0 reading of 3 tokens:
+
+        >>> import torch
+        >>> from leadline.noise.synthetic import KnownNoise
+        >>> w = torch.zeros(8, requires_grad=True)
+        >>> opt = torch.optim.SGD([w], lr=1e-3)
+        >>> def train_step(step):
+        ...     loss = ((w - 1.0) ** 2).mean()
+        ...     loss.backward()
+        ...     return loss.item()
+        >>> source = KnownNoise(b_noise_tokens=400, dim=8, tokens=(50, 50), seed=0, dtype=torch.float64)
+        >>> pf = noise_past_format([w], opt, train_step, source, alpha1=0.1, step0=3.0, rows_per_step=4,
+        ...                        probe_start=1_000, round_steps=2, max_rounds=2)
+        >>> pf.rate, [r["steps"] for r in pf.rounds], pf.stop, pf.stopped_because
+        (0.05, [2, 6], 'rounds', '2 rounds')
+        >>> round(pf.b_noise_tokens), round(pf.se_tokens), pf.noise.k, pf.grew   # at least LATE_DRAWS draws
+        (583, 235, 32, True)
+        >>> w.tolist() == [0.0] * 8, opt.param_groups[0]["lr"]    # undone
+        (True, 0.001)
+        >>> noise_past_format([w], opt, train_step, source, alpha1=0.0, step0=3.0, rows_per_step=4, probe_start=0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: noise_past_format needs alpha1 > 0 (measure_first_step().alpha1), got 0.0
     """
     from leadline.rate.state import check_params, group_ratios, no_trace
     from leadline.rate.warmup import warmup_steps_for

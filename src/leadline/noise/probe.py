@@ -70,6 +70,22 @@ class NoiseScale:
         seconds: wall-clock the probe took.
         records: each draw's scalars (:class:`~leadline.noise.estimator.Draw`), to recompute
             the estimate another way from the same draws.
+
+    Examples:
+        A probe held to 8 draws of 20-60 tokens on a source whose true B_noise is 2,000 tokens:
+
+        >>> import torch
+        >>> from leadline.noise.synthetic import KnownNoise
+        >>> source = KnownNoise(b_noise_tokens=2_000, dim=256, tokens=(20, 60), seed=0, dtype=torch.float64)
+        >>> noise = measure_noise_scale(source, k=8)
+        >>> round(noise.b_noise_tokens), round(noise.se_tokens), noise.k, noise.tokens, noise.stopped_because
+        (1259, 805, 8, 303, 'k')
+        >>> noise.confirmed_tokens, noise.coarse     # min(B_noise, tokens reached): it did not see the scale
+        (303.0, True)
+        >>> noise.sentence().endswith("(stopped: k); COARSE: the probe did not reach B_noise + SE")
+        True
+        >>> sorted(noise.as_values()), noise.evidence()["plot"]
+        (['noise_scale_confirmed_tokens', 'noise_scale_tokens'], 'noise_probe')
     """
 
     b_noise_tokens: float | None
@@ -153,7 +169,12 @@ class NoiseScale:
 
 
 def tokens_text(x: float) -> str:
-    """A token count as a person reads it: 19,109 / 2.35 / 0."""
+    """A token count as a person reads it: separators from 100 on, three significant digits below.
+
+    Examples:
+        >>> tokens_text(19_109.4), tokens_text(2.3456), tokens_text(0)
+        ('19,109', '2.35', '0')
+    """
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
@@ -202,6 +223,24 @@ def measure_noise_scale(
 
     The streaming keeps one accumulator of the gradient's size (fp32), the token-weighted
     mean, and three scalars per draw (see :mod:`leadline.noise.estimator`).
+
+    Examples:
+        A source of known noise scale (true B_noise 2,000 tokens), read until it settles:
+
+        >>> import torch
+        >>> from leadline.noise.synthetic import KnownNoise
+        >>> source = KnownNoise(b_noise_tokens=2_000, dim=256, tokens=(100, 400), seed=0, dtype=torch.float64)
+        >>> noise = measure_noise_scale(source)
+        >>> round(noise.b_noise_tokens), round(noise.se_tokens), noise.k, noise.tokens, noise.stopped_because
+        (2111, 298, 11, 2765, 'settled')
+        >>> noise.settled, noise.tokens >= noise.b_noise_tokens + noise.se_tokens
+        (True, True)
+        >>> measure_noise_scale(lambda i: None).stopped_because     # no micro-batch at all
+        'data'
+        >>> measure_noise_scale(lambda i: 1.0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: grad_fn(0) must return (gradient, scored_tokens) or None when the data runs out, ...
 
     References:
         McCandlish, Kaplan, Amodei et al., "An Empirical Model of Large-Batch Training",

@@ -13,9 +13,9 @@ a step is never smaller than a row) and to the corpus; then the micro-batch is C
 when the card fits more rows than the step needs, and grad_accum follows.
 
 That formula assumes a micro-batch costs in proportion to its tokens. A small model on a big
-card is bound by kernel launches instead: on the H200, SmolLM2-135M LoRA took 0.14 s for 3 rows
-and about as long for 1 (benchmarks/results/e2e_debian_failed_bf16.json, the ramp's rungs in
-memory_ramp/lora16_6gb_seq512.json). Given the forward+backward at ONE row as well,
+card is bound by kernel launches instead: a micro-batch of a few rows costs about as much as
+one of a single row (measured: docs/noise.md, "The fixed cost of a micro-batch"). Given the
+forward+backward at ONE row as well,
 t(r) = a + c r is fitted through the two shapes (a: the fixed cost of a micro-batch), a step of
 r rows costs a + c r + t_step on a card that holds it in one micro-batch, and the step is the
 whole number of rows that minimizes (1 + B_noise/B) x that time over [one row, B_noise] — the
@@ -52,9 +52,15 @@ def time_optimal_tokens(b_noise_tokens: float, tokens_per_micro_batch: float, t_
                         t_micro_seconds: float) -> float:
     """B* = sqrt(B_noise × m × t_step / t_micro), unclamped, in scored tokens.
 
+    The batch that reaches a loss in the least time when a step of B tokens costs
+    (B/m) t_micro + t_step and it takes S_min (1 + B_noise/B) steps (McCandlish et al. 2018,
+    eq. 2.11); :func:`tokens_per_step` clamps it.
+
     Examples:
         >>> time_optimal_tokens(40_000, 2_000, 0.05, 0.2)
         4472.13595499958
+        >>> time_optimal_tokens(40_000, 2_000, 0.0, 0.2)     # a free update: 0, before the clamp to one row
+        0.0
     """
     for name, v in (("b_noise_tokens", b_noise_tokens), ("tokens_per_micro_batch", tokens_per_micro_batch),
                     ("t_micro_seconds", t_micro_seconds)):
@@ -71,6 +77,19 @@ def steps_and_tokens(batch_tokens: float, b_noise_tokens: float, s_min: float = 
 
     McCandlish et al. (2018), eq. 2.11; S_min and E_min default to 1 (the answer in multiples
     of the minimum). At B = B_noise both are twice their minimum.
+
+    Examples:
+        >>> steps_and_tokens(1_000, 1_000)        # at the noise scale: twice the minimum of each
+        (2.0, 2.0)
+        >>> steps_and_tokens(250, 1_000)          # a quarter of it: 5x the fewest steps, 1.25x the fewest tokens
+        (5.0, 1.25)
+        >>> steps_and_tokens(0, 1_000)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: steps_and_tokens needs batch_tokens > 0 and b_noise_tokens > 0, got 0, 1000
+
+    References:
+        McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11.
     """
     if not (batch_tokens > 0 and b_noise_tokens > 0):
         raise InputError(f"steps_and_tokens needs batch_tokens > 0 and b_noise_tokens > 0, got {batch_tokens!r}, "
@@ -173,8 +192,22 @@ def rows_step_rule(time_rows: int, time_tokens: float, b_noise: float, fixed_sec
 
 def least_time_rows(b_noise: float, per_row: float, rows_fit: int, a: float, c: float, t_step: float,
                      corpus: float | None) -> int:
-    """The whole rows r in [1, B_noise/per_row] minimizing (1 + B_noise/(r per_row)) x
-    (ceil(r/rows_fit) a + c r + t_step); ties to the smaller r."""
+    """The whole rows r in [1, B_noise/per_row] (and the corpus) minimizing
+    (1 + B_noise/(r per_row)) x (ceil(r/rows_fit) a + c r + t_step); ties to the smaller r.
+
+    With no fixed cost (a = 0) it is the square-root formula's answer rounded to whole rows;
+    with a dominant fixed cost it goes to B_noise (or the corpus).
+
+    Examples:
+        >>> time_optimal_tokens(40_000, 125, 0.05, 0.2 / 16) / 125     # B* in rows, a = 0
+        35.77708763999664
+        >>> least_time_rows(40_000, 125, 320, 0.0, 0.2 / 16, 0.05, None)
+        36
+        >>> least_time_rows(40_000, 125, 320, 5.0, 0.2 / 16, 0.05, None)   # 5 s fixed: B_noise / 125 rows
+        320
+        >>> least_time_rows(40_000, 125, 320, 5.0, 0.2 / 16, 0.05, 5_000)  # a corpus of 40 rows
+        40
+    """
     top = max(1, math.floor(b_noise / per_row))
     if corpus is not None:
         top = max(1, min(top, math.floor(corpus / per_row)))
@@ -208,6 +241,17 @@ class StepPlan:
         cut: True when the micro-batch was cut below what fits.
         inputs: every number it was computed from (the timing repeats included).
         given_rows: the rows a step the caller fixed (None: the least-time step).
+
+    Examples:
+        >>> plan = tokens_per_step(40_000, rows_fit=16, tokens_per_micro_batch=2_000, t_step_seconds=0.05,
+        ...                        t_micro_seconds=0.2)
+        >>> round(plan.tokens_per_step), plan.rows_per_step, plan.micro_batch, plan.grad_accum, plan.cut
+        (4472, 36, 12, 3, True)
+        >>> values = plan.as_values()
+        >>> sorted(values), values["grad_accum"].kind
+        (['grad_accum', 'micro_batch', 'tokens_per_step'], 'derived')
+        >>> values["grad_accum"].source
+        'ceil(36 rows a step (4,472 tokens at 125 a row) / 16 that fit) = 3 micro-batches of 12 rows'
     """
 
     tokens_per_step: float
@@ -344,6 +388,33 @@ def tokens_per_step(
         :class:`StepPlan`. B* = sqrt(B_noise × m × t_step / t_micro) clamped to
         [m/rows_fit, B_noise] and to the corpus; rows a step = max(1, round(B*/(m/rows_fit)));
         micro_batch and grad_accum from :func:`even_split`. The same inputs give the same plan.
+
+    Examples:
+        B* = sqrt(40,000 × 2,000 × 0.05 / 0.2) = 4,472 tokens: 36 rows of 125, in 3 micro-batches of 12.
+
+        >>> plan = tokens_per_step(40_000, rows_fit=16, tokens_per_micro_batch=2_000, t_step_seconds=0.05,
+        ...                        t_micro_seconds=[0.19, 0.2, 0.22])      # repeats: their median, 0.2
+        >>> round(plan.b_star_tokens), plan.rows_per_step, plan.micro_batch, plan.grad_accum, plan.clamped_by
+        (4472, 36, 12, 3, None)
+
+        A slow update asks for more than the noise scale; the step stops at B_noise:
+
+        >>> plan = tokens_per_step(1_000, rows_fit=16, tokens_per_micro_batch=2_000, t_step_seconds=1.0,
+        ...                        t_micro_seconds=0.2)
+        >>> round(plan.b_star_tokens), plan.tokens_per_step, plan.clamped_by, plan.micro_batch
+        (3162, 1000.0, 'noise scale', 8)
+
+        A batch size the run must keep (the least-time step stays in the evidence):
+
+        >>> plan = tokens_per_step(40_000, rows_fit=16, tokens_per_micro_batch=2_000, t_step_seconds=0.05,
+        ...                        t_micro_seconds=0.2, rows_per_step=40)
+        >>> plan.rows_per_step, plan.micro_batch, plan.grad_accum, plan.as_values()["tokens_per_step"].kind
+        (40, 10, 4, 'given')
+        >>> tokens_per_step(None, rows_fit=16, tokens_per_micro_batch=2_000, t_step_seconds=0.05,
+        ...                 t_micro_seconds=0.2)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: tokens_per_step needs a measured noise scale > 0 in scored tokens, got None; ...
 
     References:
         McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11 (steps and tokens at batch B).

@@ -31,6 +31,20 @@ class KnownNoise:
         spread: λ runs from 1 to ``spread`` (log-spaced): an anisotropic Σ.
         seed: the generator's seed (G, the token counts and the noise all come from it).
         dtype: the gradient's dtype.
+
+    Examples:
+        >>> import torch
+        >>> source = KnownNoise(b_noise_tokens=1_000, dim=8, micro_batches=2, seed=0)
+        >>> round(source.trace / float(source.G.norm() ** 2))     # tr(Σ)/|G|² by construction
+        1000
+        >>> g, t = source(0)
+        >>> g.shape, g.dtype, t, t == source.tokens_of(0)
+        (torch.Size([8]), torch.float32, 104, True)
+        >>> print(source(2))                                      # past micro_batches: the data ran out
+        None
+        >>> parts, _ = KnownNoise(1_000, dim=8, split=[(2, 3), (2,)], seed=0)(0)
+        >>> [tuple(x.shape) for x in parts], bool((torch.cat([x.reshape(-1) for x in parts]) == g).all())
+        ([(2, 3), (2,)], True)
     """
 
     def __init__(
@@ -64,6 +78,7 @@ class KnownNoise:
         self.split = [tuple(s) for s in split] if split is not None else None
 
     def tokens_of(self, i: int) -> int:
+        """Micro-batch i's scored tokens, t_i (the same for a given seed and i)."""
         import torch
 
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + 2 * i + 1)
@@ -79,6 +94,7 @@ class KnownNoise:
         return self.G + self.sqrt_lam * z / math.sqrt(self.tokens_of(i))
 
     def __call__(self, i: int) -> tuple[Any, int] | None:
+        """``(gradient, t_i)`` for micro-batch i in ``dtype`` (cut by ``split``), or None past the end."""
         if self.micro_batches is not None and i >= self.micro_batches:
             return None
         g = self.flat(i).to(self.dtype)
