@@ -48,6 +48,20 @@ class OutermostHooks:
 
     A module first called after the first optimizer step is not discovered; it is seen only
     through the step hook, or through an outermost module it calls.
+
+    Examples:
+        Two forwards of a model of two layers: one call each, none for the inner layers.
+
+        >>> import torch
+        >>> calls = []
+        >>> hooks = OutermostHooks(lambda: calls.append("forward"), lambda: calls.append("step"), lambda: None)
+        >>> hooks.install()
+        >>> model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+        >>> _ = model(torch.ones(1, 4)), model(torch.ones(1, 4))
+        >>> hooks.remove()
+        >>> _ = model(torch.ones(1, 4))
+        >>> calls, hooks.installed
+        (['forward', 'forward'], False)
     """
 
     def __init__(self, on_forward: Callable[[], None], on_step: Callable[[], None],

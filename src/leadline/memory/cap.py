@@ -34,7 +34,30 @@ RECENT_READINGS = 256
 
 
 class RoomShrank(LeadlineError):
-    """An OOM inside a capped block, explained: the cap, and how the room moved since the start."""
+    """An OOM inside a capped block, explained: the cap, and how the room moved since the start.
+
+    Examples:
+        Another program takes 1 GB of the card, then the step runs out of memory:
+
+        >>> import textwrap
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
+        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
+        ...     free_total = lambda self: (self.free, 6 * 10**9)
+        ...     reserved = lambda self: 10**9
+        ...     get_cap = lambda self: self.cap
+        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
+        >>> card = Card()
+        >>> try:
+        ...     with forbid_spill(memory=card, wddm=False):
+        ...         card.free = 10**9
+        ...         raise MemoryError
+        ... except RoomShrank as e:
+        ...     print(textwrap.fill(str(e), 100))
+        the step ran out of memory at the cap of 3.00 GB on cuda:0: the room (free + held) was 3.00 GB when
+        the cap was set and is 2.00 GB now; 1.00 GB of it was taken since the watch started; lower the
+        micro-batch (rerun the ramp) or free memory on the card
+    """
 
 
 @dataclass
@@ -52,6 +75,11 @@ class WatchReport:
             the last ``RECENT_READINGS`` readings; ``last_reading`` the latest.
         peak_spilled_bytes, peak_pushed_bytes: the most of this process's memory demoted to
             shared memory, and of other programs' pushed there by it (WDDM; 0 elsewhere).
+
+    Examples:
+        >>> report = WatchReport("cuda:0", readings=12, reading_seconds=0.05, elapsed_seconds=10.0)
+        >>> report.overhead_fraction, report.as_dict()["recent_readings"]
+        (0.005, [])
     """
 
     device: str
@@ -101,6 +129,28 @@ class SpillWatch:
     A model first called after that step is read only after optimizer steps. At most one
     reading per outermost forward, throttled. Hooks never raise into the user's forward: an
     error is counted in ``hook_errors``.
+
+    Examples:
+        One reading, no hooks installed: the cap moves to free + held, never above the ceiling.
+
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
+        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
+        ...     free_total = lambda self: (self.free, 6 * 10**9)
+        ...     reserved = lambda self: 10**9
+        ...     get_cap = lambda self: self.cap
+        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
+        >>> card = Card()
+        >>> reading = SpillWatch(card).read()
+        >>> reading["room_bytes"], reading["cap_bytes"], card.cap
+        (3000000000, 3000000000, 3000000000)
+        >>> watch = SpillWatch(card, ceiling_bytes=2_500_000_000)
+        >>> watch.read()["cap_bytes"], watch.report().cap_moves[0]["from_bytes"]
+        (2500000000, 3000000000)
+        >>> SpillWatch(card, max_overhead=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: max_overhead must be in (0, 1], got 0
     """
 
     def __init__(
@@ -238,6 +288,13 @@ class SpillCap:
     As a context manager it lifts the cap on exit (when this handle set it) and turns an OOM
     raised inside the block into :class:`RoomShrank`, one sentence with the cap and how the
     room moved.
+
+    Examples:
+        Off CUDA the handle is inert: no watch, nothing to lift.
+
+        >>> cap = forbid_spill("cpu")
+        >>> cap.active, cap.watch, cap.owner, cap.lift().readings
+        (False, None, False, 0)
     """
 
     def __init__(self, device: str, memory: DeviceMemory | None, watch: SpillWatch | None,
@@ -294,6 +351,24 @@ def forbid_spill(
         memory: the readings to use (tests pass a fake allocator); overrides device.
         max_overhead: the watch's reading cost as a share of elapsed time.
         wddm: read the Windows spill counters (default: where they are available).
+
+    Examples:
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
+        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
+        ...     free_total = lambda self: (self.free, 6 * 10**9)
+        ...     reserved = lambda self: 10**9
+        ...     get_cap = lambda self: self.cap
+        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
+        >>> card = Card()
+        >>> with forbid_spill(memory=card, wddm=False) as cap:
+        ...     print(cap.active, card.cap, watched("cuda:0").readings)
+        True 3000000000 1
+        >>> cap.active, card.cap  # lifted on exit
+        (False, None)
+        >>> with forbid_spill("cpu") as cap:  # off CUDA: nothing to cap
+        ...     print(cap.active, cap.watch)
+        False None
     """
     mem = memory
     dev = mem.device if mem is not None else normalize_device(device)
@@ -337,6 +412,25 @@ def lift_cap(device: Any = None) -> WatchReport:
     """Remove the watch's hooks and restore the cap the process had before :func:`forbid_spill`.
 
     Returns the watch's final report. Safe to call when nothing is capped.
+
+    Examples:
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
+        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
+        ...     free_total = lambda self: (self.free, 6 * 10**9)
+        ...     reserved = lambda self: 10**9
+        ...     get_cap = lambda self: self.cap
+        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
+        >>> card = Card()
+        >>> card.cap = 4 * 10**9  # a cap the process had before
+        >>> cap = forbid_spill(memory=card, wddm=False)
+        >>> card.cap
+        3000000000
+        >>> report = lift_cap("cuda:0")
+        >>> card.cap, report.active, report.cap_bytes, report.readings
+        (4000000000, False, 4000000000, 1)
+        >>> lift_cap("cpu").readings  # nothing capped
+        0
     """
     dev = device.device if isinstance(device, DeviceMemory) else normalize_device(device)
     handle = _ACTIVE.pop(dev, None)
@@ -359,7 +453,13 @@ def lift_cap(device: Any = None) -> WatchReport:
 
 def watched(device: Any = None) -> WatchReport:
     """What the watch on ``device`` saw: its live report while the cap is on, the last one
-    after :func:`lift_cap`, an empty one when none ever ran."""
+    after :func:`lift_cap`, an empty one when none ever ran.
+
+    Examples:
+        >>> report = watched("cpu")  # off CUDA no watch ever runs
+        >>> report.device, report.active, report.readings, report.cap_bytes
+        ('cpu', False, 0, None)
+    """
     dev = device.device if isinstance(device, DeviceMemory) else normalize_device(device)
     handle = _ACTIVE.get(dev)
     if handle is not None and handle.watch is not None:
@@ -370,14 +470,26 @@ def watched(device: Any = None) -> WatchReport:
 
 
 def current_watch(device: Any = None) -> SpillWatch | None:
-    """The active watch on ``device``, or None."""
+    """The active watch on ``device``, or None.
+
+    Examples:
+        >>> current_watch("cpu") is None
+        True
+    """
     dev = device.device if isinstance(device, DeviceMemory) else normalize_device(device)
     handle = _ACTIVE.get(dev)
     return handle.watch if handle is not None else None
 
 
 def explain_oom(device: Any = None) -> str:
-    """One sentence for an OOM under the cap: the cap, the room at the start and now, what to do."""
+    """One sentence for an OOM under the cap: the cap, the room at the start and now, what to do.
+
+    Examples:
+        Without a watch there is no room to report (an example with one: :class:`RoomShrank`):
+
+        >>> explain_oom("cpu")
+        'the step ran out of memory on cpu; lower the micro-batch or the length, or rerun the ramp'
+    """
     dev = device.device if isinstance(device, DeviceMemory) else normalize_device(device)
     rep = watched(dev)
     if rep.start_room_bytes is None:

@@ -34,7 +34,12 @@ VERDICTS = ("fits", "squeezed", "oom")
 
 
 def verdict_of(oom: bool, retries: int) -> str:
-    """``oom`` when the allocator refused, ``squeezed`` when it had to retry, else ``fits``."""
+    """``oom`` when the allocator refused, ``squeezed`` when it had to retry, else ``fits``.
+
+    Examples:
+        >>> verdict_of(False, 0), verdict_of(False, 2), verdict_of(True, 0)
+        ('fits', 'squeezed', 'oom')
+    """
     if oom:
         return "oom"
     return "squeezed" if retries > 0 else "fits"
@@ -56,6 +61,28 @@ class RampSearch:
     s.record(kind, rows, ok)`` where kind is ``"try"`` (one step at ``rows``) or ``"confirm"``
     (the confirmation run at ``rows``) and ``ok`` is True when every step of it fit.
     ``kept`` is the answer once ``next()`` returns None (0: not even the smallest rows fit).
+
+    Examples:
+        A card where 5 rows fit and 6 do not: rows double to the first miss, bisect, confirm.
+
+        >>> s, moves = RampSearch(max_rows=64), []
+        >>> while (move := s.next()) is not None:
+        ...     kind, rows = move
+        ...     moves.append(move)
+        ...     s.record(kind, rows, rows <= 5)
+        >>> moves
+        [('try', 1), ('try', 2), ('try', 4), ('try', 8), ('try', 6), ('try', 5), ('confirm', 5)]
+        >>> s.kept, s.stop, s.stopped_because
+        (5, 'did_not_fit', '6 rows did not fit')
+
+        A failed confirmation becomes the upper end; the rung below is confirmed instead.
+
+        >>> s = RampSearch(max_rows=64)
+        >>> while (move := s.next()) is not None:
+        ...     kind, rows = move
+        ...     s.record(kind, rows, rows <= (5 if kind == "try" else 4))
+        >>> s.kept, s.failed_confirmation
+        (4, [5])
     """
 
     max_rows: int | None = None
@@ -139,7 +166,13 @@ def extrapolate_peak(points: Sequence[tuple[int, int]], rows: int, baseline_byte
     points, or through ``(0, baseline_bytes)`` and the one point there is.
 
     With one point and no baseline the peak is taken as proportional to rows (an upper line
-    when the peak includes a fixed part).
+    when the peak includes a fixed part). A falling line is read as flat.
+
+    Examples:
+        >>> extrapolate_peak([(1, 300), (2, 500)], 4)
+        900.0
+        >>> extrapolate_peak([(2, 500)], 4, baseline_bytes=100), extrapolate_peak([(2, 500)], 4)
+        (900.0, 1000.0)
     """
     if not points:
         raise ValueError("extrapolate_peak needs at least one measured (rows, peak) point")
@@ -171,6 +204,28 @@ class ThroughputSearch:
     tie keeps the smaller batch. So timings that jitter by a few percent around the threshold
     give the same micro-batch run after run, and a clear gain (tens of percent) still passes.
     Without repeats the medians alone decide.
+
+    Examples:
+        A micro-batch costing 10 ms plus 10 ms a row: rows per second = 100 r / (1 + r).
+
+        >>> s = ThroughputSearch()
+        >>> while (rows := s.next()) is not None:
+        ...     s.record(rows, 100 * rows / (1 + rows), 0)
+        >>> s.kept, s.stop
+        (16, 'no_gain')
+        >>> s.stopped_because
+        'doubling 16 -> 32 rows gained +3.0% rows per second, less than 5%'
+
+        With repeats, a 6% gain of the medians inside the repeats' spread is not sure (99%
+        one-sided), so both rungs are measured again:
+
+        >>> s = ThroughputSearch()
+        >>> s.record(4, 100.0, 0, [98.0, 100.0, 102.0])
+        >>> s.record(8, 106.0, 0, [101.0, 106.0, 111.0])
+        >>> round(s.sure_gain(4, 8), 3), s.spread(8, 106.0)
+        (-0.052, (101.0, 111.0))
+        >>> s.next(), s.next()
+        (4, 8)
     """
 
     room_bytes: int | None = None
@@ -254,7 +309,7 @@ class ThroughputSearch:
 
     def record(self, rows: int, rows_per_second: float, peak_bytes: int, repeats: Sequence[float] = ()) -> None:
         """One rung: its rows per second (the median), its peak, and each repeat's rows per
-        second where it ran several."""
+        second where it ran several (a rung measured again pools its repeats in place)."""
         rows = int(rows)
         known = [i for i, p in enumerate(self.points) if p[0] == rows]
         if known and rows in self.remeasured:  # measured again: the repeats pool, the point keeps its place
@@ -296,16 +351,20 @@ def confirmation_lengths(length: int, lengths: Sequence[int] | None = None, mix_
     longest first, each followed by ``length``: ``l1, L, l2, L, ..., ln, L`` with
     ``l1 >= l2 >= ... >= ln``; at most ``mix_steps`` steps (2 when ``mix_steps`` is 1).
 
-    Why this order (measured on the H200, SmolLM2-135M LoRA r16, seq 512, a 6 GB card;
-    benchmarks/results/memory_ramp/lora16_6gb_seq512.json and docs/memory.md): the allocator
-    retries on a full-length step whose cache was laid out by a step a little shorter (489
-    then 512 tokens at 4 rows, from an emptied cache, retried; at 3 rows it did not), which
-    is how a run starts and how its cache is after every retry. A cache that already holds a
-    full-length layout hides it: 3 steps at 512 first, then the same 18 lengths, ran clean.
-    So the longest length below ``length`` goes first, straight after the emptied cache; the
-    shorter ones follow, each with its own full-length step after it (a long step on a cache
-    that short steps cut up). Lengths at ``length`` or over are not picked: the interleaved
-    steps run it. Empty without a mix, or when no length is shorter than ``length``.
+    Why this order: the allocator retries on a full-length step whose cache a slightly shorter
+    step laid out, which is how a run starts and how its cache is after every retry, while a
+    cache that already holds a full-length layout hides that retry (measured: docs/memory.md,
+    "Why the mix starts from an emptied cache with its longest length"). So the longest length
+    below ``length`` goes first, straight after the emptied cache; the shorter ones follow,
+    each with its own full-length step after it (a long step on a cache that short steps cut
+    up). Lengths at ``length`` or over are not picked: the interleaved steps run it. Empty
+    without a mix, or when no length is shorter than ``length``.
+
+    Examples:
+        >>> confirmation_lengths(512, [489, 512, 300, 100, 700], mix_steps=4)
+        [489, 512, 100, 512]
+        >>> confirmation_lengths(512, [489, 300, 100]), confirmation_lengths(512, None)
+        ([489, 512, 300, 512, 100, 512], [])
     """
     if not lengths or mix_steps <= 0:
         return []
@@ -326,6 +385,12 @@ def largest_passing(candidates: Sequence[int],
     """The largest candidate that passes, by bisection over ascending ``candidates`` (passing is
     assumed monotone: if c passes, every smaller candidate passes). Returns it (None when none
     passes) and every ``(candidate, passed)`` tried, in order.
+
+    Examples:
+        >>> largest_passing([1, 2, 4, 8, 16, 32], lambda r: r <= 10)
+        (8, [(4, True), (16, False), (8, True)])
+        >>> largest_passing([1, 2], lambda r: False)
+        (None, [(1, False)])
     """
     cands = sorted(set(int(c) for c in candidates))
     tried: list[tuple[int, bool]] = []
@@ -343,6 +408,11 @@ def largest_passing(candidates: Sequence[int],
 
 def length_candidates(length: int, resolution: int | None = None) -> list[int]:
     """Lengths below ``length`` on a grid of ``resolution`` tokens (default: length // 32, at
-    least 1): what the longest-length search bisects over."""
+    least 1): what the longest-length search bisects over.
+
+    Examples:
+        >>> length_candidates(10, 3), length_candidates(2048)[:3], len(length_candidates(2048))
+        ([3, 6, 9], [64, 128, 192], 31)
+    """
     step = max(1, resolution if resolution else length // 32)
     return [n for n in range(step, length, step)]

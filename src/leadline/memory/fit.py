@@ -3,10 +3,10 @@
 :func:`measure_fit` runs the run's own training step (:class:`~leadline.memory.step.TrainingStep`)
 at ``rows`` x ``length`` under the spill cap and compares what the allocator did with the room
 (free + held). The gate reads allocated bytes and the allocator's retries, not reserved bytes:
-reserved overshoots what must fit by 1.08-1.41x, not a constant. A refusal is one sentence
-naming the measured peak, the room and what would fit, each alternative measured too (the most
-rows at that length, the longest length at those rows; the CLI adds gradient checkpointing and
-a lower LoRA rank).
+reserved overshoots what must fit by a factor that is not a constant (measured: docs/memory.md).
+A refusal is one sentence naming the measured peak, the room and what would fit, each
+alternative measured too (the most rows at that length, the longest length at those rows; the
+CLI adds gradient checkpointing and a lower LoRA rank).
 
 A shape whose estimate (:func:`estimate_step_bytes`) is more than ``max_over`` (4) times the
 room is refused before the card is touched. Off CUDA nothing caps the process, so a shape
@@ -62,13 +62,41 @@ def measure_fit(
         lengths: the corpus's row lengths. On CUDA a shape that ran its repeats then runs the
             ramp's confirmation (:func:`~leadline.memory.decide.confirmation_lengths`): from an
             emptied cache, the mix's lengths longest first, each followed by ``length``. Two
-            steps at the length alone let 4 rows through on a 6 GB card where a run over the
-            mix retried (benchmarks/results/memory_ramp/lora16_6gb_seq512_longest_first.json);
-            the verdict is then that of the first step that retried or ran out.
+            steps at the length alone can pass a shape that retries in a run over the mix
+            (measured: docs/memory.md); the verdict is then that of the first step that
+            retried or ran out.
         mix_steps: the most steps the mix runs.
 
     Returns:
         :class:`FitResult`; ``.sentence`` is the verdict in one sentence.
+
+    Examples:
+        Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 1 MB a token:
+
+        >>> import textwrap
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> from leadline.memory.step import StepTiming
+        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak is the last step's
+        ...     peak = 10**9
+        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
+        ...     allocated = reserved = lambda self: 10**9
+        ...     peak_allocated = peak_reserved = lambda self: self.peak
+        ...     reset_peak = lambda self: None
+        >>> host = Host()
+        >>> def step(rows, length, repeats=1):
+        ...     host.peak = 10**9 + rows * length * 10**6
+        ...     return StepTiming(rows, length, 0.1, 0.01)
+        >>> fit = measure_fit(step, 32, 128, memory=host)
+        >>> fit.verdict, fit.peak_bytes, fit.room_bytes
+        ('fits', 5096000000, 8000000000)
+        >>> fit = measure_fit(step, 64, 128, memory=host)
+        >>> fit.verdict, [(a["rows"], a["length"]) for a in fit.alternatives]
+        ('over', [(54, 128), (64, 108)])
+        >>> print(textwrap.fill(fit.sentence, 100))
+        refused: a training step of 64 rows x 128 tokens would peak near 9.19 GB (extrapolated from 1 row x
+        128 tokens measured at 1.13 GB and 2 rows x 128 tokens measured at 1.26 GB) against 8.00 GB of RAM
+        room on cpu; what would fit: 54 rows x 128 tokens (measured 7.91 GB) or 64 rows x 108 tokens
+        (measured 7.91 GB) (not measured: gradient checkpointing or a lower LoRA rank)
     """
     rows, length = int(rows), int(length)
     if rows < 1 or length < 1:
@@ -232,6 +260,19 @@ def estimate_step_bytes(model: Any, rows: int, length: int, *, optimizer_states:
     that fused attention does not store) + the logits at the model's width plus their float32
     copy and its gradient (rows x length x vocab x (element + 8) bytes). None without a
     config giving hidden_size, num_hidden_layers and vocab_size.
+
+    Examples:
+        A float32 ``Linear(4, 2)`` (10 parameters, 40 bytes) read as 1 layer of width 4 and a
+        vocabulary of 8, at 2 rows x 3 tokens: 40 + 40 x 3 + 17 x 4 x 6 x 4 + 6 x 8 x 12.
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> model = torch.nn.Linear(4, 2)
+        >>> model.config = SimpleNamespace(hidden_size=4, num_hidden_layers=1, vocab_size=8)
+        >>> estimate_step_bytes(model, 2, 3), 40 + 40 * 3 + 17 * 4 * 6 * 4 + 6 * 8 * 12
+        (2368, 2368)
+        >>> estimate_step_bytes(torch.nn.Linear(4, 2), 2, 3) is None  # no config
+        True
     """
     cfg = getattr(model, "config", None)
     if cfg is not None and hasattr(cfg, "get_text_config"):

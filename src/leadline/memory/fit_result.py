@@ -24,8 +24,9 @@ LONG_RUN_DRIFT = 0.02
 """How far a long run's peak allocated bytes may rise above the pre-flight's, as a share (a
 constant, not measured per run): the caching allocator hands a reused block out whole when the
 remainder is too small to split, so the same tensors' allocated total creeps up as a run's
-lengths vary. Its source, the H200 runs it was set from: docs/memory.md. The verdict does not
-use it (on CUDA a verdict is a step that ran); ``run_peak_bytes`` does."""
+lengths vary. Set from long runs whose peak rose above the pre-flight's (measured:
+docs/memory.md). The verdict does not use it (on CUDA a verdict is a step that ran);
+``run_peak_bytes`` does."""
 
 
 @dataclass
@@ -42,6 +43,16 @@ class FitResult:
         room_bytes: free + held when it ran (the cap); estimate_bytes: the estimate, if any.
         rungs: every step run, the shape's own and the alternatives'.
         alternatives: ``{"what", "text", "fits", ...}`` measured alternatives, in order.
+
+    Examples:
+        >>> fit = FitResult(3, 512, "cuda:0", "fits", 5_900_000_000, peak_bytes=3_047_382_528,
+        ...                 reserved_bytes=3_300_000_000)
+        >>> fit.fits, fit.run_peak_bytes  # the peak + LONG_RUN_DRIFT (2%), rounded up
+        (True, 3108330179)
+        >>> print(fit.sentence)
+        fits: a training step of 3 rows x 512 tokens measured a peak of 3.05 GB allocated (3.30 GB reserved, ...
+        >>> print(FitResult(64, 128, "cpu", "too_large", 450_000_000, estimate_bytes=2 * 10**9).sentence)
+        refused before running (nothing caps the host): a training step of 64 rows x 128 tokens would need ...
     """
 
     rows: int
@@ -73,7 +84,14 @@ class FitResult:
         return int(-(-self.peak_bytes * (1.0 + drift) // 1))
 
     def add_alternative(self, what: str, text: str, fits: bool, **detail: Any) -> None:
-        """Record one alternative (``what``: rows, length, checkpointing, rank) for the sentence."""
+        """Record one alternative (``what``: rows, length, checkpointing, rank) for the sentence.
+
+        Examples:
+            >>> fit = FitResult(64, 128, "cpu", "over", 450_000_000, suggested=True)
+            >>> fit.add_alternative("rows", "10 rows x 128 tokens (measured 443 MB)", True, rows=10)
+            >>> fit.alternatives
+            [{'what': 'rows', 'text': '10 rows x 128 tokens (measured 443 MB)', 'fits': True, 'rows': 10}]
+        """
         self.alternatives.append({"what": what, "text": text, "fits": bool(fits), **detail})
 
     @property
@@ -85,7 +103,15 @@ class FitResult:
                 "verdict": self.verdict, "estimate_bytes": self.estimate_bytes, "alternatives": self.alternatives}
 
     def as_values(self) -> dict[str, Value]:
-        """``fit_verdict`` and (when measured) ``fit_peak_bytes`` for the plan."""
+        """``fit_verdict`` and (when measured) ``fit_peak_bytes`` for the plan; on CUDA also
+        ``fit_run_peak_bytes``. A verdict no step ran for (the estimate's, the scout's line) is
+        ``derived``.
+
+        Examples:
+            >>> values = FitResult(64, 128, "cpu", "too_large", 450_000_000).as_values()
+            >>> list(values), values["fit_verdict"].kind
+            (['fit_verdict'], 'derived')
+        """
         ran = any(g.phase == "fit" for g in self.rungs)  # else the verdict came from the estimate or the scout's line
         out = {"fit_verdict": Value(self.verdict, "measured" if ran else "derived", self.sentence, self.evidence(),
                                     self.seconds)}
@@ -116,7 +142,19 @@ def _shape(rows: int, length: int) -> str:
 
 
 def fit_sentence(r: FitResult) -> str:
-    """The one sentence for a :class:`FitResult`: the measured peak, the room, and what would fit."""
+    """The one sentence for a :class:`FitResult`: the measured peak, the room, and what would fit.
+
+    Examples:
+        >>> from leadline.memory.ramp import Rung
+        >>> fit = FitResult(64, 128, "cpu", "over", 450_000_000, peak_bytes=605_000_000, suggested=True,
+        ...                 rungs=[Rung(64, 128, 605_000_000, 605_000_000, 0, "fits", 1.2, "fit")])
+        >>> fit.add_alternative("rows", "10 rows x 128 tokens (measured 443 MB)", True, rows=10)
+        >>> import textwrap
+        >>> print(textwrap.fill(fit_sentence(fit), 100))
+        refused: a training step of 64 rows x 128 tokens peaked at 605 MB against 450 MB of RAM room on cpu;
+        what would fit: 10 rows x 128 tokens (measured 443 MB) (not measured: gradient checkpointing or a
+        lower LoRA rank)
+    """
     shape, room = _shape(r.rows, r.length), format_bytes(r.room_bytes)
     if r.device.startswith("cuda"):
         measured = (f"measured a peak of {format_bytes(r.peak_bytes)} allocated ({format_bytes(r.reserved_bytes)} "

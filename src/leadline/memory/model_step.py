@@ -19,7 +19,26 @@ from leadline.memory.step import TrainingStep
 
 def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
     """``loss_of(rows, length)``: the model's causal-LM loss on ``rows`` x ``length`` token ids
-    drawn from a generator seeded with ``seed`` (the same ids at every call of a shape)."""
+    drawn from a generator seeded with ``seed`` (the same ids at every call of a shape).
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class MeanId(torch.nn.Module):  # the causal-LM call; its "loss" is the mean token id
+        ...     config = SimpleNamespace(vocab_size=50)
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.w = torch.nn.Parameter(torch.zeros(1))
+        ...     def forward(self, input_ids, labels, use_cache):
+        ...         return SimpleNamespace(loss=input_ids.float().mean() + self.w[0])
+        >>> loss_of = synthetic_loss_of(MeanId(), seed=0)
+        >>> bool(loss_of(2, 8) == loss_of(2, 8)), bool(loss_of(2, 8) == loss_of(2, 9))
+        (True, False)
+        >>> synthetic_loss_of(torch.nn.Linear(4, 2))
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the model's config has no vocab_size; pass a causal LM from transformers
+    """
     import torch
 
     vocab = int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0)
@@ -38,7 +57,16 @@ def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
 class ModelStep(TrainingStep):
     """A :class:`TrainingStep` over a causal LM's trained parameters on synthetic ids, with
     AdamW (the usual optimizer; its two states per parameter are in the peak). ``close()``
-    removes LoRA adapters this step added (used by :func:`~leadline.memory.rank.rank_to_fit`)."""
+    removes LoRA adapters this step added (used by :func:`~leadline.memory.rank.rank_to_fit`).
+
+    Examples:
+        >>> import torch
+        >>> frozen = torch.nn.Linear(4, 2).requires_grad_(False)
+        >>> ModelStep(frozen)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the model has no trained parameters (requires_grad); pass --full or a LoRA rank
+    """
 
     def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0,
                  on_close: Callable[[], Any] | None = None) -> None:
@@ -59,8 +87,16 @@ class ModelStep(TrainingStep):
 
 
 def add_lora(model: Any, rank: int) -> Any:
-    """The model with LoRA adapters of rank ``rank`` on every linear layer (PEFT ``all-linear``),
-    the base frozen. ``remove_lora`` gives the base model back."""
+    """The model with LoRA adapters of rank ``rank`` on every linear layer (PEFT ``all-linear``,
+    ``lora_alpha`` = 2 x rank, no dropout), the base frozen. ``remove_lora`` gives the base
+    model back.
+
+    Examples:
+        >>> add_lora(None, 0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the LoRA rank must be >= 1, got 0
+    """
     if rank < 1:
         raise InputError(f"the LoRA rank must be >= 1, got {rank}")
     try:
@@ -89,6 +125,14 @@ def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
     (``autocast_adapter_dtype=True``); each adapted layer then casts its input to float32 and
     keeps that copy for the backward, so a LoRA step can hold more activation memory per row
     than a full fine-tune of the same model (``benchmarks/lora_adapter_dtype_cpu.py``).
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Module()  # a bfloat16 base layer and a float32 adapter beside it
+        >>> model.base = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        >>> model.lora_A = torch.nn.Linear(4, 2)
+        >>> adapter_dtype_gap(model), adapter_dtype_gap(torch.nn.Linear(4, 2))
+        ((torch.float32, torch.bfloat16), None)
     """
     import torch
 
@@ -102,7 +146,18 @@ def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
 
 
 def adapter_dtype_note(model: Any) -> str | None:
-    """A plan note when the model's LoRA adapters are float32 on a 16-bit model, else None."""
+    """A plan note when the model's LoRA adapters are float32 on a 16-bit model, else None.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Module()  # a bfloat16 base layer and a float32 adapter beside it
+        >>> model.base = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        >>> model.lora_A = torch.nn.Linear(4, 2)
+        >>> print(adapter_dtype_note(model))
+        the LoRA adapters are float32 on a bfloat16 model (PEFT's autocast_adapter_dtype=True): ...
+        >>> adapter_dtype_note(torch.nn.Linear(4, 2)) is None
+        True
+    """
     gap = adapter_dtype_gap(model)
     if gap is None:
         return None
@@ -116,7 +171,21 @@ def adapter_dtype_note(model: Any) -> str | None:
 def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
     """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
     over them still holds them); returns the function that casts them back, values included, and
-    sets their gradients to None."""
+    sets their gradients to None.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Module()  # a bfloat16 base layer and a float32 adapter beside it
+        >>> model.base = torch.nn.Linear(4, 4).to(torch.bfloat16)
+        >>> model.lora_A = torch.nn.Linear(4, 2)
+        >>> weight = model.lora_A.weight
+        >>> restore = cast_adapters(model, torch.bfloat16)
+        >>> model.lora_A.weight is weight, weight.dtype
+        (True, torch.bfloat16)
+        >>> restore()
+        >>> weight.dtype, adapter_dtype_gap(model)
+        (torch.float32, (torch.float32, torch.bfloat16))
+    """
     import torch
 
     saved = [(p, p.data) for n, p in model.named_parameters() if "lora_" in n]
@@ -133,7 +202,14 @@ def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
 
 
 def full_finetune(model: Any) -> Any:
-    """Every weight trained."""
+    """Every weight trained (``requires_grad`` on every parameter); the same model back.
+
+    Examples:
+        >>> import torch
+        >>> model = full_finetune(torch.nn.Linear(4, 2).requires_grad_(False))
+        >>> [p.requires_grad for p in model.parameters()]
+        [True, True]
+    """
     for p in model.parameters():
         p.requires_grad_(True)
     return model

@@ -42,7 +42,12 @@ class Rung:
     ``peak_bytes`` is the allocator's peak allocated bytes during the call (the host's
     resident high-water mark off CUDA), ``reserved_bytes`` its peak reserved, ``retries`` how
     often it emptied its cache and retried, ``verdict`` fits/squeezed/oom. ``phase``: search,
-    confirm, mix, fit, rows, length.
+    confirm, mix, fit, rows, length (and scout, warmup).
+
+    Examples:
+        >>> rung = Rung(3, 512, 3_047_382_528, 3_300_000_000, 0, "fits", 0.21)
+        >>> rung.phase, rung.repeats, rung.as_dict()["peak_bytes"]
+        ('search', 1, 3047382528)
     """
 
     rows: int
@@ -63,7 +68,24 @@ class Rung:
 
 
 class WontFit(LeadlineError):
-    """Not even the smallest shape fits: one sentence, with the measurement in ``.result``."""
+    """Not even the smallest shape fits: one sentence, with the measurement in ``.result``.
+
+    Examples:
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
+        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
+        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
+        ...     reset_peak = lambda self: None
+        >>> def refused(rows, length, repeats=1):  # every step: the allocator refuses
+        ...     raise MemoryError
+        >>> try:
+        ...     ramp(refused, 128, memory=Host())
+        ... except WontFit as e:
+        ...     print(e)
+        ...     print(e.result.micro_batch, e.result.stop)
+        not even 1 row at 128 tokens runs on cpu: the allocator refused it
+        0 out_of_memory
+    """
 
     def __init__(self, sentence: str, result: Any = None) -> None:
         super().__init__(sentence)
@@ -74,7 +96,26 @@ def probe(step: Any, memory: DeviceMemory, rows: int, length: int, repeats: int 
           phase: str = "search", empty_cache_first: bool = True) -> tuple[Rung, Any]:
     """Run ``step(rows, length, repeats)`` once, reading the peak and the allocator's retries
     around it. An OOM is caught and returned as a rung with verdict ``oom``; other errors rise.
-    Returns the rung and the step's timing (None after an OOM)."""
+    Returns the rung and the step's timing (None after an OOM).
+
+    Examples:
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
+        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
+        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
+        ...     reset_peak = lambda self: None
+        >>> from leadline.memory.step import StepTiming
+        >>> def step(rows, length, repeats=1):  # 0.2 s a forward+backward
+        ...     return StepTiming(rows, length, 0.2, 0.01)
+        >>> rung, timing = probe(step, Host(), 4, 128)
+        >>> rung.verdict, rung.peak_bytes, rung.rows_per_second
+        ('fits', 1000000000, 20.0)
+        >>> def refused(rows, length, repeats=1):
+        ...     raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        >>> rung, timing = probe(refused, Host(), 4, 128)
+        >>> rung.verdict, timing
+        ('oom', None)
+    """
     if empty_cache_first:
         memory.empty_cache()
     memory.synchronize()
@@ -123,6 +164,15 @@ class RampResult:
         cap_moves: the watch's cap moves during the ramp.
         lengths_mix: the corpus's lengths the confirmation ran, in order, longest first (each
             was followed by a step at ``length``, not listed here).
+
+    Examples:
+        >>> result = RampResult(16, 128, 0.17, 0.002, [], "cpu", "throughput",
+        ...                     "doubling 16 -> 32 rows gained +3.0% rows per second, less than 5%", stop="no_gain")
+        >>> values = result.as_values()
+        >>> sorted(values), values["micro_batch"].value, values["micro_batch"].kind
+        (['micro_batch', 't_micro_seconds', 't_step_seconds'], 16, 'measured')
+        >>> print(result.source())
+        measured on the cpu: 16 rows at 128 tokens, where rows per second stopped improving (doubling 16 -> 32 ...)
     """
 
     micro_batch: int
@@ -235,6 +285,30 @@ def ramp(
         WontFit: not even ``start_rows`` rows fit (the sentence names the peak and the room;
             the result is attached).
         InputError: a bad argument.
+
+    Examples:
+        Off CUDA, a micro-batch costing 10 ms plus 10 ms a row (rows per second 100 r / (1 + r)):
+
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
+        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
+        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
+        ...     reset_peak = lambda self: None
+        >>> from leadline.memory.step import StepTiming
+        >>> def step(rows, length, repeats=1):
+        ...     t = 0.01 + 0.01 * rows
+        ...     return StepTiming(rows, length, t, 0.001, [t] * repeats, [0.001] * repeats)
+        >>> result = ramp(step, 128, memory=Host())
+        >>> result.micro_batch, result.rule, result.stop, [g.rows for g in result.rungs]
+        (16, 'throughput', 'no_gain', [1, 1, 2, 4, 8, 16, 32])
+        >>> result.stopped_because
+        'doubling 16 -> 32 rows gained +3.0% rows per second, less than 5%'
+        >>> ramp(step, 128, memory=Host(), max_rows=4).micro_batch
+        4
+        >>> ramp(step, 0, memory=Host())
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: ramp needs length >= 1 tokens, got 0
     """
     length = int(length)
     if length < 1:
@@ -335,7 +409,18 @@ def candidate_seconds(rungs: Sequence[Rung], rows: int, length: int, repeats: in
     the length mix's steps after it. A step's seconds are the line through the last two
     full-length search rungs that fitted (a fixed cost and a cost a row; never below the last
     rung's), or with one such rung its seconds a row (an overestimate, never an under-); a mix
-    step at n tokens pays the rows' share n/length. None before any rung fitted."""
+    step at n tokens pays the rows' share n/length. None before any rung fitted.
+
+    Examples:
+        Two fitted rungs, 1.0 s at 1 row and 1.5 s at 2: 0.5 s fixed plus 0.5 s a row. A try at 4
+        rows (2.5 s), its 2 repeats and a mix of 256 then 512 tokens (1.5 s + 2.5 s):
+
+        >>> rungs = [Rung(1, 512, None, None, 0, "fits", 1.0), Rung(2, 512, None, None, 0, "fits", 1.5)]
+        >>> candidate_seconds(rungs, 4, 512, 2, [256, 512])
+        11.5
+        >>> candidate_seconds([Rung(1, 512, None, None, 0, "oom", 1.0)], 1, 512, 2, []) is None
+        True
+    """
     fitted = [r for r in rungs if r.verdict == "fits" and r.length == length and r.rows > 0 and r.phase == "search"]
     if not fitted:
         return None
@@ -405,7 +490,18 @@ def _ramp_host(step: Any, length: int, max_rows: int | None, repeats: int, mem: 
 
 def nothing_fits(result: RampResult) -> str:
     """The sentence for a ramp that kept nothing: the rung at the fewest rows that failed (a
-    search OOM, or a retry in the repeats or the length mix), its peak, and the fix."""
+    search OOM, or a retry in the repeats or the length mix), its peak, and the fix.
+
+    Examples:
+        >>> import textwrap
+        >>> oom = Rung(1, 2048, 5_800_000_000, 5_900_000_000, 0, "oom", 0.4)
+        >>> result = RampResult(0, 2048, None, None, [oom], "cuda:0", "allocator", "not even 1 row fit",
+        ...                     budget_bytes=5_900_000_000)
+        >>> print(textwrap.fill(nothing_fits(result), 100))
+        not even 1 row at 2048 tokens fits on cuda:0: the step ran out of memory (peak 5.80 GB before it
+        stopped) against 5.90 GB of room; shorten the length, turn on gradient checkpointing or lower the
+        LoRA rank
+    """
     fewest = min((r.rows for r in result.rungs), default=1)
     at = [r for r in result.rungs if r.rows == fewest]
     bad = next((r for r in reversed(at) if r.verdict != "fits"), at[-1] if at else None)

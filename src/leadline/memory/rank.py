@@ -24,7 +24,16 @@ from leadline.plan import Value
 # ---- the rank the memory holds ------------------------------------------------------------
 @dataclass
 class RankFit:
-    """The largest LoRA rank whose real step fits at ``rows`` x ``length``, and every rank tried."""
+    """The largest LoRA rank whose real step fits at ``rows`` x ``length``, and every rank tried.
+
+    Examples:
+        >>> fit = RankFit(64, 8, 2048, "cuda:0", [{"rank": 16, "verdict": "fits"}, {"rank": 128, "verdict": "oom"}])
+        >>> value = fit.as_values()["lora_rank"]
+        >>> value.value, value.kind
+        (64, 'measured')
+        >>> print(RankFit(None, 8, 2048, "cuda:0").as_values()["lora_rank"].source)
+        no LoRA rank tried fits a training step of 8 rows x 2048 tokens on cuda:0
+    """
 
     rank: int | None
     rows: int
@@ -57,6 +66,27 @@ def rank_to_fit(
     ``step_at_rank(r)`` builds the run's :class:`~leadline.memory.step.TrainingStep` at rank r
     (the adapters and a fresh optimizer); when the object it returns has ``close()``, that is
     called after the measurement (remove the adapters there).
+
+    Examples:
+        Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 0.1 GB a rank:
+
+        >>> from leadline.memory.readings import DeviceMemory
+        >>> from leadline.memory.step import StepTiming
+        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak is the last step's
+        ...     peak = 10**9
+        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
+        ...     allocated = reserved = lambda self: 10**9
+        ...     peak_allocated = peak_reserved = lambda self: self.peak
+        ...     reset_peak = lambda self: None
+        >>> host = Host()
+        >>> def step_at_rank(rank):
+        ...     def step(rows, length, repeats=1):
+        ...         host.peak = 10**9 + rank * 10**8
+        ...         return StepTiming(rows, length, 0.1, 0.01)
+        ...     return step
+        >>> fit = rank_to_fit(step_at_rank, 4, 128, memory=host)
+        >>> fit.rank, [(t["rank"], t["verdict"]) for t in fit.tried]
+        (64, [(16, 'fits'), (64, 'fits'), (128, 'over')])
     """
     if not ranks:
         raise InputError("rank_to_fit needs at least one rank to try; pass ranks=(4, 8, 16, ...)")

@@ -30,7 +30,12 @@ GIB = 2**30
 
 
 def format_bytes(n: float | None) -> str:
-    """Bytes as a person reads them: GB (10^9) with two decimals, MB below 1 GB."""
+    """Bytes as a person reads them: GB (10^9) with two decimals, MB below 1 GB.
+
+    Examples:
+        >>> format_bytes(3_047_382_528), format_bytes(450e6), format_bytes(None)
+        ('3.05 GB', '450 MB', 'unknown')
+    """
     if n is None:
         return "unknown"
     if abs(n) >= 1e9:
@@ -39,7 +44,12 @@ def format_bytes(n: float | None) -> str:
 
 
 def is_cuda(device: Any) -> bool:
-    """True when ``device`` names a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device, an int)."""
+    """True when ``device`` names a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device, an int).
+
+    Examples:
+        >>> is_cuda("cuda:1"), is_cuda(0), is_cuda("cpu")
+        (True, True, False)
+    """
     if isinstance(device, int):
         return True
     return str(device).startswith("cuda")
@@ -49,6 +59,10 @@ def normalize_device(device: Any = None) -> str:
     """``"cuda:N"`` or ``"cpu"``: the key caps and watches are filed under.
 
     ``None`` means the current CUDA device when CUDA is available, else the CPU.
+
+    Examples:
+        >>> normalize_device("cuda:1"), normalize_device(2), normalize_device("cpu"), normalize_device("mps:0")
+        ('cuda:1', 'cuda:2', 'cpu', 'mps')
     """
     if device is None:
         if "torch" in sys.modules or _cuda_probably_present():
@@ -89,7 +103,13 @@ def _meminfo() -> dict[str, int]:
 
 
 def host_memory_bytes() -> tuple[int, int]:
-    """(available, total) bytes of host RAM: psutil when installed, else ``/proc/meminfo``."""
+    """(available, total) bytes of host RAM: psutil when installed, else ``/proc/meminfo``.
+
+    Examples:
+        >>> available, total = host_memory_bytes()
+        >>> 0 < available <= total
+        True
+    """
     try:
         import psutil  # type: ignore[import-untyped]
 
@@ -116,7 +136,12 @@ def _status_bytes(field: str) -> int | None:
 
 
 def process_rss_bytes() -> int:
-    """This process's resident set now."""
+    """This process's resident set now (``VmRSS``; psutil or ``getrusage`` where there is no ``/proc``).
+
+    Examples:
+        >>> process_rss_bytes() > 0
+        True
+    """
     rss = _status_bytes("VmRSS")
     if rss is not None:
         return rss
@@ -131,7 +156,13 @@ def process_rss_bytes() -> int:
 
 
 def process_peak_rss_bytes() -> int:
-    """The resident set's high-water mark (``VmHWM``) since the last :func:`reset_process_peak_rss`."""
+    """The resident set's high-water mark (``VmHWM``) since the last :func:`reset_process_peak_rss`.
+
+    Examples:
+        >>> now = process_rss_bytes()
+        >>> process_peak_rss_bytes() >= now
+        True
+    """
     hwm = _status_bytes("VmHWM")
     return hwm if hwm is not None else process_rss_bytes()
 
@@ -150,7 +181,16 @@ def reset_process_peak_rss() -> bool:
 class DeviceMemory:
     """What the ramp, the cap, the watch and the fit pre-flight read and set. Bytes throughout.
 
-    ``room()`` is free plus held: what this process could have if it asked now.
+    ``room()`` is free plus held: what this process could have if it asked now. The tests (and
+    the examples here) hand the ramp, the cap and the fit a subclass with set numbers.
+
+    Examples:
+        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
+        ...     device, on_cuda = "cuda:0", True
+        ...     free_total = lambda self: (2 * 10**9, 6 * 10**9)
+        ...     reserved = lambda self: 10**9
+        >>> Card().room(), Card().get_cap(), Card().alloc_retries()
+        (3000000000, None, 0)
     """
 
     device: str = "cpu"
@@ -291,6 +331,13 @@ class HostMemory(DeviceMemory):
     Args:
         limit_bytes: treat the host as having at most this much room for the process (the room
             is then ``min(available + resident, limit_bytes)``); None: the real RAM.
+
+    Examples:
+        A 1 MB limit, which this process's resident set already exceeds: no room is free.
+
+        >>> host = HostMemory(limit_bytes=10**6)
+        >>> host.device, host.on_cuda, host.room(), host.free_total()
+        ('cpu', False, 1000000, (0, 1000000))
     """
 
     on_cuda = False
@@ -333,7 +380,14 @@ class HostMemory(DeviceMemory):
 
 
 def memory_for(device: Any = None, card_bytes: int | None = None) -> DeviceMemory:
-    """The :class:`DeviceMemory` for ``device``: :class:`CudaMemory` on CUDA, else :class:`HostMemory`."""
+    """The :class:`DeviceMemory` for ``device``: :class:`CudaMemory` on CUDA, else :class:`HostMemory`
+    (``card_bytes`` its ``limit_bytes``).
+
+    Examples:
+        >>> host = memory_for("cpu", card_bytes=8 * 10**9)
+        >>> type(host).__name__, host.card_bytes
+        ('HostMemory', 8000000000)
+    """
     dev = normalize_device(device)
     if is_cuda(dev):
         return CudaMemory(dev, card_bytes=card_bytes)
@@ -343,7 +397,15 @@ def memory_for(device: Any = None, card_bytes: int | None = None) -> DeviceMemor
 def is_oom(exc: BaseException) -> bool:
     """True for the allocator refusing memory: ``torch.OutOfMemoryError``, the CPU
     allocator's ``RuntimeError`` that it cannot allocate, or the system's ENOMEM (an ``OSError``:
-    under a bound on the process's data, Python itself can be refused, importing a module)."""
+    under a bound on the process's data, Python itself can be refused, importing a module).
+
+    Examples:
+        >>> import errno
+        >>> is_oom(MemoryError()), is_oom(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+        (True, True)
+        >>> is_oom(OSError(errno.ENOMEM, "Cannot allocate memory")), is_oom(ValueError("out of memory"))
+        (True, False)
+    """
     if isinstance(exc, OSError) and exc.errno == errno.ENOMEM:
         return True
     if "torch" in sys.modules:

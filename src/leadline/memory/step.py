@@ -28,6 +28,11 @@ class StepTiming:
         t_step_seconds: median over the repeats of the per-step work: ``per_step_loss``'s
             backward (when given) and the optimizer's update.
         micro_seconds, step_seconds: every repeat, in order.
+
+    Examples:
+        >>> timing = StepTiming(4, 512, 0.21, 0.03, [0.22, 0.21, 0.20], [0.03, 0.03, 0.04])
+        >>> timing.t_micro_seconds, 4 / timing.t_micro_seconds  # rows per second, as the ramp reads it
+        (0.21, 19.047619047619047)
     """
 
     rows: int
@@ -71,6 +76,27 @@ class TrainingStep:
     Raises:
         InputError: the optimizer has state when a call starts; ``loss_of`` does not return a
             scalar tensor that requires grad; the loss is NaN or infinite (naming the shape).
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> before = model.weight.detach().clone()
+        >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> step = TrainingStep(lambda rows, length: model(torch.ones(rows, length, 4)).pow(2).mean(), opt)
+        >>> timing = step(2, 8, repeats=3)
+        >>> timing.rows, timing.length, len(timing.micro_seconds), step.device
+        (2, 8, 3, 'cpu')
+        >>> torch.equal(model.weight, before), len(opt.state), opt.param_groups[0]["lr"], model.weight.grad
+        (True, 0, 0.001, None)
+
+        A loss that is not a scalar is refused with the shape; the rate is restored all the same.
+
+        >>> TrainingStep(lambda rows, length: model(torch.ones(rows, 4)), opt)(2, 8)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: TrainingStep's loss_of must return a scalar loss tensor that requires grad, ...
+        >>> opt.param_groups[0]["lr"]
+        0.001
     """
 
     def __init__(
