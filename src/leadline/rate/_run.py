@@ -28,7 +28,25 @@ from leadline.rate.warmup import linear_decay_lr
 
 @dataclass
 class Candidate:
-    """One rate's run, continued from one horizon to the next."""
+    """One rate's run, continued from one horizon to the next.
+
+    Examples:
+        Four weights trained from 0 toward 0.01 at 0.0025: run to step 2, then continued (not
+        restarted) from its own snapshot to step 4, where it reaches the target:
+
+        >>> from leadline.rate.state import Snapshot
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> origin = Snapshot.take([w], opt)
+        >>> c = Candidate(0.0025, lambda t: 0.0025)
+        >>> losses = c.advance(2, [w], opt, train_step, held_out, origin, [1.0], 4, "auto")
+        >>> origin.load([w], opt)  # another candidate's turn would start here
+        >>> losses = c.advance(4, [w], opt, train_step, held_out, origin, [1.0], 4, "auto")
+        >>> c.done, c.status, [round(x, 4) for x in w.tolist()]
+        (4, 'running', [0.0095, 0.0095, 0.0095, 0.0095])
+    """
 
     lr: float
     lr_at: Callable[[int], float]
@@ -72,7 +90,15 @@ class Candidate:
 
 @dataclass
 class EndingCopy:
-    """A copy of the run taken for the raced ending: the state at ``start`` and the rate then."""
+    """A copy of the run taken for the raced ending: the state at ``start`` and the rate then.
+
+    Examples:
+        >>> from leadline.rate.state import Snapshot
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> copy = EndingCopy(Snapshot.take([w], torch.optim.Adam([w])), lr=1e-3, start=8)
+        >>> copy.lr, copy.start
+        (0.001, 8)
+    """
 
     snapshot: Snapshot
     lr: float
@@ -82,7 +108,18 @@ class EndingCopy:
 class TailAverage:
     """The mean of the trained tensors over the run's iterates from ``start`` on (float32, beside
     the tensors): an ending that costs no optimizer step, read once on the held-out rows.
-    :meth:`fold` adds the tensors as they are now."""
+    :meth:`fold` adds the tensors as they are now; :meth:`load` writes the mean into them.
+
+    Examples:
+        >>> w = torch.zeros(2)
+        >>> avg = TailAverage([w], start=0)
+        >>> for value in (1.0, 3.0):
+        ...     _ = w.fill_(value)
+        ...     avg.fold([w])
+        >>> avg.load([w])
+        >>> w.tolist(), avg.count
+        ([2.0, 2.0], 2)
+    """
 
     def __init__(self, params: Sequence[torch.Tensor], start: int) -> None:
         self.start = int(start)
@@ -117,6 +154,24 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
     decays (kept: those weights, with the constant ending's optimizer state).
     On an exception the constant ending is put back and the error re-raised.
     Returns the evidence (``decays``: every length raced) and the kept ending's per-row losses.
+
+    Examples:
+        Four weights trained from 0 toward 0.01 at 0.0025 overshoot it by step 8; the copy at
+        step 2 reruns steps 2-7 with the rate falling to zero, lands nearer, and is kept:
+
+        >>> from leadline.rate.state import Snapshot, run_steps
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> run_steps(opt, train_step, 0, 2, lambda t: 0.0025, [1.0])
+        >>> copy = EndingCopy(Snapshot.take([w], opt), 0.0025, start=2)
+        >>> run_steps(opt, train_step, 2, 8, lambda t: 0.0025, [1.0])
+        >>> round(w[0].item(), 4)
+        0.0144
+        >>> ending, losses = race_ending([w], opt, train_step, held_out, [copy], 8, [1.0], 4, alpha=0.05, place="auto")
+        >>> ending["kept"], ending["from_step"], round(w[0].item(), 4)
+        ('decay', 2, 0.0118)
     """
     if not copies and average is None:
         raise ValueError("race_ending needs at least one copy or an average")
@@ -166,7 +221,12 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
 
 
 def ending_why(ending: dict[str, Any]) -> str:
-    """The sentence for a raced ending's record: what was rerun and what was kept."""
+    """The sentence for a raced ending's record: what was rerun and what was kept.
+
+    Examples:
+        >>> ending_why({"kept": "decay", "from_step": 50, "to_step": 100})
+        'the last 50 steps rerun from a copy with the rate falling linearly to zero: kept: the constant ending was ...'
+    """
     avg = ending.get("average")
     if isinstance(avg, dict):
         decays = ending.get("decays") or []

@@ -8,10 +8,10 @@ lr * sqrt(numel W) reaches ||W||_F, so its **rewrite scale** is
 
 and the model's is the smallest over the trained tensors — the **binding** tensor, the first
 one a too-large rate rewrites. Tensors that are all zero (classic LoRA's B) have no size and
-are skipped. The anchor divides it by a divisor measured once on SmolLM2-135M (docs/rate.md):
+are skipped. The anchor divides it by a constant divisor (measured once: docs/rate.md, "The anchor"):
 
-    /32   trained as factors (LoRA/PiSSA): rewrite/32 was the first scale that learned
-    /320  trained as weights (full fine-tune, grown neurons, a new head): best of four
+    /32   trained as factors (LoRA/PiSSA)
+    /320  trained as weights (full fine-tune, grown neurons, a new head)
 
 and below the noise scale applies Adam's square-root rule (Malladi et al. 2022, "On the SDEs
 and Scaling Rules for Adaptive Gradient Algorithms"):
@@ -54,7 +54,19 @@ LORA_NONZERO_B = (
 
 @dataclass(frozen=True)
 class RewriteScale:
-    """The rewrite scale of the trained tensors and the tensor that binds it."""
+    """The rewrite scale of the trained tensors and the tensor that binds it.
+
+    Attributes:
+        scale: the smallest ||W||_F / sqrt(numel W) over the tensors that are not all zero.
+        binding: the name of the tensor that has it.
+        per_tensor: every such tensor's own scale.
+        zero_tensors: the all-zero tensors, skipped.
+
+    Examples:
+        >>> r = RewriteScale(0.5, "A", {"A": 0.5, "W": 2.0}, ["B"])
+        >>> r.scale, r.binding, r.zero_tensors
+        (0.5, 'A', ['B'])
+    """
 
     scale: float
     binding: str
@@ -65,7 +77,18 @@ class RewriteScale:
 def rewrite_scale(norms: Mapping[str, tuple[float, int]]) -> RewriteScale:
     """min over tensors of ||W||_F / sqrt(numel W), from ``{name: (frobenius_norm, numel)}``.
 
-    All-zero tensors have no size and are skipped (listed in ``zero_tensors``).
+    All-zero tensors have no size and are skipped (listed in ``zero_tensors``); a non-finite
+    norm, or no tensor left, is an :class:`~leadline.errors.InputError`.
+
+    Examples:
+        A 4 x 4 tensor of norm 2 has a root-mean-square entry of 2 / sqrt(16) = 0.5:
+
+        >>> rewrite_scale({"A": (2.0, 16), "B": (0.0, 16), "W": (8.0, 16)})
+        RewriteScale(scale=0.5, binding='A', per_tensor={'A': 0.5, 'W': 2.0}, zero_tensors=['B'])
+        >>> rewrite_scale({"B": (0.0, 16)})
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: every trained tensor is zero, so no rewrite scale can be read; ...
     """
     per: dict[str, float] = {}
     zero: list[str] = []
@@ -87,8 +110,17 @@ def rewrite_scale(norms: Mapping[str, tuple[float, int]]) -> RewriteScale:
 
 
 def adam_sqrt_cut(batch_tokens: float | None, b_noise_tokens: float | None) -> float:
-    """min(1, sqrt(B / B_noise)): Adam's square-root rule below the noise scale (Malladi et al.
-    2022); 1 when either is unknown, never above 1."""
+    """min(1, sqrt(B / B_noise)): Adam's square-root rule below the noise scale; 1 when either is
+    unknown, never above 1.
+
+    References:
+        Malladi et al. 2022, "On the SDEs and Scaling Rules for Adaptive Gradient Algorithms",
+        <https://arxiv.org/abs/2205.10287>.
+
+    Examples:
+        >>> adam_sqrt_cut(1000, 4000), adam_sqrt_cut(8000, 4000), adam_sqrt_cut(None, 4000)
+        (0.5, 1.0, 1.0)
+    """
     if batch_tokens is None or b_noise_tokens is None:
         return 1.0
     if batch_tokens <= 0 or b_noise_tokens <= 0:
@@ -98,7 +130,18 @@ def adam_sqrt_cut(batch_tokens: float | None, b_noise_tokens: float | None) -> f
 
 
 def lora_caveat(names_and_zero: Iterable[tuple[str, bool]]) -> str | None:
-    """The LoRA-init caveat: says B starts at zero (classic LoRA) or not (another init)."""
+    """The LoRA-init caveat from ``(name, all_zero)`` pairs: :data:`LORA_ZERO_B` when every
+    ``lora_B`` tensor is zero (classic LoRA), :data:`LORA_NONZERO_B` when one is not (another
+    init), None when there is no ``lora_B``.
+
+    Examples:
+        >>> lora_caveat([("q.lora_A", False), ("q.lora_B", True)]) == LORA_ZERO_B
+        True
+        >>> lora_caveat([("q.lora_A", False), ("q.lora_B", False)]) == LORA_NONZERO_B
+        True
+        >>> lora_caveat([("mlp.weight", False)]) is None
+        True
+    """
     b = [(n, z) for n, z in names_and_zero if "lora_B" in n]
     if not b:
         return None
@@ -107,7 +150,21 @@ def lora_caveat(names_and_zero: Iterable[tuple[str, bool]]) -> str | None:
 
 @dataclass(frozen=True)
 class AnchorRate:
-    """The anchor rate and what it rests on."""
+    """The anchor rate and what it rests on: lr = rewrite.scale / divisor x cut.
+
+    Attributes:
+        lr: the anchor rate.
+        rewrite: the rewrite scale it divides.
+        trained_as: ``"factors"`` or ``"weights"``, which picks the divisor.
+        divisor: 32 or 320 (:data:`DIVISORS`).
+        cut: min(1, sqrt(B / B_noise)) (:func:`adam_sqrt_cut`).
+        caveat: the LoRA-init caveat, if any (:func:`lora_caveat`).
+
+    Examples:
+        >>> a = anchor_from_scale(RewriteScale(0.5, "w"), "factors", batch_tokens=1000, b_noise_tokens=4000)
+        >>> {name: (v.value, v.kind) for name, v in a.as_values().items()}
+        {'rewrite_scale': (0.5, 'derived'), 'rate_divisor': (32, 'constant'), 'lr_anchor': (0.0078125, 'constant')}
+    """
 
     lr: float
     rewrite: RewriteScale
@@ -119,8 +176,9 @@ class AnchorRate:
     caveat: str | None = None
 
     def as_values(self) -> dict[str, Value]:
-        """``rewrite_scale`` (derived from the weights), ``rate_divisor`` (constant, from the seed) and
-        ``lr_anchor`` (constant: it rests on the divisor nobody measured here)."""
+        """``rewrite_scale`` (derived from the weights), ``rate_divisor`` (constant, measured once
+        elsewhere: docs/rate.md) and ``lr_anchor`` (constant: it rests on the divisor nobody
+        measured here)."""
         caveat = f"; {self.caveat}" if self.caveat else ""
         cut = (f" x sqrt(B {self.batch_tokens:.0f} / B_noise {self.b_noise_tokens:.0f}) = x{self.cut:.3g}"
                if self.cut < 1.0 else " (no cut: the batch is at or above the noise scale, or it is unknown)")
@@ -147,7 +205,21 @@ class AnchorRate:
 
 def anchor_from_scale(rewrite: RewriteScale, trained_as: str, *, batch_tokens: float | None = None,
                       b_noise_tokens: float | None = None, caveat: str | None = None) -> AnchorRate:
-    """lr = rewrite / divisor * min(1, sqrt(B / B_noise)) (pure)."""
+    """lr = rewrite / divisor * min(1, sqrt(B / B_noise)) (pure): the anchor from a rewrite scale
+    read already.
+
+    Examples:
+        rewrite 0.5 / 32, then halved by sqrt(1000 / 4000):
+
+        >>> anchor_from_scale(RewriteScale(0.5, "w"), "factors").lr
+        0.015625
+        >>> anchor_from_scale(RewriteScale(0.5, "w"), "factors", batch_tokens=1000, b_noise_tokens=4000).lr
+        0.0078125
+        >>> anchor_from_scale(RewriteScale(0.5, "w"), "lora")
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: trained_as must be 'factors' (LoRA/PiSSA) or 'weights' (...), got 'lora'
+    """
     if trained_as not in DIVISORS:
         raise InputError("trained_as must be 'factors' (LoRA/PiSSA) or 'weights' (full fine-tune, grown neurons, a "
                          f"head), got {trained_as!r}")
@@ -172,6 +244,21 @@ def anchor_rate(named_weights: Mapping[str, Any] | Iterable[tuple[str, Any]], tr
         norms: ``{name: (frobenius_norm, numel)}`` read already, in place of reading them off
             ``named_weights`` (a sharded model's, summed over the ranks:
             :meth:`~leadline.distributed.ShardedGradFn.weight_norms`).
+
+    Returns:
+        :class:`AnchorRate`; ``.as_values()`` gives the plan's ``rewrite_scale``,
+        ``rate_divisor`` and ``lr_anchor``.
+
+    Examples:
+        A 4 x 4 tensor of 0.5s has rewrite scale 0.5; trained as weights, 0.5 / 320; the
+        all-zero bias is skipped:
+
+        >>> import torch
+        >>> a = anchor_rate({"w": torch.full((4, 4), 0.5), "b": torch.zeros(4)}, "weights")
+        >>> a.lr, a.rewrite.binding, a.rewrite.zero_tensors
+        (0.0015625, 'w', ['b'])
+        >>> anchor_rate({"w": torch.full((4, 4), 0.5)}, "weights", batch_tokens=1000, b_noise_tokens=4000).lr
+        0.00078125
     """
     import torch
 

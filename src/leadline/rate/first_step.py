@@ -13,6 +13,10 @@ alpha1 is the step with the lowest held-out loss along the line. The weights are
 bit-exactly.
 
 The search logic (:func:`walk`, :func:`golden_section_log`) is pure and tested on known curves.
+
+References: Kingma & Ba 2015, "Adam", <https://arxiv.org/abs/1412.6980>; Loshchilov & Hutter
+2019, "Decoupled Weight Decay Regularization", <https://arxiv.org/abs/1711.05101>; Kiefer 1953,
+"Sequential minimax search for a maximum".
 """
 
 from __future__ import annotations
@@ -33,7 +37,13 @@ INV_PHI = (math.sqrt(5.0) - 1.0) / 2.0  # 0.618...
 # ---- the pure search -------------------------------------------------------------------
 @dataclass
 class Walk:
-    """The geometric walk: every (lr, loss) read, and the bracket around the fall's end."""
+    """The geometric walk: every (lr, loss) read, and the bracket around the fall's end.
+
+    Examples:
+        >>> w = walk(lambda lr: (math.log10(lr) + 3) ** 2, base=16.0)
+        >>> w.fell, w.bracket, len(w.points)
+        (True, (0.0004096, 0.0016384, 0.0065536), 9)
+    """
 
     points: list[tuple[float, float]] = field(default_factory=list)
     bracket: tuple[float, float, float] | None = None
@@ -48,7 +58,8 @@ on a mean loss)."""
 
 BF16_RESOLUTION = 1e-3
 """The same for a model whose forward runs in bfloat16/float16: it rounds the loss at about this
-grain, and a walk that read rounding as a fall stopped at 3e-7 on SmolLM2 in bf16 (docs/rate.md)."""
+grain, and a walk that reads that rounding as a fall stops at a step far too small (measured:
+docs/rate.md)."""
 
 
 def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, factor: float = 4.0, max_lr: float = 1.0,
@@ -59,6 +70,20 @@ def walk(f: Callable[[float], float], base: float, *, start: float = 1e-7, facto
     when it is above the previous point by more than that. A non-finite loss counts as +inf (a
     rise). Returns the points and the bracket (previous, lowest, first rise); the first point's
     lower side is ``start / factor``.
+
+    Examples:
+        A loss with its minimum at lr = 1e-3 is bracketed by the x4 ladder around 1.6e-3; a
+        loss that never falls walks the whole ladder up to ``max_lr`` and brackets nothing:
+
+        >>> walk(lambda lr: (math.log10(lr) + 3) ** 2, base=16.0).bracket
+        (0.0004096, 0.0016384, 0.0065536)
+        >>> w = walk(lambda lr: 5.0, base=5.0)
+        >>> w.fell, w.bracket, w.points[-1]
+        (False, None, (0.4194304, 5.0))
+        >>> walk(lambda lr: 5.0, base=5.0, start=2.0)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: the walk needs 0 < start < max_lr and factor > 1, got start=2.0, max_lr=1.0, ...
     """
     if not (0 < start < max_lr) or factor <= 1.0:
         raise InputError(f"the walk needs 0 < start < max_lr and factor > 1, got start={start}, max_lr={max_lr}, "
@@ -141,6 +166,15 @@ class FirstStep:
         walk: every (lr, loss) read, walk and refinement, in order.
         versus_base: the paired test of the loss at alpha1 against the base (same rows).
         stopped_because: why the walk ended.
+
+    Examples:
+        >>> fs = FirstStep(alpha1=1e-3, found=True, base_loss=2.0, loss=1.5, walk=[{"lr": 1e-3, "loss": 1.5}],
+        ...                held_out_rows=64, versus_base={}, stopped_because="bracketed", seconds=0.1)
+        >>> v = fs.as_values()["alpha1"]
+        >>> v.value, v.kind
+        (0.001, 'measured')
+        >>> v.source
+        "the step along Adam's first update where the held-out loss on 64 rows stops falling (2 -> 1.5; bracketed)"
     """
 
     alpha1: float | None
@@ -201,6 +235,21 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
     Returns:
         :class:`FirstStep`. Weights, optimizer state, learning rates, gradients and RNG states
         are bit-identical afterwards, also when ``train_step`` or the reader raises.
+
+    Examples:
+        Four weights trained from 0 toward 0.01, one held-out row each. Adam's first update
+        moves every entry by lr, so the held-out loss along it is lowest at lr = 0.01:
+
+        >>> import torch
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w], lr=1e-3)
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> fs = measure_first_step([w], opt, train_step, held_out)
+        >>> fs.found, round(fs.alpha1, 4)
+        (True, 0.01)
+        >>> w.tolist(), opt.param_groups[0]["lr"], len(opt.state)
+        ([0.0, 0.0, 0.0, 0.0], 0.001, 0)
     """
     import torch
 

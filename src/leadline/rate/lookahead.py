@@ -14,8 +14,8 @@ own snapshot, not restarted. At each horizon:
    significantly worse are dropped, except the ``keep_above`` rates just above the best and
    the ``keep_below`` just below it (and every rate below it during the warmup, when a low
    rate has not reached itself yet). Those above are out for good; one below may come back,
-   since a longer horizon favours a lower rate (seed: the best constant rate fell 4x from 20
-   to 200 steps) and a slow start is no verdict;
+   since a longer horizon favours a lower rate (measured: docs/rate.md) and a slow start is no
+   verdict;
 3. when the best sits at the edge of the running rates, the next rate beyond it joins (from
    the origin, caught up to the horizon; a dropped lower rate is restarted), as far as
    ``max_extend`` grid points past the grid.
@@ -43,12 +43,13 @@ steps — is handed back as :attr:`Lookahead.branch`, the start a run at that ra
 from (its steps are the run's first n).
 
 Why the minimum horizon: at step 0 every row agrees on the answer's format (the end token),
-and a short horizon rewards the rate that learns the format fastest: in a six-rate sweep on
-SmolLM2-135M, LoRA's best rate at 2 and 4 steps was twice the winner's (docs/rate.md).
-``min_horizon`` defaults to max(16, T/8) steps, so the answer is read past the format.
+and a short horizon rewards the rate that learns the format fastest (measured: docs/rate.md,
+"The format trap"). ``min_horizon`` defaults to max(16, T/8) steps, so the answer is read past
+the format.
 
-References: the look-ahead against a six-rate sweep (docs/rate.md); Li et al. 2018
-(Hyperband) for continued candidates; Lan & DeMets 1983 for the sequential bar.
+References: the look-ahead against a six-rate sweep (docs/rate.md); Li et al. 2018,
+"Hyperband", <https://arxiv.org/abs/1603.06560>, for continued candidates; Lan & DeMets 1983,
+"Discrete sequential boundaries for clinical trials", for the sequential bar.
 """
 
 from __future__ import annotations
@@ -128,6 +129,36 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     Returns:
         :class:`Lookahead`. Weights, optimizer state, rates, gradients and RNG states are
         bit-identical afterwards, also when ``train_step`` or the reader raises.
+
+    Examples:
+        Four weights trained from 0 toward 0.01, one held-out row each. Adam moves every entry
+        by about lr a step, so the best constant rate over n steps is about 0.01 / n: the
+        look-ahead reads the best rate halving with each doubled horizon (n^-1); its budget
+        (2 x 16 steps over all its rates) stops it after the 8-step horizon, and it carries
+        that trend to the run's 16 steps, 0.01 / 16:
+
+        >>> import torch
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> la = lookahead_lr([w], opt, train_step, held_out, 0.01, total_steps=16, warmup_steps=0)
+        >>> la.lr, la.stop, la.horizon_steps
+        (0.000625, 'budget', 8)
+        >>> [h["best_lr"] for h in la.horizons]
+        [0.01, 0.005, 0.0025, 0.00125]
+        >>> w.tolist()
+        [0.0, 0.0, 0.0, 0.0]
+
+        The quick effort runs nothing: alpha1 and the grid alpha1 x 2^j for :func:`race`:
+
+        >>> quick = lookahead_lr([w], opt, train_step, held_out, 0.01, total_steps=16, effort="quick")
+        >>> quick.lr, quick.rates, quick.steps_used
+        (0.01, [0.005, 0.01, 0.02, 0.04, 0.08], 0)
+        >>> lookahead_lr([w], opt, train_step, held_out, 0.0, total_steps=16)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: alpha1 must be a positive number (measure_first_step().alpha1), got 0.0
     """
     t0 = time.perf_counter()
     a1 = _alpha1(alpha1)

@@ -24,7 +24,27 @@ class Branch:
     """A candidate's run the look-ahead handed back: ``steps`` optimizer steps at ``lr`` from the
     origin, without a warmup unless ``warmup_steps``, and its state after them (a
     :class:`~leadline.rate.state.Snapshot` of the trained tensors, the optimizer's state and the
-    RNG states)."""
+    RNG states).
+
+    Examples:
+        Four weights trained from 0 toward 0.01 (as in :func:`~leadline.rate.lookahead_lr`): the
+        best grid rate at the last horizon, 0.01 / 8, after its 8 steps; loading the snapshot
+        puts the run where that candidate left it:
+
+        >>> import torch
+        >>> from leadline.rate import lookahead_lr
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> b = lookahead_lr([w], opt, train_step, held_out, 0.01, total_steps=16, warmup_steps=0,
+        ...                  keep_branch=True).branch
+        >>> b.lr, b.steps, b.warmup_steps
+        (0.00125, 8, 0)
+        >>> b.snapshot.load([w], opt)
+        >>> [round(x, 4) for x in w.tolist()]
+        [0.0093, 0.0093, 0.0093, 0.0093]
+    """
 
     lr: float
     steps: int
@@ -44,6 +64,21 @@ class Lookahead:
         horizons: per horizon, every candidate's mean held-out loss, SE, status and test.
         stopped_because: the sentence saying why it stopped (displayed; ``stop`` is the reason).
         stop: why it stopped, one of :data:`LookaheadStop`.
+
+    Examples:
+        A full look-ahead's values (a quick one's are ``lr`` derived, ``race_rates``,
+        ``warmup_steps`` and ``weight_decay``):
+
+        >>> la = Lookahead(lr=2e-3, alpha1=1e-3, rates=[5e-4, 1e-3, 2e-3], effort="full", horizon_steps=16,
+        ...                steps_used=150, budget_steps=200, total_steps=100, warmup_steps=0, beta1=0.9,
+        ...                stopped_because="settled", held_out_rows=64, stop="settled")
+        >>> values = la.as_values()
+        >>> list(values)
+        ['lr', 'lookahead_horizon_steps', 'warmup_steps', 'weight_decay']
+        >>> [v.kind for v in values.values()]
+        ['measured', 'measured', 'constant', 'constant']
+        >>> values["lr"].value, values["lookahead_horizon_steps"].value
+        (0.002, 16)
     """
 
     lr: float

@@ -16,6 +16,13 @@ DEFAULT_GRID = (-1, 0, 1, 2, 3)
 
 
 def beta1_of(opt: Any) -> float:
+    """The optimizer's beta1 (its ``defaults["betas"][0]``); 0.9, Adam's default, where it has none.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> beta1_of(SimpleNamespace(defaults={"betas": (0.8, 0.999)})), beta1_of(SimpleNamespace(defaults={}))
+        (0.8, 0.9)
+    """
     betas = opt.defaults.get("betas") if hasattr(opt, "defaults") else None
     return float(betas[0]) if betas else 0.9
 

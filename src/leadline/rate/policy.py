@@ -22,7 +22,18 @@ from leadline.rate.lookahead import DEFAULT_GRID, LookaheadStop, default_min_hor
 
 
 class LookaheadAnswer(Protocol):
-    """What :func:`cut_rate` reads of a :class:`~leadline.rate.Lookahead`."""
+    """What :func:`cut_rate` reads of a :class:`~leadline.rate.Lookahead`: its rate, the last
+    horizon read, why it stopped (the reason and its sentence) and its evidence.
+
+    Examples:
+        A :class:`~leadline.rate.Lookahead` is one:
+
+        >>> from leadline.rate import Lookahead
+        >>> la: LookaheadAnswer = Lookahead(4.8e-3, 1e-2, [5e-3, 1e-2], "full", 10, 40, 74, 37, 0, 0.9,
+        ...                                 "budget: horizon 20 needed 40 more steps", stop="budget")
+        >>> la.lr, la.horizon_steps, la.stop, la.evidence()["stopped_because"]
+        (0.0048, 10, 'budget', 'budget: horizon 20 needed 40 more steps')
+    """
 
     lr: float
     horizon_steps: int

@@ -25,11 +25,10 @@ Used inside the caller's loop::
 - Copies at T/2 and at T - 2h; ``finish()`` reruns the last half and the last 2h steps from
   them with the rate falling linearly to zero, ranks the two decayed endings by their mean
   held-out loss, and keeps the better one unless the constant ending's held-out loss is lower
-  by a one-sided paired t test (the decay is the null: it measured helping, -0.0084 +- 0.0019
-  for a 256-step full fine-tune). Neither length wins everywhere: over the last half it read
-  lower on a worked-solutions task and higher on a classification task, each as on its test rows
-  (``docs/results.md``, rule L). Then a final check against the best check, which is put back if
-  the ending is significantly worse. ``ending_steps`` (``lookahead_from(..., ending_steps=n)``)
+  by a one-sided paired t test (the decay is the null: it is the ending measured helping;
+  docs/rate.md). Neither length wins on every task, so both are raced (measured: docs/rate.md,
+  "Why two lengths"). Then a final check against the best check, which is put back if the
+  ending is significantly worse. ``ending_steps`` (``lookahead_from(..., ending_steps=n)``)
   races one length only: the copy at T - n, n steps rerun. A copy is a state the run passed
   through; a rollback after it does not void it (its decayed ending is raced like the others).
 
@@ -67,7 +66,17 @@ ENDINGS = ("raced", "to_zero")
 
 @dataclass(frozen=True)
 class ScheduleConfig:
-    """What LookaheadSchedule takes from a plan: the rate, the warmup and the check interval."""
+    """What LookaheadSchedule takes from a plan: the rate, the warmup and the check interval.
+
+    Examples:
+        >>> cfg = ScheduleConfig(1e-3, alpha1=1e-2, horizon_steps=16)
+        >>> cfg.lr, cfg.warmup_steps, cfg.horizon_steps, cfg.ending, cfg.ending_steps
+        (0.001, 0, 16, 'raced', None)
+        >>> ScheduleConfig(1e-3, ending="cosine")
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: ending must be one of raced, to_zero, got 'cosine'
+    """
 
     lr: float
     alpha1: float | None = None
@@ -102,7 +111,20 @@ def lookahead_from(source: Plan | Mapping[str, Any] | Any, *, taken: tuple[int, 
     ``lookahead_horizon_steps``), a mapping with those keys, or a :class:`Lookahead`.
     ``taken``: (steps, rate) of the run's first steps taken elsewhere; ``ending``: ``raced`` or
     ``to_zero``; ``ending_steps``: one raced ending's length (default: the last half and 2h, both raced;
-    see the module docstring)."""
+    see the module docstring).
+
+    Examples:
+        >>> cfg = lookahead_from({"lr": 2e-3, "alpha1": 1e-2, "warmup_steps": 0, "lookahead_horizon_steps": 16})
+        >>> cfg.lr, cfg.alpha1, cfg.horizon_steps, cfg.ending
+        (0.002, 0.01, 16, 'raced')
+        >>> cfg = lookahead_from({"lr": 2e-3}, taken=(16, 2e-3), ending_steps=30)
+        >>> cfg.taken_steps, cfg.taken_lr, cfg.ending_steps
+        (16, 0.002, 30)
+        >>> lookahead_from({"alpha1": 1e-2})
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: the plan has no usable 'lr' (got None); derive one with lookahead_lr() or ...
+    """
     cfg = replace(_config_of(source), ending=ending, ending_steps=ending_steps)
     if taken is None:
         return cfg
@@ -195,7 +217,14 @@ def ending_steps_for(share: float | None, total_steps: int) -> int | None:
 def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
     """The step at which the schedule takes its first copy for the raced ending: T minus the
     longest ending (the last half unless a length is given), at least 1; None for the
-    ``to_zero`` ending, which copies nothing."""
+    ``to_zero`` ending, which copies nothing.
+
+    Examples:
+        >>> ending_copy_step(ScheduleConfig(1e-3, horizon_steps=12), 100)
+        50
+        >>> ending_copy_step(ScheduleConfig(1e-3, ending="to_zero"), 100) is None
+        True
+    """
     if config.ending == "to_zero":
         return None
     return max(1, total_steps - ending_length(config, total_steps))
@@ -222,6 +251,31 @@ class LookaheadSchedule:
         alpha: the error rate of the tests.
         keep_checks: how many checks keep a snapshot (step 0 and the last best ones).
         place: where the snapshots live (``"auto"``: on the card when there is room).
+
+    Examples:
+        Four weights trained from 0 toward 0.01, one held-out row each, at 0.0025: Adam moves
+        every entry by about lr a step, so the run reaches the target at step 4 and overshoots.
+        The check at step 6 is significantly worse than the best (step 4): step 4 is put back
+        and the rate halved. The check at step 8 fails again from it without improving on it, so
+        step 4 is suspect: the schedule goes one check further back, to step 2, halves again and
+        goes on at 0.000625:
+
+        >>> import torch
+        >>> w = torch.zeros(4, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> train_step = lambda step: ((w - 0.01) ** 2).mean().backward()
+        >>> held_out = lambda: ((w - 0.01) ** 2).tolist()
+        >>> sched = LookaheadSchedule([w], opt, train_step, held_out, lookahead_from({"lr": 0.0025}), total_steps=16)
+        >>> for step in range(16):
+        ...     sched.before(step)
+        ...     opt.zero_grad(set_to_none=True)
+        ...     train_step(step)
+        ...     opt.step()
+        >>> ending = sched.finish()
+        >>> sched.h, sched.rollbacks, sched.rate
+        (2, 2, 0.000625)
+        >>> [(c["step"], c["action"], c.get("to_step")) for c in sched.checks[2:6]]
+        [(4, 'best', None), (6, 'rollback', 4), (8, 'rollback', 2), (10, 'best', None)]
     """
 
     def __init__(self, params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],

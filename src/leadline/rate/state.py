@@ -41,7 +41,16 @@ HeldOut = Callable[[], Sequence[float]]
 
 # ---- RNG ---------------------------------------------------------------------------------
 def capture_rng() -> dict[str, Any]:
-    """The RNG states a training step can draw from: torch CPU, CUDA (if started), random, numpy."""
+    """The RNG states a training step can draw from: torch CPU, CUDA (if started), random, numpy.
+
+    Examples:
+        >>> state = capture_rng()
+        >>> drawn = torch.rand(2)
+        >>> restore_rng(state)
+        >>> torch.equal(torch.rand(2), drawn)
+        True
+        >>> restore_rng(state)  # and the stream is where it was before the example
+    """
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -52,7 +61,17 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what :func:`capture_rng` read."""
+    """Put back what :func:`capture_rng` read.
+
+    Examples:
+        >>> import random
+        >>> state = capture_rng()
+        >>> drawn = random.random()
+        >>> restore_rng(state)
+        >>> random.random() == drawn
+        True
+        >>> restore_rng(state)  # and the stream is where it was before the example
+    """
     torch.set_rng_state(state["torch"])
     random.setstate(state["random"])
     if "cuda" in state:
@@ -104,6 +123,27 @@ class Snapshot:
     Args:
         place: ``"auto"`` (the card when its room >= 2 x the snapshot's bytes, else the host),
             ``"card"`` or ``"host"``.
+
+    Examples:
+        Taken before a step, loaded after it: the weights and the (empty) Adam state come back.
+        Tensors on the CPU are copied to the host:
+
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> opt = torch.optim.Adam([w], lr=0.1)
+        >>> snap = Snapshot.take([w], opt)
+        >>> w.sum().backward()
+        >>> opt.step()
+        >>> [round(x, 4) for x in w.tolist()], len(opt.state)
+        ([-0.1, -0.1], 1)
+        >>> snap.load([w], opt)
+        >>> w.tolist(), len(opt.state)
+        ([0.0, 0.0], 0)
+        >>> snap.evidence()
+        {'bytes': 8, 'device': 'cpu', 'on_card': False}
+        >>> Snapshot(place="disk")
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: snapshot place must be 'auto', 'card' or 'host', got 'disk'
     """
 
     def __init__(self, place: str = "auto") -> None:
@@ -194,14 +234,29 @@ class Snapshot:
 
 # ---- the rate, the steps, the held-out reading -------------------------------------------
 def group_ratios(opt: torch.optim.Optimizer) -> list[float]:
-    """Each param group's learning rate relative to the first group's (1.0 when it is 0)."""
+    """Each param group's learning rate relative to the first group's (1.0 when it is 0).
+
+    Examples:
+        >>> w, b = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+        >>> opt = torch.optim.Adam([{"params": [w]}, {"params": [b], "lr": 1e-4}], lr=1e-3)
+        >>> group_ratios(opt)
+        [1.0, 0.1]
+    """
     lrs = [float(g["lr"]) for g in opt.param_groups]
     first = lrs[0]
     return [lr / first if first > 0 else 1.0 for lr in lrs]
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float, ratios: Sequence[float]) -> None:
-    """Set the rate: the first group gets ``lr``, the others keep their ratio to it."""
+    """Set the rate: the first group gets ``lr``, the others keep their ratio to it.
+
+    Examples:
+        >>> w, b = torch.zeros(2, requires_grad=True), torch.zeros(1, requires_grad=True)
+        >>> opt = torch.optim.Adam([{"params": [w]}, {"params": [b], "lr": 1e-4}], lr=1e-3)
+        >>> set_lr(opt, 2e-3, group_ratios(opt))
+        >>> [g["lr"] for g in opt.param_groups]
+        [0.002, 0.0002]
+    """
     for g, r in zip(opt.param_groups, ratios):
         g["lr"] = lr * r
 
@@ -209,7 +264,21 @@ def set_lr(opt: torch.optim.Optimizer, lr: float, ratios: Sequence[float]) -> No
 def run_steps(opt: torch.optim.Optimizer, train_step: TrainStep, start: int, stop: int,
               lr_at: Callable[[int], float], ratios: Sequence[float]) -> None:
     """Optimizer steps ``start .. stop-1``: set the rate, zero the gradients, the caller's
-    forward+backward of that step, ``opt.step()``."""
+    forward+backward of that step, ``opt.step()``.
+
+    Examples:
+        Plain SGD on sum(w) (gradient 1) at lr(t) = t / 2 for steps 2, 3 and 4:
+
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> opt = torch.optim.SGD([w], lr=0.1)
+        >>> seen = []
+        >>> def train_step(t):
+        ...     seen.append((t, opt.param_groups[0]["lr"]))
+        ...     w.sum().backward()
+        >>> run_steps(opt, train_step, 2, 5, lambda t: t / 2, [1.0])
+        >>> seen, w.tolist()
+        ([(2, 1.0), (3, 1.5), (4, 2.0)], [-4.5, -4.5])
+    """
     for t in range(start, stop):
         set_lr(opt, lr_at(t), ratios)
         opt.zero_grad(set_to_none=True)
@@ -222,6 +291,19 @@ def read_held_out(held_out: HeldOut, expected_rows: int | None = None) -> list[f
 
     Non-finite losses are kept (a diverged candidate reads as such); a changing row count
     is refused because every comparison pairs the same rows.
+
+    Examples:
+        A reader that draws from torch's RNG leaves the training stream where it was:
+
+        >>> state = torch.get_rng_state()
+        >>> read_held_out(lambda: [1.0, float("nan"), float(torch.rand(1) * 0)])
+        [1.0, nan, 0.0]
+        >>> torch.equal(torch.get_rng_state(), state)
+        True
+        >>> read_held_out(lambda: [1.0, 2.0], expected_rows=3)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: held_out_losses_per_row() returned 2 losses, earlier 3; it must read the same ...
     """
     state = capture_rng()
     try:
@@ -238,11 +320,28 @@ def read_held_out(held_out: HeldOut, expected_rows: int | None = None) -> list[f
 
 
 def finite(losses: Sequence[float]) -> bool:
+    """True when every loss is finite (no candidate diverged).
+
+    Examples:
+        >>> finite([1.0, 2.0]), finite([1.0, float("inf")])
+        (True, False)
+    """
     return all(math.isfinite(x) for x in losses)
 
 
 def check_params(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """Validate the trained tensors against the optimizer; returns them as a list."""
+    """Validate the trained tensors against the optimizer; returns them as a list.
+
+    Examples:
+        >>> w, other = torch.zeros(2, requires_grad=True), torch.zeros(2, requires_grad=True)
+        >>> opt = torch.optim.Adam([w])
+        >>> len(check_params((w,), opt))
+        1
+        >>> check_params([w, other], opt)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: params[1] is not in the optimizer; build opt over the same trained tensors you ...
+    """
     params = list(params)
     if not params:
         raise InputError("params is empty; pass the list of trained tensors (those with requires_grad=True)")
@@ -262,6 +361,27 @@ def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, plac
     Yields the snapshot of the state at entry (the origin the phase's candidates start from).
     With ``on_success=False`` the state is put back only when the block raises (a phase that
     is the run itself, like race(), keeps what it trained; its gradients are set to None).
+
+    Examples:
+        A step at another rate inside the block; afterwards the weights, the rate, the
+        gradient and the (empty) optimizer state are as they were:
+
+        >>> w = torch.zeros(2, requires_grad=True)
+        >>> opt = torch.optim.Adam([w], lr=1e-3)
+        >>> with no_trace([w], opt):
+        ...     opt.param_groups[0]["lr"] = 1.0
+        ...     w.sum().backward()
+        ...     opt.step()
+        >>> w.tolist(), opt.param_groups[0]["lr"], w.grad, len(opt.state)
+        ([0.0, 0.0], 0.001, None, 0)
+
+        With ``on_success=False`` the step stays, unless the block raises:
+
+        >>> with no_trace([w], opt, on_success=False):
+        ...     w.sum().backward()
+        ...     opt.step()
+        >>> [round(x, 4) for x in w.tolist()], w.grad
+        ([-0.001, -0.001], None)
     """
     origin = Snapshot.take(params, opt, place=place)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]

@@ -36,7 +36,16 @@ warmup from alpha1 against the same rate run constant (docs/rate.md), and the co
 measures it again."""
 
 def warmup_steps_for(beta1: float) -> int:
-    """round(1 / (1 - beta1)) steps, at least 1 (10 for Adam's default beta1 = 0.9)."""
+    """round(1 / (1 - beta1)) steps, at least 1: Adam's first-moment horizon (Kingma & Ba 2015).
+
+    Examples:
+        >>> warmup_steps_for(0.9), warmup_steps_for(0.95), warmup_steps_for(0.0)
+        (10, 20, 1)
+        >>> warmup_steps_for(1.0)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: beta1 must be in [0, 1), got 1.0
+    """
     if not 0.0 <= beta1 < 1.0:
         raise InputError(f"beta1 must be in [0, 1), got {beta1}")
     return max(1, round(1.0 / (1.0 - beta1)))
@@ -46,7 +55,13 @@ def warmup_lr(step: int, rate: float, alpha1: float | None, warmup_steps: int) -
     """The rate at ``step`` (0-based) of a warmup from alpha1 to ``rate``.
 
     lr(t) = a + (rate - a) * t / w for t < w, then ``rate``, with a = min(alpha1, rate): the
-    first step is taken at alpha1, step w at the rate.
+    first step is taken at alpha1, step w at the rate. No alpha1 or no warmup: ``rate``.
+
+    Examples:
+        >>> [warmup_lr(t, 1e-3, 1e-4, 10) for t in (0, 5, 10, 20)]
+        [0.0001, 0.00055, 0.001, 0.001]
+        >>> warmup_lr(0, 1e-3, None, 10)
+        0.001
     """
     if alpha1 is None or warmup_steps <= 0 or step >= warmup_steps:
         return rate
@@ -55,7 +70,17 @@ def warmup_lr(step: int, rate: float, alpha1: float | None, warmup_steps: int) -
 
 
 def linear_decay_lr(step: int, start_step: int, end_step: int, lr: float) -> float:
-    """lr * (end - t) / (end - start) for start <= t < end: ``lr`` at the start, 0 at ``end``."""
+    """lr * (end - t) / (end - start) for start <= t < end: ``lr`` at the start, 0 at ``end``
+    (clamped to [0, lr] outside).
+
+    Examples:
+        >>> [linear_decay_lr(t, 50, 100, 1e-3) for t in (50, 75, 99, 100)]
+        [0.001, 0.0005, 2e-05, 0.0]
+        >>> linear_decay_lr(0, 50, 50, 1e-3)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: a decay needs end_step > start_step, got 50..50
+    """
     if end_step <= start_step:
         raise InputError(f"a decay needs end_step > start_step, got {start_step}..{end_step}")
     frac = (end_step - step) / (end_step - start_step)
@@ -123,6 +148,19 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
         race: :func:`warmup_race`'s verdict on this run (``"raced": True``), or
             ``{"raced": False, "why": ...}`` saying why it was not raced. A raced warmup is
             ``measured``: its steps when kept, else 0; one not raced is a ``constant`` 0.
+
+    Examples:
+        A rate at or below alpha1 has nothing to warm; above it and not raced, the warmup is a
+        constant 0; raced and won (:func:`warmup_race`), it is measured:
+
+        >>> show = lambda values: {name: (v.value, v.kind) for name, v in values.items()}
+        >>> show(warmup_values(1e-2, 1e-3))
+        {'warmup_steps': (0, 'derived'), 'weight_decay': (0.0, 'constant')}
+        >>> show(warmup_values(1e-3, 4e-3, betas=(0.9, 0.999)))
+        {'warmup_steps': (0, 'constant'), 'weight_decay': (0.0, 'constant')}
+        >>> won = warmup_race([1.0, 2.0, 3.0, 4.0], [1.1, 2.1, 3.1, 4.2], rate=4e-3, warmup_steps=10, total_steps=40)
+        >>> show(warmup_values(1e-3, 4e-3, race=won))
+        {'warmup_steps': (10, 'measured'), 'weight_decay': (0.0, 'constant')}
     """
     b1 = float(beta1) if beta1 is not None else float(betas[0]) if betas else 0.9
     if race and race.get("raced") and isinstance(lr, (int, float)) and not within_half_grid_step(race["rate"], lr):
