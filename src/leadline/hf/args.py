@@ -31,6 +31,20 @@ def training_fields(plan: Plan) -> dict[str, Any]:
     warmup rises from zero; the plan's rises from alpha1, which only the LeadlineCallback (it
     sets the rate before every step) runs. A plan whose rate is at or below alpha1 has
     ``warmup_steps`` 0, so Trainer adds none.
+
+    Raises:
+        InputError: the plan holds none of the fields (nothing derived yet).
+
+    Examples:
+        >>> from leadline import Plan, Value
+        >>> plan = Plan()
+        >>> plan.set("micro_batch", Value(4, "measured", "the ramp"))
+        >>> plan.set("lr", Value(3e-4, "measured", "the look-ahead"))
+        >>> training_fields(plan)
+        {'per_device_train_batch_size': 4, 'learning_rate': 0.0003, 'lr_scheduler_type': 'constant_with_warmup'}
+        >>> plan.set("ending", Value("linear", "measured", "the raced ending"))
+        >>> training_fields(plan)["lr_scheduler_type"]
+        'linear'
     """
     out: dict[str, Any] = {}
     for name, field in _FIELDS.items():
@@ -54,7 +68,18 @@ def sft_fields(plan: Plan) -> dict[str, Any]:
     ``seq_len``: SFTTrainer truncates there), and the loss policy and packing
     (:func:`leadline.hf.trainer.policy_of_plan`: the trainer's when the plan was derived on one,
     else what leadline's reading of the rows scored — the assistant turns of ``messages`` rows,
-    the completion of prompt/completion rows)."""
+    the completion of prompt/completion rows).
+
+    Examples:
+        >>> from leadline import Plan, Value
+        >>> plan = Plan()
+        >>> sft_fields(plan)
+        {}
+        >>> plan.set("seq_len", Value(512, "measured", "the corpus's lengths"))
+        >>> plan.set("rows", Value(24, "measured", "the rows read", evidence={"formats": {"messages": 24}}))
+        >>> sft_fields(plan)
+        {'max_length': 512, 'packing': False, 'assistant_only_loss': True}
+    """
     from leadline.hf.trainer import policy_of_plan
 
     out: dict[str, Any] = {}
@@ -72,7 +97,27 @@ def training_arguments(plan: Plan, args: Any = None, **overrides: Any) -> Any:
 
     An SFTConfig also gets :func:`sft_fields` (``max_length``, ``assistant_only_loss``,
     ``completion_only_loss``, ``packing``); a plain TrainingArguments, which has none of them,
-    does not."""
+    does not.
+
+    Examples:
+        >>> from leadline import Plan, Value
+        >>> from transformers import TrainingArguments
+        >>> plan = Plan()
+        >>> plan.set("micro_batch", Value(4, "measured", "the ramp"))
+        >>> plan.set("lr", Value(3e-4, "measured", "the look-ahead"))
+        >>> fields = training_arguments(plan, max_steps=100)  # no args: the fields as a dict
+        >>> fields["per_device_train_batch_size"], fields["learning_rate"], fields["max_steps"]
+        (4, 0.0003, 100)
+        >>> args = TrainingArguments(output_dir="out", report_to=[])
+        >>> new = training_arguments(plan, args, max_steps=100)
+        >>> new.per_device_train_batch_size, new.learning_rate, new.max_steps, args.learning_rate
+        (4, 0.0003, 100, 5e-05)
+        >>> try:
+        ...     training_arguments(plan, {"learning_rate": 1e-3})
+        ... except InputError as e:
+        ...     print(e)
+        training_arguments needs a TrainingArguments/SFTConfig, got dict
+    """
     fields = {**training_fields(plan), **sft_fields(plan), **overrides}
     if args is None:
         return fields

@@ -57,6 +57,37 @@ class LeadlineCallback(TrainerCallback):
             or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
         ending_share: the share of the run the raced ending reruns, one length alone (default: the
             last half and the last 2h, both raced).
+
+    Examples:
+        Inside the run, Trainer's scheduler keeps the schedule's rate and logs it (a torch
+        ``Linear`` and ``LambdaLR`` standing in for Trainer's model and scheduler):
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> from leadline.plan import Value
+        >>> plan = Plan()
+        >>> plan.set("lr", Value(1e-3, "measured", "the look-ahead"))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5)
+        >>> cb = LeadlineCallback(plan, held_out_losses=lambda: [1.0, 1.0], train_step=lambda step: 0.0)
+        >>> args, state = SimpleNamespace(max_steps=10), SimpleNamespace(max_steps=10, global_step=0)
+        >>> with cb:
+        ...     cb.on_train_begin(args, state, None, model=model, optimizer=optimizer, lr_scheduler=scheduler)
+        ...     cb.on_step_begin(args, state, None)
+        ...     optimizer.step()
+        ...     scheduler.step()  # LambdaLR alone would set 0.1 x 0.5
+        ...     print(optimizer.param_groups[0]["lr"], scheduler.get_last_lr())
+        0.001 [0.001]
+        >>> type(scheduler).__name__  # given back on leaving the block
+        'LambdaLR'
+        >>> cb.evidence()["checks"]
+        [{'step': 0, 'loss': 1.0, 'se': 0.0, 'lr': 0.001, 'action': 'best'}]
+        >>> try:
+        ...     LeadlineCallback(Plan(), lambda: [], lambda step: 0.0)
+        ... except InputError as e:
+        ...     print(e)
+        LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for
     """
 
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,
@@ -99,7 +130,20 @@ class LeadlineCallback(TrainerCallback):
                  **kw: Any) -> LeadlineCallback:
         """Build the held-out reader and the train step from the data the plan was derived on
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
-        was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data."""
+        was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data. Data
+        whose split is not the plan's is refused.
+
+        Examples:
+            >>> import torch
+            >>> from leadline.plan import Value
+        >>> plan = Plan()
+            >>> plan.set("lr", Value(1e-3, "measured", "the look-ahead"))
+            >>> try:
+            ...     LeadlineCallback.for_plan(plan, torch.nn.Linear(4, 2))
+            ... except InputError as e:
+            ...     print(e)
+            LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and ...
+        """
         from leadline.hf.task import prepare
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
@@ -120,6 +164,8 @@ class LeadlineCallback(TrainerCallback):
     # ---- Trainer's events ---------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kw: Any) -> None:
+        """Check the args' loss policy, cap the card, race a quick plan's rates, build the schedule
+        over Trainer's optimizer and take over its ``lr_scheduler`` (the module docstring)."""
         from leadline.hf.trainer import check_policy
         from leadline.rate import LookaheadSchedule, lookahead_from
 
@@ -160,16 +206,19 @@ class LeadlineCallback(TrainerCallback):
         return dataclasses.replace(config, lr=float(self.raced.lr))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """``schedule.before(step)``: the check, a rollback where one is due, the step's rate."""
         if self.schedule is not None and not self.schedule.finished:
             self.schedule.before(int(state.global_step))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """At the last step, ``schedule.finish()``: the raced ending kept."""
         # the ending is decided here, before Trainer's save of the last step reads the weights
         if (self.schedule is not None and not self.schedule.finished
                 and int(state.global_step) >= self.schedule.total_steps):
             self.ending = self.schedule.finish()
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """Finish a run that stopped early, then :meth:`close`."""
         try:
             if self.schedule is not None and not self.schedule.finished:  # the run stopped early
                 self.ending = self.schedule.finish()
@@ -194,7 +243,16 @@ class LeadlineCallback(TrainerCallback):
         self.close()
 
     def evidence(self) -> dict[str, Any] | None:
-        """The schedule's checks and rollbacks, the ending it kept, and the race (a quick plan)."""
+        """The schedule's checks and rollbacks, the ending it kept, and the race (a quick plan);
+        None before ``on_train_begin`` (see the class's examples).
+
+        Examples:
+            >>> from leadline.plan import Value
+        >>> plan = Plan()
+            >>> plan.set("lr", Value(1e-3, "measured", "the look-ahead"))
+            >>> LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0).evidence() is None
+            True
+        """
         if self.schedule is None:
             return None
         return {**self.schedule.evidence(), "ending": self.ending,

@@ -69,14 +69,34 @@ class _Found:
 class FoundBatchSize(_Found):
     """What :func:`find_batch_size` found. ``suggestion()`` is the micro-batch
     (``per_device_train_batch_size``): the rows the target step needs, at most the rows a
-    training run fits; ``grad_accum`` makes up the step, ``rows_fit`` is the most rows that fit."""
+    training run fits; ``grad_accum`` makes up the step, ``rows_fit`` is the most rows that fit.
+
+    ``why()`` gives each number's line, cost and evidence (:meth:`Plan.why`); ``plot(path)`` the
+    ramp's figure as SVG, None where the evidence has no drawing or matplotlib is missing.
+
+    Examples:
+        >>> from leadline.plan import Plan, Value
+        >>> plan = Plan()
+        >>> plan.set("rows_fit", Value(12, "measured", "the memory ramp", seconds=4.2, unit="rows"))
+        >>> plan.set("micro_batch", Value(8, "derived", "the rows the step needs, at most rows_fit", unit="rows"))
+        >>> plan.set("grad_accum", Value(2, "derived", "ceil(rows a step / micro_batch)"))
+        >>> found = FoundBatchSize(plan, "micro_batch", ("rows_fit", "micro_batch"))
+        >>> found, found.suggestion(), found.grad_accum, found.rows_fit
+        (FoundBatchSize(micro_batch=8), 8, 2, 12)
+        >>> print(found.why().splitlines()[0])
+        micro_batch = 8 rows  [derived] the rows the step needs, at most rows_fit
+        >>> found.plot() is None  # no ramp's rungs recorded to draw
+        True
+    """
 
     @property
     def grad_accum(self) -> int:
+        """The micro-batches a step accumulates (1 when the plan has none)."""
         return int(self.plan.get("grad_accum", 1))
 
     @property
     def rows_fit(self) -> int:
+        """The most rows a training run's micro-batch fits, measured by the memory ramp."""
         return int(self.plan.get("rows_fit"))
 
     def _shown(self) -> list[str]:
@@ -88,10 +108,21 @@ class FoundBatchSize(_Found):
 class FoundRate(_Found):
     """What :func:`find_lr` found. ``suggestion()`` is the learning rate; ``alpha1`` the first
     safe step it started from. A quick search (``effort="quick"``) also holds ``race_rates``,
-    which :class:`~leadline.hf.LeadlineCallback` races inside the run."""
+    which :class:`~leadline.hf.LeadlineCallback` races inside the run.
+
+    Examples:
+        >>> from leadline.plan import Plan, Value
+        >>> plan = Plan()
+        >>> plan.set("alpha1", Value(1e-3, "measured", "the first safe step"))
+        >>> plan.set("lr", Value(4e-4, "measured", "the look-ahead"))
+        >>> rate = FoundRate(plan, "lr", ("lr", "alpha1"))
+        >>> rate, rate.suggestion(), rate.alpha1
+        (FoundRate(lr=0.0004), 0.0004, 0.001)
+    """
 
     @property
     def alpha1(self) -> float | None:
+        """The first safe step the search started from (None when not measured)."""
         return self.plan.get("alpha1")
 
     def _shown(self) -> list[str]:
@@ -114,6 +145,20 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
 
     Returns:
         :class:`FoundBatchSize`; ``suggestion()`` is ``per_device_train_batch_size``.
+
+    Raises:
+        InputError: the search found no micro-batch (within ``max_seconds``).
+
+    Examples:
+        The batch phases time real steps (seconds even on a tiny model; :func:`find_lr` shows a
+        run); a model given without its tokenizer and rows is refused before any work:
+
+        >>> import torch
+        >>> try:
+        ...     find_batch_size(torch.nn.Linear(4, 2))
+        ... except InputError as e:
+        ...     print(e)
+        derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone
     """
     from leadline.hf.deriving import derive_parts
 
@@ -143,6 +188,36 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
 
     Returns:
         :class:`FoundRate`; ``suggestion()`` is ``learning_rate``.
+
+    Examples:
+        The quick search on a tiny Llama and 20 rows, at 2 rows a step (about a second on a CPU
+        core), the model left as it was:
+
+        >>> import torch
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+        >>> words = ["<eos>", "<unk>", "the", "a", "cat", "dog", "sat", "on", "mat"]
+        >>> wl = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        >>> wl.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=wl, eos_token="<eos>", pad_token="<eos>")
+        >>> _ = torch.manual_seed(0)
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+        ...                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> rows = [{"text": f"{a} {b} sat on {c} mat"} for a in ("the", "a") for b in ("cat", "dog")
+        ...         for c in ("the", "a", "cat", "dog", "mat")]
+        >>> before = [p.detach().clone() for p in model.parameters()]
+        >>> rate = find_lr(model, tokenizer, rows, micro_batch=2, effort="quick", progress=False)
+        >>> rate.plan["alpha1"].kind, rate.plan["micro_batch"].kind, "race_rates" in rate.plan
+        ('measured', 'given', True)
+        >>> rate.suggestion() == rate.plan.lr
+        True
+        >>> all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        True
+        >>> try:
+        ...     find_lr(model, tokenizer, rows)  # no trainer to read the batch from
+        ... except InputError as e:
+        ...     print(e)
+        find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose arguments hold it
     """
     from leadline.hf.deriving import derive_parts
     from leadline.hf.trainer import is_trainer
@@ -180,6 +255,7 @@ def _length_of(trainer: Any, rows_per_step: int | None = None) -> dict[str, Any]
 
 
 def _unfinished(fn: str, name: str, plan: Plan, max_seconds: float | None) -> str:
+    """The sentence a search that found no ``name`` raises, with the plan's last two notes."""
     cut = f" within max_seconds={max_seconds:g}" if max_seconds is not None else ""
     notes = "; ".join(plan.notes[-2:]) or "no phase reached it"
     return f"{fn} found no {name}{cut} ({notes}); give it more time or check the rows"

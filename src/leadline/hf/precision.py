@@ -40,6 +40,15 @@ class Precision:
         compute_dtype: what the forward computes in (a 4-bit base: its ``bnb_4bit_compute_dtype``).
         checkpointing: gradient (activation) checkpointing on.
         adapter: the model trains through a PEFT adapter.
+
+    Examples:
+        >>> prec = Precision("bfloat16", "4-bit nf4", "bfloat16", checkpointing=True, adapter=True)
+        >>> prec.describe()
+        'a LoRA adapter over a 4-bit nf4 base (bitsandbytes, computing in bfloat16), gradient checkpointing on'
+        >>> prec.half, prec.as_value().kind
+        (True, 'given')
+        >>> Precision("float32", None, "float32", False, False).describe()
+        'every weight of a float32 base, gradient checkpointing off'
     """
 
     dtype: str
@@ -54,6 +63,7 @@ class Precision:
         return self.compute_dtype in HALF
 
     def describe(self) -> str:
+        """The model as it trains, in words (see the class's examples)."""
         base = (f"a {self.quantization} base (bitsandbytes, computing in {self.compute_dtype})" if self.quantization
                 else f"a {self.dtype} base")
         how = "a LoRA adapter over " if self.adapter else "every weight of "
@@ -61,6 +71,8 @@ class Precision:
         return f"{how}{base}, {ckpt}"
 
     def as_value(self) -> Value:
+        """The plan's ``precision``: kind ``given``, the fields as value and evidence, the
+        resolution the rate phases read the held-out loss at in the sentence."""
         grain = ("the held-out loss read at bf16/fp16's resolution (1e-3 of its size)" if self.half
                  else "the held-out loss read at float32's resolution")
         return Value(asdict(self), "given",
@@ -83,7 +95,28 @@ def _quant_config(model: Any) -> dict[str, Any] | None:
 
 
 def precision_of(model: Any) -> Precision:
-    """Read :class:`Precision` from a (PEFT) causal LM."""
+    """Read :class:`Precision` from a (PEFT) causal LM.
+
+    ``dtype``: the dtype holding most frozen floating-point entries (every entry for a full
+    fine-tune); the quantization and compute dtype from ``config.quantization_config``;
+    checkpointing from ``is_activation_checkpointing`` (``is_gradient_checkpointing`` before
+    transformers 5); ``adapter`` when the model has a ``peft_config``.
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> precision_of(torch.nn.Linear(4, 2))
+        Precision(dtype='float32', quantization=None, compute_dtype='float32', checkpointing=False, adapter=False)
+        >>> precision_of(torch.nn.Linear(4, 2).to(torch.bfloat16)).half
+        True
+        >>> base = torch.nn.Linear(4, 2)
+        >>> base.config = SimpleNamespace(quantization_config={  # as a bitsandbytes 4-bit load sets it
+        ...     "quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4",
+        ...     "bnb_4bit_compute_dtype": "bfloat16"})
+        >>> prec = precision_of(base)
+        >>> prec.quantization, prec.compute_dtype
+        ('4-bit nf4', 'bfloat16')
+    """
     counts: Counter[str] = Counter()
     for p in model.parameters():
         if p.is_floating_point() and not p.requires_grad:
@@ -107,7 +140,27 @@ def precision_of(model: Any) -> Precision:
 
 def check_trainable(model: Any) -> Precision:
     """The precision, or one sentence when a quantized base is trained without an adapter or
-    its quantization cannot train on this machine."""
+    its quantization cannot train on this machine (bitsandbytes: a CUDA GPU).
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> check_trainable(torch.nn.Linear(4, 2)).adapter
+        False
+        >>> base = torch.nn.Linear(4, 2)
+        >>> base.config = SimpleNamespace(quantization_config={"quant_method": "bitsandbytes", "load_in_8bit": True})
+        >>> try:
+        ...     check_trainable(base)
+        ... except InputError as e:
+        ...     print(e)
+        the model's base is quantized (8-bit) and has no adapter: a quantized base trains only through one; ...
+        >>> base.peft_config = {"default": None}  # an adapter, but the base sits on the CPU
+        >>> try:
+        ...     check_trainable(base)
+        ... except InputError as e:
+        ...     print(e)
+        the model's base is quantized (8-bit, bitsandbytes) but sits on cpu; bitsandbytes trains a quantized base ...
+    """
     prec = precision_of(model)
     if prec.quantization and not prec.adapter:
         raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base "
@@ -125,7 +178,26 @@ def check_trainable(model: Any) -> Precision:
 @contextmanager
 def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) -> Iterator[None]:
     """Gradient checkpointing set to ``on`` inside the block as Trainer sets it for the run
-    (``activation_checkpointing_enable`` with the trainer's kwargs), put back after."""
+    (``activation_checkpointing_enable`` with the trainer's kwargs), put back on every exit.
+    Nothing is touched when it is already as asked; a model that cannot turn it on is refused.
+
+    Examples:
+        >>> import torch
+        >>> from transformers import LlamaConfig, LlamaForCausalLM
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+        ...                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> with checkpointing(model, True, {"use_reentrant": False}):
+        ...     print(precision_of(model).checkpointing)
+        True
+        >>> precision_of(model).checkpointing
+        False
+        >>> try:
+        ...     with checkpointing(torch.nn.Linear(4, 2), True):
+        ...         pass
+        ... except InputError as e:
+        ...     print(e)
+        Linear does not support gradient checkpointing; turn it off (gradient_checkpointing=False, or leave out ...
+    """
     was = precision_of(model).checkpointing
     if on == was:
         yield
@@ -154,7 +226,18 @@ def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) ->
 
 def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
     """Whether the trainer's run turns gradient checkpointing on (Trainer does it in train()),
-    and the kwargs it passes, less the ones Trainer takes for itself."""
+    and the kwargs it passes, less the ones Trainer takes for itself (``every_n_layers``,
+    ``offload``, ``selective``).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(gradient_checkpointing=True,
+        ...                        gradient_checkpointing_kwargs={"use_reentrant": False, "offload": True})
+        >>> trainer_checkpointing(SimpleNamespace(args=args))
+        (True, {'use_reentrant': False})
+        >>> trainer_checkpointing(SimpleNamespace(args=SimpleNamespace()))
+        (False, None)
+    """
     args = trainer.args
     on = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
     kw = dict(getattr(args, "activation_checkpointing_kwargs", None)
@@ -170,7 +253,22 @@ def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
     off, up to the plan's ``rows_fit`` (checkpointing on never fits fewer rows), the weights,
     optimizer and RNG put back after. None when the plan's model trains without checkpointing
     or has no ``rows_fit``; a ``constant`` saying why when ``seconds_left`` is shorter than the
-    ramp with it on took; 0 rows, measured, when not even one row fits with it off."""
+    ramp with it on took; 0 rows, measured, when not even one row fits with it off.
+
+    Examples:
+        >>> import torch
+        >>> from leadline.plan import Plan
+        >>> plan = Plan()
+        >>> plan.set("rows_fit", Value(6, "measured", "the ramp", seconds=12.0))
+        >>> plan.set("seq_len", Value(512, "measured", "the corpus's lengths"))
+        >>> model = torch.nn.Linear(4, 2)
+        >>> rows_fit_unchecked(model, None, plan) is None  # trained without checkpointing: no second ramp
+        True
+        >>> model.is_gradient_checkpointing = True  # as a transformers model with it on says
+        >>> v = rows_fit_unchecked(model, None, plan, seconds_left=3.0)
+        >>> v.value, v.kind, v.source
+        (None, 'constant', 'not measured: 3 s were left of max_seconds, the ramp with checkpointing on took 12 s')
+    """
     if not precision_of(model).checkpointing or "rows_fit" not in plan or "seq_len" not in plan:
         return None
     on = plan["rows_fit"]

@@ -27,7 +27,20 @@ STEPS_A_TRY = 2.5  # measure_fit's two steps in a row, and the set-up around the
 
 
 def lora_config_of(model: Any) -> Any:
-    """The active LoRA adapter's config of a PEFT model; an InputError naming the fix otherwise."""
+    """The active LoRA adapter's config of a PEFT model; an InputError naming the fix otherwise.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> peft_model = SimpleNamespace(active_adapter="default",  # what a peft.PeftModel holds
+        ...                              peft_config={"default": SimpleNamespace(r=16, lora_alpha=32)})
+        >>> lora_config_of(peft_model).r
+        16
+        >>> try:
+        ...     lora_config_of(SimpleNamespace())  # a full fine-tune
+        ... except InputError as e:
+        ...     print(e)
+        fit_rank needs a PEFT model with a LoRA adapter (peft.get_peft_model); for a full fine-tune there is no ...
+    """
     configs = getattr(model, "peft_config", None)
     active = getattr(model, "active_adapter", None)
     if not isinstance(configs, dict) or active not in configs:
@@ -42,7 +55,21 @@ def lora_config_of(model: Any) -> Any:
 def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] = RANKS,
                  card_bytes: int | None = None) -> Any:
     """:class:`~leadline.memory.rank.RankFit`: the largest rank in ``ranks`` whose real training
-    step of ``rows`` x ``length`` fits, each measured on a probe adapter beside the model's own."""
+    step of ``rows`` x ``length`` fits, each measured on a probe adapter beside the model's own.
+
+    The search bisects ``ranks`` (at most :data:`TRIES` real steps for :data:`RANKS`); the probe's
+    adapter draws from a forked RNG, and the model's own adapter, ``requires_grad`` flags and
+    train/eval mode are put back on every exit. A model without a LoRA adapter is refused before
+    anything runs (the example below; a real search measures training steps on the card).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> try:
+        ...     rank_fit_for(SimpleNamespace(), rows=4, length=512)  # a model without an adapter
+        ... except InputError as e:
+        ...     print(e)
+        fit_rank needs a PEFT model with a LoRA adapter (peft.get_peft_model); for a full fine-tune there is no ...
+    """
     from leadline.memory.model_step import ModelStep
     from leadline.memory.rank import rank_to_fit
 
@@ -85,7 +112,24 @@ def rank_fit_for(model: Any, rows: int, length: int, *, ranks: tuple[int, ...] =
 def fit_rank_values(plan: Plan, model: Any, *, seconds_left: float | None = None,
                     card_bytes: int | None = None) -> dict[str, Value]:
     """The plan's ``lora_rank_fit`` at its micro-batch and length, or a note why not (returned
-    as ``{}`` with the note added to ``plan.notes``)."""
+    as ``{}`` with the note added to ``plan.notes``): the plan has no micro-batch and length,
+    or the bisection's real steps, TRIES x STEPS_A_TRY x (t_micro + t_step), would not fit in
+    ``seconds_left``.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> peft_model = SimpleNamespace(active_adapter="default", peft_config={"default": SimpleNamespace(r=16)})
+        >>> plan = Plan()
+        >>> fit_rank_values(plan, peft_model), plan.notes
+        ({}, ['fit_rank: not measured, the plan has no micro_batch and seq_len to measure it at'])
+        >>> for name, number in [("micro_batch", 4), ("seq_len", 512), ("t_micro_seconds", 0.5),
+        ...                      ("t_step_seconds", 2.0)]:
+        ...     plan.set(name, Value(number, "measured", "derive"))
+        >>> fit_rank_values(plan, peft_model, seconds_left=10.0)  # 4 x 2.5 x (0.5 + 2.0) = 25 s needed
+        {}
+        >>> print(plan.notes[-1])
+        fit_rank: not measured, about 25 s of real steps (4 ranks by bisection) against 10 s left of max_seconds; ...
+    """
     mb, seq = plan.get("micro_batch"), plan.get("seq_len")
     if not isinstance(mb, int) or not isinstance(seq, int):
         plan.notes.append("fit_rank: not measured, the plan has no micro_batch and seq_len to measure it at")

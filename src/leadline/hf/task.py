@@ -21,11 +21,21 @@ __all__ = ["Task", "prepare", "tokens_to_steps", "trained_as_of", "trained_named
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
-comparison reads all of them (468 rows made one derive on SmolLM2 spend minutes reading)."""
+comparison reads all of them, so their count bounds the rate phases' time (measured: docs/hf.md)."""
 
 
 def _rows_of(train_dataset: Any) -> Any:
-    """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list."""
+    """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list.
+
+    Examples:
+        >>> _rows_of("train.jsonl"), _rows_of(iter([{"text": "a"}]))
+        ('train.jsonl', [{'text': 'a'}])
+        >>> try:
+        ...     _rows_of(3)
+        ... except InputError as e:
+        ...     print(e)
+        train_dataset must be a jsonl path, a datasets.Dataset or a list of rows, got int
+    """
     if isinstance(train_dataset, (str, os.PathLike)):
         return train_dataset
     if hasattr(train_dataset, "to_list"):
@@ -38,7 +48,23 @@ def _rows_of(train_dataset: Any) -> Any:
 
 
 def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
-    """The tensors the run trains (``requires_grad``), by name."""
+    """The tensors the run trains (``requires_grad``), by name; one sentence when there are none.
+
+    Examples:
+        >>> import torch
+        >>> layer = torch.nn.Linear(4, 2)
+        >>> [name for name, _ in trained_named_weights(layer)]
+        ['weight', 'bias']
+        >>> _ = layer.bias.requires_grad_(False)
+        >>> [name for name, _ in trained_named_weights(layer)]
+        ['weight']
+        >>> _ = layer.requires_grad_(False)
+        >>> try:
+        ...     trained_named_weights(layer)
+        ... except InputError as e:
+        ...     print(e)
+        the model has no trained parameters (requires_grad); wrap it with PEFT or unfreeze the weights you train
+    """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if not named:
         raise InputError("the model has no trained parameters (requires_grad); wrap it with PEFT or unfreeze the "
@@ -47,7 +73,17 @@ def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
 
 
 def trained_as_of(model: Any) -> str:
-    """``factors`` for a PEFT adapter model, ``weights`` otherwise."""
+    """``factors`` for a PEFT adapter model (one with a ``peft_config``), ``weights`` otherwise.
+
+    Examples:
+        >>> import torch
+        >>> layer = torch.nn.Linear(4, 2)
+        >>> trained_as_of(layer)
+        'weights'
+        >>> layer.peft_config = {"default": None}  # what a peft.PeftModel holds
+        >>> trained_as_of(layer)
+        'factors'
+    """
     return "factors" if hasattr(model, "peft_config") else "weights"
 
 
@@ -56,8 +92,21 @@ class Task:
     """What derive() needs, built from a model, a tokenizer and tokenized rows.
 
     ``rows`` are truncated to ``seq_len``; ``split`` holds train / held-out / test indices.
-    The probe draws the first training rows in a seeded order, the rate phases the rows after
-    them, so no row decides twice.
+    The probe draws the first training rows in a seeded order (``order``), the rate phases the
+    rows after them, so no row decides twice.
+
+    Examples:
+        >>> from leadline.corpus import TokenizedRow, split_rows
+        >>> rows = [TokenizedRow.from_labels([i, i + 1, i + 2], [i, i + 1, i + 2]) for i in range(10)]
+        >>> split = split_rows(10, held_out=1, test=1, seed=0)
+        >>> task = Task(model=None, rows=rows, split=split, seq_len=3, pad_id=0, device="cpu",
+        ...             order=sorted(split.train))
+        >>> task.order  # rows 7 and 8 are the held-out and test rows
+        [0, 1, 2, 3, 4, 5, 6, 9]
+        >>> task.draws_of(4)(1).input_ids.tolist()  # the second draw of 4 rows: order[4:8]
+        [[4, 5, 6], [5, 6, 7], [6, 7, 8], [9, 10, 11]]
+        >>> task.draws_of(4)(2) is None  # 8 training rows: a third draw of 4 runs out
+        True
     """
 
     model: Any
@@ -97,7 +146,7 @@ class Task:
 
     def draws_of(self, rows: int) -> Callable[[int], Any]:
         """``micro_batch_of`` for draws of ``rows`` rows: the i-th draw reads rows
-        ``order[i*rows : (i+1)*rows]``, None when the rows run out."""
+        ``order[i*rows : (i+1)*rows]``, None when the rows run out (see :class:`Task`)."""
 
         def of(i: int) -> Any:
             lo = i * rows
@@ -137,7 +186,38 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
             held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
             fields: dict[str, str] | None = None) -> tuple[Task, Any]:
     """Tokenize the rows as the loader will, profile them, split them, and build the
-    :class:`Task` derive() runs on. Returns the task and the corpus profile."""
+    :class:`Task` derive() runs on. Returns the task and the corpus profile.
+
+    Rows with nothing to score are dropped and at least 8 must remain; a ``held_out`` share is
+    capped at :data:`MAX_HELD_OUT_ROWS` rows; the training rows are shuffled by ``seed``; the
+    task's optimizer is an AdamW over the trained weights.
+
+    Examples:
+        >>> import torch
+        >>> from tokenizers import Tokenizer, models, pre_tokenizers
+        >>> from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+        >>> words = ["<eos>", "<unk>", "the", "cat", "sat", "on", "mat", "a", "dog", "ran"]
+        >>> wl = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+        >>> wl.pre_tokenizer = pre_tokenizers.Whitespace()
+        >>> tokenizer = PreTrainedTokenizerFast(tokenizer_object=wl, eos_token="<eos>", pad_token="<eos>")
+        >>> _ = torch.manual_seed(0)
+        >>> model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=16, intermediate_size=32,
+        ...                                      num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2))
+        >>> rows = [{"text": "the cat sat on the mat"}, {"text": "a dog ran on the mat"}] * 5
+        >>> task, profile = prepare(model, tokenizer, rows)
+        >>> task.seq_len, len(task.split.train), len(task.split.held_out), len(task.split.test)
+        (7, 8, 1, 1)
+        >>> task.rows[0].input_ids  # "the cat sat on the mat" and the EOS
+        [2, 3, 4, 5, 2, 6, 0]
+        >>> train_step = task.train_step_of(2, 2)  # 2 micro-batches of 2 rows a step
+        >>> round(train_step(0), 1)  # the step's mean loss over its scored tokens, near ln(16) untrained
+        2.8
+        >>> try:
+        ...     prepare(model, tokenizer, rows[:3])
+        ... except InputError as e:
+        ...     print(e)
+        the data has 3 rows with something to score at seq_len 7; derive needs at least 8
+    """
     import random
 
     import torch
@@ -202,4 +282,13 @@ def _loss_resolution(model: Any) -> float:
 
 
 def tokens_to_steps(tokens: float, tokens_per_step: float) -> int:
+    """The optimizer steps that cover ``tokens`` at ``tokens_per_step``: ceil(tokens / tokens_per_step),
+    at least 1.
+
+    Examples:
+        >>> tokens_to_steps(1_000_000, 65_536)
+        16
+        >>> tokens_to_steps(100, 65_536)
+        1
+    """
     return max(1, math.ceil(tokens / tokens_per_step))

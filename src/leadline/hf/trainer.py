@@ -31,12 +31,34 @@ _COLLATED = ("input_ids", "labels", "attention_mask", "seq_lengths", "position_i
 
 
 def is_trainer(obj: Any) -> bool:
-    """A ``transformers.Trainer`` (TRL's trainers are subclasses), told by what it holds."""
+    """A ``transformers.Trainer`` (TRL's trainers are subclasses), told by what it holds:
+    ``model``, ``args``, ``train_dataset``, ``data_collator`` and ``create_optimizer``.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> is_trainer(SimpleNamespace(model=None, args=None, train_dataset=None, data_collator=None,
+        ...                            create_optimizer=None))
+        True
+        >>> is_trainer(SimpleNamespace(model=None, args=None))  # a model, or a half-built trainer
+        False
+    """
     return all(hasattr(obj, a) for a in ("model", "args", "train_dataset", "data_collator", "create_optimizer"))
 
 
 def tokenizer_of(trainer: Any) -> Any:
-    """The trainer's tokenizer: its ``processing_class``, else its collator's."""
+    """The trainer's tokenizer: its ``processing_class``, else its collator's; one sentence when
+    it holds neither.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> tokenizer_of(SimpleNamespace(processing_class=None, data_collator=SimpleNamespace(tokenizer="tok")))
+        'tok'
+        >>> try:
+        ...     tokenizer_of(SimpleNamespace(processing_class=None, data_collator=None))
+        ... except InputError as e:
+        ...     print(e)
+        the trainer holds no tokenizer (processing_class is None and its collator has none); pass ...
+    """
     tok = getattr(trainer, "processing_class", None) or getattr(trainer.data_collator, "tokenizer", None)
     if tok is None:
         raise InputError("the trainer holds no tokenizer (processing_class is None and its collator has none); "
@@ -46,7 +68,19 @@ def tokenizer_of(trainer: Any) -> Any:
 
 def loss_policy_of(trainer: Any) -> dict[str, Any]:
     """The trainer's loss policy as data: its class, TRL's policy fields (None for a plain
-    Trainer) and ``max_length``."""
+    Trainer) and ``max_length``.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> class SFTTrainer:
+        ...     args = SimpleNamespace(assistant_only_loss=True, completion_only_loss=None, packing=False,
+        ...                            max_length=512)
+        >>> policy = loss_policy_of(SFTTrainer())
+        >>> policy["trainer"], policy["assistant_only_loss"], policy["packing"], policy["max_length"]
+        ('SFTTrainer', True, False, 512)
+        >>> loss_policy_of(SimpleNamespace(args=SimpleNamespace()))["assistant_only_loss"] is None  # a plain Trainer
+        True
+    """
     args = trainer.args
     policy: dict[str, Any] = {"trainer": type(trainer).__name__}
     for name in (*POLICY_FIELDS, "max_length"):
@@ -59,7 +93,19 @@ def loss_policy_of(trainer: Any) -> dict[str, Any]:
 def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
     """The trainer's processed rows as ``{"input_ids", "labels"}``, collated one at a time by
     the trainer's own collator (see the module docstring); rows with nothing to score (a packed
-    sequence of prompts alone) are left out: they add no gradient."""
+    sequence of prompts alone) are left out: they add no gradient.
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> def collator(rows):
+        ...     return {k: torch.tensor([r[k] for r in rows]) for k in ("input_ids", "labels")}
+        >>> rows = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]},
+        ...         {"input_ids": [8, 9], "labels": [-100, -100]}]  # nothing to score
+        >>> trainer = SimpleNamespace(train_dataset=rows, data_collator=collator)
+        >>> trainer_rows(trainer)
+        [{'input_ids': [5, 6, 7], 'labels': [-100, 6, 7]}]
+    """
     ds = trainer.train_dataset
     if ds is None:
         raise InputError("the trainer has no train_dataset; pass train_dataset= to the Trainer/SFTTrainer before "
@@ -92,7 +138,17 @@ def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
 
 
 def policy_value(policy: dict[str, Any], scored_tokens: int, rows: int) -> Value:
-    """``loss_policy``: what the trainer's labels score, given by the trainer."""
+    """``loss_policy``: what the trainer's labels score, given by the trainer.
+
+    Examples:
+        >>> policy = {"trainer": "SFTTrainer", "assistant_only_loss": True, "completion_only_loss": None,
+        ...           "packing": False, "max_length": 512}
+        >>> v = policy_value(policy, 1200, 24)
+        >>> v.kind, v.evidence["scored_tokens"]
+        ('given', 1200)
+        >>> print(v.source)
+        the labels SFTTrainer builds (assistant_only_loss=True, packing=False): 1,200 scored tokens on 24 rows, ...
+    """
     shown = ", ".join(f"{k}={policy[k]!r}" for k in POLICY_FIELDS if policy.get(k) is not None)
     return Value(policy, "given",
                  f"the labels {policy['trainer']} builds ({shown or 'labels as the collator makes them'}): "
@@ -103,7 +159,18 @@ def policy_value(policy: dict[str, Any], scored_tokens: int, rows: int) -> Value
 def policy_of_plan(plan: Plan) -> dict[str, Any]:
     """The SFTConfig loss policy the plan was derived with: the trainer's (``loss_policy``),
     or, for a plan derived on raw rows, the one leadline's reading of the rows amounts to
-    (messages: the assistant turns; prompt/completion: the completion; text: everything)."""
+    (messages: the assistant turns; prompt/completion: the completion; text: everything).
+
+    Examples:
+        >>> plan = Plan()
+        >>> plan.set("rows", Value(24, "measured", "the rows read", evidence={"formats": {"messages": 24}}))
+        >>> policy_of_plan(plan)
+        {'packing': False, 'assistant_only_loss': True}
+        >>> plan.set("loss_policy", Value({"trainer": "SFTTrainer", "assistant_only_loss": False,
+        ...                                "completion_only_loss": True, "packing": True}, "given", "the trainer"))
+        >>> policy_of_plan(plan)
+        {'assistant_only_loss': False, 'completion_only_loss': True, 'packing': True}
+    """
     if "loss_policy" in plan:
         return {k: plan["loss_policy"].value.get(k) for k in POLICY_FIELDS}
     formats = plan["rows"].evidence.get("formats", {}) if "rows" in plan else {}
@@ -116,7 +183,22 @@ def policy_of_plan(plan: Plan) -> dict[str, Any]:
 
 
 def check_policy(plan: Plan, args: Any) -> None:
-    """One sentence when ``args`` (an SFTConfig) trains another loss than the plan was derived for."""
+    """One sentence when ``args`` (an SFTConfig) trains another loss than the plan was derived for.
+
+    A field ``args`` lacks (a plain TrainingArguments) is not checked, nor TRL's
+    ``completion_only_loss=None`` (the completion where the rows have one, as the plan read them).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> plan = Plan()
+        >>> plan.set("rows", Value(24, "measured", "the rows read", evidence={"formats": {"messages": 24}}))
+        >>> check_policy(plan, SimpleNamespace(assistant_only_loss=True, packing=False))  # the plan's policy
+        >>> try:
+        ...     check_policy(plan, SimpleNamespace(assistant_only_loss=False, packing=False))
+        ... except InputError as e:
+        ...     print(e)
+        the plan was derived with assistant_only_loss=True but the trainer's args have assistant_only_loss=False; ...
+    """
     want = policy_of_plan(plan)
     for name, value in want.items():
         if value is None or not hasattr(args, name):
