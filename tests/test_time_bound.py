@@ -76,6 +76,7 @@ def test_a_ramp_that_cannot_end_is_not_started():
     from types import SimpleNamespace
 
     from leadline.derive.phases import memory
+    from leadline.derive.strategy import OneProcess
 
     plan = Plan()
     plan.set("seq_len", Value(32, "measured", "corpus", unit="tokens"))
@@ -89,7 +90,7 @@ def test_a_ramp_that_cannot_end_is_not_started():
     noise = SimpleNamespace(k=2, seconds=20.0)  # 10 s a draw: the least ramp about 20 s
     runner = PhaseRunner(plan, max_seconds=40.0, started=time.monotonic() - 15.0)  # 25 s left, 30 needed with the margin
     with pytest.raises(OutOfTime):
-        memory(step_fn, plan, None, None, noise, runner=runner)
+        memory(step_fn, plan, None, None, noise, OneProcess(), runner=runner)
     assert calls == []
 
 

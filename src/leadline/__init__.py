@@ -48,6 +48,8 @@ _LAZY: dict[str, str] = {
     "lookahead_from": "leadline.rate",
     # derive
     "derive": "leadline.derive",
+    "Corpus": "leadline.pieces",
+    "Pieces": "leadline.pieces",
 }
 
 __all__ = ["KINDS", "InputError", "LeadlineError", "Plan", "Value", "__version__", *sorted(_LAZY)]

@@ -30,10 +30,11 @@ Timings = tuple[list[float], list[float], list[float]]
 """One row's times, the rows-fit times and the rows-fit updates, taken in turn (:func:`paired_timings`)."""
 
 
-def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_per_step: int | None = None,
+def step(plan: Plan, noise: Any, step_fn: Any = None, rows_per_step: int | None = None,
          step_for: str = DEFAULT_STEP_FOR, timed: StepPhase | None = None) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
-    or the plan's ``noise_scale_tokens`` where it was resumed. With ``step_fn`` (one process),
+    or the plan's ``noise_scale_tokens`` where it was resumed (one process; a job's step is
+    :meth:`~leadline.distributed.strategy.InAJob.step`). With ``step_fn``,
     one row and the rows that fit are timed in turn for the fixed cost of a micro-batch and the
     cost of a row (:func:`paired_timings`, noise/step.py); without it, the ramp's timings.
     ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).
@@ -45,15 +46,6 @@ def step(plan: Plan, noise: Any, world: Any = None, step_fn: Any = None, rows_pe
 
     rows_fit = int(plan.get("rows_fit"))
     per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    if world is not None:  # the step over the whole world: micro x accum x world size
-        from leadline.distributed.phases import world_step
-
-        values = world_step(noise, world_size=world.world_size, rows_fit=rows_fit, tokens_per_row=per_row,
-                            t_step_seconds=plan.get("t_step_seconds"), t_micro_seconds=plan.get("t_micro_seconds"),
-                            t_allreduce_seconds=plan.get("t_allreduce_seconds", 0.0),
-                            corpus_scored_tokens=plan.get("scored_tokens"), step_for=step_for)
-        return StepPhase(None, values)
-
     def plan_for(timings: Timings | None, t_micro: Any, t_step: Any) -> Any:
         return tokens_per_step(noise, rows_fit=rows_fit, tokens_per_micro_batch=rows_fit * per_row,
                                t_step_seconds=t_step, t_micro_seconds=t_micro,

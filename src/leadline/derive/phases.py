@@ -26,11 +26,8 @@ from leadline.derive.rate_phases import (
     warmup,
 )
 from leadline.derive.runner import PhaseRunner, Values
+from leadline.derive.strategy import Strategy
 from leadline.errors import InputError
-from leadline.pieces import (
-    LockstepStep,
-    SelfMeasuringSource,
-)
 from leadline.plan import TRAINING_NUMBERS, Plan, Value
 
 __all__ = ["MEMORY_SHARE", "FirstStepPhase", "MemoryPhase", "PastFormatPhase", "RatePhase", "StepPhase", "anchor",
@@ -74,15 +71,10 @@ def given_profile(profile: Any) -> Any:
     return profile
 
 
-def noise(grad_fn: Any, seconds_left: float | None, world: Any = None) -> Any:
-    """The noise scale, with 30% of the time left (at least 1 s) under max_seconds. In a job
-    whose gradient source reads DDP's all-reduce, that source measures it."""
-    from leadline.noise import measure_noise_scale
-
-    budget = None if seconds_left is None else max(1.0, 0.3 * seconds_left)
-    if world is not None and isinstance(grad_fn, SelfMeasuringSource):  # the noise from DDP's all-reduce
-        return grad_fn.measure(budget_s=budget)
-    return measure_noise_scale(grad_fn, budget_s=budget)
+def noise(grad_fn: Any, seconds_left: float | None, world: Strategy) -> Any:
+    """The noise scale, with 30% of the time left (at least 1 s) under max_seconds; in a job,
+    as the job reads it (:meth:`~leadline.derive.strategy.Strategy.noise`)."""
+    return world.noise(grad_fn, None if seconds_left is None else max(1.0, 0.3 * seconds_left))
 
 
 # ---- memory -----------------------------------------------------------------------------
@@ -92,25 +84,17 @@ def draw_seconds(noise: Any) -> float:
     return float(seconds) / k if k and isinstance(seconds, (int, float)) else 0.0
 
 
-def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, noise: Any = None,
-           world: Any = None, params: Sequence[Any] = (), runner: PhaseRunner | None = None) -> MemoryPhase:
-    """The ramp: the rows a training run fits, bounded by the rows the step needs, and t_micro /
-    t_step at that shape. Under max_seconds it stops when one more rung as long as the last would
-    pass :data:`MEMORY_SHARE` of the time left at its start, and keeps what it confirmed."""
-    from leadline.memory import ramp
-
+def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan | None, noise: Any,
+           world: Strategy, params: Sequence[Any] = (), runner: PhaseRunner | None = None) -> MemoryPhase:
+    """The ramp: the rows a training run fits, bounded by the rows the step needs (a card's
+    share of them in a job), and t_micro / t_step at that shape. Under max_seconds it stops when
+    one more rung as long as the last would pass :data:`MEMORY_SHARE` of the time left at its
+    start, and keeps what it confirmed; it does not start where the least ramp (a warm-up row,
+    then one row three times: about two of derive_for's 2-row noise draws) would not fit."""
     length = plan.get("seq_len")
     if length is None:
         raise InputError("the memory ramp needs the run's length: pass data= (and a tokenizer) or seq_len=")
-    max_rows = rows_needed(plan)
-    if world is not None:
-        from leadline.distributed.phases import rows_needed_per_rank
-
-        max_rows = rows_needed_per_rank(max_rows, world.world_size)
-    if runner is not None and world is None:
-        # the least ramp (a warm-up row, then one row three times) is about four one-row steps:
-        # two of derive_for's 2-row noise draws; max_seconds must not start a ramp it cannot end
-        runner.ensure(2.0 * draw_seconds(noise))
+    max_rows = world.rows_per_rank(rows_needed(plan))
     stop = too_long = None
     left = runner.seconds_left() if runner is not None else None
     if runner is not None and left is not None:
@@ -124,20 +108,10 @@ def memory(step_fn: Any, plan: Plan, lengths: Sequence[int] | None, prior: Plan 
     start = 1
     if prior is not None and isinstance(prior.get("rows_fit"), int):
         start = max(1, min(prior.get("rows_fit"), max_rows or prior.get("rows_fit")))
-    if world is not None and isinstance(step_fn, LockstepStep):  # a sharded model: every rank in step
-        res, values = step_fn.lockstep_memory(int(length), lengths=lengths, max_rows=max_rows, start_rows=start,
-                                              should_stop=stop)
-        return MemoryPhase(res, values)
-    if world is not None:  # every rank ramps its own card; the plan takes the least
-        from leadline.distributed.phases import world_memory
-
-        res, values = world_memory(world, lambda: ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows,
-                                                       start_rows=start, should_stop=stop),
-                                   step_fn, params or step_fn.params())
-        return MemoryPhase(res, values)
-    res = ramp(step_fn, int(length), lengths=lengths, max_rows=max_rows, start_rows=start, should_stop=stop,
-               too_long=too_long)
-    return MemoryPhase(res, {("rows_fit" if n == "micro_batch" else n): v for n, v in res.as_values().items()})
+    res, values = world.ramp(step_fn, int(length), runner=runner, least_seconds=2.0 * draw_seconds(noise),
+                             params=params, lengths=lengths, max_rows=max_rows, start_rows=start, should_stop=stop,
+                             too_long=too_long)
+    return MemoryPhase(res, values)
 
 
 # ---- the step ---------------------------------------------------------------------------

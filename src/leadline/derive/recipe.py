@@ -30,6 +30,7 @@ from typing import Any
 from leadline.derive import phases
 from leadline.derive.no_trace import leave_no_trace
 from leadline.derive.runner import PhaseRunner, ProgressFn
+from leadline.derive.strategy import Strategy, strategy_for
 from leadline.derive.timed import (
     CountedReads,
     CountedSteps,
@@ -156,16 +157,14 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
     params = [w for _, w in named]
     device = p.device if p.device is not None else device_of(step_fn)
     plan = _blank_plan(device, step_fn, p.model_info, c.held_out, params, trained_as, corpus)
-    world = current_world()  # None outside a torch.distributed job of more than one process
-    if world is not None and rows_per_step is not None:
-        raise InputError("rows_per_step is not supported in a distributed job yet (the step there is micro-batch x "
-                         "accumulation x world size); leave it out, or derive in one process")
+    world = strategy_for(current_world())  # one process, or a torch.distributed job of several
+    world.check(rows_per_step)
     if step_for is None:  # a step the caller fixed is not measured: the rule is moot there
         step_for = DEFAULT_STEP_FOR if rows_per_step is None else "time"
     train_step_of = CountedSteps(p.train_step_of) if p.train_step_of is not None else None  # counted: plan.phases
     held_out_losses = CountedReads(p.held_out_losses) if p.held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
-    past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world is None
+    past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world.burns_in_past_format
     expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
                          memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
                          length=total_steps is None and epochs is not None)
@@ -184,8 +183,7 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
             step0 = noise if noise is not None else plan.get("noise_scale_tokens")
             # out of time, the step is arithmetic on the ramp's timings: a plan that can train, not none
             spent = (left := runner.seconds_left()) is not None and left <= 0
-            stepped = runner.run("step", phases.step, plan, step0, world,
-                                 step_fn=step_fn if world is None and not spent else None,
+            stepped = runner.run("step", world.step, plan, step0, step_fn=None if spent else step_fn,
                                  rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS, always=spent)
             if spent and stepped is not None:
                 plan.notes.append(f"step: max_seconds={max_seconds:g} was spent before it; its micro-batch and step "
@@ -196,7 +194,7 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
         first = None
         if timed is not None:
             first = runner.run("first_step", phases.first_step, params, optimizer, timed.steps_of, timed.held, plan,
-                               p.loss_resolution, world is not None)
+                               p.loss_resolution, world.per_card_burn_in())
         if past_format_ready:
             runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
                        noise, lengths, runner, named, trained_as, rows_per_step, step_for, stepped,
@@ -241,22 +239,19 @@ def _expected(*, corpus: bool, noise: bool, memory: bool, rate: bool, past_forma
         ("rate", rate), ("warmup", True)) if called]
 
 
-def _runner(plan: Plan, world: Any, train_step_of: CountedSteps | None, reads: CountedReads | None, expected: list[str],
-            fingerprint: dict[str, Any], *, max_seconds: float | None, on_progress: ProgressFn | None,
-            resume: str | os.PathLike[str] | None, started: float | None) -> PhaseRunner:
+def _runner(plan: Plan, world: Strategy, train_step_of: CountedSteps | None, reads: CountedReads | None,
+            expected: list[str], fingerprint: dict[str, Any], *, max_seconds: float | None,
+            on_progress: ProgressFn | None, resume: str | os.PathLike[str] | None,
+            started: float | None) -> PhaseRunner:
     """The runner for this process: one that agrees with the other ranks in a distributed job."""
-    runner_kind: Any = PhaseRunner
-    if world is not None:
-        from leadline.distributed.phases import AgreedPhaseRunner as runner_kind
-    return runner_kind(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
+    return world.runner(plan, max_seconds=max_seconds, on_progress=on_progress, expected=expected,
                        resume_path=Path(resume) if resume is not None else None, fingerprint=fingerprint,
                        steps_taken=(lambda: train_step_of.steps) if train_step_of is not None else None,
                        work_taken=lambda: (train_step_of.seconds if train_step_of is not None else 0.0,
                                            reads.reads if reads is not None else 0,
                                            reads.seconds if reads is not None else 0.0),
                        numbers_of=phases.training_numbers,
-                       **({"started": started} if started is not None else {}),
-                       **({"world": world} if world is not None else {}))
+                       **({"started": started} if started is not None else {}))
 
 
 def _optimizers(optimizer: Any, step_fn: Any) -> list[Any]:
@@ -308,15 +303,11 @@ def _length(runner: PhaseRunner, plan: Plan, total_steps: int | None, epochs: fl
         plan.set("total_steps", Value(total_steps, "given", "the run's length, given by the caller", unit="steps"))
 
 
-def _finish(runner: PhaseRunner, plan: Plan, entered: float, world: Any) -> Plan:
+def _finish(runner: PhaseRunner, plan: Plan, entered: float, world: Strategy) -> Plan:
     """The plan handed back: the fallback rate, derive's wall time, and in a job rank 0's plan on every rank."""
     runner.done()
     lr = fallback_rate(plan)
     if lr is not None:
         plan.set("lr", lr)
     plan.derive_seconds = time.monotonic() - entered
-    if world is not None:
-        from leadline.distributed.sync import broadcast_plan
-
-        plan = broadcast_plan(world, plan)  # every rank ends with rank 0's plan, checked by its sha256
-    return plan
+    return world.finish(plan)
