@@ -24,6 +24,7 @@ from leadline.errors import LeadlineError
 T = TypeVar("T")
 
 OK, OUT_OF_MEMORY, FAILED = 0, 1, 2
+"""A rank's outcome in an agreement: the one number every rank all-gathers."""
 
 
 class RankFailed(LeadlineError):
@@ -33,6 +34,14 @@ class RankFailed(LeadlineError):
         rank: the first rank that failed.
         out_of_memory: that rank's failure was the allocator refusing memory.
         failed_ranks: every rank that failed.
+
+    Examples:
+        >>> e = RankFailed("the memory ramp ran out of memory on rank 1 of 2: CUDA out of memory", 1, True, [1])
+        >>> str(e), e.rank, e.out_of_memory, e.failed_ranks
+        ('the memory ramp ran out of memory on rank 1 of 2: CUDA out of memory', 1, True, [1])
+        >>> from leadline.errors import LeadlineError
+        >>> isinstance(e, LeadlineError)        # the CLI prints the sentence and exits 2 on every rank
+        True
     """
 
     def __init__(self, sentence: str, rank: int, out_of_memory: bool, failed_ranks: list[int]) -> None:
@@ -51,7 +60,17 @@ def _sentence(exc: BaseException) -> str:
 
 
 def status_of(exc: BaseException | None) -> int:
-    """OK, OUT_OF_MEMORY or FAILED for an exception (None: OK)."""
+    """OK, OUT_OF_MEMORY or FAILED for an exception (None: OK).
+
+    An agreed :class:`RankFailed` keeps its kind; any other exception is an out-of-memory when
+    :func:`~leadline.memory.readings.is_oom` says so, else a failure.
+
+    Examples:
+        >>> status_of(None), status_of(ValueError("bad row")), status_of(MemoryError())
+        (0, 2, 1)
+        >>> status_of(RankFailed("the memory ramp ran out of memory on rank 1 of 2", 1, True, [1]))
+        1
+    """
     if exc is None:
         return OK
     if isinstance(exc, RankFailed):
@@ -78,6 +97,35 @@ def agreed(world: Any, fn: Callable[[], T], what: str, passthrough: tuple[type[B
         world: the :class:`~leadline.distributed.World`.
         fn: the local work; it must not call collectives that another rank could skip.
         what: names the work in the sentence ("the memory ramp", "micro-batch 7's forward").
+
+    Examples:
+        ``world`` needs ``rank``, ``world_size``, ``all_gather`` and ``gather_object``. A world of
+        one rank, whose collectives return its own part:
+
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def gather_object(self, obj): return [obj]
+        >>> agreed(One(), lambda: 6 * 7, "the answer")
+        42
+        >>> agreed(One(), lambda: 1 / 0, "the division")
+        Traceback (most recent call last):
+        ...
+        leadline.distributed.agree.RankFailed: the division failed on rank 0 of 1: ZeroDivisionError: division by zero
+
+        Rank 0 of two, whose own work succeeded, when rank 1 ran out of memory: rank 0 raises
+        rank 1's sentence (the replies are rank 1's side of the two collectives):
+
+        >>> class RankZeroOfTwo:
+        ...     rank, world_size = 0, 2
+        ...     def all_gather(self, values): return [list(values), [OUT_OF_MEMORY]]
+        ...     def gather_object(self, obj): return [obj, ("the memory ramp ran out of memory on rank 1 of 2: "
+        ...                                                 "CUDA out of memory", True)]
+        >>> try:
+        ...     agreed(RankZeroOfTwo(), lambda: 8, "the memory ramp")
+        ... except RankFailed as e:
+        ...     print(e, e.rank, e.out_of_memory, e.failed_ranks, sep=" | ")
+        the memory ramp ran out of memory on rank 1 of 2: CUDA out of memory | 1 | True | [1]
     """
     result: Any = None
     error: BaseException | None = None

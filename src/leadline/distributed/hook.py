@@ -59,6 +59,29 @@ class NoiseHook:
     Per step: :meth:`begin` (this rank's loss multiplier and the Welford weight) before the
     backward that synchronises, :meth:`read` after it, which returns ``(r, x, dd)`` with one
     host synchronisation. While ``active`` is False the hook is the plain all-reduce.
+
+    Examples:
+        :meth:`communicate` runs inside DDP's backward; outside one, the hook holds the step's
+        numbers and refuses a read that no all-reduce preceded. Rank 0 of 2 scored 300 of the
+        step's 500 tokens, so its loss is multiplied by W t_r / T_s = 2 × 300 / 500:
+
+        >>> hook = NoiseHook(carry_mean=False)
+        >>> hook.active, hook.carry_mean, hook.calls
+        (True, False, 0)
+        >>> hook.begin(scale=2 * 300 / 500, weight=1.0)
+        >>> hook.scale, hook.weight
+        (1.2, 1.0)
+        >>> hook.read()
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: NoiseHook.read(): no bucket was all-reduced since begin(); run the backward ...
+        >>> hook.begin(scale=0.0, weight=1.0)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: NoiseHook.begin(scale=0.0) needs the positive multiplier of this rank's loss
+        >>> hook.release()
+        >>> hook.active                    # a plain all-reduce from now on
+        False
     """
 
     def __init__(self, carry_mean: bool = True, process_group: Any = None) -> None:
@@ -177,6 +200,25 @@ class DDPNoise:
     forward fail?), the backward through DDP (the hook reads the bucket), one all-gather of
     three scalars a rank. The draws are the
     same on every rank, so every rank stops at the same step.
+
+    Examples:
+        Rank 1 of two reads micro-batch 1 first (i = s W + r); when a rank's data has run out,
+        every rank stops there (the replies stand for rank 0 reporting the same as rank 1):
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class RankOneOfTwo:
+        ...     rank, world_size = 1, 2
+        ...     def all_gather(self, values): return [list(values), list(values)]
+        ...     def all_reduce(self, values, op="sum"): return [2 * v for v in values]
+        >>> ddp = SimpleNamespace(module=torch.nn.Linear(4, 2))   # measure() reads ddp.module's parameters
+        >>> def micro_batch_of(i):
+        ...     print("micro-batch", i)
+        ...     return None                                        # None: the data ran out
+        >>> noise = DDPNoise(ddp, NoiseHook(), micro_batch_of, RankOneOfTwo()).measure()
+        micro-batch 1
+        >>> noise.k, noise.stopped_because, noise.b_noise_tokens, noise.world_size
+        (0, 'data', None, 2)
     """
 
     def __init__(self, ddp: Any, hook: NoiseHook, micro_batch_of: Callable[[int], Any], world: Any,
@@ -239,7 +281,8 @@ class DDPNoise:
 
     def measure(self, budget_s: float | None = None) -> DDPNoiseScale:
         """Draw until the estimate settles (or k, max_k, the data, the time): the probe's rule
-        (:func:`~leadline.noise.measure_noise_scale`), decided on draws every rank shares."""
+        (:func:`~leadline.noise.measure_noise_scale`), decided on draws every rank shares.
+        A rank that expects its next step to end past ``budget_s`` stops every rank."""
         import torch
 
         world, hook = self.world, self.hook
@@ -309,7 +352,25 @@ class DDPNoise:
 @dataclass
 class DDPNoiseScale(NoiseScale):
     """The noise scale read from DDP's all-reduce: a :class:`~leadline.noise.NoiseScale` whose
-    plan values say where they were read (``world_size`` ranks, through the hook)."""
+    plan values say where they were read (``world_size`` ranks, through the hook).
+
+    Examples:
+        What :meth:`DDPNoise.measure` returns; here from a world of one rank with no data:
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def all_reduce(self, values, op="sum"): return list(values)
+        >>> ddp = SimpleNamespace(module=torch.nn.Linear(4, 2))
+        >>> noise = DDPNoise(ddp, NoiseHook(), lambda i: None, One()).measure()
+        >>> v = noise.as_values()["noise_scale_tokens"]
+        >>> v.source.endswith("read from DDP's all-reduce on 1 ranks (each rank's micro-batch the small batch)")
+        True
+        >>> v.evidence["via"], v.evidence["world_size"]
+        ('ddp_hook', 1)
+    """
 
     world_size: int = 1
 

@@ -37,7 +37,14 @@ from leadline.errors import InputError
 
 
 def unwrap(model: Any) -> Any:
-    """The module inside a DDP (or any ``.module``-holding parallel) wrapper; else ``model``."""
+    """The module inside a ``DistributedDataParallel`` wrapper; else ``model`` itself.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> unwrap(model) is model
+        True
+    """
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
@@ -45,7 +52,14 @@ def unwrap(model: Any) -> Any:
 
 def is_sharded(model: Any) -> bool:
     """True when any part of ``model`` is sharded by FSDP (``FullyShardedDataParallel`` or
-    ``fully_shard``'s ``FSDPModule``)."""
+    ``fully_shard``'s ``FSDPModule``): derive_for then runs :class:`ShardedWorldTask`, not
+    :class:`WorldTask`.
+
+    Examples:
+        >>> import torch
+        >>> is_sharded(torch.nn.Sequential(torch.nn.Linear(4, 2)))
+        False
+    """
     kinds = []
     try:
         from torch.distributed.fsdp import FullyShardedDataParallel
@@ -62,7 +76,7 @@ def is_sharded(model: Any) -> bool:
     return any(isinstance(m, tuple(kinds)) for m in model.modules()) if kinds else False
 
 
-FSDP_SENTENCE = (
+FSDP_SENTENCE = (  # WorldTask's refusal of a sharded model
     "the model is sharded by FSDP, and WorldTask wraps its model in DDP; "
     "derive_for runs a sharded model through leadline.distributed.sharded_job.ShardedWorldTask (chosen by itself when "
     "is_sharded(model))"
@@ -80,7 +94,14 @@ def _no_buffer_sync() -> dict[str, bool]:
 
 
 def rows_digest(rows: Any, order: Any) -> str:
-    """sha256 of the tokenized rows (ids and labels) and the draw order."""
+    """sha256 of the tokenized rows (ids and labels) and the draw order.
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> rows = [SimpleNamespace(input_ids=[1, 2, 3], labels=[-100, 2, 3])]
+        >>> len(rows_digest(rows, [0])), rows_digest(rows, [0]) == rows_digest(rows, [0, 0])
+        (64, False)
+    """
     h = hashlib.sha256()
     for r in rows:
         h.update(repr((list(r.input_ids), list(r.labels))).encode())
@@ -89,7 +110,20 @@ def rows_digest(rows: Any, order: Any) -> str:
 
 
 def check_same_everywhere(world: Any, what: str, digest: str, fix: str) -> None:
-    """Raise the same sentence on every rank when the ranks' digests of ``what`` differ."""
+    """Raise the same sentence on every rank when the ranks' digests of ``what`` differ (one
+    ``gather_object``).
+
+    Examples:
+        Rank 0 of two, whose peer holds another digest (the reply is rank 1's part):
+
+        >>> class RankZeroOfTwo:
+        ...     rank, world_size = 0, 2
+        ...     def gather_object(self, obj): return [obj, "b"]
+        >>> check_same_everywhere(RankZeroOfTwo(), "the tokenized training rows", "a", "give every rank the same data")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the tokenized training rows differ between ranks (rank 1 against rank 0); ...
+    """
     got = world.gather_object(digest)
     odd = [r for r, d in enumerate(got) if d != got[0]]
     if odd:
@@ -98,7 +132,28 @@ def check_same_everywhere(world: Any, what: str, digest: str, fix: str) -> None:
 
 def step_share(task: Any, world: Any, step: int, micro_batch: int, grad_accum: int) -> tuple[list[Any], float]:
     """This rank's micro-batches of the world's step ``step`` (rank r takes micro-batches
-    r, r + W, ... of its micro_batch x grad_accum x W rows, agreed) and the world's scored tokens."""
+    r, r + W, ... of its micro_batch x grad_accum x W rows, agreed) and the world's scored tokens.
+
+    The world's step ``step`` is the ``micro_batch x grad_accum x W`` rows of ``task.order``
+    from ``step x`` that many on, wrapping around the order.
+
+    Examples:
+        Rank 1 of two, a step of 1 x 2 x 2 = 4 rows of an order of 8 (the replies stand for rank
+        0 scoring as many tokens):
+
+        >>> from types import SimpleNamespace
+        >>> class RankOneOfTwo:
+        ...     rank, world_size = 1, 2
+        ...     def all_gather(self, values): return [list(values), list(values)]
+        ...     def all_reduce(self, values, op="sum"): return [2 * v for v in values]
+        >>> task = SimpleNamespace(order=list(range(8)),
+        ...                        batch=lambda rows: SimpleNamespace(rows=rows, scored_tokens=10 * len(rows)))
+        >>> mine, total = step_share(task, RankOneOfTwo(), 0, 1, 2)
+        >>> [m.rows for m in mine], total          # micro-batches 1 and 3 of step 0: rows 1 and 3
+        ([[1], [3]], 40.0)
+        >>> [m.rows for m in step_share(task, RankOneOfTwo(), 1, 1, 2)[0]]
+        [[5], [7]]
+    """
     order, n_w, rank = task.order, world.world_size, world.rank
     per_step = micro_batch * grad_accum * n_w
     start = (step * per_step) % max(1, len(order))
@@ -116,6 +171,25 @@ class WorldTask:
         task: the :class:`~leadline.hf.Task`, built on the unwrapped model.
         params: the trained tensors.
         world: the :class:`~leadline.distributed.World`.
+
+    Raises:
+        InputError: the model is sharded by FSDP (:data:`FSDP_SENTENCE`), or the ranks'
+            tokenized rows differ; on every rank, before the model is wrapped.
+
+    Examples:
+        Rank 0 of two, whose peer tokenized other rows (the reply is rank 1's digest):
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class RankZeroOfTwo:
+        ...     rank, world_size = 0, 2
+        ...     def gather_object(self, obj): return [obj, "0" * 64]
+        >>> rows = [SimpleNamespace(input_ids=[1, 2, 3], labels=[-100, 2, 3])]
+        >>> task = SimpleNamespace(model=torch.nn.Linear(4, 2), rows=rows, order=[0], device="cpu")
+        >>> WorldTask(task, list(task.model.parameters()), RankZeroOfTwo())
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the tokenized training rows differ between ranks (rank 1 against rank 0); ...
     """
 
     def __init__(self, task: Any, params: list[Any], world: Any) -> None:
@@ -171,6 +245,7 @@ class WorldTask:
 
     # ---- the noise ------------------------------------------------------------------------
     def grad_fn(self) -> DDPNoise:
+        """derive()'s noise source: the noise read from DDP's all-reduce through the hook."""
         self._noise = DDPNoise(self.ddp, self.hook, self.task.micro_batch_of, self.world)
         return self._noise
 

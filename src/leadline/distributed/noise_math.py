@@ -61,7 +61,25 @@ def _check(name: str, xs: Sequence[float], n: int) -> list[float]:
 
 
 def mean_sq_after(prev_tokens: float, prev_sq: float, step_tokens: float, dd: float, d_dot_prev: float) -> float:
-    """|M_new|² = |M_p|² + 2 a D·M_p + a² |D|², a = T_s / (T_p + T_s) (Welford's update)."""
+    """|M_new|² = |M_p|² + 2 a D·M_p + a² |D|², a = T_s / (T_p + T_s) (Welford's update).
+
+    Args:
+        prev_tokens, prev_sq: T_p and |M_p|².
+        step_tokens: T_s, the step's scored tokens.
+        dd, d_dot_prev: |D|² and D·M_p, D = m_s - M_p.
+
+    Examples:
+        At the first step (T_p = 0) the new mean is the step's: a = 1, |M_new|² = |D|².
+
+        >>> mean_sq_after(0, 0, 4, 0.5, 0)
+        0.5
+
+        M_p = (1, 0) over 4 tokens, a step of 4 tokens with mean (1, 1): D = (0, 1), a = 1/2,
+        M_new = (1, 0.5), |M_new|² = 1 + 0 + 0.25.
+
+        >>> mean_sq_after(4, 1.0, 4, 1.0, 0.0)
+        1.25
+    """
     a = step_tokens / (prev_tokens + step_tokens)
     return prev_sq + 2.0 * a * d_dot_prev + a * a * dd
 
@@ -89,6 +107,15 @@ def world_draws(prev_tokens: float, prev_sq: float, tokens: Sequence[float], inn
 
         >>> [round(d.innovation_sq, 9) for d in world_draws(0, 0, [2, 2], [1, 1], [0, 0], 0.5)]
         [1.0, 2.0]
+
+        Three ranks, first step: one draw, the world's step mean over all 4 tokens.
+
+        >>> world_draws(0, 0, [1, 1, 2], [1.0, 2.0, 0.5], [0, 0, 0], 0.25)
+        [Draw(tokens=4.0, innovation_sq=0.25, mean_sq=0.25, cross=0.0)]
+        >>> world_draws(0, 0, [1, 1, 2], [1.0, 2.0, 0.5], [0, 0, 0], 0.25, per_rank=True)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: world_draws(per_rank=True) is exact for 1 or 2 ranks only, got 3: ...
     """
     w_n = len(tokens)
     if w_n < 1:

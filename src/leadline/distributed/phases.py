@@ -37,7 +37,39 @@ BUCKET_BYTES = 25 * 1024 * 1024
 
 @dataclass
 class AgreedPhaseRunner(PhaseRunner):
-    """A :class:`~leadline.derive.runner.PhaseRunner` for a job (see the module)."""
+    """A :class:`~leadline.derive.runner.PhaseRunner` for a job (see the module).
+
+    Every rank builds one and runs the same phases in the same order: each phase is an
+    agreement (a failure on any rank is the same :class:`~leadline.distributed.RankFailed` on
+    every rank), the time left is the least on any rank, and only rank 0 reads and writes the
+    resume file.
+
+    Examples:
+        Rank 0 of two, where rank 1 has 5 s left and its next phase fails (the replies are rank
+        1's side of each collective):
+
+        >>> from leadline.derive.runner import Values
+        >>> from leadline.distributed import RankFailed
+        >>> class RankZeroOfTwo:
+        ...     rank, world_size, is_main = 0, 2, True
+        ...     def broadcast_object(self, obj, src=0): return obj
+        ...     def all_min(self, value): return min(value, 5.0)
+        ...     def all_gather(self, values): return [list(values), [2]]
+        ...     def gather_object(self, obj): return [obj, ("derive's decay phase failed on rank 1 of 2: "
+        ...                                                 "ValueError: bad row", False)]
+        >>> runner = AgreedPhaseRunner(Plan(), max_seconds=60, world=RankZeroOfTwo())
+        >>> runner.seconds_left()
+        5.0
+        >>> try:
+        ...     runner.run("decay", lambda: Values({"weight_decay": Value(0.0, "constant", "no decay")}))
+        ... except RankFailed as e:
+        ...     print(e)
+        derive's decay phase failed on rank 1 of 2: ValueError: bad row
+        >>> AgreedPhaseRunner(Plan())
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: AgreedPhaseRunner needs world=, the job's World
+    """
 
     world: Any = None
 
@@ -68,6 +100,7 @@ class AgreedPhaseRunner(PhaseRunner):
             self.restored, self.finished, self.extra = list(state[1]), list(state[1]), dict(state[3])
 
     def seconds_left(self) -> float | None:
+        """The least time left on any rank (an all-reduce MIN); None without ``max_seconds``."""
         if self.max_seconds is None:
             return None
         return self.world.all_min(self.max_seconds - self.elapsed())
@@ -94,7 +127,16 @@ class AgreedPhaseRunner(PhaseRunner):
 def allreduce_seconds(world: Any, params: Sequence[Any], repeats: int = 5) -> dict[str, Any]:
     """Time the all-reduce of the trained gradients as DDP sends it: buckets of
     :data:`BUCKET_BYTES`, synchronized, ``repeats`` times; per repeat the slowest rank's time,
-    and their median. Returns the measurement as data (``seconds`` the median)."""
+    and their median. Returns the measurement as data (``seconds`` the median).
+
+    Examples:
+        Nothing trained, nothing to time: refused before any collective.
+
+        >>> allreduce_seconds(None, [])
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: timing the all-reduce needs the trained tensors; none were given
+    """
     import torch
     import torch.distributed as dist
 
@@ -132,6 +174,22 @@ def world_memory(world: Any, run_ramp: Callable[[], Any], step_fn: Any,
 
     Returns this rank's :class:`~leadline.memory.RampResult` and the plan's values
     ``rows_fit``, ``t_micro_seconds``, ``t_step_seconds``, ``t_allreduce_seconds``.
+
+    Examples:
+        A ramp that fails on a rank stops every rank with that rank's sentence (here a world of
+        one rank, whose collectives return its own part):
+
+        >>> from leadline.errors import InputError
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def gather_object(self, obj): return [obj]
+        >>> def ramp():
+        ...     raise InputError("not even one row of 4,096 tokens fits on cuda:0")
+        >>> world_memory(One(), ramp, None, [])
+        Traceback (most recent call last):
+        ...
+        leadline.distributed.agree.RankFailed: the memory ramp failed on rank 0 of 1: not even one row of 4,096 ...
     """
     res = agreed(world, run_ramp, "the memory ramp")
     kept = [int(g[0]) for g in world.all_gather([float(res.micro_batch)])]
@@ -196,6 +254,23 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
 
     References:
         McCandlish et al. (2018), arXiv:1812.06162, eq. 2.11.
+
+    Examples:
+        B_noise 40,000 tokens on 2 GPUs that each fit 8 rows of 125 tokens: B* = sqrt(40,000 ×
+        2 × 1,000 × (0.04 + 0.01) / 0.2) = 4,472 tokens, 36 rows; ceil(36 / (2 × 8)) = 3
+        micro-batches a GPU of ceil(36 / (2 × 3)) = 6 rows.
+
+        >>> v = world_step(40_000, world_size=2, rows_fit=8, tokens_per_row=125, t_step_seconds=0.04,
+        ...                t_micro_seconds=0.2, t_allreduce_seconds=0.01)
+        >>> round(v["tokens_per_step"].value), v["micro_batch"].value, v["grad_accum"].value, v["world_size"].value
+        (4472, 6, 3, 2)
+        >>> v["tokens_per_step"].evidence["rows_per_step"]      # 6 x 3 x 2
+        36
+        >>> world_step(40_000, world_size=0, rows_fit=8, tokens_per_row=125, t_step_seconds=0.04,
+        ...            t_micro_seconds=0.2)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: world_step(world_size=0) needs the whole number of GPUs, >= 1
     """
     from leadline.noise import tokens_per_step
     from leadline.noise.step import format_tokens
@@ -251,5 +326,13 @@ def world_step(noise: Any, *, world_size: int, rows_fit: int, tokens_per_row: fl
 
 
 def rows_needed_per_rank(rows_needed: int | None, world_size: int) -> int | None:
-    """The ramp's upper limit on one of W cards: the step's rows over the W GPUs."""
+    """The ramp's upper limit on one of W cards: ceil(the step's rows / W), at least 1 (None:
+    no limit).
+
+    Examples:
+        >>> rows_needed_per_rank(48, 4), rows_needed_per_rank(49, 4), rows_needed_per_rank(3, 8)
+        (12, 13, 1)
+        >>> rows_needed_per_rank(None, 4) is None
+        True
+    """
     return None if rows_needed is None else max(1, math.ceil(rows_needed / world_size))

@@ -53,16 +53,31 @@ from leadline.errors import InputError
 from leadline.plan import Plan, Value
 
 DEFAULT_GPUS = (1, 2, 4, 8, 16, 32, 64)
+"""The GPU counts of the table when none are given."""
 MIN_EFFICIENCY = 0.5
+"""Below this efficiency (speed-up / n) adding GPUs stops paying: the GPU-hours to the loss more than double."""
 
 
 def ring_factor(n: int) -> float:
-    """The share of the gradient a ring all-reduce moves through each GPU: 2 (n - 1) / n."""
+    """The share of the gradient a ring all-reduce moves through each GPU: 2 (n - 1) / n.
+
+    Examples:
+        >>> ring_factor(1), ring_factor(2), ring_factor(8)
+        (0.0, 1.0, 1.75)
+    """
     return 2.0 * (n - 1) / n
 
 
 def comm_seconds(n: int, measured_seconds: float | None, measured_world: int | None) -> float:
-    """t_comm(n): 0 on one GPU or unmeasured; else the measured time scaled by the ring factor."""
+    """t_comm(n): 0 on one GPU or unmeasured; else the measured time scaled by the ring factor,
+    t_comm(n) = t_W × ring_factor(n) / ring_factor(W).
+
+    Examples:
+        0.2 s measured on 2 GPUs is 0.2 × 1.5 / 1 s on 4; unmeasured it is free:
+
+        >>> round(comm_seconds(4, 0.2, 2), 9), comm_seconds(1, 0.2, 2), comm_seconds(4, None, None)
+        (0.3, 0.0, 0.0)
+    """
     if n <= 1 or measured_seconds is None or measured_world is None or measured_world < 2:
         return 0.0
     return float(measured_seconds) * ring_factor(n) / ring_factor(measured_world)
@@ -85,6 +100,16 @@ class ScaleRow:
         wall_seconds: S(B) T(B, n).
         speedup: wall on one GPU / wall on n.
         efficiency: speedup / n.
+
+    Examples:
+        B_noise 1,000 tokens, micro-batches of 100 tokens in 1 s, a 0.1 s update: on 2 GPUs
+        B* = sqrt(1,000 × 2 × 100 × 0.1 / 1) = 141 tokens, S = 1 + 1,000/141 = 8.07 S_min.
+
+        >>> r = scale_out_table(1000, 100, 50, 1.0, 0.1, gpus=(1, 2)).row(2)
+        >>> round(r.batch_tokens), r.clamped_by, r.grad_accum, round(r.steps, 2), round(r.wall_seconds, 2)
+        (141, None, 1, 8.07, 6.51)
+        >>> round(r.speedup, 2), round(r.efficiency, 2)     # 12.1 / 6.51 on one GPU against two
+        (1.86, 0.93)
     """
 
     gpus: int
@@ -138,7 +163,36 @@ def _row(n: int, b_noise: float, m: float, per_row: float, t_micro: float, t_ste
 @dataclass
 class ScaleOut:
     """The scale-out table and what it rests on. ``table()`` is the text, ``as_values()`` the
-    plan's ``scale_out_gpus`` with everything as evidence."""
+    plan's ``scale_out_gpus`` with everything as evidence.
+
+    Attributes:
+        rows: one :class:`ScaleRow` a GPU count, in increasing count.
+        knee_gpus: B_noise / m, where one micro-batch a GPU is already a step of B_noise.
+        pays_up_to: the most GPUs before the first count below ``min_efficiency``.
+        stops_paying_at: that first count (None: none up to the last row).
+        comm: the all-reduce the table scaled (``measured_seconds``, ``world_size``, ``text``).
+        assumptions: the sentences under the table.
+
+    Examples:
+        >>> so = scale_out_table(1000, 100, 50, 1.0, 0.1, gpus=(1, 2, 4, 8), comm_seconds_measured=0.4,
+        ...                      comm_world_size=2)
+        >>> so.pays_up_to, so.stops_paying_at, so.knee_gpus
+        (4, 8, 10.0)
+        >>> for line in so.table().splitlines()[1:4]:
+        ...     print(line)
+         GPUs  step tokens  accum     steps       tokens    s/step wall (s x S_min)  speed-up   eff.
+            1          100      1        11        1,100       1.1           12.1        1x   100%
+            2          316      2     4.162        1,316     2.081          8.662      1.4x    70%
+        >>> so.sentence()
+        'data parallelism pays up to 4 GPUs (at 8 GPUs the efficiency falls below 50%); one micro-batch a GPU ...'
+        >>> v = so.as_values()["scale_out_gpus"]
+        >>> v.value, v.kind, v.unit, len(v.evidence["rows"])
+        (4, 'derived', 'GPUs', 4)
+        >>> so.row(3)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the scale-out table has no row for 3 GPUs; it has 1, 2, 4, 8
+    """
 
     rows: list[ScaleRow]
     b_noise_tokens: float
@@ -156,6 +210,7 @@ class ScaleOut:
     assumptions: list[str] = field(default_factory=list)
 
     def row(self, gpus: int) -> ScaleRow:
+        """The row of ``gpus`` GPUs; a count the table has no row for is refused, naming the rows."""
         for r in self.rows:
             if r.gpus == gpus:
                 return r
@@ -163,6 +218,7 @@ class ScaleOut:
                          f"{', '.join(str(r.gpus) for r in self.rows)}")
 
     def sentence(self) -> str:
+        """Where adding GPUs stops paying and where the knee lies, in one sentence."""
         stop = (f"at {self.stops_paying_at} GPUs the efficiency falls below {self.min_efficiency:.0%}"
                 if self.stops_paying_at is not None else f"no count up to {self.rows[-1].gpus} falls below "
                                                          f"{self.min_efficiency:.0%} efficiency")
@@ -171,6 +227,7 @@ class ScaleOut:
                 "S_min(1+B_noise/B), E_min(1+B/B_noise))")
 
     def table(self) -> str:
+        """The table as text: a head line, a row a GPU count, the sentence, the assumptions."""
         unit = "s" if self.absolute else "s x S_min"
         head = (f"scale-out: B_noise {_num(self.b_noise_tokens)} tokens, {_num(self.tokens_per_micro_batch)} tokens a "
                 "micro-batch a GPU "
@@ -189,11 +246,13 @@ class ScaleOut:
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
+        """Everything as JSON data (the evidence of :meth:`as_values`)."""
         d = asdict(self)
         d["rows"] = [asdict(r) for r in self.rows]
         return d
 
     def as_values(self) -> dict[str, Value]:
+        """The plan's ``scale_out_gpus``: :attr:`pays_up_to`, derived, the sentence its source."""
         return {"scale_out_gpus": Value(self.pays_up_to, "derived", self.sentence(), evidence=self.as_dict(),
                                         unit="GPUs")}
 
@@ -230,6 +289,21 @@ def scale_out_table(b_noise_tokens: float, tokens_per_micro_batch: float, tokens
         fixed_cost: ``{"a_seconds", "c_seconds_per_row"}``, a micro-batch's fixed cost and cost a
             row (the plan's ``tokens_per_step`` evidence ``fixed_cost``): with it the rows a GPU
             are searched under that model, micro-batches of at most m / tokens a row rows.
+
+    Examples:
+        B_noise 1,000 tokens, 100 tokens a micro-batch in 1 s, 0.1 s an update, free
+        communication: B*_n = sqrt(1,000 × n × 100 × 0.1 / 1), 100 tokens on one GPU, and on 8
+        GPUs the least step, a row (50 tokens) a GPU, is above B*_8 = 283:
+
+        >>> so = scale_out_table(1000, 100, 50, 1.0, 0.1, gpus=(1, 2, 4, 8))
+        >>> [(r.gpus, round(r.b_star_tokens), round(r.batch_tokens), r.clamped_by) for r in so.rows]
+        [(1, 100, 100, None), (2, 141, 141, None), (4, 200, 200, None), (8, 283, 400, 'a row per GPU')]
+        >>> [round(r.efficiency, 2) for r in so.rows], so.stops_paying_at, so.comm["text"]
+        ([1.0, 0.93, 0.84, 0.72], None, 'communication unmeasured (taken as free)')
+        >>> scale_out_table(0, 100, 50, 1.0, 0.1)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: scale-out needs B_noise > 0 and finite, got 0
     """
     b = _positive("B_noise", b_noise_tokens)
     m = _positive("tokens a micro-batch", tokens_per_micro_batch)
@@ -297,6 +371,26 @@ def scale_out(plan: Plan, gpus: Sequence[int] = DEFAULT_GPUS, *, min_efficiency:
 
     Raises:
         InputError: the plan lacks a value the table needs, naming it.
+
+    Examples:
+        A plan whose run of 110 steps of 100 tokens reaches its loss: S_min = 110 / (1 +
+        1,000/100) = 10 steps, so the table is in steps and seconds.
+
+        >>> from leadline.plan import Plan, Value
+        >>> plan = Plan()
+        >>> for name, number in {"noise_scale_tokens": 1000.0, "rows_fit": 2, "scored_tokens_per_row": 50.0,
+        ...                      "t_micro_seconds": 1.0, "t_step_seconds": 0.1, "total_steps": 110,
+        ...                      "tokens_per_step": 100.0}.items():
+        ...     plan.set(name, Value(number, "measured", "a worked example"))
+        >>> so = scale_out(plan, gpus=(1, 2, 4))
+        >>> so.s_min, so.absolute, [(r.gpus, round(r.steps, 1), round(r.wall_seconds, 1)) for r in so.rows]
+        (10.0, True, [(1, 110.0, 121.0), (2, 80.7, 65.1), (4, 60.0, 36.0)])
+        >>> so.assumptions[0]
+        'communication unmeasured (a plan derived on one GPU): taken as free, so every wall time beyond one GPU ...'
+        >>> scale_out(Plan())
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: the scale-out table needs the plan's noise_scale_tokens, rows_fit, ...
     """
     need = ("noise_scale_tokens", "rows_fit", "scored_tokens_per_row", "t_micro_seconds", "t_step_seconds")
     missing = [n for n in need if not isinstance(plan.get(n), (int, float)) or isinstance(plan.get(n), bool)]

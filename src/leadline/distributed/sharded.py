@@ -59,6 +59,18 @@ class ShardedGradFn:
     tokens, or None on every rank when any rank's data ran out. ``reduce_sums`` all-reduces the
     probe's three partial sums and ``agree_stop`` the decision to stop before a draw (a time
     budget runs on each rank's clock); :func:`measure_noise_scale` uses both by itself.
+
+    Raises:
+        InputError: no process group runs; ``micro_batch_of`` is not callable; nothing is trained.
+
+    Examples:
+        Every draw is a collective, so it is built inside a job only:
+
+        >>> import torch
+        >>> ShardedGradFn(torch.nn.Linear(4, 2), lambda j: None)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: ShardedGradFn needs torch.distributed initialised (run under torchrun, or ...
     """
 
     def __init__(self, model: Any, micro_batch_of: Callable[[int], Any], params: Iterable[Any] | None = None,
@@ -127,6 +139,8 @@ class ShardedGradFn:
         return t.cpu().tolist()
 
     def __call__(self, i: int) -> tuple[list[Any], int] | None:
+        """Draw ``i``: this rank's shard of the world's gradient and the world's scored tokens
+        (``([], 0)`` when no rank scored a token; None on every rank when any rank's data ran out)."""
         if self.guard is None:
             return self._draw(i)
         with self.guard(f"the sharded noise probe's draw {i}"):

@@ -54,6 +54,7 @@ from leadline.memory.step import TrainingStep
 from leadline.plan import Value
 
 VERDICTS = ("fits", "squeezed", "oom")
+"""A rung's verdicts, all-gathered as their index."""
 
 ORIG_PARAMS_SENTENCE = (
     "the model is wrapped by FullyShardedDataParallel without use_orig_params=True, so its trained tensors are flat "
@@ -63,8 +64,14 @@ ORIG_PARAMS_SENTENCE = (
 
 
 def check_supported(model: Any) -> None:
-    """Refuse, with one sentence, a sharding derive_for cannot run through: FSDP1 without
-    ``use_orig_params``."""
+    """Refuse, with one sentence (:data:`ORIG_PARAMS_SENTENCE`), a sharding derive_for cannot run
+    through: FSDP1 without ``use_orig_params``. Any other model passes.
+
+    Examples:
+        >>> import torch
+        >>> check_supported(torch.nn.Linear(4, 2)) is None
+        True
+    """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     if any(isinstance(m, FullyShardedDataParallel) and not getattr(m, "_use_orig_params", False)
@@ -79,7 +86,15 @@ def free_gathered(model: Any) -> None:
     forward (the backward is expected to use its parameters), and the next forward reuses what
     it gathered: a weight written into the shards in between (a snapshot put back, a step along
     a line) is not read, and the held-out loss stays the old weights'. Every forward derive runs
-    without a backward is a held-out read; this runs after each.
+    without a backward is a held-out read; this runs after each. A model with no sharded part
+    is left as it is.
+
+    Examples:
+        >>> import torch
+        >>> model = torch.nn.Linear(4, 2)
+        >>> free_gathered(model)           # nothing sharded, nothing gathered: a no-op
+        >>> model.weight.shape
+        torch.Size([2, 4])
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
     from torch.distributed.fsdp._runtime_utils import _reshard
@@ -99,7 +114,27 @@ def free_gathered(model: Any) -> None:
 
 class ShardedTrainingStep(TrainingStep):
     """A :class:`~leadline.memory.TrainingStep` through the sharded model, and the memory phase
-    that runs it on every rank in step (``lockstep_memory``: derive()'s ``_memory`` calls it in a job)."""
+    that runs it on every rank in step (``lockstep_memory``: derive()'s ``_memory`` calls it in a job).
+
+    Examples:
+        The memory phase on a world of one rank (its collectives return its own part), a
+        ``Linear(4, 2)`` standing for the sharded model, the ramp held to 2 rows:
+
+        >>> import torch
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def gather_object(self, obj): return [obj]
+        >>> model = torch.nn.Linear(4, 2)
+        >>> opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> step = ShardedTrainingStep(lambda rows, length: model(torch.ones(rows, length, 4)).pow(2).mean(), opt,
+        ...                            One())
+        >>> ramp, values = step.lockstep_memory(8, max_rows=2)
+        >>> ramp.micro_batch, ramp.rule, ramp.stopped_because
+        (2, 'lockstep', 'reached the upper limit of 2 rows')
+        >>> sorted(values), values["rows_fit"].value
+        (['rows_fit', 't_micro_seconds', 't_step_seconds'], 2)
+    """
 
     def __init__(self, loss_of: Callable[[int, int], Any], optimizer: Any, world: Any) -> None:
         super().__init__(loss_of, optimizer)
@@ -108,6 +143,7 @@ class ShardedTrainingStep(TrainingStep):
     def lockstep_memory(self, length: int, *, lengths: Sequence[int] | None = None, max_rows: int | None = None,
                         start_rows: int = 1,
                         should_stop: Callable[[Any], bool] | None = None) -> tuple[Any, dict[str, Value]]:
+        """:func:`lockstep_ramp` at ``length`` tokens and its plan values (:func:`lockstep_values`)."""
         res, ranks = lockstep_ramp(self, self.world, length, lengths=lengths, max_rows=max_rows, start_rows=start_rows,
                                    should_stop=should_stop)
         return res, lockstep_values(res, ranks, self.world)
@@ -131,6 +167,26 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
 
     Raises:
         WontFit: on every rank, when not even ``start_rows`` rows fit on every rank.
+
+    Examples:
+        On a world of one rank (its collectives return its own part), a ``Linear(4, 2)``
+        standing for the sharded model: doubling to the limit of 2 rows, then 3 steps in a row
+        to confirm them.
+
+        >>> import torch
+        >>> from leadline.memory import TrainingStep
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def gather_object(self, obj): return [obj]
+        >>> model = torch.nn.Linear(4, 2)
+        >>> step = TrainingStep(lambda rows, length: model(torch.ones(rows, length, 4)).pow(2).mean(),
+        ...                     torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> ramp, ranks = lockstep_ramp(step, One(), 8, max_rows=2)
+        >>> [(r.rows, r.phase, r.verdict) for r in ramp.rungs]
+        [(1, 'search', 'fits'), (2, 'search', 'fits'), (2, 'confirm', 'fits')]
+        >>> [(r["rows"], r["verdict"]) for r in ranks[0]["rungs"]]       # what rank 0 read, for the evidence
+        [(1, 'fits'), (2, 'fits'), (2, 'fits')]
     """
     from leadline.memory.decide import RampSearch, confirmation_lengths
     from leadline.memory.ramp import RampResult, WontFit, nothing_fits
@@ -254,7 +310,28 @@ class _Lockstep:
 
 
 def lockstep_values(res: Any, ranks: list[dict[str, Any]], world: Any) -> dict[str, Value]:
-    """The plan's ``rows_fit``, ``t_micro_seconds``, ``t_step_seconds`` from :func:`lockstep_ramp`."""
+    """The plan's ``rows_fit``, ``t_micro_seconds``, ``t_step_seconds`` from :func:`lockstep_ramp`:
+    the rows that fitted on every rank, and the slowest rank's timings of them.
+
+    Examples:
+        A ramp on a world of one rank (its collectives return its own part), as in
+        :func:`lockstep_ramp`:
+
+        >>> import torch
+        >>> from leadline.memory import TrainingStep
+        >>> class One:
+        ...     rank, world_size = 0, 1
+        ...     def all_gather(self, values): return [list(values)]
+        ...     def gather_object(self, obj): return [obj]
+        >>> model = torch.nn.Linear(4, 2)
+        >>> step = TrainingStep(lambda rows, length: model(torch.ones(rows, length, 4)).pow(2).mean(),
+        ...                     torch.optim.SGD(model.parameters(), lr=0.1))
+        >>> values = lockstep_values(*lockstep_ramp(step, One(), 8, max_rows=2), One())
+        >>> values["rows_fit"].value, values["rows_fit"].evidence["world_size"]
+        (2, 1)
+        >>> values["t_micro_seconds"].source
+        'the slowest of 1 ranks (rank 0): median of 3 synchronized forward+backward passes of 2 rows x 8 tokens ...'
+    """
     w = world.world_size
     shape = f"{res.micro_batch} rows x {res.length} tokens"
     slow_micro = max(range(w), key=lambda r: ranks[r].get("t_micro_seconds", 0.0))
@@ -292,6 +369,26 @@ class ShardedWorldTask:
             through it).
         params: the trained tensors as the sharded model holds them.
         world: the :class:`~leadline.distributed.World`.
+
+    Raises:
+        InputError: FSDP1 without ``use_orig_params`` (:data:`ORIG_PARAMS_SENTENCE`), or the
+            ranks' tokenized rows differ; on every rank.
+
+    Examples:
+        Rank 0 of two, each holding a shard of 6 of a tensor's 12 entries (the replies stand
+        for rank 1 holding the same rows and as many entries):
+
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> class RankZeroOfTwo:
+        ...     rank, world_size, group = 0, 2, None
+        ...     def gather_object(self, obj): return [obj, obj]
+        ...     def all_reduce(self, values, op="sum"): return [2 * v for v in values]
+        >>> rows = [SimpleNamespace(input_ids=[1, 2, 3], labels=[-100, 2, 3])]
+        >>> task = SimpleNamespace(model=torch.nn.Linear(4, 2), rows=rows, order=[0], device="cpu")
+        >>> sharded = ShardedWorldTask(task, list(task.model.parameters()), RankZeroOfTwo())
+        >>> sharded.world_numel([torch.zeros(6)])        # the whole tensor's entries
+        12
     """
 
     def __init__(self, task: Any, params: list[Any], world: Any) -> None:
@@ -304,15 +401,19 @@ class ShardedWorldTask:
                               "give every rank the same data file, tokenizer and seed")
 
     def grad_fn(self) -> ShardedGradFn:
+        """derive()'s noise source: :class:`ShardedGradFn` on the sharded model, each draw guarded
+        by the stop line."""
         self._noise = ShardedGradFn(self.task.model, self.task.micro_batch_of, self.params, group=self.world.group,
                                     guard=lambda what: self.line.guard(what, passthrough=(InputError,)))
         return self._noise
 
     def step_fn(self) -> ShardedTrainingStep:
+        """derive()'s training step and memory phase through the sharded model."""
         return ShardedTrainingStep(self.task.loss_of, self.task.optimizer, self.world)
 
     def world_numel(self, tensors: list[Any]) -> int:
-        """The entries of the whole ``tensors``: each rank's shards' entries, summed over the ranks."""
+        """The entries of the whole ``tensors``: each rank's shards' entries, summed over the ranks
+        (see the class's example)."""
         return int(self.world.all_reduce([float(sum(_local(t.detach()).numel() for t in tensors))], "sum")[0])
 
     def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], float]:

@@ -19,9 +19,8 @@ job's c10d store (the rendezvous key-value store; no collective):
   thread polling the store); when the key appears it aborts its own process groups. On NCCL that
   is the communicator's abort, the backend's way to end a pending collective from another
   thread. On gloo nothing ends a pending collective from outside while the group is referenced
-  (`benchmarks/gloo_abort_cpu.py`: only the stop line's abort with no other reference to the
-  group ended the peer's collective, in 1.01 s; held, it and every other arm left the peer
-  waiting until the aborting process exited), so the rank leaves it at the group's timeout.
+  (as FSDP references it; measured: docs/distributed.md, "What is weak"), so the rank leaves it
+  at the group's timeout.
   Either way it then raises the stopping rank's :class:`WorldAborted`
   (:meth:`StopLine.stopped`), not a timeout or a collective mismatch.
 
@@ -51,7 +50,13 @@ _instances = itertools.count()  # every rank creates its stop lines in the same 
 class WorldAborted(RankFailed):
     """A rank failed inside a sharded model's collectives while another rank was still inside
     them: the job's process groups were aborted on every rank, which raises this with the same
-    sentence. Nothing distributed can run in the process after it."""
+    sentence. Nothing distributed can run in the process after it.
+
+    Examples:
+        >>> e = WorldAborted("the sharded training step 3 failed on rank 1 of 2: ...", 1, False, [1])
+        >>> isinstance(e, RankFailed), e.rank, e.failed_ranks    # passes through every agreement
+        (True, 1, [1])
+    """
 
 
 def _abort_groups() -> None:
@@ -70,6 +75,31 @@ class StopLine:
             so it outlives the process groups it may have to abort; without one the stop line
             does nothing and failures go to the agreements as before).
         abort: what stops this rank's collectives (default: abort every process group).
+
+    Examples:
+        Rank 1 of two stops the job; any rank reading the store then raises its sentence. An
+        in-process ``HashStore`` stands for the job's store, a list for the process groups:
+
+        >>> from types import SimpleNamespace
+        >>> from torch.distributed import HashStore
+        >>> aborted = []
+        >>> line = StopLine(SimpleNamespace(rank=1, world_size=2), store=HashStore(),
+        ...                 abort=lambda: aborted.append("process groups"))
+        >>> print(line.stopped())
+        None
+        >>> stop = line.stop("the lockstep ramp's step at 4 rows x 512 tokens ran out of memory on rank 1 of 2", True)
+        >>> aborted, stop.rank, stop.out_of_memory
+        (['process groups'], 1, True)
+        >>> str(line.stopped()) == str(stop)
+        True
+
+        A rank that failed when every rank has left the stretch (here the only one) does not
+        stop the job: the ordinary agreement follows.
+
+        >>> solo = StopLine(SimpleNamespace(rank=0, world_size=1), store=HashStore(), abort=lambda: None)
+        >>> solo.left(True, lambda inside: f"rank(s) {inside} stayed inside", oom=True)
+        >>> print(solo.stopped())
+        None
     """
 
     def __init__(self, world: Any, store: Any = None, abort: Callable[[], None] | None = None) -> None:
@@ -154,7 +184,22 @@ class StopLine:
         any failure on this rank stops the job (its collectives may have left the others inside
         FSDP's), and a failure that the stop caused on this rank raises the stopping rank's sentence.
         ``passthrough`` exceptions (and :class:`RankFailed`) are the ones every rank raises at the same point, after an
-        agreement: they pass unchanged."""
+        agreement: they pass unchanged.
+
+        Examples:
+            >>> from types import SimpleNamespace
+            >>> from torch.distributed import HashStore
+            >>> aborted = []
+            >>> line = StopLine(SimpleNamespace(rank=0, world_size=2), store=HashStore(),
+            ...                 abort=lambda: aborted.append(True))
+            >>> with line.guard("step 3's backward"):
+            ...     raise RuntimeError("NCCL error: unhandled system error")
+            Traceback (most recent call last):
+            ...
+            leadline.distributed.stopline.WorldAborted: step 3's backward failed on rank 0 of 2: RuntimeError: NCCL ...
+            >>> aborted
+            [True]
+        """
         from leadline.distributed.agree import _sentence
         from leadline.memory.readings import is_oom
 

@@ -14,13 +14,31 @@ DECISIONS = ("rows_fit", "micro_batch", "grad_accum", "tokens_per_step", "noise_
 
 
 def plan_digest(plan: Plan | str) -> str:
-    """sha256 of the plan's JSON text (:meth:`Plan.to_json`), which round-trips exactly."""
+    """sha256 of the plan's JSON text (:meth:`Plan.to_json`), which round-trips exactly.
+
+    Examples:
+        >>> plan_digest("{}")
+        '44136fa355b3678a1146ad16f7e8649e94fb4fc21fe77e8310c060f61caaff8a'
+        >>> plan = Plan()
+        >>> plan_digest(plan) == plan_digest(plan.to_json()) == plan_digest(Plan.from_json(plan.to_json()))
+        True
+    """
     text = plan if isinstance(plan, str) else plan.to_json()
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def disagreements(decisions: list[dict[str, Any]]) -> list[str]:
-    """Sentences for every decision a rank took differently from rank 0 (pure)."""
+    """Sentences for every decision (:data:`DECISIONS`) a rank took differently from rank 0 (pure).
+
+    Args:
+        decisions: each rank's ``{name: number}``, indexed by rank.
+
+    Examples:
+        >>> disagreements([{"micro_batch": 4, "lr": 1e-4}, {"micro_batch": 2, "lr": 1e-4}])
+        ["rank 1 derived micro_batch=2 where rank 0 derived 4; rank 0's plan stands"]
+        >>> disagreements([{"micro_batch": 4}, {"micro_batch": 4}])
+        []
+    """
     out = []
     base = decisions[0]
     for r, d in enumerate(decisions[1:], start=1):
@@ -45,8 +63,37 @@ def broadcast_plan(world: Any, plan: Plan) -> Plan:
     device.
 
     Args:
-        world: the :class:`~leadline.distributed.World`.
+        world: the :class:`~leadline.distributed.World` (``rank``, ``world_size``, ``is_main``,
+            ``backend``, ``gather_object``, ``broadcast_object``, ``all_gather``).
         plan: this rank's plan.
+
+    Raises:
+        LeadlineError: on every rank, when any rank's copy fails the check.
+
+    Examples:
+        A world of one rank, whose collectives return its own part: the plan comes back equal,
+        with the world on its record.
+
+        >>> class One:
+        ...     rank, world_size, is_main, backend = 0, 1, True, "gloo"
+        ...     def gather_object(self, obj): return [obj]
+        ...     def broadcast_object(self, obj, src=0): return obj
+        ...     def all_gather(self, values): return [list(values)]
+        >>> from leadline.plan import Value
+        >>> plan = Plan(machine={"device": "cpu"})
+        >>> plan.set("micro_batch", Value(4, "derived", "what fits"))
+        >>> got = broadcast_plan(One(), plan)
+        >>> got == plan, got.micro_batch, got.machine["world"]
+        (True, 4, {'world_size': 1, 'backend': 'gloo', 'ranks': [{'rank': 0, 'device': 'cpu'}]})
+
+        A broadcast whose text does not match the digest that came with it:
+
+        >>> class Corrupting(One):
+        ...     def broadcast_object(self, obj, src=0): return obj[0], "0" * 64
+        >>> broadcast_plan(Corrupting(), plan)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.LeadlineError: rank 0's copy of rank 0's plan does not match its sha256 000000000000; ...
     """
     mine = ({n: plan.get(n) for n in DECISIONS},
             {"rank": world.rank, **{k: plan.machine.get(k) for k in ("device", "device_name", "device_memory_bytes")

@@ -25,6 +25,7 @@ from typing import Any
 from leadline.errors import InputError
 
 OPS = ("sum", "min", "max")
+"""The reductions :meth:`World.all_reduce` takes."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,19 @@ class World:
         backend: ``nccl`` or ``gloo`` (what ``torch.distributed.get_backend()`` says).
         device: where the backend's tensors live: ``cuda:N`` for NCCL, ``cpu`` otherwise.
         group: the process group (None: the default group).
+
+    Examples:
+        The record is plain data (inside a job :func:`current_world` builds it); every method
+        but :attr:`is_main` and :meth:`synchronize` is a collective:
+
+        >>> w = World(rank=1, world_size=2, local_rank=1, backend="gloo", device="cpu")
+        >>> w.is_main, w.group
+        (False, None)
+        >>> w.synchronize()                     # nothing to wait for on the CPU
+        >>> w.all_reduce([1.0, 2.0], op="mean")  # refused before any collective
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: World.all_reduce(op='mean') is not one of sum, min, max
     """
 
     rank: int
@@ -59,7 +73,12 @@ class World:
         return torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
 
     def all_reduce(self, values: Sequence[float], op: str = "sum") -> list[float]:
-        """Element-wise ``op`` (sum, min, max) of ``values`` over the ranks (float64)."""
+        """Element-wise ``op`` (one of :data:`OPS`) of ``values`` over the ranks, in float64.
+
+        Every rank passes as many values and gets the same list back: on two ranks holding
+        ``[1, 5]`` and ``[3, 2]``, ``sum`` gives ``[4.0, 7.0]`` and ``max`` ``[3.0, 5.0]``.
+        An ``op`` outside :data:`OPS` is refused before the collective (see the class).
+        """
         import torch.distributed as dist
 
         if op not in OPS:
@@ -105,6 +124,7 @@ class World:
         return box[0]
 
     def barrier(self) -> None:
+        """Wait until every rank reaches this call."""
         import torch.distributed as dist
 
         dist.barrier(group=self.group)
@@ -119,7 +139,17 @@ class World:
 
 def current_world() -> World | None:
     """This process's :class:`World`, or None outside a ``torch.distributed`` job of more than
-    one process (no torch loaded, no process group initialised, or a world of one)."""
+    one process (no torch loaded, no process group initialised, or a world of one).
+
+    The device is ``cuda:LOCAL_RANK`` (or the current CUDA device) under NCCL with a GPU,
+    ``cpu`` otherwise. It never starts a process group: :func:`join_job` does.
+
+    Examples:
+        A process that started no process group is not in a job:
+
+        >>> current_world() is None
+        True
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         return None
@@ -139,7 +169,19 @@ def current_world() -> World | None:
 
 
 def launched_by_torchrun() -> bool:
-    """True when the environment says this process is one of several (torchrun, accelerate)."""
+    """True when the environment says this process is one of several (torchrun, accelerate):
+    ``WORLD_SIZE`` > 1. A ``WORLD_SIZE`` that is not a whole number reads as one process.
+
+    Examples:
+        >>> import os
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"WORLD_SIZE": "2"}):
+        ...     launched_by_torchrun()
+        True
+        >>> with mock.patch.dict(os.environ, {"WORLD_SIZE": "two"}):
+        ...     launched_by_torchrun()
+        False
+    """
     try:
         return int(os.environ.get("WORLD_SIZE", "1")) > 1
     except ValueError:
@@ -152,6 +194,15 @@ def join_job(device: Any = None, timeout_s: float = 1800.0) -> World | None:
     that environment (NCCL on ``device`` when it is a GPU, gloo otherwise) and left running for
     the training that follows, as ``TrainingArguments`` would start it, and destroyed at the
     process's exit if the script did not. None for a lone process.
+
+    Examples:
+        A process launched alone (``WORLD_SIZE`` 1 or unset) joins nothing and starts nothing:
+
+        >>> import os
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"WORLD_SIZE": "1"}):
+        ...     join_job("cpu") is None
+        True
     """
     world = current_world()
     if world is not None or not launched_by_torchrun():
@@ -173,8 +224,8 @@ def join_job(device: Any = None, timeout_s: float = 1800.0) -> World | None:
 
 def _destroy_at_exit() -> None:
     """The group join_job started, destroyed before the interpreter shuts down (unless the
-    script did it): a gloo group left running aborted one rank at exit ("terminate called
-    without an active exception", SIGABRT) in a clean-clone CI run of the torchrun test."""
+    script did it): a gloo group left running at exit can abort a rank with SIGABRT
+    (docs/distributed.md, "The two commands")."""
     import datetime
 
     import torch.distributed as dist
@@ -200,6 +251,15 @@ def job_from_env(device: str | None = None, timeout_s: float = 1800.0) -> Iterat
     NCCL on this rank's GPU (``cuda:LOCAL_RANK``) when there is one and ``device`` does not
     say ``cpu``; gloo otherwise. A process group this function started is destroyed on exit;
     one that was already running is left as it was.
+
+    Examples:
+        Launched alone, the block runs with no job:
+
+        >>> import os
+        >>> from unittest import mock
+        >>> with mock.patch.dict(os.environ, {"WORLD_SIZE": "1"}), job_from_env("cpu") as world:
+        ...     print(world)
+        None
     """
     if not launched_by_torchrun():
         yield None
