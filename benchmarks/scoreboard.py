@@ -1185,16 +1185,16 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
              ("A", "leadline_run_quick_average", "leadline_run_quick",
               "the averaged weights raced with the endings against the endings alone")]
     out = []
-    for rule, a, b, what in pairs:
+    for _rule, a, b, what in pairs:
         if a in arms and b in arms:
             c = compare(kind, arms[a], arms[b], gold)
-            out.append(f"Rule {rule}, {what} ({a} against {b}): {outcome(c) if c else '–'}.")
+            out.append(f"{what[0].upper()}{what[1:]} ({a} against {b}): {outcome(c) if c else '–'}.")
     picked = ending_pick(arms)
     if picked is not None:
         name, other, mine, theirs = picked
         c = compare(kind, arms[name], arms["leadline_full"], gold) if name != "leadline_full" else None
-        out.append(f"Rule L, both endings raced on the held-out rows (the default ending, read on the "
-                   f"runs of rule H): the held-out rows pick {name}'s ending ({mine:.4f} against {theirs:.4f} for {other}'s)"
+        out.append(f"Both endings raced on the held-out rows (the default ending, read on the "
+                   f"runs of the last-half ending): the held-out rows pick {name}'s ending ({mine:.4f} against {theirs:.4f} for {other}'s)"
                    + (f"; on the test rows against leadline_full: {outcome(c)}." if c else ", leadline_full's own."))
     return out
 

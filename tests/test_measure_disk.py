@@ -27,7 +27,7 @@ def _rows(table):
 
 
 def test_seed_table_optimum_enough_and_collapse():
-    # seed 002, a DRAM-less Kingston NV1 with FILE_FLAG_NO_BUFFERING
+    # a DRAM-less Kingston NV1 with FILE_FLAG_NO_BUFFERING
     seed = _rows([(1, 1017), (2, 1655), (3, 1703), (4, 1535), (6, 1270), (8, 1035)])
     # optimum QD3; QD2 is within 5% (97%); QD6 is 75% of the optimum: collapsed
     assert summarise(seed) == (3, 2, 6)

@@ -39,7 +39,7 @@ def test_unknown_cards_have_no_datasheet():
 
 
 def test_seed_rented_a6000_lies_by_asymmetry_and_launches():
-    # seed 002: D2H 457 MB/s against H2D 1502 (3.4x) and 55 µs launches on a rented card
+    # a rented card: D2H 457 MB/s against H2D 1502 (3.4x) and 55 µs launches on a rented card
     f = judge(shared_card=False, launch_us=55.0, h2d_gb_per_s=1.502, d2h_gb_per_s=0.457, mem_get_info_seconds=1.5, pinning_gain=1.02)
     by = {x.what: x for x in f}
     assert by["direction asymmetry"].lies and by["direction asymmetry"].reading == pytest.approx(3.2866, rel=1e-3)

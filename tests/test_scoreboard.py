@@ -202,7 +202,7 @@ def test_rule_l_picks_the_ending_that_read_lower_on_the_held_out_rows_and_judges
     board["units"].update(leadline_full=short, leadline_full_half_ending=half)
     arms = sb.arms_of(board)
     assert sb.ending_pick(arms) == ("leadline_full_half_ending", "leadline_full", 0.103, 0.111)
-    line = next(r for r in sb.paired_rules(board, arms) if r.startswith("Rule L"))
+    line = next(r for r in sb.paired_rules(board, arms) if r.startswith("Both endings raced"))
     assert "pick leadline_full_half_ending's ending (0.1030 against 0.1110" in line and line.endswith("win).")
     short["run"]["ending"] = {"kept": "constant", "decay": {"loss": 0.2}, "constant": {"loss": 0.09}}
     assert sb.ending_pick(sb.arms_of(board))[0] == "leadline_full"  # its kept ending, the constant, read lower
@@ -306,7 +306,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     assert "--average-ending" not in units["leadline_run_quick"]["train"]["argv"]
     rows = units["leadline_full_rows"]["plan"]["values"]["tokens_per_step"]
     assert rows["evidence"]["step_for"] == "rows" and rows["source"].startswith("for the rows")
-    assert "Rule R, the step for the rows against the least-time step" in sb.table_of(board, out)
+    assert "The step for the rows against the least-time step" in sb.table_of(board, out)
     zero = units["leadline_full_rows_to_zero"]  # leadline_full_rows's plan again, the rate falling to zero
     assert zero["plan_of"] == "leadline_full_rows"
     assert zero["decide_seconds"] == units["leadline_full_rows"]["decide_seconds"]
@@ -315,12 +315,12 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     assert fixed["micro_batch"]["value"] * fixed["grad_accum"]["value"] == 16
     text = sb.table_of(board, out)
     assert re.search(r"\| sweep \| [01]\.\d{4} \|", text) and re.search(r"\| leadline_full \| [01]\.\d{4} \|", text)
-    assert "Rule Z, the ending to zero against the raced ending, at the step for the rows" in text
+    assert "The ending to zero against the raced ending, at the step for the rows" in text
     half = units["leadline_full_half_ending"]  # leadline_full's plan again, the raced ending over the last half
     assert half["plan_of"] == "leadline_full" and half["run"]["steps"] == 2
     assert "--ending-share" in half["train"]["argv"] and half["run"]["ending"]["from_step"] == 1
-    assert "Rule H, the raced ending over the last half against the raced ending over two check intervals" in text
-    assert "Rule E" not in text  # its arms did not run here
+    assert "The raced ending over the last half against the raced ending over two check intervals" in text
+    assert "leadline_full_to_zero against" not in text  # its arms did not run here
     before = {k: v.get("train_seconds") for k, v in units.items()}
     assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
     again = json.loads(out.read_text())

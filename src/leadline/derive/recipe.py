@@ -43,7 +43,7 @@ from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.noise.step import DEFAULT_STEP_FOR, STEP_FOR
-from leadline.pieces import Corpus, Pieces, device_of, optimizer_of
+from leadline.pieces import Corpus, CountedSource, Pieces, device_of, optimizer_of
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
 from leadline.rate.policy import fallback_rate
@@ -290,7 +290,7 @@ def _timed(runner: PhaseRunner, plan: Plan, held_out_losses: Callable[[], Sequen
 def _draw_row_seconds(noise: Any, grad_fn: Any) -> float | None:
     """One row's forward+backward by the noise probe's draws (their mean seconds over their rows):
     what stands in for the memory phase's timings when max_seconds cut that phase."""
-    per_draw = getattr(grad_fn, "rows_per_draw", None)
+    per_draw = grad_fn.rows_per_draw if isinstance(grad_fn, CountedSource) else None
     seconds = phases.draw_seconds(noise)
     return seconds / int(per_draw) if seconds > 0 and isinstance(per_draw, int) and per_draw > 0 else None
 

@@ -67,7 +67,7 @@ class GpuReport:
         bfloat16 matmul  742.0 TFLOP/s (4096^3) = 75% of the 989 TFLOP/s dense bf16 datasheet
         verdict: timings here can be trusted: no vGPU; launches, transfers and mem_get_info within limits
           ok   launch latency: a kernel launch costs 5.0 µs (within the 10 µs a local card gives)
-          ok   direction asymmetry: host-to-device is 1x slower than the other direction (within 2x)
+          ok   direction asymmetry: both directions run at the same speed (within 2x)
         >>> r.transfer("h2d", "pinned").best_gb_per_s, r.transfer("h2d", "pageable")
         (26.2, None)
         >>> sorted(r.as_values())[:3]
