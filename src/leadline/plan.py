@@ -48,6 +48,15 @@ class Value:
             A dict with a ``"plot"`` key is drawn by the HTML report (see docs/evidence.md).
         seconds: what producing the number cost, wall-clock.
         unit: the unit, where the name does not say it.
+
+    Examples:
+        >>> v = Value(16, "measured", "the ramp's kept micro-batch", unit="rows")
+        >>> v.value, v.kind, v.unit
+        (16, 'measured', 'rows')
+        >>> Value(16, "guessed", "nobody knows")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: Value kind 'guessed' is not one of measured, derived, constant, given; ...
     """
 
     value: Any
@@ -256,6 +265,15 @@ class Plan:
         derive_seconds: derive()'s wall time, from its call to its return (None: not derived).
         version: the leadline version that made it.
         created: seconds since the epoch.
+
+    Examples:
+        >>> plan = Plan()
+        >>> plan.set("micro_batch", Value(8, "measured", "the ramp's kept micro-batch", unit="rows"))
+        >>> plan.set("weight_decay", Value(0.0, "constant", "0 by argument, not measured here"))
+        >>> plan.micro_batch, plan["micro_batch"].kind, list(plan.constants())
+        (8, 'measured', ['weight_decay'])
+        >>> Plan.from_json(plan.to_json()).micro_batch
+        8
     """
 
     values: dict[str, Value] = field(default_factory=dict)
