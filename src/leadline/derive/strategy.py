@@ -57,6 +57,15 @@ class Strategy(Protocol):
         """Whether the first step takes one card's rows (a job's ``rows_fit`` is a rank's)."""
         ...
 
+    def unwrap(self, model: Any) -> tuple[Any, bool]:
+        """The model as measured (a job's wrapper taken off) and whether it is sharded (FSDP)."""
+        ...
+
+    def task_job(self, task: Any, params: Sequence[Any], sharded: bool) -> Any:
+        """The pieces a job's ranks share for a Hugging Face task (:mod:`leadline.distributed.job`),
+        None in one process."""
+        ...
+
     def finish(self, plan: Plan) -> Plan:
         """The plan every process returns."""
         ...
@@ -71,8 +80,8 @@ class OneProcess:
         >>> one.size, one.rows_per_rank(48), one.per_card_burn_in(), one.burns_in_past_format
         (1, 48, False, True)
         >>> plan = Plan()
-        >>> one.finish(plan) is plan
-        True
+        >>> one.finish(plan) is plan, one.unwrap("the model"), one.task_job(None, [], False)
+        (True, ('the model', False), None)
     """
 
     size = 1
@@ -112,6 +121,12 @@ class OneProcess:
 
     def per_card_burn_in(self) -> bool:
         return False
+
+    def unwrap(self, model: Any) -> tuple[Any, bool]:
+        return model, False
+
+    def task_job(self, task: Any, params: Sequence[Any], sharded: bool) -> Any:
+        return None
 
     def finish(self, plan: Plan) -> Plan:
         return plan

@@ -103,6 +103,21 @@ class InAJob:
     def per_card_burn_in(self) -> bool:
         return True
 
+    def unwrap(self, model: Any) -> tuple[Any, bool]:
+        from leadline.distributed.job import is_sharded, unwrap
+
+        model = unwrap(model)
+        return model, is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
+
+    def task_job(self, task: Any, params: Sequence[Any], sharded: bool) -> Any:
+        if sharded:
+            from leadline.distributed.sharded_job import ShardedWorldTask
+
+            return ShardedWorldTask(task, list(params), self.world)
+        from leadline.distributed.job import WorldTask
+
+        return WorldTask(task, list(params), self.world)
+
     def finish(self, plan: Plan) -> Plan:
         from leadline.distributed.sync import broadcast_plan
 

@@ -14,6 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
+from leadline.derive.strategy import Strategy, strategy_for
 from leadline.errors import InputError
 from leadline.hf.precision import check_trainable, checkpointing, precision_of
 from leadline.hf.task import (
@@ -257,7 +258,7 @@ class _Pieces:
 
     model: Any
     inner: Any  # FullyShardedDataParallel's model, for what it says of itself
-    world: Any
+    world: Strategy
     sharded: bool
     was_training: bool
     task: Task
@@ -283,13 +284,8 @@ def _pieces(given: _Given, *, seq_len: int | None, quantile: float | None, held_
 
     model = given.model
     # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
-    world = join_job(next(model.parameters()).device)
-    sharded = False
-    if world is not None:
-        from leadline.distributed.job import is_sharded, unwrap
-
-        model = unwrap(model)
-        sharded = is_sharded(model)  # FSDP: the forward goes through the sharded module, every rank in step
+    world = strategy_for(join_job(next(model.parameters()).device))
+    model, sharded = world.unwrap(model)
     inner = model.module if sharded and hasattr(model, "module") else model
     was_training = model.training
     check_trainable(inner)  # a quantized base without an adapter, or off CUDA: one sentence before anything runs
@@ -323,18 +319,12 @@ def _bar(progress: bool | None, on_progress: Callable[[dict[str, Any]], None] | 
 
 def _join_job(p: _Pieces, batch: tuple[int, int] | None) -> None:
     """In a torchrun job, the pieces of the job's own: FSDP's sharded step, or DDP's wrapper."""
-    if p.world is not None and p.sharded:
-        from leadline.distributed.sharded_job import ShardedWorldTask
-
-        p.job = ShardedWorldTask(p.task, [w for _, w in p.named], p.world)
+    p.job = p.world.task_job(p.task, [w for _, w in p.named], p.sharded)
+    if p.job is not None and p.sharded:
         p.step_fn = p.job.step_fn()
         # the whole tensors' entries, not this rank's shards'
         p.model_info.update(parameters=p.job.world_numel(list(p.model.parameters())),
                             trained_parameters=p.job.world_numel(p.job.params))
-    elif p.world is not None:
-        from leadline.distributed.job import WorldTask
-
-        p.job = WorldTask(p.task, [w for _, w in p.named], p.world)
     if p.job is not None:
         p.grad_fn, p.train_step_of, p.held_out_losses = p.job.grad_fn(), p.job.train_step_of, p.job.held_out_losses()
         if batch is not None:
@@ -363,7 +353,7 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
 
     from leadline.memory.model_step import adapter_dtype_note
 
-    if sizes and p.world is None:
+    if sizes and p.world.size == 1:  # every rank would ramp its own card
         from leadline.hf.precision import rows_fit_unchecked
 
         left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
@@ -373,7 +363,7 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
     note = adapter_dtype_note(p.inner)
     if note is not None:
         plan.notes.append(note)
-    if fit_rank and p.world is not None:
+    if fit_rank and p.world.size > 1:
         plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run "
                           "`leadline fit` on one card")
     elif fit_rank:
