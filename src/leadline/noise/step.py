@@ -159,7 +159,7 @@ def even_split(rows: int, rows_fit: int) -> tuple[int, int]:
 
 STEP_FOR = ("time", "rows")
 # derive's step when the caller names none: the step for the rows, which beat the least-time step on
-# one scoreboard task and lost on none (docs/results.md, rule R).
+# one scoreboard task and lost on none (docs/results.md).
 DEFAULT_STEP_FOR = "rows"
 
 
