@@ -612,3 +612,17 @@ def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it
         assert v.source.startswith(f"not read: the {train_rows} training rows cannot hold a round of the burn-in "
                                    "(10 steps of 16 rows) and the probe's 8 draws of 16 rows")
         assert v.evidence["rows_needed"] == 288 and v.kind == "derived"  # arithmetic on the rows: nothing was read
+
+
+def test_from_leadline_import_derive_calls_derive_once_the_package_is_imported():
+    import leadline.derive.recipe  # noqa: F401  (Python now sets the package as leadline.derive)
+    from leadline import Corpus, derive
+    from leadline.distributed import scale_out
+    from leadline.plan import Plan
+
+    assert derive(Corpus(seq_len=64), total_steps=10).total_steps == 10
+    import leadline.distributed.scale_out as module
+
+    assert scale_out is module or callable(scale_out)
+    with pytest.raises(InputError):  # the function's own check of its plan, reached through the module
+        module(Plan())

@@ -10,6 +10,22 @@
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any
+
 from leadline.derive.recipe import EFFORTS, TRAINED_AS, derive
 
 __all__ = ["EFFORTS", "TRAINED_AS", "derive"]
+
+
+class _CallableModule(types.ModuleType):
+    """This package, callable as :func:`derive`: once ``leadline.derive`` is imported, Python
+    sets the package as the attribute ``derive`` of ``leadline``, so ``from leadline import
+    derive`` gives the package; calling it calls the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return derive(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -45,6 +45,8 @@ References:
 from __future__ import annotations
 
 import math
+import sys
+import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -472,3 +474,15 @@ def _fixed_cost_of(plan: Plan) -> dict[str, float] | None:
                                        for k in ("a_seconds", "c_seconds_per_row")):
         return {"a_seconds": float(fixed["a_seconds"]), "c_seconds_per_row": float(fixed["c_seconds_per_row"])}
     return None
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable as :func:`scale_out`: once it is imported, Python sets the module
+    as ``leadline.distributed``'s attribute ``scale_out``, so ``from leadline.distributed import
+    scale_out`` gives the module; calling it calls the function."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ScaleOut:
+        return scale_out(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
