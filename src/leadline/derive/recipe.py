@@ -147,8 +147,7 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
             on_progress: ProgressFn | None, resume: str | os.PathLike[str] | None,
             prior: Plan | str | os.PathLike[str] | None) -> Plan:
     """derive() on its arguments unpacked: the phases in order, one call each."""
-    corpus, tokenizer, seq_len, quantile, lengths, profile = c.data, c.tokenizer, c.seq_len, c.quantile, c.lengths, \
-        c.profile
+    corpus, lengths = c.data, c.lengths
     step_fn, grad_fn, optimizer, trained_as = p.step, p.gradients, p.optimizer, p.trained_as
     entered = time.monotonic()
     _check(effort, trained_as, total_steps, epochs, rows_per_step, step_for)
@@ -165,16 +164,16 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
     held_out_losses = CountedReads(p.held_out_losses) if p.held_out_losses is not None else None
     rate_ready = optimizer is not None and train_step_of is not None and held_out_losses is not None and bool(params)
     past_format_ready = rate_ready and grad_fn is not None and step_fn is not None and world.burns_in_past_format
-    expected = _expected(corpus=profile is not None or corpus is not None, noise=grad_fn is not None,
+    expected = _expected(corpus=c.given, noise=grad_fn is not None,
                          memory=step_fn is not None, rate=rate_ready, past_format=past_format_ready, anchor=bool(named),
                          length=total_steps is None and epochs is not None)
-    fingerprint = {**_fingerprint(plan, trained_as, effort, total_steps, epochs, seq_len, quantile),
+    fingerprint = {**_fingerprint(plan, trained_as, effort, total_steps, epochs, c.seq_len, c.quantile),
                    **({"rows_per_step": rows_per_step} if rows_per_step is not None else {}),
                    **({"step_for": step_for} if step_for != "time" else {})}
     runner = _runner(plan, world, train_step_of, held_out_losses, expected, fingerprint, max_seconds=max_seconds,
                      on_progress=on_progress, resume=resume, started=started)
     with leave_no_trace(params, _optimizers(optimizer, step_fn)), forbid_spill(device if device is not None else "cpu"):
-        _corpus(runner, plan, profile, corpus, tokenizer, seq_len, quantile)
+        _corpus(runner, plan, c)
         noise = None if grad_fn is None else runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
         if step_fn is not None:
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
@@ -259,17 +258,16 @@ def _optimizers(optimizer: Any, step_fn: Any) -> list[Any]:
     return [o for o in {id(o): o for o in (optimizer, optimizer_of(step_fn)) if o is not None}.values()]
 
 
-def _corpus(runner: PhaseRunner, plan: Plan, profile: Any, corpus: Any, tokenizer: Any, seq_len: int | None,
-            quantile: float | None) -> None:
+def _corpus(runner: PhaseRunner, plan: Plan, c: Corpus) -> None:
     """The corpus phase: a profile given, or one made from the rows; else the length given."""
-    if profile is not None:
-        runner.run("corpus", phases.given_profile, profile)
-    elif corpus is not None:
+    if c.profile is not None:
+        runner.run("corpus", phases.given_profile, c.profile)
+    elif c.data is not None:
         from leadline.corpus import profile_corpus
 
-        runner.run("corpus", profile_corpus, corpus, tokenizer, seq_len=seq_len, quantile=quantile)
-    if "seq_len" not in plan and seq_len is not None:  # no corpus to measure: the length the caller gave
-        plan.set("seq_len", Value(int(seq_len), "given",
+        runner.run("corpus", profile_corpus, c.data, c.tokenizer, seq_len=c.seq_len, quantile=c.quantile)
+    if "seq_len" not in plan and c.seq_len is not None:  # no corpus to measure: the length the caller gave
+        plan.set("seq_len", Value(int(c.seq_len), "given",
                                   "the run's length, given by the caller (no corpus was profiled)", unit="tokens"))
 
 
