@@ -40,14 +40,8 @@ class RoomShrank(LeadlineError):
         Another program takes 1 GB of the card, then the step runs out of memory:
 
         >>> import textwrap
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
-        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
-        ...     free_total = lambda self: (self.free, 6 * 10**9)
-        ...     reserved = lambda self: 10**9
-        ...     get_cap = lambda self: self.cap
-        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
-        >>> card = Card()
+        >>> from leadline.memory.readings import FixedMemory
+        >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> try:
         ...     with forbid_spill(memory=card, wddm=False):
         ...         card.free = 10**9
@@ -133,14 +127,8 @@ class SpillWatch:
     Examples:
         One reading, no hooks installed: the cap moves to free + held, never above the ceiling.
 
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
-        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
-        ...     free_total = lambda self: (self.free, 6 * 10**9)
-        ...     reserved = lambda self: 10**9
-        ...     get_cap = lambda self: self.cap
-        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
-        >>> card = Card()
+        >>> from leadline.memory.readings import FixedMemory
+        >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> reading = SpillWatch(card).read()
         >>> reading["room_bytes"], reading["cap_bytes"], card.cap
         (3000000000, 3000000000, 3000000000)
@@ -353,14 +341,8 @@ def forbid_spill(
         wddm: read the Windows spill counters (default: where they are available).
 
     Examples:
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
-        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
-        ...     free_total = lambda self: (self.free, 6 * 10**9)
-        ...     reserved = lambda self: 10**9
-        ...     get_cap = lambda self: self.cap
-        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
-        >>> card = Card()
+        >>> from leadline.memory.readings import FixedMemory
+        >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> with forbid_spill(memory=card, wddm=False) as cap:
         ...     print(cap.active, card.cap, watched("cuda:0").readings)
         True 3000000000 1
@@ -414,14 +396,8 @@ def lift_cap(device: Any = None) -> WatchReport:
     Returns the watch's final report. Safe to call when nothing is capped.
 
     Examples:
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Card(DeviceMemory):  # a 6 GB card: 2 GB free, 1 GB held by this process
-        ...     device, on_cuda, cap, free = "cuda:0", True, None, 2 * 10**9
-        ...     free_total = lambda self: (self.free, 6 * 10**9)
-        ...     reserved = lambda self: 10**9
-        ...     get_cap = lambda self: self.cap
-        ...     def set_cap(self, cap_bytes): self.cap = cap_bytes
-        >>> card = Card()
+        >>> from leadline.memory.readings import FixedMemory
+        >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> card.cap = 4 * 10**9  # a cap the process had before
         >>> cap = forbid_spill(memory=card, wddm=False)
         >>> card.cap

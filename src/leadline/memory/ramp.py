@@ -71,11 +71,8 @@ class WontFit(LeadlineError):
     """Not even the smallest shape fits: one sentence, with the measurement in ``.result``.
 
     Examples:
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
-        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
-        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
-        ...     reset_peak = lambda self: None
+        >>> from leadline.memory.readings import FixedMemory
+        >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> def refused(rows, length, repeats=1):  # every step: the allocator refuses
         ...     raise MemoryError
         >>> try:
@@ -99,11 +96,8 @@ def probe(step: Any, memory: DeviceMemory, rows: int, length: int, repeats: int 
     Returns the rung and the step's timing (None after an OOM).
 
     Examples:
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
-        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
-        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
-        ...     reset_peak = lambda self: None
+        >>> from leadline.memory.readings import FixedMemory
+        >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> from leadline.memory.step import StepTiming
         >>> def step(rows, length, repeats=1):  # 0.2 s a forward+backward
         ...     return StepTiming(rows, length, 0.2, 0.01)
@@ -289,11 +283,8 @@ def ramp(
     Examples:
         Off CUDA, a micro-batch costing 10 ms plus 10 ms a row (rows per second 100 r / (1 + r)):
 
-        >>> from leadline.memory.readings import DeviceMemory
-        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak stays at what is held
-        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
-        ...     allocated = reserved = peak_allocated = peak_reserved = lambda self: 10**9
-        ...     reset_peak = lambda self: None
+        >>> from leadline.memory.readings import FixedMemory
+        >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> from leadline.memory.step import StepTiming
         >>> def step(rows, length, repeats=1):
         ...     t = 0.01 + 0.01 * rows

@@ -70,15 +70,9 @@ def rank_to_fit(
     Examples:
         Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 0.1 GB a rank:
 
-        >>> from leadline.memory.readings import DeviceMemory
+        >>> from leadline.memory.readings import FixedMemory
         >>> from leadline.memory.step import StepTiming
-        >>> class Host(DeviceMemory):  # 8 GB of RAM room, 1 GB held; the peak is the last step's
-        ...     peak = 10**9
-        ...     free_total = lambda self: (7 * 10**9, 8 * 10**9)
-        ...     allocated = reserved = lambda self: 10**9
-        ...     peak_allocated = peak_reserved = lambda self: self.peak
-        ...     reset_peak = lambda self: None
-        >>> host = Host()
+        >>> host = FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # a step sets host.peak
         >>> def step_at_rank(rank):
         ...     def step(rows, length, repeats=1):
         ...         host.peak = 10**9 + rank * 10**8

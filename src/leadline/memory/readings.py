@@ -241,6 +241,52 @@ class DeviceMemory:
         return free + self.reserved()
 
 
+class FixedMemory(DeviceMemory):
+    """Readings with set numbers: a card (a ``cuda`` device) or a host of ``total`` bytes, ``free``
+    of them free and ``held`` held by this process. ``peak`` is what the peak readings return
+    (held where not set; a step can set it to model its own peak) and ``cap`` what
+    :meth:`set_cap` last set. What a what-if, an example or a test hands the ramp, the cap, the
+    watch and the fit in place of a real device.
+
+    Examples:
+        >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)
+        >>> card.room(), card.on_cuda, card.get_cap()
+        (3000000000, True, None)
+        >>> card.set_cap(card.room()); card.get_cap()
+        3000000000
+    """
+
+    def __init__(self, device: str = "cpu", *, total: int, free: int, held: int, peak: int | None = None) -> None:
+        self.device, self.on_cuda = device, str(device).startswith("cuda")
+        self.total, self.free, self.held = int(total), int(free), int(held)
+        self.peak = self.held if peak is None else int(peak)
+        self.cap: int | None = None
+
+    def free_total(self) -> tuple[int, int]:
+        return self.free, self.total
+
+    def allocated(self) -> int:
+        return self.held
+
+    def reserved(self) -> int:
+        return self.held
+
+    def peak_allocated(self) -> int:
+        return self.peak
+
+    def peak_reserved(self) -> int:
+        return self.peak
+
+    def reset_peak(self) -> None:
+        return None
+
+    def get_cap(self) -> int | None:
+        return self.cap
+
+    def set_cap(self, cap_bytes: int | None) -> None:
+        self.cap = cap_bytes
+
+
 class CudaMemory(DeviceMemory):
     """One CUDA device, through torch's caching allocator.
 
