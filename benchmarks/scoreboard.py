@@ -133,6 +133,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections import Counter
@@ -169,9 +170,20 @@ RULES = {
          "leadline_run_quick_average's held-out rows kept the average on every task where leadline_run_quick kept "
          "the last half",
 }
+REGIMES = {
+    "lora": "LoRA r16 (alpha 32, every linear layer), one pass over the rows given",
+    "full": "every weight trained (a full fine-tune), one pass; the recipe at 2e-5 (TRL's default)",
+    "short": "LoRA r16, one pass over 1,000 rows given: about 50 of the recipe's 16-row steps",
+    "long": "LoRA r16, three passes over 1,000 rows given: about 150 of the recipe's 16-row steps",
+}
+"""The regimes a board runs in (``--regime``); ``--card-gb`` holds the card to a small size in any of them."""
+REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000}
+REGIME_EPOCHS = {"long": 3}
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
-ARMS = ["recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
+BASELINES = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy"]
+"""The defaults a user would otherwise type: the board's bar (each runs with no deciding)."""
+ARMS = ["recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
         "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find", "lr_find_log",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
@@ -366,6 +378,8 @@ class Judge:
         (most of a generation task's judging time), for the units a search does not pick."""
         import torch
 
+        if adapter is not None and not (adapter / "adapter_config.json").exists():
+            return self._full(adapter, em)  # a full fine-tune's saved weights
         model, wrapped = self.base.to(self.dev), None
         try:  # whatever raises, the base goes back to host memory without the adapter
             if adapter is not None:
@@ -381,6 +395,20 @@ class Judge:
                 self.base = wrapped.unload()
             del model, wrapped
             self.base.to("cpu")
+            if self.dev.type == "cuda":
+                torch.cuda.empty_cache()
+
+    def _full(self, folder: Path, em: bool) -> dict[str, Any]:
+        """The verdict of a full fine-tune: its saved weights loaded on their own, then freed."""
+        import torch
+
+        from leadline.hf import load_model
+
+        model = load_model(str(folder), device=str(self.dev))
+        try:
+            return self._classify(model) if self.task["kind"] == "classify" else self._generate(model, em)
+        finally:
+            del model
             if self.dev.type == "cuda":
                 torch.cuda.empty_cache()
 
@@ -493,8 +521,16 @@ class Arms:
         self.work.mkdir(parents=True, exist_ok=True)
         self.train = self.work / "train.jsonl"
         self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
-        self.common = ["--model", args.model, "--data", str(self.train), "--lora-rank", "16", "--seed", str(args.seed)]
-        self.short = ["--steps", "2"] if args.smoke else []  # --smoke: every arm's run two steps long
+        self.regime = getattr(args, "regime", "lora")
+        trains = ["--full"] if self.regime == "full" else ["--lora-rank", "16"]
+        self.common = ["--model", args.model, "--data", str(self.train), *trains, "--seed", str(args.seed)]
+        self.epochs = REGIME_EPOCHS.get(self.regime, 1)
+        self.lock = threading.Lock()  # arms run side by side (--parallel): one verdict and one write at a time
+        # --smoke: every arm's run two steps long; a long regime's recipe-shaped arms: its passes in 16-row steps
+        self.short = (["--steps", "2"] if args.smoke else
+                      ["--steps", str(self.epochs * trained_rows(len(task["train"])) // 16)] if self.epochs > 1 else [])
+        self.length = (["--steps", "2"] if args.smoke else  # leadline's own arms: the run's length in passes
+                       ["--epochs", str(self.epochs)] if self.epochs > 1 else [])
         self.base_plan = self.work / "base_plan.json"
         sys.path.insert(0, str(ROOT / "src"))  # the recipe arms' plan: nothing derived, the split's seed only
         from leadline.plan import Plan
@@ -521,16 +557,19 @@ class Arms:
         return True
 
     def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True) -> None:
-        if adapter is not None and (adapter / "adapter_config.json").exists():
-            t = time.perf_counter()
-            rec["verdict"] = self.judge.verdict(adapter, em=em)
-            rec["judge_seconds"] = time.perf_counter() - t
+        rec["regime"] = self.regime
+        if adapter is not None and ((adapter / "adapter_config.json").exists() or (adapter / "config.json").exists()):
+            with self.lock:
+                t = time.perf_counter()
+                rec["verdict"] = self.judge.verdict(adapter, em=em)
+                rec["judge_seconds"] = time.perf_counter() - t
             m = rec["verdict"]["metric"]
             log(unit, m, f"{rec['verdict'][m]:.4f}", f"cost {rec.get('decide_seconds', 0) + rec.get('train_seconds', 0):.0f}s")
         else:
             rec["failed"] = True
             log(unit, "FAILED")
-        self.board.put(unit, rec)
+        with self.lock:
+            self.board.put(unit, rec)
 
     def recipe_train(self, unit: str, lr: float, batch: int, warmup: float) -> tuple[dict[str, Any], Path]:
         """``leadline train --recipe`` at these numbers into the unit's own folder."""
@@ -582,9 +621,14 @@ class Arms:
             rec = {"decide_seconds": 0.0, "train_seconds": 0.0, "verdict": self.judge.verdict(None)}
             self.board.put("untrained", rec)
 
+    @property
+    def recipe_lr(self) -> float:
+        """The recipe's rate: 2e-4 with LoRA, 2e-5 for a full fine-tune (TRL's SFTConfig default)."""
+        return 2e-5 if self.regime == "full" else 2e-4
+
     def recipe(self) -> None:
         if not self.board.has("recipe"):
-            self.recipe_run("recipe", 2e-4)
+            self.recipe_run("recipe", self.recipe_lr)
 
     def sweep(self) -> None:
         for k, lr in enumerate(self.board.data["sweep_rates"]):
@@ -624,19 +668,44 @@ class Arms:
         self.recipe_run("lr_find_log", lr, decide=float(found.get("seconds") or 0.0),
                         extra={"range_test_of": "lr_find", "lightning_suggestion": found.get("suggestion")})
 
-    def schedulefree(self) -> None:
-        if self.board.has("schedulefree"):
+    def optimizer_arm(self, unit: str) -> None:
+        """An optimizer at the settings its users type (:data:`OPTIMIZERS`), 16 rows a step, the
+        regime's passes, by leadline's rows, collation and loss (:func:`worker_optimizer`)."""
+        if self.board.has(unit):
             return
-        run_dir = self.work / "run_schedulefree"
+        run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
         micro = recipe_micro(16, self.args.recipe_micro_batch)
-        t = proc([str(HERE / "scoreboard.py"), "--worker", "schedulefree", "--model", self.args.model, "--train", str(self.train),
-                  "--seed", str(self.args.seed), "--worker-out", str(run_dir), *(["--recipe-micro-batch", str(micro)] if micro else []),
+        t = proc([str(HERE / "scoreboard.py"), "--worker", unit, "--model", self.args.model, "--train", str(self.train),
+                  "--seed", str(self.args.seed), "--worker-out", str(run_dir), "--regime", self.regime,
+                  *(["--recipe-micro-batch", str(micro)] if micro else []),
                   *(["--smoke"] if self.args.smoke else [])],
-                 self.work / "schedulefree.log", self.args.timeout)
+                 self.work / f"{unit}.log", self.args.timeout)
         rec = {"decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
         rec["unseen_loss"] = unseen_loss(rec["run"])
-        self.finish("schedulefree", rec, run_dir if t["rc"] == 0 else None)
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+
+    def schedulefree(self) -> None:
+        self.optimizer_arm("schedulefree")
+
+    def leadline_default(self) -> None:
+        """``leadline run`` with nothing but the model, the data and the regime's length: the
+        command a user runs. Its cost is the one process's wall seconds, the model's load
+        included; its deciding is the overhead its plan records (steps not kept, held-out reads)."""
+        unit = "leadline"
+        if self.board.has(unit):
+            return
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        t = leadline(["run", *self.common, *self.length, "--out", str(run_dir)], self.work / f"{unit}.log",
+                     self.args.timeout)
+        run = run_json(run_dir)
+        decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
+        rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
+                               "unseen_loss": unseen_loss(run)}
+        if (run_dir / "plan.json").exists():
+            rec["plan"] = json.loads((run_dir / "plan.json").read_text())
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def leadline_arm(self, effort: str, rows_per_step: int | None = None, step_for: str = "time") -> None:
         unit = f"leadline_{effort}" + (f"_{rows_per_step}rows" if rows_per_step else "") + (
@@ -826,7 +895,13 @@ def _rm(p: Path) -> None:
 
 
 # ---- the workers: arms that are not leadline's CLI ----------------------------------------
-def _worker_task(model_path: str, train: str, seed: int = 0) -> tuple[Any, Any, Any, list[Any]]:
+def trained_rows(given: int) -> int:
+    """The rows an arm trains on of ``given``: leadline's split keeps 10% for the test (the board's
+    unseen split) and 10% (at most 256 rows) held out (:func:`leadline.corpus.splits.split_rows`)."""
+    return given - round(0.1 * given) - min(round(0.1 * given), 256)
+
+
+def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora") -> tuple[Any, Any, Any, list[Any]]:
     sys.path.insert(0, str(ROOT / "src"))
     import torch
     from peft import LoraConfig, get_peft_model
@@ -836,43 +911,79 @@ def _worker_task(model_path: str, train: str, seed: int = 0) -> tuple[Any, Any, 
     tok = load_tokenizer(model_path)
     model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(seed)  # the adapter's init, as `leadline train --seed SEED` draws it
-    cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
-    model = get_peft_model(model, cfg)
+    if regime == "full":
+        for p in model.parameters():
+            p.requires_grad_(True)
+    else:
+        cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+        model = get_peft_model(model, cfg)
     task, _ = prepare(model, tok, train, seed=seed)
     return model, tok, task, [p for _, p in trained_named_weights(model)]
 
 
-def worker_schedulefree(model_path: str, train: str, out: Path, micro: int | None = None,
-                        max_steps: int | None = None, seed: int = 0) -> None:
-    """AdamWScheduleFree at its defaults, 16 rows a step (``micro`` rows a pass, accumulated), one
-    pass, by leadline's own rows, collation and loss; saved at the averaged weights
+OPTIMIZERS = {
+    "schedulefree": "schedulefree.AdamWScheduleFree at its package defaults (lr 0.0025, betas 0.9/0.999, no warmup, "
+                    "no weight decay), evaluated at its averaged weights",
+    "schedulefree_algoperf": "AdamWScheduleFree at the settings that won AlgoPerf's self-tuning track (lr 0.0025, "
+                             "warmup 2% of the steps, weight decay 0.08, beta2 0.9955), at its averaged weights",
+    "prodigy": "prodigyopt.Prodigy at lr 1 (its README's setting), no weight decay, cosine annealing to the "
+               "run's length (torch's CosineAnnealingLR)",
+}
+"""The optimizers a user runs at their published settings, beside the recipe."""
+
+
+def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: int | None = None,
+                     max_steps: int | None = None, seed: int = 0, regime: str = "lora") -> None:
+    """``kind`` (:data:`OPTIMIZERS`) at 16 rows a step (``micro`` rows a pass, accumulated), the
+    regime's passes over the rows, by leadline's own rows, collation and loss; saved (and read on
+    the unseen split) at the weights its users keep: a schedule-free optimizer's averaged weights
     (``optimizer.eval()``)."""
-    import schedulefree
+    import torch
 
     from leadline.stats import mean_se
 
-    model, _, task, params = _worker_task(model_path, train, seed)
-    opt = schedulefree.AdamWScheduleFree(params)
+    model, _, task, params = _worker_task(model_path, train, seed, regime)
+    steps = min(max(1, REGIME_EPOCHS.get(regime, 1) * len(task.order) // 16), max_steps or 10**9)
+    sched = None
+    if kind.startswith("schedulefree"):
+        import schedulefree
+
+        opt = (schedulefree.AdamWScheduleFree(params) if kind == "schedulefree" else
+               schedulefree.AdamWScheduleFree(params, lr=0.0025, betas=(0.9, 0.9955), weight_decay=0.08,
+                                              warmup_steps=max(1, round(0.02 * steps))))
+    elif kind == "prodigy":
+        from prodigyopt import Prodigy
+
+        opt = Prodigy(params, lr=1.0)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
+    else:
+        raise SystemExit(f"--worker {kind} is not an optimizer arm; pass one of {', '.join(OPTIMIZERS)}")
     micro = micro or 16
     step_of = task.train_step_of(micro, 16 // micro)
-    steps = min(max(1, len(task.order) // 16), max_steps or 10**9)
     test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
+    averaged = hasattr(opt, "eval")
     t0 = time.monotonic()
     model.train()
-    opt.train()
+    if averaged:
+        opt.train()
     losses = []
     for s in range(steps):
         opt.zero_grad(set_to_none=True)
         losses.append(step_of(s))
         opt.step()
-    opt.eval()
+        if sched is not None:
+            sched.step()
+    if averaged:
+        opt.eval()
     model.eval()
     after = test()
     m, se = mean_se(after)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    (out / "run.json").write_text(json.dumps({"steps": steps, "seconds": time.monotonic() - t0, "lr": opt.defaults["lr"],
-                                              "final_train_loss": losses[-1], "test_loss_after": {"mean": m, "se": se}}))
+    (out / "run.json").write_text(json.dumps({"optimizer": kind, "settings": OPTIMIZERS[kind], "regime": regime,
+                                              "steps": steps, "seconds": time.monotonic() - t0,
+                                              "lr": opt.param_groups[0]["lr"], "final_train_loss": losses[-1],
+                                              "test_loss_after": {"mean": m, "se": se}}))
 
 
 def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = None,
@@ -929,7 +1040,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
+    for name in ("untrained", "recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
                  "leadline_run_quick_average", "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
                  "schedulefree", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
@@ -1360,6 +1471,60 @@ def write_readme(readme: Path, text: str) -> None:
 
 
 # ---- main ---------------------------------------------------------------------------------
+def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> None:
+    """Each named arm in turn, or ``parallel`` of them side by side (threads that each wait on the
+    arm's own processes; the judge and the board's file take one arm at a time). The sweep and
+    Optuna run after the others, one unit at a time: each unit is a whole run."""
+    table = {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "lr_find_log": arms.lr_find_log,
+             "optuna": arms.optuna, "leadline": arms.leadline_default,
+             "schedulefree": arms.schedulefree,
+             "schedulefree_algoperf": lambda: arms.optimizer_arm("schedulefree_algoperf"),
+             "prodigy": lambda: arms.optimizer_arm("prodigy"),
+             "leadline_quick": lambda: arms.leadline_arm("quick"),
+             "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
+             "leadline_run_quick": lambda: arms.leadline_run("quick"),
+             "leadline_run_quick_average": lambda: arms.leadline_run("quick", average=True),
+             "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
+             "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
+             "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
+             "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
+             "leadline_full_rows_to_zero": lambda: arms.to_zero("leadline_full_rows"),
+             "leadline_full_half_ending": lambda: arms.ending_variant("leadline_full", "leadline_full_half_ending",
+                                                                      ["--ending-share", "0.5"]),
+             "pichak_full": lambda: arms.pichak("full")}
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise SystemExit(f"--arms {','.join(unknown)}: not an arm; pass some of {', '.join(table)}")
+
+    def one(name: str) -> None:
+        if arms.out_of_time():
+            log(f"{name} not started: --stop-after reached; rerun the same command to go on")
+            return
+        if name not in ("sweep", "optuna") and not arms.fits(name):  # those two check each of their runs
+            return  # a shorter arm after it may still fit
+        log("arm", name)
+        try:
+            table[name]()
+        except Exception:  # recorded with the arm; the other arms still run
+            with arms.lock:
+                board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})
+                board.save()
+            log(name, "raised; recorded in failures")
+
+    searches = [n for n in names if n in ("sweep", "optuna")]
+    side_by_side = [n for n in names if n not in searches]
+    if parallel > 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            list(pool.map(one, side_by_side))
+    else:
+        for name in side_by_side:
+            one(name)
+    for name in searches:
+        one(name)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1369,7 +1534,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="the task's results JSON (default benchmarks/results/scoreboard_<task>.json)")
     ap.add_argument("--work", default="/tmp/scoreboard")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--train-rows", type=int, default=2000, help="training rows every arm gets (a seeded sample)")
+    ap.add_argument("--regime", choices=tuple(REGIMES), default="lora",
+                    help="; ".join(f"{k}: {v}" for k, v in REGIMES.items()))
+    ap.add_argument("--parallel", type=int, default=1, metavar="N",
+                    help="arms run as N processes side by side on the one GPU (the sweep and optuna stay one at a time)")
+    ap.add_argument("--train-rows", type=int, default=None,
+                    help="training rows every arm gets (a seeded sample; default: the regime's, 2000 or 1000)")
     ap.add_argument("--seed", type=int, default=0,
                     help="every arm's seed: the split of the training rows into trained and held out, their order "
                     "and the adapter's init (the rows given and the test rows stay the same); a seed other than 0 "
@@ -1401,11 +1571,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.recipe_micro_batch is None and args.card_gb > 0:
         args.recipe_micro_batch = 4
     if args.worker:
-        fn = {"schedulefree": worker_schedulefree, "lr_find": worker_lr_find}[args.worker]
         # --smoke: the fewest steps each worker can answer from (Lightning's suggestion skips the
         # range test's first 10 points and needs two after them)
-        fn(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
-           ({"lr_find": 16, "schedulefree": 2}[args.worker]) if args.smoke else None, args.seed)
+        if args.worker == "lr_find":
+            worker_lr_find(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
+                           16 if args.smoke else None, args.seed)
+        else:
+            worker_optimizer(args.worker, args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
+                             2 if args.smoke else None, args.seed, args.regime)
         return 0
     if args.table:
         paths = sorted(RESULTS.glob("scoreboard_*.json"))
@@ -1418,10 +1591,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sys.path.insert(0, str(ROOT / "src"))
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    if args.train_rows is None:
+        args.train_rows = REGIME_ROWS[args.regime]
     task = load_task(args.task, Path(args.data_dir), args.train_rows, args.test_rows)
     card = f"_{args.card_gb:g}gb" if args.card_gb > 0 else ""
     seeded = f"_seed{args.seed}" if args.seed else ""
-    out = Path(args.out or RESULTS / f"scoreboard_{args.task}{card}{seeded}.json")
+    regime = f"_{args.regime}" if args.regime != "lora" else ""
+    out = Path(args.out or RESULTS / f"scoreboard_{args.task}{regime}{card}{seeded}.json")
     board = Board(out, task, argv)
     if out.exists() and int(board.data.get("seed", 0)) != args.seed:  # a file from before --seed holds seed 0
         print(f"{out} holds seed {board.data.get('seed', 0)}'s arms, not --seed {args.seed}: pass --out with a new file "
@@ -1429,6 +1605,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     board.data["seed"] = args.seed
     board.data["card_gb"] = args.card_gb or None
+    board.data["regime"] = args.regime
+    board.data["regime_is"] = REGIMES[args.regime]
+    if args.regime == "full":  # a full fine-tune's rates sit 10x below LoRA's: the sweep's grid moves with them
+        board.data.setdefault("sweep_rates", [r / 10 for r in (SWEEP_RATES[::7] if args.smoke else SWEEP_RATES)])
     board.data.setdefault("sweep_rates", SWEEP_RATES[::7] if args.smoke else SWEEP_RATES)
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
@@ -1439,32 +1619,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = Arms(args, task, board, judge)
     arms.untrained()
     holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card
-    for name in args.arms.split(","):
-        if arms.out_of_time():
-            log("stopping: --stop-after reached; rerun the same command to go on")
-            break
-        if name not in ("sweep", "optuna") and not arms.fits(name):  # those two check each of their runs
-            continue  # a shorter arm after it may still fit
-        log("arm", name)
-        try:
-            {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "lr_find_log": arms.lr_find_log,
-             "optuna": arms.optuna,
-             "schedulefree": arms.schedulefree, "leadline_quick": lambda: arms.leadline_arm("quick"),
-             "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
-             "leadline_run_quick": lambda: arms.leadline_run("quick"),
-             "leadline_run_quick_average": lambda: arms.leadline_run("quick", average=True),
-             "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
-             "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
-             "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),
-             "leadline_full_16rows_to_zero": lambda: arms.to_zero("leadline_full_16rows"),
-             "leadline_full_rows_to_zero": lambda: arms.to_zero("leadline_full_rows"),
-             "leadline_full_half_ending": lambda: arms.ending_variant("leadline_full", "leadline_full_half_ending",
-                                                                      ["--ending-share", "0.5"]),
-             "pichak_full": lambda: arms.pichak("full")}[name]()
-        except Exception:  # recorded with the arm; the other arms still run
-            board.data.setdefault("failures", []).append({"arm": name, "traceback": traceback.format_exc()})
-            board.save()
-            log(name, "raised; recorded in failures")
+    run_arms(arms, board, args.arms.split(","), args.parallel)
     if holder is not None:
         holder.stdin.close()
         holder.wait(timeout=30)

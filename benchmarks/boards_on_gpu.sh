@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Run several scoreboard boards side by side on one GPU machine, each board a process whose arms
+# run as parallel processes, and bring every board's JSON back as one archive.
+#
+#   BOARDS="debian_sections:lora gsm_symbolic:full man_sections:short" ARMS=recipe,schedulefree,leadline \
+#       benchmarks/boards_on_gpu.sh
+#
+# Each BOARDS entry is TASK:REGIME (benchmarks/scoreboard.py --regime). Environment:
+#   ARMS       the arms of every board (default: the quick board: recipe, schedulefree, leadline)
+#   PARALLEL   arms side by side within a board (default 3)
+#   STOP       no new unit starts after this many seconds (default 420)
+#   MODEL      a Hugging Face folder; written once from /root/assets/smol.gguf when missing
+#   DATA       the shared data folder (default /root/assets/data)
+#   RESULTS    where the boards' JSON files are written (default benchmarks/results); with $OUT set
+#              (the device tool), they are also packed into $OUT/boards.tgz every 20 s and at the end,
+#              so a call cut at its limit still brings back every finished unit.
+# A board file already under RESULTS resumes: its finished units do not run again.
+set -uo pipefail
+
+MODEL=${MODEL:-/tmp/smol_hf}
+DATA=${DATA:-/root/assets/data}
+RESULTS=${RESULTS:-benchmarks/results}
+ARMS=${ARMS:-recipe,schedulefree,leadline}
+PARALLEL=${PARALLEL:-3}
+STOP=${STOP:-420}
+PY=${PYTHON:-python3}
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+if [[ ! -d $MODEL ]]; then
+  [[ -f /root/assets/smol.gguf ]] || { echo "no $MODEL and no /root/assets/smol.gguf to write it from" >&2; exit 2; }
+  $PY benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
+fi
+
+pack() {  # the boards written so far, into $OUT (the device tool brings it back)
+  [[ -n ${OUT:-} ]] || return 0
+  (cd "$RESULTS" && tar czf "$OUT/boards.tgz.tmp" scoreboard_*.json 2>/dev/null && mv "$OUT/boards.tgz.tmp" "$OUT/boards.tgz")
+}
+
+for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
+  task=${b%%:*} regime=${b#*:}
+  $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
+      --arms "$ARMS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$STOP" --work "/tmp/scoreboard_$regime" \
+      ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1 &
+done
+while [[ -n $(jobs -rp) ]]; do
+  sleep 20
+  pack
+  tail -qn 1 /tmp/board_*.log | cut -c1-160
+done
+wait
+pack
+if [[ -n ${OUT:-} ]]; then
+  tar czf "$OUT/board_logs.tgz" /tmp/board_*.log /tmp/scoreboard_*/*/*.log 2>/dev/null
+fi
+grep -h " accuracy \| test_ce \|FAILED\|raised" /tmp/board_*.log
