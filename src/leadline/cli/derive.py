@@ -30,10 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
 
 
-def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str) -> None:
+def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str,
+                       efforts: tuple[str, ...] = ("quick", "full")) -> None:
     """The options that shape the plan (``leadline derive`` and ``leadline run``): the effort,
     the run's length, the training length and the bound on the derive."""
-    p.add_argument("--effort", choices=("quick", "full"), default=effort, help=f"{effort_help} (default {effort})")
+    p.add_argument("--effort", choices=efforts, default=effort, help=f"{effort_help} (default {effort})")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
     g.add_argument("--epochs", type=float, metavar="E",

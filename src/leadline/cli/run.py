@@ -26,8 +26,14 @@ REPORT = "report.html"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    add_plan_arguments(p, effort="full", effort_help="quick: alpha1 and a rate grid raced inside the run; full: the "
-                       "look-ahead measures the rate and the run continues from its steps")
+    add_plan_arguments(p, effort="race", efforts=("race", "quick", "full"),
+                       effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps and the "
+                       "winner's steps kept, in at most --decide-share of the run; quick: alpha1 and an AdamW rate "
+                       "grid raced inside the run; full: the look-ahead measures the rate and the run continues from "
+                       "its steps")
+    p.add_argument("--decide-share", type=float, default=0.2, metavar="S",
+                   help="with --effort race: the share of the run's steps the decision may spend on steps it does not "
+                   "keep (default %(default)s)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     p.add_argument("--html", action="store_true", help=f"also write the plan's HTML report to DIR/{REPORT}")
@@ -57,10 +63,17 @@ def run(args: argparse.Namespace) -> int:
     if args.average_ending and args.effort != "quick":
         raise InputError("--average-ending races the averaged weights inside the quick effort's race, and --effort "
                          f"{args.effort} runs the LookaheadSchedule; pass --effort quick or leave --average-ending out")
+    if args.effort == "race":
+        if not 0 <= args.decide_share < 1:
+            raise InputError(f"--decide-share {args.decide_share:g} must be a share in [0, 1); pass 0.2 (the default) "
+                             "or 0 for no race")
+        if args.max_seconds is not None or args.quantile is not None or args.step_for is not None:
+            raise InputError("--max-seconds, --quantile and --step-for shape the quick and full efforts' derive; "
+                             "--effort race (the default) has no derive apart from the run: leave them out")
     check_device(args.device)
     made = not out.exists()
     try:
-        return _run(args, out)
+        return _run_race(args, out) if args.effort == "race" else _run(args, out)
     except BaseException:
         if made and out.is_dir() and not any(out.iterdir()):
             out.rmdir()  # the folder this command made, before anything whole was written in it
@@ -100,6 +113,38 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     print_run(res, out)
     print(f"derive {seconds['derive_seconds']:.1f} s + train {seconds['train_seconds']:.1f} s "
           f"(+ load {seconds['load_seconds']:.1f} s, once)")
+    return 0
+
+
+def _run_race(args: argparse.Namespace, out: Path) -> int:
+    """The default: one load, the opening race, the run (:func:`leadline.one_run.run_in_one`)."""
+    import time
+
+    from leadline.cli._common import load_for_training, ram_bound
+    from leadline.cli.train import show_step
+    from leadline.one_run import ROWS_PER_STEP, run_in_one
+
+    t_load = time.perf_counter()
+    with ram_bound(args.device):
+        model, tok = load_for_training(args)
+        load = time.perf_counter() - t_load
+        out.mkdir(exist_ok=True)
+        plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
+                               rows_per_step=args.rows_per_step or ROWS_PER_STEP, decide_share=args.decide_share,
+                               seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=show_step)
+    total = time.perf_counter() - t_load
+    _add_seconds(out / "run.json", {"load_seconds": load, "derive_seconds": plan.derive_seconds or 0.0,
+                                    "train_seconds": total - load - (plan.derive_seconds or 0.0)})
+    print(plan.report())
+    cost = res["cost"]
+    rows = res["micro_batch"] * res["grad_accum"]
+    print(f"\nlr {res['lr']:.3g} (schedule-free AdamW), {res['steps']} steps of {rows} rows; the decision's "
+          f"overhead {cost['overhead_steps']} steps ({cost['overhead_share']:.0%} of the run) and "
+          f"{cost['held_out_reads']} held-out reads")
+    if "test_loss_after" in res:
+        t = res["test_loss_after"]
+        print(f"test loss after the run {t['mean']:.4f} ± {t['se']:.4f} on {res['test_rows']} rows no decision read")
+    print(f"load {load:.1f} s + run {total - load:.1f} s; wrote {out}")
     return 0
 
 

@@ -1,0 +1,289 @@
+"""One run that pays for its own measurement: ``leadline run``'s default.
+
+One process and one load: the rows are tokenized and split as every leadline command splits them,
+the micro-batch is the most of the step's rows that runs (an out-of-memory error halves it: a
+measurement), the rate is decided on the run's own opening steps (:mod:`leadline.rate.opening`),
+and the run continues from the winner's weights and optimizer state, counting its steps. The
+optimizer is schedule-free AdamW, whose averaged weights are the model: nothing is rerun at the
+end. The plan's ``phases`` say where the seconds went: the steps kept, the steps not kept (the
+decision's overhead) and the held-out reads.
+
+    plan, result = run_in_one(model, tokenizer, "train.jsonl", out_dir="run")
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.plan import PhaseTime, Plan, Value
+from leadline.rate.opening import (
+    DECIDE_SHARE,
+    Reading,
+    answer_set,
+    answers_chosen,
+    climb,
+    collapsed,
+    horizon,
+    opening_rates,
+)
+
+ROWS_PER_STEP = 16
+"""The step's rows: the default recipe's (a constant: a run of a few hundred steps cannot pay for
+the noise probe that would measure it)."""
+WARMUP_SHARE = 0.02
+"""Schedule-free's warmup: 2% of the run (the setting that won AlgoPerf's self-tuning track)."""
+
+
+def run_steps_of(rows: int, rows_per_step: int, total_steps: int | None, epochs: float | None) -> int:
+    """The run's length: ``total_steps``, else ``epochs`` passes (one by default) over ``rows``.
+
+    Examples:
+        >>> run_steps_of(1600, 16, None, None), run_steps_of(800, 16, None, 3), run_steps_of(800, 16, 7, None)
+        (100, 150, 7)
+        >>> run_steps_of(8, 16, None, None)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: 8 training rows are fewer than one step of 16 rows; pass --rows-per-step 8 or less
+    """
+    if total_steps:
+        return int(total_steps)
+    if rows < rows_per_step:
+        raise InputError(f"{rows} training rows are fewer than one step of {rows_per_step} rows; pass "
+                         f"--rows-per-step {rows} or less")
+    return max(1, math.floor((epochs or 1.0) * rows / rows_per_step))
+
+
+def _optimizer(params: list[Any], lr: float, warmup: int) -> Any:
+    try:
+        import schedulefree
+    except ImportError:
+        raise InputError("leadline run trains with schedule-free AdamW; pip install 'leadline[hf]' (it brings "
+                         "schedulefree), or pass --effort quick or full") from None
+    return schedulefree.AdamWScheduleFree(params, lr=lr, warmup_steps=warmup, weight_decay=0.0)
+
+
+class _Opening:
+    """The candidates' runs from one start: each restores the start, runs ``h`` steps with its
+    own optimizer, reads the held-out rows at its averaged weights, and keeps what the winner
+    needs to go on (its weights in train mode, its optimizer, the RNG state)."""
+
+    def __init__(self, task: Any, params: list[Any], step: Callable[[int], float], h: int, warmup: int) -> None:
+        import torch
+
+        from leadline.rate.state import capture_rng
+
+        self.task, self.params, self.step, self.h, self.warmup = task, params, step, h, warmup
+        self.start = [p.detach().clone() for p in params]
+        self.rng = capture_rng()
+        self.kept: dict[float, tuple[list[Any], Any, dict[str, Any]]] = {}
+        self.read = task.held_out_losses()
+        self.answers = answer_set(task.rows, task.split.train)
+        self.gold = ([self.answers.index(a) if a in self.answers else -1 for a in
+                      (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in task.split.held_out)]
+                     if self.answers else None)
+        self.reads = self.steps = 0
+        self.read_seconds = self.step_seconds = 0.0
+        self.torch = torch
+
+    def __call__(self, lr: float) -> Reading:
+        from leadline.rate.state import capture_rng, restore_rng
+
+        with self.torch.no_grad():
+            for p, s in zip(self.params, self.start):
+                p.copy_(s)
+        restore_rng(self.rng)
+        opt = _optimizer(self.params, lr, self.warmup)
+        self.task.model.train()
+        opt.train()
+        t = time.perf_counter()
+        finite = _take_steps(opt, self.step, range(self.h))
+        self.step_seconds += time.perf_counter() - t
+        self.steps += self.h
+        self.kept[lr] = ([p.detach().clone() for p in self.params], opt, capture_rng())
+        if not finite:
+            return Reading(lr, [math.inf] * max(1, len(self.task.split.held_out)))
+        opt.eval()
+        t = time.perf_counter()
+        losses = self.read()
+        choices = (answers_chosen(self.task.model, self.task.rows, self.task.split.held_out, self.answers,
+                                  self.task.device, self.task.pad_id) if self.answers else None)
+        self.read_seconds += time.perf_counter() - t
+        self.reads += 1
+        opt.train()
+        gone = choices is not None and collapsed(choices, self.gold or [])
+        return Reading(lr, losses, choices, gone)
+
+    def resume(self, lr: float) -> Any:
+        """The winner's weights, RNG and optimizer put back; the others' copies freed."""
+        from leadline.rate.state import restore_rng
+
+        weights, opt, rng = self.kept[lr]
+        with self.torch.no_grad():
+            for p, w in zip(self.params, weights):
+                p.copy_(w)
+        restore_rng(rng)
+        self.kept.clear()
+        self.start = []
+        return opt
+
+
+def _first(row: Any) -> int:
+    return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
+
+
+def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
+                on_step: Callable[[dict[str, Any]], None] | None = None, t0: float | None = None) -> bool:
+    """The optimizer steps ``steps``; False at the first non-finite loss (the step not taken)."""
+    for s in steps:
+        opt.zero_grad(set_to_none=True)
+        loss = step(s)
+        if not math.isfinite(loss):
+            opt.zero_grad(set_to_none=True)
+            return False
+        opt.step()
+        if on_step is not None:
+            on_step({"step": s, "loss": loss, "lr": float(opt.param_groups[0]["lr"]),
+                     "seconds": time.monotonic() - (t0 or 0.0)})
+    return True
+
+
+def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
+    """The most rows of a step (a divisor of it) whose forward and backward at the corpus's longest
+    rows runs: each out-of-memory error halves it. Off a CUDA card the whole step runs at once."""
+    import torch
+
+    tried: list[dict[str, Any]] = []
+    mb = rows_per_step
+    on_card = str(task.device).startswith("cuda")
+    while on_card:
+        try:
+            task.loss_of(mb, task.seq_len).backward()
+            tried.append({"rows": mb, "verdict": "runs"})
+            break
+        except torch.OutOfMemoryError:
+            tried.append({"rows": mb, "verdict": "out of memory"})
+            if mb == 1:
+                raise InputError(f"one row of {task.seq_len} tokens does not fit this card; pass a smaller "
+                                 "--seq-len, --gradient-checkpointing or --load-in-4bit") from None
+            mb = max(d for d in range(1, mb) if rows_per_step % d == 0 and d <= mb // 2)
+        finally:
+            task.model.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+    return mb, tried
+
+
+def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None = None, epochs: float | None = None,
+               rows_per_step: int = ROWS_PER_STEP, decide_share: float = DECIDE_SHARE, seed: int = 0,
+               seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
+               on_step: Callable[[dict[str, Any]], None] | None = None) -> tuple[Plan, dict[str, Any]]:
+    """Decide the rate on the run's opening steps and train to the end, in one process.
+
+    Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
+    record (the curve, the test verdict). With ``out_dir`` the adapter (or the weights),
+    ``plan.json`` and ``run.json`` are written there.
+    """
+    from leadline.hf import prepare, trained_named_weights
+    from leadline.hf.task import trained_as_of
+    from leadline.provenance import describe_data
+    from leadline.stats import mean_se
+
+    t_all = time.perf_counter()
+    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed)
+    params = [p for _, p in trained_named_weights(model)]
+    steps = run_steps_of(len(task.order), rows_per_step, total_steps, epochs)
+    trained_as = trained_as_of(model)
+    h = min(horizon(steps, decide_share), steps)
+    warmup = max(1, round(WARMUP_SHARE * steps))
+    plan = Plan(data=describe_data(data), held_out=task.split.as_dict())
+    plan.model = {"trained_as": trained_as, "trained_parameters": int(sum(p.numel() for p in params))}
+    t = time.perf_counter()
+    mb, tried = _micro_batch(task, rows_per_step)
+    fit_seconds = time.perf_counter() - t
+    step = task.train_step_of(mb, rows_per_step // mb)
+    rates = opening_rates(trained_as)
+    t0 = time.monotonic()
+    t = time.perf_counter()
+    if h:
+        opening = _Opening(task, params, step, h, warmup)
+        decision, readings = climb(opening, rates)
+        opt = opening.resume(decision.lr)
+        race = {"horizon_steps": h, "rates": list(rates), "tests": decision.tests, "decide_share": decide_share,
+                "readings": {f"{lr:.3g}": {"mean": r.mean, "collapsed": r.collapsed} for lr, r in readings.items()},
+                "collapse_checked": opening.answers is not None}
+        kept, overhead = h, opening.steps - h
+        reads, read_seconds, step_seconds = opening.reads, opening.read_seconds, opening.step_seconds
+        lr, start = decision.lr, h
+        lr_value = Value(lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
+                         f"{h} steps: {decision.sentence()}; its {h} steps are the run's first", evidence=race,
+                         unit="per step")
+    else:
+        lr, start, kept, overhead, reads, read_seconds, step_seconds = rates[0], 0, 0, 0, 0, 0.0, 0.0
+        opt = _optimizer(params, lr, warmup)
+        opt.train()
+        lr_value = Value(lr, "constant", f"schedule-free AdamW's default for {trained_as}: a run of {steps} steps "
+                         f"is too short to race rates within {decide_share:.0%} of its steps", unit="per step")
+    race_seconds = time.perf_counter() - t
+    model.train()
+    t = time.perf_counter()
+    curve: list[dict[str, Any]] = []
+    finite = _take_steps(opt, step, range(start, steps), lambda r: (curve.append(r), on_step and on_step(r)), t0)
+    if not finite:
+        raise InputError(f"the training loss stopped being finite after step {start + len(curve)} at the rate "
+                         f"{lr:.3g}; pass a shorter --seq-len or check the data for empty or broken rows")
+    run_seconds = time.perf_counter() - t
+    opt.eval()  # the averaged weights: the model
+    model.eval()
+    after = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
+             if task.split.test else None)
+    _values(plan, mb, tried, rows_per_step, steps, warmup, lr_value, h, fit_seconds, profile)
+    plan.phases = [PhaseTime("memory", fit_seconds, 0, ("micro_batch",)),
+                   PhaseTime("rate", race_seconds, kept + overhead, ("lr",) if lr != rates[0] else (),
+                             step_seconds=step_seconds, reads=reads, read_seconds=read_seconds),
+                   PhaseTime("run", run_seconds, steps - start)]
+    plan.derive_seconds = fit_seconds + race_seconds
+    cost = {"kept_steps": kept, "overhead_steps": overhead, "run_steps": steps, "held_out_reads": reads,
+            "overhead_share": overhead / steps, "budget_share": decide_share,
+            "budget_held": overhead <= decide_share * steps + 1e-9}
+    plan.notes.append(f"the decision's overhead: {overhead} optimizer steps not kept ({overhead / steps:.0%} of the "
+                      f"run's {steps}; the budget {decide_share:.0%}) and {reads} held-out reads")
+    result: dict[str, Any] = {"steps": steps, "micro_batch": mb, "grad_accum": rows_per_step // mb, "lr": lr,
+                              "optimizer": "schedule_free_adamw", "curve": curve, "cost": cost,
+                              "seconds": time.perf_counter() - t_all, "test_rows": len(task.split.test)}
+    if after is not None:
+        m, se = mean_se(after)
+        result["test_loss_after"] = {"mean": m, "se": se}
+    if out_dir is not None:
+        from leadline.train import _save
+
+        out = Path(out_dir)
+        _save(model, out, result)
+        plan.to_json(out / "plan.json")
+    return plan, result
+
+
+def _values(plan: Plan, mb: int, tried: list[dict[str, Any]], rows_per_step: int, steps: int, warmup: int,
+            lr: Value, h: int, fit_seconds: float, profile: Any) -> None:
+    plan.set("micro_batch", Value(mb, "measured" if tried else "derived",
+                                  (f"the most of the step's {rows_per_step} rows whose forward and backward at the "
+                                   f"longest rows ran" if tried else "the whole step: off a CUDA card nothing "
+                                   "refuses a batch"), evidence=tried or None, seconds=fit_seconds, unit="rows"))
+    plan.set("grad_accum", Value(rows_per_step // mb, "derived", "the step's rows over the micro-batch"))
+    plan.set("rows_per_step", Value(rows_per_step, "constant", "the default recipe's 16 rows a step: a run this "
+                                    "long cannot pay for the noise probe that would measure it", unit="rows"))
+    plan.set("lr", lr)
+    plan.set("optimizer", Value("schedule_free_adamw", "constant", "schedule-free AdamW: its averaged weights are "
+                                "the model at every step, so the run needs no ending and no rerun"))
+    plan.set("warmup_steps", Value(warmup, "constant", f"{WARMUP_SHARE:.0%} of the run (schedule-free's warmup at "
+                                   "the settings that won AlgoPerf's self-tuning track)", unit="steps"))
+    plan.set("weight_decay", Value(0.0, "constant", "0: a fine-tune starts from weights worth keeping"))
+    plan.set("total_steps", Value(steps, "derived", f"the run's length: its passes over the training rows at "
+                                  f"{rows_per_step} rows a step", unit="steps"))
+    plan.set("opening_steps", Value(h, "derived", "each candidate's steps in the opening race: the two losers' "
+                                    "steps fit the decision's share of the run", unit="steps"))
+    plan.set("seq_len", Value(int(profile.seq_len), "measured", "the corpus's longest row", unit="tokens"))

@@ -1,0 +1,231 @@
+"""The opening race: the run's rate decided on the run's own opening steps, and kept.
+
+Schedule-free AdamW (Defazio et al. 2024) runs the whole job: its averaged weights are the
+model at every step, so the run needs no ending and no rerun of its tail. What its README leaves
+to the user, the rate, is decided on the run's first ``h`` optimizer steps:
+
+1. the candidates are the default ``c`` (2.5e-3 for adapters, schedule-free's own default;
+   2.5e-4 for every weight, a tenth, the ratio of TRL's defaults 2e-4 / 2e-5 and of published LoRA
+   guidance) and its neighbours ``4c`` and ``c/4``;
+2. each runs the same ``h`` steps on the same opening rows from the same start, and is read on
+   the held-out rows at its averaged weights;
+3. ``c`` is the incumbent; ``4c`` replaces it only when its held-out loss is lower by the one-sided
+   paired t at 5% and its held-out answers did not collapse; only if ``4c`` did not replace it,
+   ``c/4`` runs and replaces ``c`` on the same test. A rate never reaches the run without beating
+   the rate the user would have typed on rows no step trained on;
+4. the winner's ``h`` steps are the run's first: the run continues from its weights and optimizer
+   state. The losers' steps are the decision's overhead: at most ``2h``, and ``h`` is set so
+   that ``2h`` is the decision's share of the run (``decide_share``, 20% by default).
+
+A candidate *collapses* when the data has a small set of answers (at most :data:`MAX_ANSWERS`
+distinct completions among the training rows) and, on the held-out rows, one answer takes over
+60% of its choices where the held-out gold's majority is under 40% (the scoreboard's rule).
+
+Reference: Defazio et al. 2024, "The Road Less Scheduled", <https://arxiv.org/abs/2405.15682>.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from leadline.errors import InputError
+from leadline.rate.compare import compare
+
+DEFAULT_RATE = {"factors": 2.5e-3, "weights": 2.5e-4}
+"""The incumbent ``c`` by what is trained: an adapter's factors or every weight."""
+SPREAD = 4.0
+"""The challengers' distance from ``c``: ``4c`` and ``c/4``."""
+DECIDE_SHARE = 0.2
+"""The share of the run's steps the decision may spend on steps it does not keep."""
+MAX_ANSWERS = 32
+"""Data with at most this many distinct completions is checked for collapse."""
+ALPHA = 0.05
+
+
+def opening_rates(trained_as: str) -> tuple[float, float, float]:
+    """The incumbent and its two challengers, in the order they run: ``c``, ``4c``, ``c/4``.
+
+    Examples:
+        >>> opening_rates("factors")
+        (0.0025, 0.01, 0.000625)
+        >>> opening_rates("weights")
+        (0.00025, 0.001, 6.25e-05)
+        >>> opening_rates("bits")
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: trained_as must be 'factors' or 'weights', got 'bits'
+    """
+    if trained_as not in DEFAULT_RATE:
+        raise InputError(f"trained_as must be 'factors' or 'weights', got {trained_as!r}")
+    c = DEFAULT_RATE[trained_as]
+    return c, c * SPREAD, c / SPREAD
+
+
+def horizon(total_steps: int, decide_share: float = DECIDE_SHARE) -> int:
+    """``h``: the steps each candidate runs, so that the two losers' ``2h`` steps are at most
+    ``decide_share`` of the run; 0 where the run is too short for a race (``h`` under 2 steps).
+
+    Examples:
+        >>> horizon(107), horizon(50), horizon(10), horizon(107, 0.0)
+        (10, 5, 0, 0)
+        >>> horizon(100, 1.5)
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: decide_share must be in [0, 1), got 1.5
+    """
+    if not 0 <= decide_share < 1:
+        raise InputError(f"decide_share must be in [0, 1), got {decide_share}")
+    h = math.floor(decide_share * total_steps / 2)
+    return h if h >= 2 else 0
+
+
+def collapsed(choices: Sequence[Any], gold: Sequence[Any]) -> bool:
+    """One answer over 60% of the choices where the gold's majority is under 40%.
+
+    Examples:
+        >>> collapsed(["a"] * 7 + ["b"] * 3, list("abcdabcdab"))
+        True
+        >>> collapsed(["a"] * 5 + ["b"] * 5, list("abcdabcdab"))
+        False
+        >>> collapsed(["a"] * 10, ["a"] * 9 + ["b"])  # the gold itself is one answer
+        False
+    """
+    if not choices or not gold:
+        return False
+    top = Counter(choices).most_common(1)[0][1] / len(choices)
+    majority = Counter(gold).most_common(1)[0][1] / len(gold)
+    return top > 0.6 and majority < 0.4
+
+
+@dataclass
+class Reading:
+    """One candidate after its ``h`` steps: its held-out losses (at the averaged weights) and,
+    where the data has a small set of answers, the answers it chose."""
+
+    lr: float
+    losses: list[float]
+    choices: list[Any] | None = None
+    collapsed: bool = False
+
+    @property
+    def mean(self) -> float:
+        return math.fsum(self.losses) / len(self.losses) if self.losses else math.inf
+
+
+@dataclass
+class Decision:
+    """What the climb decided: the kept rate and each step of the rule, for the plan's evidence."""
+
+    lr: float
+    tests: list[dict[str, Any]] = field(default_factory=list)
+
+    def sentence(self) -> str:
+        last = self.tests[-1] if self.tests else None
+        if last is None:
+            return "the default: the run was too short to race"
+        return "; ".join(t["why"] for t in self.tests)
+
+
+def challenge(incumbent: Reading, challenger: Reading) -> dict[str, Any]:
+    """Does ``challenger`` replace ``incumbent``? Lower held-out loss by the one-sided paired t at
+    :data:`ALPHA`, and no collapse.
+
+    Examples:
+        >>> a = Reading(1e-3, [1.0, 2.0, 3.0, 4.0])
+        >>> b = Reading(4e-3, [0.9, 1.9, 2.8, 3.9])
+        >>> challenge(a, b)["replaces"], challenge(b, a)["replaces"]
+        (True, False)
+        >>> b.collapsed = True
+        >>> challenge(a, b)["why"]
+        '0.004 read lower but its held-out answers collapsed to one: dropped'
+    """
+    v = compare(challenger.losses, incumbent.losses, alpha=ALPHA)
+    test = {"incumbent": incumbent.lr, "challenger": challenger.lr, "incumbent_mean": incumbent.mean,
+            "challenger_mean": challenger.mean, **v.as_dict()}
+    if challenger.collapsed:
+        why = f"{challenger.lr:.3g} read lower but its held-out answers collapsed to one: dropped"
+        return {**test, "replaces": False, "why": why if v.better else f"{challenger.lr:.3g} collapsed: dropped"}
+    if v.better:
+        why = (f"{challenger.lr:.3g} beat {incumbent.lr:.3g} ({challenger.mean:.4f} against {incumbent.mean:.4f}, "
+               f"paired t {v.diff.t:.2f} past {v.bar:.2f})" if v.diff is not None else
+               f"{challenger.lr:.3g} beat {incumbent.lr:.3g}, which diverged")
+        return {**test, "replaces": True, "why": why}
+    t = f", paired t {v.diff.t:.2f}" if v.diff is not None else ", diverged"
+    why = f"{challenger.lr:.3g} did not beat {incumbent.lr:.3g} ({challenger.mean:.4f} against {incumbent.mean:.4f}{t})"
+    return {**test, "replaces": False, "why": why}
+
+
+def climb(run: Callable[[float], Reading], rates: Sequence[float]) -> tuple[Decision, dict[float, Reading]]:
+    """The rule: ``rates[0]`` the incumbent, ``rates[1]`` (higher) challenges it; only when it did
+    not replace it, ``rates[2]`` (lower) challenges. ``run(lr)`` runs a candidate and reads it.
+
+    Examples:
+        A higher rate that reads lower wins, and the lower one never runs:
+
+        >>> table = {1.0: [2.0, 2.1, 2.2], 4.0: [1.0, 1.1, 1.3], 0.25: [0.1, 0.1, 0.1]}
+        >>> d, ran = climb(lambda lr: Reading(lr, table[lr]), [1.0, 4.0, 0.25])
+        >>> d.lr, sorted(ran)
+        (4.0, [1.0, 4.0])
+
+        A higher rate that does not read lower leaves the lower one to challenge:
+
+        >>> table[4.0] = [2.5, 2.6, 2.6]
+        >>> d, ran = climb(lambda lr: Reading(lr, table[lr]), [1.0, 4.0, 0.25])
+        >>> d.lr, sorted(ran)
+        (0.25, [0.25, 1.0, 4.0])
+    """
+    readings = {rates[0]: run(rates[0])}
+    decision = Decision(lr=rates[0])
+    for lr in rates[1:]:
+        readings[lr] = run(lr)
+        test = challenge(readings[decision.lr], readings[lr])
+        decision.tests.append(test)
+        if test["replaces"]:
+            decision.lr = lr
+            break
+    return decision, readings
+
+
+# ---- answers: the collapse check ------------------------------------------------------------
+def answer_set(rows: Sequence[Any], train: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """The distinct completions (scored token ids) of the training rows, or None where there are
+    more than :data:`MAX_ANSWERS` (free text: no collapse to check)."""
+    seen: dict[tuple[int, ...], None] = {}
+    for i in train:
+        seen[_answer(rows[i])] = None
+        if len(seen) > MAX_ANSWERS:
+            return None
+    return list(seen) if len(seen) >= 2 else None
+
+
+def _first_scored(row: Any) -> int:
+    return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
+
+
+def _answer(row: Any) -> tuple[int, ...]:
+    return tuple(row.input_ids[_first_scored(row):])
+
+
+def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
+                   device: Any, pad_id: int) -> list[int]:
+    """For each held-out row, the index of the answer with the highest summed log-probability
+    after the row's prompt (one batched read of every row with every answer)."""
+    from leadline.corpus import TokenizedRow
+    from leadline.corpus.losses import row_losses
+
+    tried = []
+    for i in held:
+        prompt = rows[i].input_ids[:_first_scored(rows[i])]
+        for ans in answers:
+            tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
+    means = row_losses(model, tried, None, device, pad_id=pad_id)
+    k = len(answers)
+    out = []
+    for j in range(len(held)):
+        nll = [means[j * k + a] * max(1, tried[j * k + a].scored_tokens) for a in range(k)]
+        out.append(min(range(k), key=nll.__getitem__))
+    return out
