@@ -1,6 +1,7 @@
-"""Build the scoreboard's extra data sets (issue 23): man_sections and debian_summary.
+"""Build the scoreboard's extra data sets: man_sections, debian_summary, py_modules, code_trace.
 
-Run from anywhere: ``python3 benchmarks/data/build.py``. It writes, next to this file,
+Run from anywhere: ``python3 benchmarks/data/build.py [name ...]`` (no name: all four). It
+writes, next to this file,
 
 - ``man_sections_{train,test}.jsonl``: {"text", "label", "name", "package"}; the NAME-line
   description of an English man page installed on this machine, labelled with its section
@@ -8,11 +9,19 @@ Run from anywhere: ``python3 benchmarks/data/build.py``. It writes, next to this
 - ``debian_summary_{train,test}.jsonl``: {"prompt", "completion", "package"}; a Debian
   package's long description and, as the completion, its one-line summary, split out of
   ``../shared/data/debian_sections_{train,test}.jsonl`` (same train/test split).
+- ``py_modules_{train,test}.jsonl``: {"text", "function", "label", "source", "package"}; the
+  docstring of a function or method in Debian's CPython 3.11 standard library
+  (/usr/lib/python3.11, read with ``ast``, nothing imported), labelled with the module a user
+  imports (18 classes), every word containing a module name masked as ``___``.
+- ``code_trace_{train,test}.jsonl``: {"prompt", "completion", "answer"}; a generated Python
+  function of two arguments and a call, the completion its evaluation line by line ending
+  ``#### <answer>``; each answer checked against what Python returns.
 
-What it reads: /usr/share/man/man{1,2,3,8} (through man-db's ``lexgrog``), dpkg's file
-lists (/var/lib/dpkg/info/*.list, what ``dpkg -S`` reads) and apt's bookworm Packages list
-(/var/lib/apt/lists, through ``apt-helper cat-file``). Everything is deterministic: sorted
-inputs, ``random.Random(0)``. It prints the counts the README quotes, and a keyword baseline.
+What it reads: /usr/share/man/man{1,2,3,8} (through man-db's ``lexgrog``), /usr/lib/python3.11,
+dpkg's file lists (/var/lib/dpkg/info/*.list, what ``dpkg -S`` reads) and apt's bookworm
+Packages list (/var/lib/apt/lists, through ``apt-helper cat-file``). Everything is
+deterministic: sorted inputs, ``random.Random(0)``. It prints the counts the README quotes, and
+a keyword baseline for the classification sets.
 """
 
 from __future__ import annotations
