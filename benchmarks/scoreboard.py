@@ -16,6 +16,13 @@ Tasks (``--task``):
                    the unit the search picks only).
   debian_summary   a package's one-line summary written from its long description
                    (benchmarks/data/README.md); test cross-entropy per token (paired t).
+  py_modules       18-class standard-library module (asyncio, email, turtle, xml, ...) of a
+                   CPython 3.11 function from its name and docstring, module names masked
+                   (benchmarks/data/README.md); accuracy as above; McNemar.
+  code_trace       the return value of a generated Python function of two arguments (two or
+                   three assignments and a return), worked line by line and ending ``#### <value>``
+                   (benchmarks/data/README.md); test cross-entropy per completion token (paired t)
+                   and exact match as for gsm_symbolic.
 
 Arms (``--arms``), each the way its users run it; an arm's cost is the wall seconds of its own
 processes (model loading included, the same for every arm), deciding and training:
@@ -233,8 +240,21 @@ def load_task(name: str, data_dir: Path, train_rows: int, test_rows: int) -> dic
         train = read_jsonl(local / "debian_summary_train.jsonl")
         test = read_jsonl(local / "debian_summary_test.jsonl")
         kind, labels = "generate", None
+    elif name == "py_modules":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": f"Python function {r['function']}: {r['text']}\nModule:", "completion": " " + r["label"]}
+        train = read_jsonl(local / "py_modules_train.jsonl")
+        test = read_jsonl(local / "py_modules_test.jsonl")
+        kind, labels = "classify", sorted({r["label"] for r in train})
+    elif name == "code_trace":
+        def pc(r: dict[str, Any]) -> dict[str, Any]:
+            return {"prompt": r["prompt"], "completion": r["completion"], "answer": r["answer"]}
+        train = read_jsonl(local / "code_trace_train.jsonl")
+        test = read_jsonl(local / "code_trace_test.jsonl")
+        kind, labels = "generate", None
     else:
-        raise SystemExit(f"--task {name} is not a task; pass one of debian_sections, man_sections, gsm_symbolic, debian_summary")
+        raise SystemExit(f"--task {name} is not a task; pass one of debian_sections, man_sections, gsm_symbolic, "
+                         "debian_summary, py_modules, code_trace")
     tr = [pc(r) for r in _take(train, train_rows)]
     te = []
     for r in _take(test, test_rows):
@@ -242,7 +262,8 @@ def load_task(name: str, data_dir: Path, train_rows: int, test_rows: int) -> dic
         if kind == "classify":
             row["label"] = r["label"]
         te.append(row)
-    return {"name": name, "kind": kind, "labels": labels, "train": tr, "test": te}
+    return {"name": name, "kind": kind, "labels": labels, "train": tr, "test": te,
+            "em": name in ("gsm_symbolic", "code_trace")}
 
 
 # ---- running an arm's processes -----------------------------------------------------------
@@ -461,7 +482,7 @@ class Judge:
 
     @property
     def has_em(self) -> bool:
-        return self.task["name"] == "gsm_symbolic" and self.em_rows > 0
+        return bool(self.task.get("em")) and self.em_rows > 0
 
     def _generate(self, model: Any, em: bool = True) -> dict[str, Any]:
         seqs = []
