@@ -31,9 +31,14 @@ if [[ ! -d $MODEL ]]; then
   $PY benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
 fi
 
+files=()  # the boards this call runs, and only those: an archive of every board would carry back stale copies
+for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
+  task=${b%%:*} regime=${b#*:}
+  [[ $regime == lora ]] && files+=("scoreboard_${task}.json") || files+=("scoreboard_${task}_${regime}.json")
+done
 pack() {  # the boards written so far, into $OUT (the device tool brings it back)
   [[ -n ${OUT:-} ]] || return 0
-  (cd "$RESULTS" && tar czf "$OUT/boards.tgz.tmp" scoreboard_*.json 2>/dev/null && mv "$OUT/boards.tgz.tmp" "$OUT/boards.tgz")
+  (cd "$RESULTS" && tar czf "$OUT/boards.tgz.tmp" "${files[@]}" 2>/dev/null; mv "$OUT/boards.tgz.tmp" "$OUT/boards.tgz")
 }
 
 for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
@@ -45,11 +50,11 @@ done
 while [[ -n $(jobs -rp) ]]; do
   sleep 20
   pack
-  tail -qn 1 /tmp/board_*.log | cut -c1-160
+  for b in $BOARDS; do tail -qn 1 "/tmp/board_${b%%:*}_${b#*:}.log" | cut -c1-160; done
 done
 wait
 pack
 if [[ -n ${OUT:-} ]]; then
   tar czf "$OUT/board_logs.tgz" /tmp/board_*.log /tmp/scoreboard_*/*/*.log 2>/dev/null
 fi
-grep -h " accuracy \| test_ce \|FAILED\|raised" /tmp/board_*.log
+for b in $BOARDS; do grep -h " accuracy \| test_ce \|FAILED\|raised" "/tmp/board_${b%%:*}_${b#*:}.log"; done
