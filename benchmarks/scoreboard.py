@@ -1120,6 +1120,59 @@ def outcome(c: dict[str, Any] | None) -> str:
     return f"{c['diff']:+.4f} ({p}, {word})"
 
 
+BOARD_ARMS = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy", "leadline_run", "leadline"]
+"""The columns of the boards table: the defaults a user would type, today's leadline run (the
+full effort) where the board ran it, and the default command ``leadline``."""
+
+
+def board_name(data: dict[str, Any]) -> str:
+    regime = data.get("regime") or "lora"
+    card = f", {data['card_gb']:g} GB card" if data.get("card_gb") else ""
+    return f"{data['task']} · {regime}{card}"
+
+
+def boards_table(paths: list[Path]) -> str:
+    """One row a board (task x regime): each arm's test metric, then the default arm ``leadline``
+    against the recipe and against schedule-free at its defaults (rules W and L: McNemar on
+    accuracy, paired t on row CE, p < 0.05; C: a collapse), and leadline's cost as a ratio of the
+    recipe's (each arm's processes' wall seconds, the model's loads included, in the same call)."""
+    head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
+            "| leadline's cost / recipe's |")
+    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 5)]
+    tally = Counter()
+    for path in paths:
+        data = json.loads(path.read_text())
+        arms = arms_of(data)
+        if "leadline" not in arms and not any(a in arms for a in BASELINES[1:]):
+            continue  # a board of the earlier arms only (docs/results.md keeps it)
+        kind, gold = data["kind"], data.get("gold", [])
+        metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
+        cells = []
+        for name in BOARD_ARMS:
+            a = arms.get(name)
+            v = (a or {}).get("verdict") or {}
+            if not v:
+                cells.append("–")
+                continue
+            cell = f"{v[v['metric']]:.4f}" + (" (collapse)" if collapsed(data, v) else "")
+            cells.append(cell)
+        lead = arms.get("leadline")
+        words = []
+        for other in ("recipe", "schedulefree"):
+            c = compare(kind, lead, arms[other], gold) if lead and other in arms else None
+            word = "–" if c is None else outcome(c).rsplit(", ", 1)[-1].rstrip(")")
+            tally[(other, word)] += 1
+            words.append(word if c is None else f"{word} (p {c['p']:.2g})")
+        ratio = (f"{lead['cost'] / arms['recipe']['cost']:.2f}x" if lead and "recipe" in arms
+                 and arms["recipe"].get("cost") else "–")
+        lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells) + f" | {words[0]} | {words[1]} | {ratio} |")
+    lines.append("")
+    lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
+                 + "; against schedule-free at its defaults: "
+                 + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")
+    return "\n".join(lines)
+
+
 def table(paths: list[Path]) -> str:
     """The README's results: one table a task, from the tasks' results files, and where a task ran
     at more than one seed, the arms seed by seed (:func:`seeds_table`)."""
