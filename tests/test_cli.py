@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 from leadline import Plan, Value
 from leadline.cli import COMMANDS, main
@@ -53,6 +54,24 @@ def test_report_prints_plan_and_writes_html(tmp_path, capsys, monkeypatch):
     assert "micro_batch = 2 rows  [measured] the ramp kept 2 rows" in capsys.readouterr().out
     assert main(["report", path, "--why", "rows"]) == 0
     assert capsys.readouterr().out.splitlines()[:2] == ["rows = 32  [measured]", "rows read from train.jsonl"]
+
+
+def test_derive_prints_the_table_first_and_where_the_sentences_are(tmp_path, capsys, monkeypatch):
+    """What ``leadline derive`` and ``leadline run`` print once the plan is written."""
+    from leadline.cli.derive import write_plan
+
+    monkeypatch.chdir(tmp_path)
+    p = Plan()
+    p.set("lr", Value(0.000445, "constant", "the anchor, not measured: the quick effort ran no look-ahead; " * 8,
+                      unit="per step"))
+    p.set("rows", Value(32, "measured", "rows read from train.jsonl"))
+    write_plan(p, Path("my plan.json"), None)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:5] == ["train with:", "  lr    0.000445 per step  constant", "and the numbers behind them:",
+                       "  rows  32                 measured",
+                       "leadline report 'my plan.json' --why NAME prints the sentence and evidence behind a value"]
+    assert all(len(ln) < 100 for ln in out[:4]) and "the anchor" not in "\n".join(out)
+    assert Plan.from_json(tmp_path / "my plan.json") == p
 
 
 def test_report_why_an_unknown_name_is_one_sentence_naming_the_known_ones(tmp_path):

@@ -80,14 +80,14 @@ def test_table_opens_with_the_numbers_to_train_with_each_line_under_100_columns(
     lines = text.splitlines()
     assert lines[:10] == [
         "train with:",
-        "  micro_batch                     1 row                             derived",
-        "  lr                              0.000445 per step                 constant",
-        "  total_steps                     26 steps                          derived",
+        "  micro_batch                     1 row                                 derived",
+        "  lr                              0.000445 per step                     constant",
+        "  total_steps                     26 steps                              derived",
         "and the numbers behind them:",
-        "  rows                            32                                measured",
-        "  noise_scale_past_format_tokens  not resolved                      derived",
-        "  race_rates                      (0.000227, 0.000455, 0.00091, …   derived",  # cut after a whole item
-        "  precision                       dtype float32, …                  given",
+        "  rows                            32                                    measured",
+        "  noise_scale_past_format_tokens  not resolved                          derived",
+        "  race_rates                      (0.000227, 0.000455, 0.00091, …       derived",  # cut after a whole item
+        "  precision                       dtype float32, quantization gguf, …   given",
         "leadline report run/plan.json --why NAME prints the sentence and evidence behind a value",
     ]
     assert all(len(ln) < 100 for ln in lines), max(lines, key=len)  # the notes wrapped too

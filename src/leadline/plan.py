@@ -143,9 +143,9 @@ def _rounded(obj: Any) -> Any:
     return obj
 
 
-def _json_lines(obj: Any, width: int, indent: str = "") -> str:
-    """``obj`` as JSON, each list or dict on one line where it fits in ``width`` columns and
-    opened a level deeper where it does not.
+def _json_lines(obj: Any, width: int, indent: str = "", lead: int = 0) -> str:
+    """``obj`` as JSON, each list or dict on one line where it fits in ``width`` columns (after
+    ``indent`` and the ``lead`` characters of its key) and opened a level deeper where it does not.
 
     Examples:
         >>> print(_json_lines({"rungs": [{"rows": 4, "verdict": "fits"}, {"rows": 8, "verdict": "oom"}]}, 40))
@@ -157,13 +157,14 @@ def _json_lines(obj: Any, width: int, indent: str = "") -> str:
         }
     """
     flat = json.dumps(obj, allow_nan=True)
-    if len(indent) + len(flat) <= width or not isinstance(obj, (dict, list)) or not obj:
+    if len(indent) + lead + len(flat) + 1 <= width or not isinstance(obj, (dict, list)) or not obj:
         return flat
     inner = indent + "  "
     if isinstance(obj, dict):
-        items = [f"{inner}{json.dumps(k)}: {_json_lines(v, width, inner).lstrip()}" for k, v in obj.items()]
+        items = [f"{inner}{json.dumps(k)}: {_json_lines(v, width, inner, len(json.dumps(k)) + 2)}"
+                 for k, v in obj.items()]
         return "{\n" + ",\n".join(items) + f"\n{indent}}}"
-    items = [inner + _json_lines(v, width, inner).lstrip() for v in obj]
+    items = [inner + _json_lines(v, width, inner) for v in obj]
     return "[\n" + ",\n".join(items) + f"\n{indent}]"
 
 
@@ -314,7 +315,7 @@ TRAIN_WITH = (*TRAINING_NUMBERS, "ending", "seq_len", "weight_decay")
 COLUMNS = 100
 """The terminal's width: every line of :meth:`Plan.table` is shorter."""
 
-NUMBER_COLUMNS = 32
+NUMBER_COLUMNS = 36
 """The widest number (with its unit) :meth:`Plan.table` shows whole; a wider one, a list or a
 dict, is cut after its last whole item with ``…`` (``leadline report --why NAME`` shows it)."""
 
