@@ -57,6 +57,70 @@ def test_report_why_constants():
     assert list(p.constants()) == ["divisor"]
 
 
+def _demo_like_plan():
+    """A plan shaped as the quick effort leaves one: long sentences, a dict value, a long list, a
+    name of 30 characters and a value nobody resolved."""
+    p = Plan()
+    long_source = "the anchor, not measured: the quick effort ran no look-ahead; " * 6
+    p.set("rows", Value(32, "measured", "rows read from the rows given"))
+    p.set("noise_scale_past_format_tokens", Value(None, "derived", "not read: too few rows", unit="scored tokens"))
+    p.set("race_rates", Value([0.000227, 0.000455, 0.00091, 0.00182, 0.003639], "derived", long_source))
+    p.set("precision", Value({"dtype": "float32", "quantization": "gguf", "compute_dtype": "float32",
+                              "checkpointing": False, "adapter": True}, "given", long_source))
+    p.set("lr", Value(0.000445, "constant", long_source, unit="per step"))
+    p.set("micro_batch", Value(1, "derived", long_source, unit="rows"))
+    p.set("total_steps", Value(26, "derived", long_source, unit="steps"))
+    p.notes.append("derive took 71.3 s; " + long_source)
+    return p
+
+
+def test_table_opens_with_the_numbers_to_train_with_each_line_under_100_columns():
+    p = _demo_like_plan()
+    text = p.report(long=False, path="run/plan.json")
+    lines = text.splitlines()
+    assert lines[:10] == [
+        "train with:",
+        "  micro_batch                     1 row                                 derived",
+        "  lr                              0.000445 per step                     constant",
+        "  total_steps                     26 steps                              derived",
+        "and the numbers behind them:",
+        "  rows                            32                                    measured",
+        "  noise_scale_past_format_tokens  not resolved                          derived",
+        "  race_rates                      (0.000227, 0.000455, 0.00091, …       derived",  # cut after a whole item
+        "  precision                       dtype float32, quantization gguf, …   given",
+        "leadline report run/plan.json --why NAME prints the sentence and evidence behind a value",
+    ]
+    assert all(len(ln) < 100 for ln in lines), max(lines, key=len)  # the notes wrapped too
+    assert "anchor, not measured" not in "\n".join(lines[:10])  # no value's sentence in the table
+    assert lines[11] == "constants (not measured here, 1): lr"
+    assert lines[12].startswith("note: derive took 71.3 s; the anchor") and lines[13].startswith("  ")
+
+
+def test_table_names_plan_only_where_the_path_would_pass_the_width():
+    p = _demo_like_plan()
+    assert p.table("a/" * 60 + "plan.json").splitlines()[-1].startswith("leadline report PLAN --why NAME")
+    assert p.table().splitlines()[-1].startswith("leadline report PLAN --why NAME")
+
+
+def test_report_keeps_its_long_form_by_default():
+    p = _demo_like_plan()
+    assert p.report() == p.report(long=True)
+    assert p.report().splitlines()[0] == "rows = 32  [measured] rows read from the rows given"
+    assert "train with:" not in p.report()
+
+
+def test_why_with_a_width_wraps_the_sentence_and_keeps_the_evidence():
+    p = _plan()
+    lines = p.why("micro_batch", width=40).splitlines()
+    assert lines[:4] == ["micro_batch = 4  [measured]", "the ramp: 4 rows fit twice in a row, 8", "raised OOM",
+                         "cost: 0.3 s"]
+    assert '      "verdict": "oom",' in lines  # a record wider than 40 columns opened a level deeper
+    wide = p.why("micro_batch", width=80).splitlines()
+    assert '    {"rows": 8, "peak_bytes": null, "verdict": "oom", "seconds": 0.2}' in wide  # one that fits: one line
+    assert all(len(ln) <= 80 for ln in wide), max(wide, key=len)
+    assert p.why("micro_batch").splitlines()[0] == p["micro_batch"].line("micro_batch")  # unchanged without it
+
+
 def test_json_round_trip_is_exact(tmp_path):
     p = _plan()
     path = tmp_path / "plan.json"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -101,9 +102,70 @@ class Value:
         )
 
     def line(self, name: str) -> str:
-        """``name = number unit  [kind] source`` — the report's line for this value."""
+        """``name = number unit  [kind] source`` — the long report's line for this value."""
         unit = f" {self.unit}" if self.unit else ""
         return f"{name} = {format_number(self.value)}{unit}  [{self.kind}] {self.source}"
+
+    def text(self) -> str:
+        """The number with its unit as the table shows it: ``1 row`` for one of a plural unit,
+        ``not resolved`` for None, a dict as ``key value`` pairs.
+
+        Examples:
+            >>> Value(1, "derived", "the step", unit="rows").text(), Value(0.000227, "measured", "a race",
+            ...                                                               unit="per step").text()
+            ('1 row', '0.000227 per step')
+            >>> Value(None, "derived", "no phase resolved it").text()
+            'not resolved'
+            >>> Value({"dtype": "float32", "adapter": True}, "given", "the model as it trains").text()
+            'dtype float32, adapter True'
+        """
+        if self.value is None:
+            return "not resolved"
+        if isinstance(self.value, dict):
+            return ", ".join(f"{k} {format_number(v)}" for k, v in self.value.items())
+        text = format_number(self.value)
+        if self.unit:
+            unit = self.unit
+            if self.value == 1 and unit.endswith("s") and unit != "s" and not unit.startswith("per "):
+                unit = unit[:-1]
+            text += f" {unit}"
+        return text
+
+
+def _rounded(obj: Any) -> Any:
+    """Floats to 4 significant digits, inside lists and dicts too (for display)."""
+    if isinstance(obj, float) and math.isfinite(obj):
+        return float(f"{obj:.4g}")
+    if isinstance(obj, list):
+        return [_rounded(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: _rounded(v) for k, v in obj.items()}
+    return obj
+
+
+def _json_lines(obj: Any, width: int, indent: str = "", lead: int = 0) -> str:
+    """``obj`` as JSON, each list or dict on one line where it fits in ``width`` columns (after
+    ``indent`` and the ``lead`` characters of its key) and opened a level deeper where it does not.
+
+    Examples:
+        >>> print(_json_lines({"rungs": [{"rows": 4, "verdict": "fits"}, {"rows": 8, "verdict": "oom"}]}, 40))
+        {
+          "rungs": [
+            {"rows": 4, "verdict": "fits"},
+            {"rows": 8, "verdict": "oom"}
+          ]
+        }
+    """
+    flat = json.dumps(obj, allow_nan=True)
+    if len(indent) + lead + len(flat) + 1 <= width or not isinstance(obj, (dict, list)) or not obj:
+        return flat
+    inner = indent + "  "
+    if isinstance(obj, dict):
+        items = [f"{inner}{json.dumps(k)}: {_json_lines(v, width, inner, len(json.dumps(k)) + 2)}"
+                 for k, v in obj.items()]
+        return "{\n" + ",\n".join(items) + f"\n{indent}}}"
+    items = [inner + _json_lines(v, width, inner) for v in obj]
+    return "[\n" + ",\n".join(items) + f"\n{indent}]"
 
 
 def format_number(x: Any) -> str:
@@ -246,6 +308,17 @@ class PhaseTime:
 TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps")
 """The numbers a run trains with; :class:`PhaseTime` says which of them a phase moved."""
 
+TRAIN_WITH = (*TRAINING_NUMBERS, "ending", "seq_len", "weight_decay")
+"""The numbers a run trains with, in the order a person reads them: the first lines of
+:meth:`Plan.table` (the HTML report's summary card shows the same)."""
+
+COLUMNS = 100
+"""The terminal's width: every line of :meth:`Plan.table` is shorter."""
+
+NUMBER_COLUMNS = 36
+"""The widest number (with its unit) :meth:`Plan.table` shows whole; a wider one, a list or a
+dict, is cut after its last whole item with ``…`` (``leadline report --why NAME`` shows it)."""
+
 
 @dataclass
 class Plan:
@@ -324,22 +397,84 @@ class Plan:
         return self.values[name].value if name in self.values else default
 
     # ---- prose from the structure -------------------------------------------------------
-    def report(self) -> str:
-        """One line per value with its sentence, then the constants together, then notes."""
-        lines = [v.line(name) for name, v in self.values.items()]
+    def report(self, *, long: bool = True, path: str = "PLAN") -> str:
+        """The plan in words. ``long`` (the default): one line per value with its whole sentence,
+        then the constants together, the notes and where derive's seconds went. ``long=False``:
+        the terminal's form, :meth:`table` (``path`` names the plan file in its last line), then
+        the same constants, notes (wrapped to :data:`COLUMNS`) and seconds.
+
+        Examples:
+            >>> plan = Plan()
+            >>> plan.set("lr", Value(0.000227, "measured", "won a race of 5 rates", unit="per step"))
+            >>> print(plan.report())
+            lr = 0.000227 per step  [measured] won a race of 5 rates
+            <BLANKLINE>
+            constants: none — every number above was measured, derived or given
+            >>> print(plan.report(long=False, path="plan.json").splitlines()[1])
+              lr  0.000227 per step  measured
+        """
+        lines = [v.line(name) for name, v in self.values.items()] if long else [self.table(path)]
         consts = self.constants()
+        lines.append("")
         if consts:
-            lines.append("")
             lines.append(f"constants (not measured here, {len(consts)}): " + ", ".join(consts))
         else:
-            lines.append("")
             lines.append("constants: none — every number above was measured, derived or given")
-        for note in self.notes:
-            lines.append(f"note: {note}")
+        if long:
+            lines.extend(f"note: {note}" for note in self.notes)
+        else:
+            lines[-1:] = textwrap.wrap(lines[-1], COLUMNS - 1, subsequent_indent="  ", break_on_hyphens=False)
+            for note in self.notes:
+                lines.extend(textwrap.wrap(f"note: {note}", COLUMNS - 1, subsequent_indent="  ",
+                                           break_on_hyphens=False))
         if self.phases:
             lines.append("")
             lines.append(self.phase_table())
         return "\n".join(lines)
+
+    def table(self, path: str = "PLAN") -> str:
+        """The numbers to train with (:data:`TRAIN_WITH`), then the plan's other values, a line
+        each: name, number with its unit, kind; every line shorter than :data:`COLUMNS`, a number
+        wider than :data:`NUMBER_COLUMNS` cut with ``…``. The last line says how to read a value's sentence and
+        evidence (``path``: the plan file, ``PLAN`` where naming it would pass the width).
+
+        Examples:
+            >>> plan = Plan()
+            >>> plan.set("rows", Value(32, "measured", "rows read from train.jsonl"))
+            >>> plan.set("micro_batch", Value(1, "derived", "the step's 1 row", unit="rows"))
+            >>> plan.set("weight_decay", Value(0.0, "constant", "0 by argument, not measured here"))
+            >>> print(plan.table("plan.json"))
+            train with:
+              micro_batch   1 row  derived
+              weight_decay  0      constant
+            and the numbers behind them:
+              rows          32     measured
+            leadline report plan.json --why NAME prints the sentence and evidence behind a value
+        """
+        first = [n for n in TRAIN_WITH if n in self.values]
+        rest = [n for n in self.values if n not in first]
+        name_w = min(max((len(n) for n in self.values), default=0), 40)  # a longer name widens its own line
+        text_w = max((len(v.text()) for v in self.values.values()), default=0)
+        text_w = min(text_w, NUMBER_COLUMNS, COLUMNS - 1 - (2 + name_w + 2 + 2 + max(len(k) for k in KINDS)))
+        lines = []
+        for head, names in (("train with:", first), ("and the numbers behind them:" if first else "values:", rest)):
+            if names:
+                lines.append(head)
+                lines.extend(self._row(n, name_w, text_w) for n in names)
+        hint = "leadline report {} --why NAME prints the sentence and evidence behind a value"
+        line = hint.format(path)
+        lines.append(line if len(line) < COLUMNS else hint.format("PLAN"))
+        return "\n".join(lines)
+
+    def _row(self, name: str, name_w: int, text_w: int) -> str:
+        """One line of :meth:`table`: the number cut with ``…`` where the line would pass the width."""
+        v = self.values[name]
+        width = max(4, min(text_w, COLUMNS - 1 - (2 + max(name_w, len(name)) + 2 + 2 + len(v.kind))))
+        text = v.text()
+        if len(text) > width:  # cut after a whole item of a list or dict where there is one
+            head = text[: width - 1]
+            text = (head[: head.rindex(", ") + 2] if ", " in head else head) + "…"
+        return f"  {name:<{name_w}}  {text:<{width}}  {v.kind}"
 
     def phase_table(self) -> str:
         """Where derive()'s seconds went: a line per phase (seconds, the run's steps it took,
@@ -354,14 +489,36 @@ class Plan:
                         f"{reads} held-out reads ({sum(p.read_seconds for p in self.phases):.1f} s)")
         return "where derive's seconds went:\n" + "\n".join("  " + r for r in rows)
 
-    def why(self, name: str) -> str:
-        """The whole evidence behind one value: its line, its cost, and the structure."""
+    def why(self, name: str, *, width: int | None = None) -> str:
+        """The whole evidence behind one value: its line, its cost, and the structure.
+
+        ``width`` (``leadline report --why``): the line split in two, ``name = number unit  [kind]``
+        and the sentence wrapped to ``width`` columns; the evidence's numbers to 4 significant
+        digits, a list or dict on one line where it fits.
+
+        Examples:
+            >>> plan = Plan()
+            >>> plan.set("lr", Value(0.000227, "measured", "won a race of 5 rates", evidence={"rates": 5}))
+            >>> print(plan.why("lr", width=40))
+            lr = 0.000227  [measured]
+            won a race of 5 rates
+            cost: 0 s
+            evidence (numbers to 4 significant digits; the plan file holds them whole):
+            {"rates": 5}
+        """
         v = self[name]
-        head = v.line(name)
+        if width is None:
+            head = v.line(name)
+        else:
+            head = "\n".join([f"{name} = {v.text()}  [{v.kind}]",
+                              *textwrap.wrap(v.source, width, break_on_hyphens=False)])
         cost = f"cost: {v.seconds:.3g} s"
         if v.evidence is None:
             return f"{head}\n{cost}\nevidence: none recorded"
-        return f"{head}\n{cost}\nevidence:\n{json.dumps(v.evidence, indent=2, sort_keys=False)}"
+        if width is None:
+            return f"{head}\n{cost}\nevidence:\n{json.dumps(v.evidence, indent=2, sort_keys=False)}"
+        return (f"{head}\n{cost}\nevidence (numbers to 4 significant digits; the plan file holds them whole):\n"
+                f"{_json_lines(_rounded(v.evidence), width)}")
 
     def constants(self) -> dict[str, Value]:
         """Every value nobody measured here, in one place."""

@@ -153,11 +153,15 @@ def note_plan(args: argparse.Namespace, plan: Plan, took: float, loading: float,
 def write_plan(plan: Plan, out: Path, kept: StateKeeper | None, *, html: str | Path | None = None,
                scale_out: bool = False,
                continued_by: str = "`leadline train --plan` continues from them") -> Path | None:
-    """Write the plan to ``out`` (atomically), print its report, move the look-ahead's kept branch
-    to ``out``'s state folder (removing an older derive's there where none was kept), and write
-    the HTML report where ``html`` is given. Returns the state folder, or None when none was kept."""
+    """Write the plan to ``out`` (atomically), print it (the table of the numbers to train with,
+    then the constants, notes and seconds; ``leadline report --why`` gives a value's sentence),
+    move the look-ahead's kept branch to ``out``'s state folder (removing an older derive's there
+    where none was kept), and write the HTML report where ``html`` is given. Returns the state
+    folder, or None when none was kept."""
+    import shlex
+
     plan.to_json(out)
-    print(plan.report())
+    print(plan.report(long=False, path=shlex.quote(str(out))))
     saved = kept.commit() if kept is not None else None
     if saved is None and state_path(out).is_dir() and (state_path(out) / "state.json").exists():
         import shutil

@@ -1,14 +1,20 @@
-"""``leadline report plan.json [--html out.html] [--why NAME]``."""
+"""``leadline report plan.json [--html out.html] [--why NAME | --long]``."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+
+from leadline.plan import COLUMNS, Plan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", help="a plan file written by `leadline derive --out` or plan.to_json(path)")
     p.add_argument("--html", metavar="OUT", help="also write the self-contained HTML report here")
-    p.add_argument("--why", metavar="NAME", help="print the whole evidence behind one value")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--why", metavar="NAME", help="print one value's sentence and the whole evidence behind it")
+    g.add_argument("--long", action="store_true",
+                   help="print every value with its whole sentence (default: the table of numbers, kinds and units)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -16,17 +22,31 @@ def run(args: argparse.Namespace) -> int:
 
     check_out_file("--html", args.html)
     plan = read_plan("plan", args.plan)
-    if args.why:
-        if args.why not in plan:
-            from leadline.errors import InputError
-
-            raise InputError(f"the plan {args.plan} has no value {args.why!r}; it has: {', '.join(plan) or 'none'}")
-        print(plan.why(args.why))
+    if args.why is not None:
+        check_why(args.why, plan, args.plan)
+        print(plan.why(args.why, width=COLUMNS - 1))
     else:
-        print(plan.report())
+        print(plan.report(long=args.long, path=shlex.quote(str(args.plan))))
     if args.html:
         from leadline.report.html import write_html
 
         path = write_html(plan, args.html)
         print(f"wrote {path}")
     return 0
+
+
+def check_why(name: str, plan: Plan, path: str) -> None:
+    """One sentence naming the value asked for, the closest names and every name the plan has,
+    when ``--why NAME`` is not one of its values."""
+    import difflib
+
+    from leadline.errors import InputError
+
+    names = list(plan)
+    if name in names:
+        return
+    close = difflib.get_close_matches(name, names, n=2)
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    known = ", ".join(names) if names else "none (the plan holds no values)"
+    raise InputError(f"--why {name}: the plan {path} has no value of that name{hint}; pass one of: {known}")
+

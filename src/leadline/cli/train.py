@@ -171,9 +171,9 @@ def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
     if ending.get("kept") == "to_zero":
         print(f"ending: the rate fell linearly to zero from step {ending['from_step']} to {ending['to_step']}")
     elif "constant_versus_decay" in ending:
-        decays = ending.get("decays") or [{"steps": ending["to_step"] - ending["from_step"], **ending["decay"]}]
-        read = ", ".join(f"decayed over the last {d['steps']} {d['loss']:.4f}" for d in decays)
-        print(f"ending: {ending['kept']} kept on the held-out rows (constant {ending['constant']['loss']:.4f}, {read})")
+        from leadline.report.ending import ending_lines
+
+        print("\n".join(ending_lines(ending)))  # the losses read, and why the kept one was kept
     elif ending.get("why"):
         print(f"ending: {ending['kept']} ({ending['why']})")
     if "test_loss_after" in res:

@@ -49,6 +49,8 @@ class Precision:
         (True, 'given')
         >>> Precision("float32", None, "float32", False, False).describe()
         'every weight of a float32 base, gradient checkpointing off'
+        >>> Precision("float32", "gguf", "float32", checkpointing=False, adapter=True).describe()
+        'a LoRA adapter over a base read from a GGUF file and dequantized to float32 by transformers, gradient ...'
     """
 
     dtype: str
@@ -63,9 +65,19 @@ class Precision:
         return self.compute_dtype in HALF
 
     def describe(self) -> str:
-        """The model as it trains, in words (see the class's examples)."""
-        base = (f"a {self.quantization} base (bitsandbytes, computing in {self.compute_dtype})" if self.quantization
-                else f"a {self.dtype} base")
+        """The model as it trains, in words, naming the quantization's real source: bitsandbytes
+        for 4-bit/8-bit, the GGUF file transformers dequantized for ``gguf`` (see the class's
+        examples)."""
+        q = self.quantization
+        if not q:
+            base = f"a {self.dtype} base"
+        elif q.lower() == "gguf":
+            base = f"a base read from a GGUF file and dequantized to {self.dtype} by transformers" + (
+                f" (computing in {self.compute_dtype})" if self.compute_dtype != self.dtype else "")
+        elif q[0] in "48":
+            base = f"a {q} base (bitsandbytes, computing in {self.compute_dtype})"
+        else:
+            base = f"a {q}-quantized base (computing in {self.compute_dtype})"
         how = "a LoRA adapter over " if self.adapter else "every weight of "
         ckpt = "gradient checkpointing on" if self.checkpointing else "gradient checkpointing off"
         return f"{how}{base}, {ckpt}"
