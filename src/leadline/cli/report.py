@@ -1,4 +1,4 @@
-"""``leadline report plan.json [--html out.html] [--why NAME]``."""
+"""``leadline report PLAN [--html report.html] [--why NAME]``; PLAN a plan's folder or file."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="a plan file written by `leadline derive --out` or plan.to_json(path)")
-    p.add_argument("--html", metavar="OUT", help="also write the self-contained HTML report here")
-    p.add_argument("--why", metavar="NAME", help="print the whole evidence behind one value")
+    p.add_argument("plan", help="a plan: the folder `leadline derive --out DIR` or `leadline run --out DIR` wrote, "
+                   "or a plan file (DIR/plan.json, plan.to_json(path))")
+    p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML report to PATH (default: none)")
+    p.add_argument("--why", metavar="NAME", help="print the whole evidence behind one value (default: the plan's "
+                   "values, each with its source)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline.cli._common import add_model_arguments
-from leadline.cli.derive import add_plan_arguments
+from leadline.cli.derive import add_html_argument, add_plan_arguments
 from leadline.cli.train import add_ending_argument, check_ending_share, ending_flag
 
 PLAN = "plan.json"
@@ -30,20 +30,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        "look-ahead measures the rate and the run continues from its steps")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
-    p.add_argument("--html", action="store_true", help=f"also write the plan's HTML report to DIR/{REPORT}")
+    add_html_argument(p)
     add_ending_argument(p)
     # what `leadline derive` has and `leadline run` does not: a run derives afresh, at the model's own rank
     p.set_defaults(resume=None, prior=None, fit_rank=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, check_out_folder
+    from leadline.cli._common import check_device, check_out_file, check_out_folder, resolve_html
     from leadline.cli.derive import check_plan_inputs
     from leadline.distributed.world import launched_by_torchrun
     from leadline.errors import InputError
 
     out = Path(args.out)
     check_out_folder("--out", out)  # first: a refusal costs nothing and leaves nothing behind
+    args.html = resolve_html(args.html, out)
+    if args.html is not None and args.html.parent != out:
+        check_out_file("--html", args.html)
     if launched_by_torchrun():
         raise InputError("leadline run trains in one process, and this is one of several under torchrun; run it "
                          "without torchrun, or derive the plan with `torchrun ... -m leadline derive` and train it "
