@@ -417,7 +417,7 @@ def check_run_length(data: DataRows, *, steps: int | None = None, epochs: float 
     n = data.training_rows
     where = f"the {n:,} training rows of {data.path} ({data.rows:,} rows, less the held-out and test rows)"
     if rows_per_step is not None and rows_per_step > n:
-        raise InputError(f"{rows_flag} {rows_per_step:,} is more rows a step than {where}; pass {rows_flag} {n} or "
+        raise InputError(f"{rows_flag} {rows_per_step} is more rows a step than {where}; pass {rows_flag} {n} or "
                          "fewer, or more data")
     if epochs is not None and epochs > MAX_EPOCHS:
         raise InputError(f"--epochs {epochs:g} is more than {MAX_EPOCHS} passes over {where}; pass --epochs "
@@ -427,8 +427,8 @@ def check_run_length(data: DataRows, *, steps: int | None = None, epochs: float 
         most = MAX_EPOCHS * n // per_step
         if steps > most:
             at = f"{rows_per_step} rows a step" if rows_per_step else "even one row a step"
-            raise InputError(f"{steps_flag} {steps:,} is more than {MAX_EPOCHS} passes over {where} at {at}; pass "
-                             f"{steps_flag} {max(1, most):,} or fewer (or --epochs E for E passes)")
+            raise InputError(f"{steps_flag} {steps} is more than {MAX_EPOCHS} passes over {where} at {at}; pass "
+                             f"{steps_flag} {max(1, most)} or fewer (or --epochs E for E passes)")
 
 
 def check_length(args: argparse.Namespace, model: Any, tok: Any, data: DataRows | None,

@@ -21,10 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_plan_arguments(p, effort="quick", effort_help="quick: alpha1 and a rate grid; full: the look-ahead")
     p.add_argument("--resume", metavar="FILE",
-                   help="continue a cut-off derive from this file (written after each phase)")
+                   help="continue a cut-off derive from this file (written after each phase; default: none, start "
+                   "afresh)")
     p.add_argument("--prior", metavar="PLAN",
                    help="check an earlier plan (its folder or its plan.json) with short measurements instead of "
-                   "starting over")
+                   "starting over (default: none)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a folder for the plan: DIR/{PLAN_NAME} (written atomically) and, with --effort full, the "
                    "look-ahead's branch in DIR/plan.state; created where it does not exist (a path ending in .json "
@@ -89,7 +90,8 @@ def out_paths(flag: str, given: str | Path) -> tuple[Path, Path]:
     writable = out if out.is_dir() else parent
     if not os.access(writable, os.W_OK | os.X_OK):
         raise InputError(f"{flag} {out}: the folder {writable} is not writable; choose another path")
-    check_out_file(flag, out / PLAN_NAME)
+    if out.is_dir():
+        check_out_file(flag, out / PLAN_NAME)
     return out, out / PLAN_NAME
 
 

@@ -33,9 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_old_spelling(p, "--batch", "micro_batch")
     p.add_argument("--data", metavar="FILE",
                    help="the training jsonl: on a GPU the step is also run through its length mix "
-                   "(longest first, the full length after each), as derive's ramp confirms a batch")
+                   "(longest first, the full length after each), as derive's ramp confirms a batch (default: none, "
+                   "every row at --seq-len)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
-    p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
+    p.add_argument("--card-gb", type=float, metavar="GB",
+                   help="treat the card (on the CPU: the RAM) as this many GB (default: its real size)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                    help="the dtype the model's weights load in (default: bfloat16 on a GPU that has it, else float32)")
@@ -70,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     )
 
     if args.micro_batch is None:
-        raise InputError("leadline fit measures one micro-batch: pass --micro-batch M, the rows a forward pass, e.g. "
+        raise InputError("--micro-batch is required: the rows a forward pass whose step is measured; pass e.g. "
                          "--micro-batch 8")
     args.batch_flag = flag_of(args, "micro_batch", "--micro-batch")
     for name in ("--seq-len", args.batch_flag, "--lora-rank", "--card-gb"):
