@@ -402,9 +402,7 @@ def _check_fields_named(path: str | os.PathLike[str], fields: dict[str, str]) ->
                     if len(seen) < 64:
                         seen.update(map(str, row))
     if missing:
-        key = sorted(missing)[0]
-        given = next(f"{r}={k}" if r != "text" else k for r, k in fields.items() if k == key)
-        raise InputError(f"--field {given}: no row of {path} has a field {key!r} (its rows have "
+        raise InputError(f"--field names {sorted(missing)[0]!r}, and no row of {path} has that field (its rows have "
                          f"{', '.join(sorted(seen)) or 'no fields'}); name a field its rows have")
 
 

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     folder, out = out_paths("--out", args.out)  # every output is checked before the derive: a refusal costs nothing
     args.html = resolve_html(args.html, folder)
-    check_out_file("--html", args.html)
+    if args.html is not None and (args.html.parent != folder or folder.is_dir()):
+        check_out_file("--html", args.html)  # in a new --out folder: that folder is checked
     check_out_file("--resume", args.resume)
     state = state_path(out)
     if not args.no_state and args.effort == "full" and (state.exists() or state.is_symlink()) and not (
