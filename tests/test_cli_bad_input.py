@@ -64,6 +64,10 @@ def files(tmp_path):
     quick_cut.skipped.append(Skipped("first_step", "cut", max_seconds=5.0, seconds=4.5))
     quick_cut.to_json(tmp_path / "quick_cut.json")
     _plan().to_json(tmp_path / "plan.json")
+    no_lr = Plan()
+    no_lr.set("micro_batch", Value(2, "measured", "the ramp kept 2 rows", unit="rows"))
+    no_lr.skipped.append(Skipped("rate", "not_reached", max_seconds=5.0))
+    no_lr.to_json(tmp_path / "no_lr.json")
     return tmp_path
 
 
@@ -103,7 +107,9 @@ def test_refused_before_the_model_loads_in_one_sentence_and_nothing_written(file
         # --average-ending on a quick plan whose first step was cut: the cut named, not the effort
         (["train", *m, "--data", str(GOOD), "--plan", str(d / "quick_cut.json"), "--out", str(d / "run"),
           "--average-ending"], "ended before it measured the rates to race (first_step: cut by max_seconds=5",
-         "a larger --max-seconds"),
+         "--max-seconds S` and a larger S"),
+        (["train", *m, "--data", str(GOOD), "--plan", str(d / "no_lr.json"), "--out", str(d / "run")],
+         "has no lr, so it cannot train", "its derive ran out of time (rate: not reached within max_seconds=5)"),
         (["train", *m, "--data", str(GOOD), "--plan", str(d / "plan.json"), "--out", str(d / "run"),
           "--average-ending"], "has no rates to race"),
         # --out is a folder
@@ -115,8 +121,9 @@ def test_refused_before_the_model_loads_in_one_sentence_and_nothing_written(file
     for argv, *needles in cases:
         said = _refused(capsys, argv, *needles)
         assert "does not exist" not in said or "model" not in said  # the model was never reached
-    for argv, *_ in cases[-4:-2]:
-        assert "full effort" not in _refused(capsys, argv)
+    for argv, *needles in cases:
+        if "--average-ending" in argv:
+            assert "full effort" not in _refused(capsys, argv, *needles)
     assert _listing(d) == before
 
 

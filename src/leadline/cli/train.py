@@ -103,6 +103,12 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
     check_ending_share(args)
+    missing = [n for n in ("micro_batch", "lr") if plan.get(n) is None]
+    if missing and not args.recipe:  # what train_with_plan would refuse after the load
+        cut = [s for s in plan.skipped if s.out_of_time]
+        why = (f"its derive ran out of time ({cut[0].sentence()}); derive it again with `leadline derive "
+               "--max-seconds S` and a larger S") if cut else "derive it again with `leadline derive` on this --data"
+        raise InputError(f"the plan {args.plan} has no {' or '.join(missing)}, so it cannot train; {why}")
     check_schedule_flags(args, plan)
     rows_flag = flag_of(args, "rows_per_step", "--rows-per-step")
     if args.recipe:
@@ -183,7 +189,8 @@ def check_schedule_flags(args: argparse.Namespace, plan: Any) -> None:
     elif [s for s in plan.skipped if s.out_of_time]:
         cut = next(s for s in plan.skipped if s.out_of_time)
         why = (f"the derive of the plan {args.plan} ended before it measured the rates to race ({cut.sentence()})")
-        fix = "derive it again with --effort quick and a larger --max-seconds, or leave --average-ending out"
+        fix = ("derive it again with `leadline derive --effort quick --max-seconds S` and a larger S, or leave "
+               "--average-ending out")
     else:
         from leadline.cli.derive import NO_RACE
 
