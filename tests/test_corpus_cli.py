@@ -50,13 +50,22 @@ def test_cli_fields(tmp_path, tok_dir, capsys):
     assert d["scored_tokens"] == 2 and d["ignored_fields"] == {"answer": 1}
 
 
+def test_cli_field_alone_names_the_text(tmp_path, tok_dir, capsys):
+    p = tmp_path / "d.jsonl"
+    p.write_text('{"body": "the cat sat", "id": 1}\n')
+    assert main(["corpus", str(p), "--tokenizer", str(tok_dir), "--field", "body", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["formats"] == {"text": 1} and d["ignored_fields"] == {"id": 1}
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [
         (["bad_line.jsonl"], "bad_line.jsonl line 2 is not JSON"),
         (["missing.jsonl"], "does not exist"),
         (["text.jsonl", "--seq-len", "1"], "seq_len must be an int of at least 2"),
-        (["text.jsonl", "--field", "nonsense"], "is not ROLE=KEY"),
+        (["text.jsonl", "--field", "=text"], "is not KEY or ROLE=KEY"),
+        (["text.jsonl", "--field", "nonsense=text"], "'nonsense' is not a role leadline reads"),
     ],
 )
 def test_cli_bad_input_is_one_sentence_exit_2(tmp_path, tok_dir, capsys, args, says):

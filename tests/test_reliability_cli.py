@@ -81,7 +81,7 @@ def _cases(model_dir, inputs):
         ([*derive, "--data", str(d / "fields.jsonl"), "--out", str(d / "p.json")], "line 1", "none of the known fields"),
         ([*derive, "--data", str(d / "latin1.jsonl"), "--out", str(d / "p.json")], "line 1", "not UTF-8"),
         # derive: the outputs, checked before the derive runs
-        ([*derive, "--data", str(good), "--out", str(d / "adir")], "--out", "is a folder"),
+        ([*derive, "--data", str(good), "--out", str(d / "afile")], "--out", "is a file, not a folder"),
         ([*derive, "--data", str(good), *out], "--out", "does not exist"),
         ([*derive, "--data", str(good), "--out", str(d / "p.json"), "--html", str(d / "nodir" / "r.html")], "--html", "does not exist"),
         ([*derive, "--data", str(good), "--out", str(d / "p.json"), "--resume", str(d / "adir")], "--resume", "is a folder"),

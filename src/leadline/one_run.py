@@ -181,7 +181,8 @@ def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any
 def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None = None, epochs: float | None = None,
                rows_per_step: int = ROWS_PER_STEP, decide_share: float = DECIDE_SHARE, seed: int = 0,
                seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
-               on_step: Callable[[dict[str, Any]], None] | None = None) -> tuple[Plan, dict[str, Any]]:
+               on_step: Callable[[dict[str, Any]], None] | None = None,
+               fields: dict[str, str] | None = None) -> tuple[Plan, dict[str, Any]]:
     """Decide the rate on the run's opening steps and train to the end, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
@@ -194,7 +195,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     from leadline.stats import mean_se
 
     t_all = time.perf_counter()
-    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed)
+    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields)
     params = [p for _, p in trained_named_weights(model)]
     steps = run_steps_of(len(task.order), rows_per_step, total_steps, epochs)
     trained_as = trained_as_of(model)

@@ -226,11 +226,13 @@ def _checked_steps(plan: Plan, total_steps: int | None) -> int:
 
 
 def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> Any:
-    """The rows split as derive() split them (the plan's seed), checked against the plan's held-out rows."""
+    """The rows split as derive() split them (the plan's seed), checked against the plan's held-out
+    rows, and read by the fields the plan names (``plan.data["fields"]``, as ``--field`` set them)."""
     from leadline.hf import prepare
 
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
-    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed)
+    fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
+    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed, fields=fields or None)
     if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
         raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
                          "derived on")

@@ -34,7 +34,7 @@ OUT_OF_MEMORY_FIX = {
     "derive": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
     "train": "derive the plan again with a shorter --seq-len, or free memory",
     "run": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
-    "fit": "pass a shorter --seq-len or a smaller --batch",
+    "fit": "pass a shorter --seq-len or a smaller --micro-batch",
 }
 
 

@@ -1,4 +1,6 @@
-"""Shared pieces of the model-running commands: the model options, LoRA, the progress bar."""
+"""Shared pieces of the model-running commands: the model options, LoRA, the progress bar, and
+the checks every command makes of its inputs before the model loads (the data's rows, the run's
+length against them, a flag's old spelling)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import math
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,12 @@ from leadline.errors import InputError
 
 PLAN_INTS = ("micro_batch", "grad_accum", "total_steps", "seq_len", "warmup_steps", "rows_fit")
 PLAN_RATES = ("lr", "alpha1")
+PLAN_NAME = "plan.json"  # the plan in an output folder (derive --out DIR, run --out DIR)
 RAM_SHARE = 0.9  # of the RAM available when the command starts, the most its allocations may add
+MAX_EPOCHS = 1000  # a run of more passes over its training rows than this is a typo, not a plan
+HELD_OUT_SHARE = TEST_SHARE = 0.1  # the shares of the rows derive holds out and tests on (derive_for's defaults)
+MAX_HELD_OUT_ROWS = 256  # as leadline.hf.task caps the held-out share
+LONGEST_ROWS = 4  # the longest rows by characters, tokenized before the derive to find the length it trains at
 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> None:
@@ -22,6 +30,7 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
     if data:
         p.add_argument("--data", required=True,
                        help="training rows, jsonl (text, prompt/completion, messages, input_ids/labels, ...)")
+        add_field_argument(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--lora-rank", type=int, default=16, metavar="R",
                    help="train LoRA adapters of rank R on every linear layer (default 16)")
@@ -159,7 +168,7 @@ def check_positive(flag: str, value: float | None, *, whole: bool = False, upper
         return
     if not math.isfinite(value) or value <= 0 or (upper is not None and value > upper):
         bound = f" and at most {upper:g}" if upper is not None else ""
-        kind = "a whole number" if whole else "a number"
+        kind = "a whole number" if whole else "a finite number" if math.isinf(value) else "a number"
         raise InputError(f"{flag} {value:g} must be {kind} above 0{bound}; pass e.g. {flag} {example or 1}")
 
 
@@ -169,8 +178,7 @@ def read_plan(flag: str, path: str) -> Any:
     from leadline._version import __version__
     from leadline.plan import Plan
 
-    if Path(path).is_dir():
-        raise InputError(f"{flag} {path} is a folder; pass the plan file `leadline derive --out` wrote")
+    path = str(plan_file(flag, path))
     plan = Plan.from_json(path)
     written = str(getattr(plan, "version", "") or "")
     if _major(written) is not None and _major(__version__) is not None and _major(written) > _major(__version__):
@@ -191,6 +199,17 @@ def read_plan(flag: str, path: str) -> Any:
     return plan
 
 
+def plan_file(flag: str, path: str | os.PathLike[str]) -> Path:
+    """A plan given as the folder ``leadline derive --out`` wrote (its ``plan.json``) or as the file."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / PLAN_NAME).is_file():
+            raise InputError(f"{flag} {p} is a folder without a {PLAN_NAME}; pass the folder `leadline derive --out` "
+                             "wrote, or its plan file")
+        return p / PLAN_NAME
+    return p
+
+
 def _major(version: str) -> int | None:
     head = version.split(".")[0].strip().lstrip("v")
     return int(head) if head.isdigit() else None
@@ -203,6 +222,18 @@ def check_lora_rank(model: Any, rank: int) -> None:
     if isinstance(width, int) and rank > width:
         raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds "
                          f"nothing, pass --lora-rank {min(width, 16)} or less, or --full")
+
+
+def check_full(model: Any, path: str) -> None:
+    """``--full`` on a base that loads quantized: one sentence in the shell's words (the library's
+    own sentence speaks of peft and SFTTrainer)."""
+    from leadline.hf.precision import precision_of
+
+    quantization = precision_of(model).quantization
+    if quantization:
+        raise InputError(f"--full trains every weight, and --model {path} loads quantized ({quantization}), which "
+                         "trains only through a LoRA adapter; leave --full out (LoRA of rank 16 by default, "
+                         "--lora-rank R to choose) or pass the model unquantized (a Hugging Face folder)")
 
 
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -222,6 +253,8 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype), bits=bits)
     if not args.full:
         check_lora_rank(model, args.lora_rank)
+    else:
+        check_full(model, args.model)
     if getattr(args, "gradient_checkpointing", False):
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
@@ -253,3 +286,206 @@ def Progress() -> Any:
     from leadline.progress import PhaseBar
 
     return PhaseBar()
+
+
+# a flag's spellings: one meaning a flag, its old spelling kept (hidden) and named back to whoever typed it
+
+class Spelled(argparse.Action):
+    """``store`` that also remembers which spelling of the flag set the value (``args.spelled``),
+    so a refusal names the flag as the user typed it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.spelled = {**(getattr(namespace, "spelled", None) or {}), self.dest: option_string}
+
+
+def add_old_spelling(p: argparse.ArgumentParser, old: str, dest: str, kind: type = int) -> None:
+    """``old`` parsed as the flag whose value lands in ``dest``, left out of ``--help``."""
+    p.add_argument(old, dest=dest, type=kind, action=Spelled, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+def flag_of(args: argparse.Namespace, dest: str, flag: str) -> str:
+    """The spelling the user typed for the flag ``flag`` (whose value is in ``dest``)."""
+    return (getattr(args, "spelled", None) or {}).get(dest) or flag
+
+
+# the data's field: --field KEY (the text) or --field ROLE=KEY, in every command that reads rows
+
+def add_field_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--field", action="append", default=[], metavar="[ROLE=]KEY",
+                   help="read the rows' field KEY as their text (--field body), or as another ROLE (--field "
+                   "prompt=question --field completion=answer_cot); repeat for several (default: the field names "
+                   "of the known formats)")
+
+
+def fields_of(args: argparse.Namespace) -> dict[str, str]:
+    """``--field`` as ``{role: key}``: ``KEY`` alone is the text's field; refused in one sentence
+    when a pair is malformed or names a role leadline does not read."""
+    from leadline.corpus.rows import ROLES
+
+    out: dict[str, str] = {}
+    for given in getattr(args, "field", None) or []:
+        role, sep, key = given.partition("=")
+        role, key = (role.strip(), key.strip()) if sep else ("text", given.strip())
+        if not role or not key:
+            raise InputError(f"--field {given!r} is not KEY or ROLE=KEY; write e.g. --field body or --field "
+                             "completion=answer_cot")
+        if role not in ROLES:
+            raise InputError(f"--field {given!r}: {role!r} is not a role leadline reads (one of {', '.join(ROLES)}); "
+                             "write e.g. --field completion=answer_cot")
+        if out.get(role, key) != key:
+            raise InputError(f"--field names two fields for the {role} ({out[role]} and {key}); pass one")
+        out[role] = key
+    return out
+
+
+# the data's rows, read before the model loads
+
+@dataclass
+class DataRows:
+    """What reading a data file found: its usable rows, the rows a run trains on (less the
+    held-out and test rows derive takes), and its longest rows by characters, longest first."""
+
+    path: str
+    rows: int
+    longest: list[Any] = field(default_factory=list)
+
+    @property
+    def training_rows(self) -> int:
+        """The rows left to train on after derive's held-out and test shares (at least 1)."""
+        held_out = min(round(HELD_OUT_SHARE * self.rows), MAX_HELD_OUT_ROWS)
+        return max(1, self.rows - held_out - round(TEST_SHARE * self.rows))
+
+
+def check_data_rows(flag: str, path: str | os.PathLike[str], fields: dict[str, str] | None = None,
+                    fix: str = "pass a jsonl file of training rows") -> DataRows:
+    """Read every row of the data file as derive will (a known format, JSON, UTF-8, not empty),
+    so a bad file is one sentence before the model loads, and check that every field ``--field``
+    names is in some row."""
+    import heapq
+
+    from leadline.corpus.rows import Problems, RowReader
+
+    check_data_file(flag, path, fix)
+    reader = RowReader(path, fields=fields, problems=Problems("raise", str(path)))
+    longest: list[tuple[int, int, Any]] = []
+    for i, ex in enumerate(reader):
+        item = (_chars(ex.data), -i, ex)
+        if len(longest) < LONGEST_ROWS:
+            heapq.heappush(longest, item)
+        elif item[:2] > longest[0][:2]:
+            heapq.heapreplace(longest, item)
+    if fields:
+        _check_fields_named(path, fields)
+    return DataRows(str(path), reader.rows, [ex for *_, ex in sorted(longest, key=lambda t: t[:2], reverse=True)])
+
+
+def _chars(data: dict[str, Any]) -> int:
+    return sum(len(v) if isinstance(v, (str, list)) else len(str(v)) for v in data.values())
+
+
+def _check_fields_named(path: str | os.PathLike[str], fields: dict[str, str]) -> None:
+    """Every key ``--field`` names is in at least one row (the file is already read as JSON)."""
+    import json
+
+    missing = set(fields.values())
+    seen: set[str] = set()
+    with open(path, "rb") as f:
+        for line in f:
+            if not missing:
+                return
+            if line.strip():
+                row = json.loads(line)
+                if isinstance(row, dict):
+                    missing -= row.keys()
+                    if len(seen) < 64:
+                        seen.update(map(str, row))
+    if missing:
+        raise InputError(f"--field names {sorted(missing)[0]!r}, and no row of {path} has that field (its rows have "
+                         f"{', '.join(sorted(seen)) or 'no fields'}); name a field its rows have")
+
+
+def check_run_length(data: DataRows, *, steps: int | None = None, epochs: float | None = None,
+                     rows_per_step: int | None = None, steps_flag: str = "--steps",
+                     rows_flag: str = "--rows-per-step") -> None:
+    """Absurd lengths against the data, refused before the model loads: a step of more rows than
+    the run trains on, more than :data:`MAX_EPOCHS` passes over them (at ``rows_per_step`` rows a
+    step, or one where it is not known yet)."""
+    n = data.training_rows
+    where = f"the {n:,} training rows of {data.path} ({data.rows:,} rows, less the held-out and test rows)"
+    if rows_per_step is not None and rows_per_step > n:
+        raise InputError(f"{rows_flag} {rows_per_step} is more rows a step than {where}; pass {rows_flag} {n} or "
+                         "fewer, or more data")
+    if epochs is not None and epochs > MAX_EPOCHS:
+        raise InputError(f"--epochs {epochs:g} is more than {MAX_EPOCHS} passes over {where}; pass --epochs "
+                         f"{MAX_EPOCHS} or fewer")
+    if steps is not None:
+        per_step = rows_per_step or 1
+        most = MAX_EPOCHS * n // per_step
+        if steps > most:
+            at = f"{rows_per_step} rows a step" if rows_per_step else "even one row a step"
+            raise InputError(f"{steps_flag} {steps} is more than {MAX_EPOCHS} passes over {where} at {at}; pass "
+                             f"{steps_flag} {max(1, most)} or fewer (or --epochs E for E passes)")
+
+
+def check_length(args: argparse.Namespace, model: Any, tok: Any, data: DataRows | None,
+                 command: str = "derive") -> str | None:
+    """Where no ``--seq-len`` or ``--quantile`` is given and the longest row is longer than the
+    model's positions, the rows are cut to them: said once, now (returned as the note), and
+    refused where one row at that length would not fit the room by the estimate (the derive
+    would fail after minutes), with the longest length the estimate puts within it."""
+    import sys
+
+    if data is None or not data.longest or args.seq_len is not None or args.quantile is not None:
+        return None
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    from leadline.corpus import tokenize_rows
+
+    tokenized = list(tokenize_rows(list(data.longest), tok, bad_rows="skip"))
+    if not tokenized:
+        return None
+    top = max(tokenized, key=lambda r: len(r.input_ids))
+    length = len(top.input_ids)
+    if length <= positions:
+        return None
+    _check_one_row_fits(args, model, positions, length)
+    note = (f"the longest row of --data {data.path} is {length:,} tokens, longer than the model's {positions:,} "
+            f"positions: rows are cut to {positions:,} tokens; pass --seq-len N or --quantile 0.99 to choose the "
+            "length")
+    print(f"leadline {command}: note: {note}", file=sys.stderr)
+    args.length_said = True
+    return note
+
+
+def _check_one_row_fits(args: argparse.Namespace, model: Any, positions: int, length: int) -> None:
+    """One row at the model's positions, refused where the estimate puts it over the room."""
+    from leadline.memory import estimate_step_bytes
+    from leadline.memory.readings import format_bytes, memory_for
+
+    try:
+        device = next(model.parameters()).device
+        room = memory_for(device).room()
+    except (StopIteration, RuntimeError, OSError):
+        return
+    est = estimate_step_bytes(model, 1, positions)
+    if est is None or not room or est <= room:
+        return
+    lo, hi = 2, positions
+    while lo < hi:  # the longest length whose one row the estimate puts within the room
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if (estimate_step_bytes(model, 1, mid) or 0) <= room else (lo, mid - 1)
+    fits = max(2, lo // 64 * 64 or lo)
+    raise InputError(f"--data {args.data}: its longest row is {length:,} tokens, cut to the model's {positions:,} "
+                     f"positions, and one row of {positions:,} tokens would need about {format_bytes(est)} by the "
+                     f"estimate, more than the room of {format_bytes(room)}; pass --seq-len {fits} (or less) or "
+                     "--quantile 0.99")
+
+
+def resolve_html(html: str | bool | None, folder: Path) -> Path | None:
+    """``--html``: a path as given, or (given bare) ``report.html`` in the output folder."""
+    if html is None or html is False:
+        return None
+    return folder / "report.html" if html is True else Path(html)

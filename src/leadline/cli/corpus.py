@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from leadline.cli._common import add_field_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("data",
@@ -15,37 +17,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "question/answer rows")
     p.add_argument("--tokenizer", metavar="PATH_OR_GGUF",
                    help="the tokenizer the run trains with: a Hugging Face folder or a .gguf file (not needed for "
-                        "input_ids rows)")
+                        "input_ids rows; default: none)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
     length.add_argument("--quantile", type=float, metavar="Q",
-                        help="the length that keeps this share of rows whole, e.g. 0.99; reports what truncation cuts")
-    p.add_argument("--field", action="append", default=[], metavar="ROLE=KEY",
-                   help="read KEY as ROLE, e.g. --field prompt=question --field completion=answer_cot")
+                        help="the length that keeps this share of rows whole, e.g. 0.99; reports what truncation cuts "
+                        "(default: none)")
+    add_field_argument(p)
     p.add_argument("--bad-rows", choices=("raise", "report", "skip"), default="raise",
-                   help="stop at the first bad row (raise), list them all (report) or drop them (skip)")
+                   help="stop at the first bad row (raise), list them all (report) or drop them (skip); default "
+                   "%(default)s")
     p.add_argument("--json", action="store_true", help="print the profile as JSON")
-
-
-def _fields(pairs: list[str]) -> dict[str, str]:
-    from leadline.errors import InputError
-
-    out = {}
-    for pair in pairs:
-        role, sep, key = pair.partition("=")
-        if not sep or not role or not key:
-            raise InputError(f"--field {pair!r} is not ROLE=KEY; write e.g. --field completion=answer_cot")
-        out[role.strip()] = key.strip()
-    return out
 
 
 def run(args: argparse.Namespace) -> int:
     import json
     import sys
 
+    from leadline.cli._common import fields_of
     from leadline.corpus import profile_corpus
 
-    fields = _fields(args.field)
+    fields = fields_of(args)
     tokenizer = None
     if args.tokenizer:
         from leadline.hf.loading import load_tokenizer

@@ -3,48 +3,66 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from leadline.cli._common import add_model_arguments
+from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_arguments
 from leadline.plan import Plan
 
 if TYPE_CHECKING:
     from leadline.derive.state import StateKeeper
+
+NO_RACE = ("the plan has no rates to race (alpha1 read at or below the anchor, so the run trains at the anchor under "
+           "the LookaheadSchedule)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_plan_arguments(p, effort="quick", effort_help="quick: alpha1 and a rate grid; full: the look-ahead")
     p.add_argument("--resume", metavar="FILE",
-                   help="continue a cut-off derive from this file (written after each phase)")
+                   help="continue a cut-off derive from this file (written after each phase; default: none, start "
+                   "afresh)")
     p.add_argument("--prior", metavar="PLAN",
-                   help="check an earlier plan with short measurements instead of starting over")
-    p.add_argument("--out", required=True, metavar="PLAN", help="where to write the plan (JSON, atomically)")
+                   help="check an earlier plan (its folder or its plan.json) with short measurements instead of "
+                   "starting over (default: none)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help=f"a folder for the plan: DIR/{PLAN_NAME} (written atomically) and, with --effort full, the "
+                   "look-ahead's branch in DIR/plan.state; created where it does not exist (a path ending in .json "
+                   "is still taken as the plan's file, a spelling to be removed)")
     p.add_argument("--no-state", action="store_true",
-                   help="with --effort full: do not keep the look-ahead's winning branch beside the plan (PLAN's "
-                   "name with .state; `leadline train --plan PLAN` continues from it instead of starting over)")
-    p.add_argument("--html", metavar="OUT", help="also write the HTML report")
+                   help="with --effort full: do not keep the look-ahead's winning branch beside the plan "
+                   "(`leadline train --plan DIR` continues from it instead of starting over)")
+    add_html_argument(p)
     p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
     p.add_argument("--fit-rank", action="store_true",
                    help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
+
+
+def add_html_argument(p: argparse.ArgumentParser) -> None:
+    """``--html [PATH]`` of the commands with an output folder: a path, or bare the folder's report.html."""
+    p.add_argument("--html", nargs="?", const=True, default=None, metavar="PATH",
+                   help="also write the plan's HTML report to PATH (given bare: DIR/report.html; default: none)")
 
 
 def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str,
                        efforts: tuple[str, ...] = ("quick", "full")) -> None:
     """The options that shape the plan (``leadline derive`` and ``leadline run``): the effort,
     the run's length, the training length and the bound on the derive."""
-    p.add_argument("--effort", choices=efforts, default=effort, help=f"{effort_help} (default {effort})")
+    p.add_argument("--effort", choices=efforts, default=effort, help=f"{effort_help} (default %(default)s)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--steps", type=int, metavar="N", help="the run's length in optimizer steps")
+    g.add_argument("--steps", type=int, metavar="N",
+                   help="the run's length in optimizer steps (default: one pass over the training rows, as --epochs 1; "
+                   f"at most {MAX_EPOCHS} passes)")
     g.add_argument("--epochs", type=float, metavar="E",
-                   help="the run's length in passes over the training rows (default 1)")
-    p.add_argument("--seq-len", type=int, metavar="N", help="the length to train at (default: the longest row)")
+                   help=f"the run's length in passes over the training rows (default 1; at most {MAX_EPOCHS})")
+    p.add_argument("--seq-len", type=int, metavar="N",
+                   help="the length to train at (default: the longest row, cut to the model's positions)")
     p.add_argument("--quantile", type=float, metavar="Q",
-                   help="instead, the length that keeps this share of rows whole")
+                   help="instead, the length that keeps this share of rows whole (default: none, every row whole)")
     p.add_argument("--max-seconds", type=float, metavar="S",
-                   help="a bound on the whole derive; what it does not reach is listed")
-    p.add_argument("--rows-per-step", type=int, metavar="N",
+                   help="a bound on the whole derive in seconds; what it does not reach is listed (default: no bound)")
+    p.add_argument("--rows-per-step", type=int, metavar="N", action=Spelled,
                    help="a batch the run must keep: N rows an optimizer step (the card decides the micro-batch and "
                    "accumulation, the rate is measured at it; default: the measured step)")
     p.add_argument("--step-for", choices=("rows", "time"), default=None,
@@ -53,18 +71,44 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
                    "time to a loss); docs/noise.md")
 
 
-def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, check_out_file, read_plan
+def out_paths(flag: str, given: str | Path) -> tuple[Path, Path]:
+    """``--out``: (the folder, the plan's path in it). A folder: ``DIR/plan.json``; a path ending
+    in ``.json`` (the old spelling): that file, in its folder. Checked before any work: an
+    existing file that is not a plan's, a parent that does not exist or cannot be written."""
+    from leadline.cli._common import check_out_file
     from leadline.errors import InputError
 
-    out = Path(args.out)
-    check_out_file("--out", out)  # every output is checked before the derive, so a refusal costs nothing
-    check_out_file("--html", args.html)
+    out = Path(given)
+    if out.suffix.lower() == ".json" and not out.is_dir():
+        check_out_file(flag, out)
+        return out.parent if str(out.parent) else Path("."), out
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{flag} {out} is a file, not a folder; pass a folder for the plan (it is written to "
+                         f"DIR/{PLAN_NAME})")
+    parent = out.parent if str(out.parent) else Path(".")
+    if not out.exists() and not parent.is_dir():
+        raise InputError(f"{flag} {out}: the folder {parent} does not exist; create it or choose another path")
+    writable = out if out.is_dir() else parent
+    if not os.access(writable, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {out}: the folder {writable} is not writable; choose another path")
+    if out.is_dir():
+        check_out_file(flag, out / PLAN_NAME)
+    return out, out / PLAN_NAME
+
+
+def run(args: argparse.Namespace) -> int:
+    from leadline.cli._common import check_device, check_out_file, read_plan, resolve_html
+    from leadline.errors import InputError
+
+    folder, out = out_paths("--out", args.out)  # every output is checked before the derive: a refusal costs nothing
+    args.html = resolve_html(args.html, folder)
+    if args.html is not None and (args.html.parent != folder or folder.is_dir()):
+        check_out_file("--html", args.html)  # in a new --out folder: that folder is checked
     check_out_file("--resume", args.resume)
     state = state_path(out)
     if not args.no_state and args.effort == "full" and (state.exists() or state.is_symlink()) and not (
             state.is_dir() and not state.is_symlink() and (state / "state.json").exists()):
-        raise InputError(f"--out {out}: the folder for its state, {state}, exists and is not one leadline derive "
+        raise InputError(f"--out {args.out}: the folder for its state, {state}, exists and is not one leadline derive "
                          "wrote; move it or pass --no-state")
     check_plan_inputs(args)
     if args.prior is not None:
@@ -74,18 +118,25 @@ def run(args: argparse.Namespace) -> int:
     check_device(args.device)
     from leadline.distributed.world import job_from_env, launched_by_torchrun
 
-    if not launched_by_torchrun():
-        return _derive(args, out, main=True, state=None if args.no_state or args.effort != "full" else state)
-    # under torchrun: every rank derives in step with the others; rank 0 writes and prints
-    with job_from_env(args.device) as world:
-        if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
-            args.device = world.device
-        return _derive(args, out, main=world is None or world.is_main)
+    made = not folder.exists()
+    try:
+        if not launched_by_torchrun():
+            return _derive(args, out, main=True, state=None if args.no_state or args.effort != "full" else state)
+        # under torchrun: every rank derives in step with the others; rank 0 writes and prints
+        with job_from_env(args.device) as world:
+            if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
+                args.device = world.device
+            return _derive(args, out, main=world is None or world.is_main)
+    except BaseException:
+        if made and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()  # the folder this command made, before anything was written in it
+        raise
 
 
 def check_plan_inputs(args: argparse.Namespace) -> None:
-    """The options of :func:`add_plan_arguments` and ``--data``, checked before the model loads."""
-    from leadline.cli._common import check_data_file, check_positive
+    """The options of :func:`add_plan_arguments` and ``--data`` (its rows read, ``--field`` too),
+    checked before the model loads; the rows read are kept on ``args.data_rows``."""
+    from leadline.cli._common import check_data_rows, check_positive, check_run_length, fields_of
     from leadline.errors import InputError
 
     if args.steps is not None and args.steps < 1:
@@ -102,7 +153,9 @@ def check_plan_inputs(args: argparse.Namespace) -> None:
     if args.rows_per_step is not None and args.step_for is not None:
         raise InputError(f"--rows-per-step fixes the step and --step-for {args.step_for} measures it; pass one of "
                          "the two")
-    check_data_file("--data", args.data)
+    fields = fields_of(args)
+    args.data_rows = check_data_rows("--data", args.data, fields)
+    check_run_length(args.data_rows, steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step)
 
 
 def state_path(plan_path: str | Path) -> Path:
@@ -131,7 +184,13 @@ def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: fl
     note_plan(args, plan, took, loading, show=main)
     if not main:
         return 0  # every rank holds the plan; rank 0 writes and prints it
+    out.parent.mkdir(exist_ok=True)
     write_plan(plan, out, kept, html=args.html, scale_out=args.scale_out)
+    if Path(args.out) == out:  # the plan's file given, not its folder
+        import sys
+
+        print(f"leadline derive: note: --out {args.out} names the plan's file, a spelling to be removed; pass its "
+              f"folder, --out {out.parent}, and the plan is written to {out.parent / PLAN_NAME}", file=sys.stderr)
     return 0
 
 
@@ -182,16 +241,52 @@ def write_plan(plan: Plan, out: Path, kept: StateKeeper | None, *, html: str | P
 
 def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
     """derive_for on the loaded model with the command's options; the progress bar closed after."""
+    from leadline.cli._common import check_length, fields_of, plan_file
     from leadline.hf import derive_for
 
+    fields = fields_of(args)
     try:
-        return derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
+        check_length(args, model, tok, getattr(args, "data_rows", None),
+                     command=getattr(args, "command", None) or "derive")
+        prior = None if args.prior is None else str(plan_file("--prior", args.prior))
+        plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
                           seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
-                          on_progress=bar, resume=args.resume, prior=args.prior, seed=args.seed, fit_rank=args.fit_rank,
-                          rows_per_step=args.rows_per_step, step_for=args.step_for)
+                          on_progress=bar, resume=args.resume, prior=prior, seed=args.seed, fit_rank=args.fit_rank,
+                          rows_per_step=args.rows_per_step, step_for=args.step_for, fields=fields or None)
     finally:
         if bar is not None:
             bar.close()
+    check_trainable_plan(args, plan)
+    if fields:
+        plan.data["fields"] = fields  # `leadline train --plan` reads the rows by the same fields
+    return plan
+
+
+def check_trainable_plan(args: argparse.Namespace, plan: Plan) -> None:
+    """A plan ``leadline train`` would refuse after another load is not written: a derive that
+    ``--max-seconds`` ended before the micro-batch or the rate, or (``--average-ending``) before
+    the rates the run races, is one sentence saying what to raise."""
+    from leadline.errors import InputError
+    from leadline.train import races_inside
+
+    cut = [s for s in plan.skipped if s.out_of_time]
+    why = f" ({cut[0].sentence()})" if cut else ""
+    more = (f"raise --max-seconds (it was {args.max_seconds:g}; try {max(60, 4 * args.max_seconds):g} or more)"
+            if args.max_seconds else "derive again")
+    if args.resume:
+        more += f", continuing from --resume {args.resume}"
+    missing = [n for n in ("micro_batch", "lr") if plan.get(n) is None]
+    if missing:
+        ended = "--max-seconds ended the derive" if cut else "the derive ended"
+        raise InputError(f"{ended} before it measured {' and '.join(missing)}{why}, and a plan without "
+                         f"{'them' if len(missing) > 1 else 'it'} cannot train, so none was written; {more}")
+    if getattr(args, "average_ending", False) and args.effort == "quick" and not races_inside(plan):
+        if cut:
+            raise InputError(f"--average-ending races the averaged weights inside the quick effort's race, and "
+                             f"--max-seconds ended the derive before it measured the rates to race{why}; {more}, or "
+                             "leave --average-ending out")
+        raise InputError(f"--average-ending races the averaged weights inside the quick effort's race, and {NO_RACE}; "
+                         "leave --average-ending out")
 
 
 def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:
@@ -203,7 +298,8 @@ def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:
         shown = ", ".join(f"{k} {n}" for k, n in formats.items())
         notes.append(f"the rows of --data {args.data} mix formats ({shown}): each row is scored by its own format's "
                      "policy; put one format in a file if that is not what you meant")
-    if "seq_len" in plan and plan["seq_len"].evidence.get("rule") == "positions":
+    if "seq_len" in plan and plan["seq_len"].evidence.get("rule") == "positions" and not getattr(
+            args, "length_said", False):  # said once: before the derive where check_length said it
         notes.append(f"seq_len: {plan['seq_len'].source}")
     if args.prior is not None:
         prior = Plan.from_json(args.prior)

@@ -1,7 +1,7 @@
 """``leadline fit``: measure whether a training shape fits the card (the real peak, not a prediction).
 
 Loads the model, puts LoRA adapters of the given rank on every linear layer (or trains every
-weight with ``--full``), runs real training steps of ``--batch`` rows x ``--seq-len`` tokens
+weight with ``--full``), runs real training steps of ``--micro-batch`` rows x ``--seq-len`` tokens
 under the spill cap and prints the verdict in one sentence: the measured peak, the room and,
 when it does not fit, what would (the most rows at that length, the longest length at that
 batch, gradient checkpointing, a lower LoRA rank, and the adapters in the model's dtype where
@@ -16,6 +16,8 @@ import json
 import warnings
 from typing import Any
 
+from leadline.cli._common import Spelled, add_old_spelling
+
 DEFAULT_RANK = 16
 
 
@@ -25,13 +27,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--lora-rank", type=int, metavar="R",
                    help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
     g.add_argument("--full", action="store_true", help="a full fine-tune: every weight trained")
-    p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row")
-    p.add_argument("--batch", type=int, required=True, metavar="B", help="rows per micro-batch")
+    p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row (required)")
+    p.add_argument("--micro-batch", type=int, metavar="M", action=Spelled,
+                   help="rows a forward pass (required): the micro-batch whose step is measured")
+    add_old_spelling(p, "--batch", "micro_batch")
     p.add_argument("--data", metavar="FILE",
                    help="the training jsonl: on a GPU the step is also run through its length mix "
-                   "(longest first, the full length after each), as derive's ramp confirms a batch")
+                   "(longest first, the full length after each), as derive's ramp confirms a batch (default: none, "
+                   "every row at --seq-len)")
     p.add_argument("--device", help="cuda, cuda:N or cpu (default: the GPU if there is one)")
-    p.add_argument("--card-gb", type=float, metavar="GB", help="treat the card (on the CPU: the RAM) as this many GB")
+    p.add_argument("--card-gb", type=float, metavar="GB",
+                   help="treat the card (on the CPU: the RAM) as this many GB (default: its real size)")
     p.add_argument("--gradient-checkpointing", action="store_true", help="measure with gradient checkpointing on")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"),
                    help="the dtype the model's weights load in (default: bfloat16 on a GPU that has it, else float32)")
@@ -53,7 +59,7 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, check_lora_rank
+    from leadline.cli._common import check_device, check_lora_rank, flag_of
     from leadline.errors import InputError
     from leadline.hf.loading import default_model_path, load_model
     from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
@@ -65,8 +71,12 @@ def run(args: argparse.Namespace) -> int:
         remove_lora,
     )
 
-    for name in ("--seq-len", "--batch", "--lora-rank", "--card-gb"):
-        _positive(name, getattr(args, name[2:].replace("-", "_")))
+    if args.micro_batch is None:
+        raise InputError("--micro-batch is required: the rows a forward pass whose step is measured; pass e.g. "
+                         "--micro-batch 8")
+    args.batch_flag = flag_of(args, "micro_batch", "--micro-batch")
+    for name in ("--seq-len", args.batch_flag, "--lora-rank", "--card-gb"):
+        _positive(name, getattr(args, "micro_batch" if name == args.batch_flag else name[2:].replace("-", "_")))
     if args.seq_len < 2:
         raise InputError(f"--seq-len {args.seq_len} must be at least 2 tokens (one token leaves nothing to score after "
                          "the shift); pass the length you train at, e.g. --seq-len 512")
@@ -89,13 +99,13 @@ def run(args: argparse.Namespace) -> int:
         _checkpointing(model, True)
     _check_absurd(model, args, card_bytes)
     step = ModelStep(model)
-    result = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, lengths=lengths,
+    result = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, lengths=lengths,
                          estimate=lambda r, n: estimate_step_bytes(model, r, n), suggest=not args.no_suggest)
     if not result.fits and not args.no_suggest:
         if not args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             _checkpointing(model, True)
             try:
-                ckpt = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, suggest=False,
+                ckpt = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, suggest=False,
                                    estimate=lambda r, n: estimate_step_bytes(model, r, n))
             finally:
                 _checkpointing(model, False)
@@ -109,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
             del step
             base = remove_lora(model)
             lower = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256) if r < rank]
-            found = rank_to_fit(lora_step_factory(base), args.batch, args.seq_len, ranks=lower, card_bytes=card_bytes)
+            found = rank_to_fit(lora_step_factory(base), args.micro_batch, args.seq_len, ranks=lower,
+                                card_bytes=card_bytes)
             if found.rank is not None:
                 result.add_alternative("rank", f"LoRA rank {found.rank}", True, rank=found.rank, tried=found.tried)
             else:
@@ -120,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         out["trained_as"] = trained_as
         print(json.dumps(out, indent=1))
     else:
-        print(f"leadline fit: {path}, {trained_as}, {args.batch} rows x {args.seq_len} tokens on {result.device}")
+        print(f"leadline fit: {path}, {trained_as}, {args.micro_batch} rows x {args.seq_len} tokens on {result.device}")
         print(result.sentence)
     return 0 if result.fits else 1
 
@@ -136,18 +147,19 @@ def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) 
     from leadline.memory import estimate_step_bytes
     from leadline.memory.readings import format_bytes, memory_for
 
-    est = estimate_step_bytes(model, args.batch, args.seq_len)
+    est = estimate_step_bytes(model, args.micro_batch, args.seq_len)
     room = memory_for(next(model.parameters()).device, card_bytes=card_bytes).room()
     if est is None or not room or est <= ABSURD * room:
         return
-    lo, hi = 0, args.batch
+    lo, hi = 0, args.micro_batch
     while lo < hi:  # the most rows the estimate puts within the room, by bisection
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if (estimate_step_bytes(model, mid, args.seq_len) or 0) <= room else (lo, mid - 1)
-    fix = f"pass --batch {lo} or fewer" if lo else "not even one row fits by the estimate: pass a shorter --seq-len"
-    raise InputError(f"--batch {args.batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by the "
-                     f"estimate, {est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), and "
-                     "run fit on that")
+    flag = getattr(args, "batch_flag", "--micro-batch")
+    fix = f"pass {flag} {lo} or fewer" if lo else "not even one row fits by the estimate: pass a shorter --seq-len"
+    raise InputError(f"{flag} {args.micro_batch} x --seq-len {args.seq_len} would need about {format_bytes(est)} by "
+                     f"the estimate, {est / room:.0f}x the room of {format_bytes(room)}; {fix} (the estimate's most), "
+                     "and run fit on that")
 
 
 def _check_positions(model: Any, seq_len: int) -> None:
@@ -180,7 +192,7 @@ def _adapters_alternative(result: Any, step: Any, model: Any, args: argparse.Nam
     name = str(gap[1]).replace("torch.", "")
     restore = cast_adapters(model, gap[1])
     try:
-        m = measure_fit(step, args.batch, args.seq_len, card_bytes=card_bytes, suggest=False,
+        m = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, suggest=False,
                         estimate=lambda r, n: estimate_step_bytes(model, r, n))
     finally:
         restore()

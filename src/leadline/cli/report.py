@@ -1,4 +1,4 @@
-"""``leadline report plan.json [--html out.html] [--why NAME | --long]``."""
+"""``leadline report PLAN [--html report.html] [--why NAME | --long]``; PLAN a plan's folder or file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from leadline.plan import COLUMNS, Plan
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("plan", help="a plan file written by `leadline derive --out` or plan.to_json(path)")
-    p.add_argument("--html", metavar="OUT", help="also write the self-contained HTML report here")
+    p.add_argument("plan", help="a plan: the folder `leadline derive --out DIR` or `leadline run --out DIR` wrote, "
+                   "or a plan file (DIR/plan.json, plan.to_json(path))")
+    p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML report to PATH (default: none)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--why", metavar="NAME", help="print one value's sentence and the whole evidence behind it")
     g.add_argument("--long", action="store_true",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline.cli._common import add_model_arguments
-from leadline.cli.derive import add_plan_arguments
+from leadline.cli.derive import add_html_argument, add_plan_arguments
 from leadline.cli.train import add_ending_argument, check_ending_share, ending_flag
 
 PLAN = "plan.json"
@@ -36,20 +36,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "keep (default %(default)s)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
-    p.add_argument("--html", action="store_true", help=f"also write the plan's HTML report to DIR/{REPORT}")
+    add_html_argument(p)
     add_ending_argument(p)
     # what `leadline derive` has and `leadline run` does not: a run derives afresh, at the model's own rank
     p.set_defaults(resume=None, prior=None, fit_rank=False)
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, check_out_folder
+    from leadline.cli._common import check_device, check_out_file, check_out_folder, resolve_html
     from leadline.cli.derive import check_plan_inputs
     from leadline.distributed.world import launched_by_torchrun
     from leadline.errors import InputError
 
     out = Path(args.out)
     check_out_folder("--out", out)  # first: a refusal costs nothing and leaves nothing behind
+    args.html = resolve_html(args.html, out)
+    if args.html is not None and args.html.parent != out:
+        check_out_file("--html", args.html)
     if launched_by_torchrun():
         raise InputError("leadline run trains in one process, and this is one of several under torchrun; run it "
                          "without torchrun, or derive the plan with `torchrun ... -m leadline derive` and train it "
@@ -59,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     asked = ending_flag(args)
     if asked and args.effort == "quick":
         raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort quick races its rates inside the "
-                         f"run instead; pass --effort full (the default) or leave {asked.split()[0]} out")
+                         f"run instead; pass --effort full or leave {asked.split()[0]} out")
     if args.average_ending and args.effort != "quick":
         raise InputError("--average-ending races the averaged weights inside the quick effort's race, and --effort "
                          f"{args.effort} runs the LookaheadSchedule; pass --effort quick or leave --average-ending out")
@@ -120,7 +123,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     """The default: one load, the opening race, the run (:func:`leadline.one_run.run_in_one`)."""
     import time
 
-    from leadline.cli._common import load_for_training, ram_bound
+    from leadline.cli._common import fields_of, load_for_training, ram_bound
     from leadline.cli.train import show_step
     from leadline.one_run import ROWS_PER_STEP, run_in_one
 
@@ -131,11 +134,16 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
         out.mkdir(exist_ok=True)
         plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
                                rows_per_step=args.rows_per_step or ROWS_PER_STEP, decide_share=args.decide_share,
-                               seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=show_step)
+                               seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=show_step,
+                               fields=fields_of(args) or None)
+        if args.html is not None:
+            from leadline.report.html import write_html
+
+            write_html(plan, args.html)
     total = time.perf_counter() - t_load
     _add_seconds(out / "run.json", {"load_seconds": load, "derive_seconds": plan.derive_seconds or 0.0,
                                     "train_seconds": total - load - (plan.derive_seconds or 0.0)})
-    print(plan.report())
+    print(plan.report(long=False, path=str(out / PLAN)))
     cost = res["cost"]
     rows = res["micro_batch"] * res["grad_accum"]
     print(f"\nlr {res['lr']:.3g} (schedule-free AdamW), {res['steps']} steps of {rows} rows; the decision's "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from leadline.cli._common import add_model_arguments
+from leadline.cli._common import Spelled, add_model_arguments, add_old_spelling
 
 if TYPE_CHECKING:
     import os
@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    p.add_argument("--plan", required=True, help="the plan `leadline derive --out` wrote for this model and data")
-    p.add_argument("--out", required=True, metavar="DIR", help="where to save the adapter (or weights) and run.json")
+    p.add_argument("--plan", required=True, metavar="PLAN",
+                   help="the plan `leadline derive --out DIR` wrote for this model and data: DIR, or DIR/plan.json")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="a new or empty folder for the adapter (or weights) and run.json")
     p.add_argument("--steps", type=int, metavar="N", help="optimizer steps (default: the plan's total_steps)")
     p.add_argument("--state", metavar="DIR",
                    help="the look-ahead's branch `leadline derive` kept beside the plan, to continue from "
@@ -26,14 +28,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_ending_argument(p)
     p.add_argument("--recipe", action="store_true",
                    help="ignore --plan's numbers and train the default recipe by the same path: "
-                   "AdamW at --lr, --batch rows a step, --warmup-ratio warmup, linear decay to zero (for comparisons)")
-    p.add_argument("--lr", type=float, default=2e-4, help="with --recipe: the rate (default 2e-4)")
-    p.add_argument("--batch", type=int, default=16, help="with --recipe: rows a step (default 16)")
+                   "AdamW at --lr, --rows-per-step rows a step, --warmup-ratio warmup, linear decay to zero (for "
+                   "comparisons)")
+    p.add_argument("--lr", type=float, default=2e-4, help="with --recipe: the rate (default %(default)g)")
+    p.add_argument("--rows-per-step", type=int, default=16, metavar="N", action=Spelled,
+                   help="with --recipe: rows an optimizer step (default %(default)s)")
+    add_old_spelling(p, "--batch", "rows_per_step")
     p.add_argument("--warmup-ratio", type=float, default=0.03,
-                   help="with --recipe: the warmup's share of the steps (default 0.03)")
+                   help="with --recipe: the warmup's share of the steps (default %(default)g)")
     p.add_argument("--micro-batch", type=int, metavar="M",
-                   help="with --recipe: rows a forward pass, dividing --batch (the rest accumulated; default: the "
-                   "most rows, dividing --batch, that the plan's ramp measured the card holds, else --batch)")
+                   help="with --recipe: rows a forward pass, dividing --rows-per-step (the rest accumulated; default: "
+                   "the most rows, dividing --rows-per-step, that the plan's ramp measured the card holds, else "
+                   "--rows-per-step)")
 
 
 def add_ending_argument(p: argparse.ArgumentParser) -> None:
@@ -75,56 +81,56 @@ def ending_of(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-
     from leadline.cli._common import (
-        check_data_file,
+        check_data_rows,
         check_device,
         check_out_folder,
         check_positive,
+        check_run_length,
+        fields_of,
+        flag_of,
         load_for_training,
+        plan_file,
         ram_bound,
         read_plan,
     )
     from leadline.errors import InputError
     from leadline.train import train_with_plan
 
-    check_data_file("--data", args.data, "pass the jsonl the plan was derived on")
     check_out_folder("--out", args.out)
+    args.plan = str(plan_file("--plan", args.plan))  # the folder derive wrote, or its plan.json
     plan = read_plan("--plan", args.plan)
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
     check_ending_share(args)
-    asked = ending_flag(args)
-    if asked and (args.recipe or args.no_schedule):
-        flag = "--recipe" if args.recipe else "--no-schedule"
-        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and {flag} trains without it; "
-                         f"drop one of the two")
-    if asked and not args.no_schedule and not args.recipe:
-        from leadline.train import races_inside
-
-        if races_inside(plan):
-            raise InputError(f"{asked} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
-                             "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
-                             f"effort, or leave {asked.split()[0]} out")
-    if args.average_ending:
-        from leadline.train import races_inside
-
-        if args.recipe or args.no_schedule or not races_inside(plan):
-            why = ("--recipe trains without a race" if args.recipe else "--no-schedule trains without a race"
-                   if args.no_schedule else f"the plan {args.plan} is of the full effort, which runs the "
-                   "LookaheadSchedule")
-            raise InputError(f"--average-ending races the averaged weights inside a quick plan's race, and {why}; "
-                             "derive the plan with --effort quick, or leave --average-ending out")
+    missing = [n for n in ("micro_batch", "lr") if plan.get(n) is None]
+    if missing and not args.recipe:  # what train_with_plan would refuse after the load
+        cut = [s for s in plan.skipped if s.out_of_time]
+        why = (f"its derive ran out of time ({cut[0].sentence()}); derive it again with `leadline derive "
+               "--max-seconds S` and a larger S") if cut else "derive it again with `leadline derive` on this --data"
+        raise InputError(f"the plan {args.plan} has no {' or '.join(missing)}, so it cannot train; {why}")
+    check_schedule_flags(args, plan)
+    rows_flag = flag_of(args, "rows_per_step", "--rows-per-step")
     if args.recipe:
-        if args.batch < 1:
-            raise InputError(f"--batch {args.batch} must be a whole number of rows a step >= 1; pass e.g. --batch 16")
-        if args.micro_batch is not None and (args.micro_batch < 1 or args.batch % args.micro_batch):
-            raise InputError(f"--micro-batch {args.micro_batch} must divide --batch {args.batch}; pass e.g. "
-                             f"--micro-batch {recipe_micro_batch(args.batch, max(1, args.batch // 4))}")
+        if args.rows_per_step < 1:
+            raise InputError(f"{rows_flag} {args.rows_per_step} must be a whole number of rows a step >= 1; pass e.g. "
+                             f"{rows_flag} 16")
+        if args.micro_batch is not None and (args.micro_batch < 1 or args.rows_per_step % args.micro_batch):
+            raise InputError(f"--micro-batch {args.micro_batch} must divide {rows_flag} {args.rows_per_step}; pass "
+                             "e.g. --micro-batch "
+                             f"{recipe_micro_batch(args.rows_per_step, max(1, args.rows_per_step // 4))}")
         check_positive("--lr", args.lr, example="2e-4")
         if not 0.0 <= args.warmup_ratio < 1.0:
             raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
                              "including) 1; pass e.g. --warmup-ratio 0.03")
+    fields = fields_of(args) or plan.data.get("fields") or {}
+    data = check_data_rows("--data", args.data, fields, "pass the jsonl the plan was derived on")
+    if args.recipe:
+        check_run_length(data, steps=args.steps, rows_per_step=args.rows_per_step, rows_flag=rows_flag)
+    else:  # the plan's step was derived on these rows: only the length is the user's
+        per_step = _plan_rows_per_step(plan)
+        check_run_length(data, steps=args.steps, rows_per_step=None if per_step is None else min(
+            per_step, data.training_rows))
     check_device(args.device)
     state = _state_of(args)
     if not args.recipe and plan.data.get("sha256"):
@@ -137,10 +143,12 @@ def run(args: argparse.Namespace) -> int:
         from leadline.train import recipe_plan
 
         derived = plan
-        plan = recipe_plan(lr=args.lr, rows_per_step=args.batch, warmup_ratio=args.warmup_ratio,
+        plan = recipe_plan(lr=args.lr, rows_per_step=args.rows_per_step, warmup_ratio=args.warmup_ratio,
                            micro_batch=args.micro_batch or recipe_micro_batch(
-                               args.batch, derived.get("rows_fit", derived.get("micro_batch"))),
+                               args.rows_per_step, derived.get("rows_fit", derived.get("micro_batch"))),
                            seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
+    if fields:
+        plan.data["fields"] = fields  # the rows read by the fields the plan was derived with, or --field's
     with ram_bound(args.device):  # on the CPU: an allocation past the RAM is a sentence, not the OOM killer
         model, tok = load_for_training(args)
         want = plan.model.get("trained_parameters")
@@ -154,6 +162,46 @@ def run(args: argparse.Namespace) -> int:
                               average_ending=args.average_ending)
     print_run(res, args.out)
     return 0
+
+
+def check_schedule_flags(args: argparse.Namespace, plan: Any) -> None:
+    """The ending flags and --average-ending against --recipe, --no-schedule and the plan's kind."""
+    from leadline.errors import InputError
+    from leadline.train import races_inside
+
+    asked = ending_flag(args)
+    if asked and (args.recipe or args.no_schedule):
+        flag = "--recipe" if args.recipe else "--no-schedule"
+        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and {flag} trains without it; "
+                         f"drop one of the two")
+    if asked and not args.no_schedule and not args.recipe and races_inside(plan):
+        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
+                         "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
+                         f"effort, or leave {asked.split()[0]} out")
+    if not args.average_ending or (races_inside(plan) and not args.recipe and not args.no_schedule):
+        return
+    if args.recipe or args.no_schedule:
+        why = f"{'--recipe' if args.recipe else '--no-schedule'} trains without a race"
+        fix = "leave one of the two out"
+    elif "lookahead_horizon_steps" in plan:
+        why = f"the plan {args.plan} is of the full effort, which runs the LookaheadSchedule"
+        fix = "derive the plan with --effort quick, or leave --average-ending out"
+    elif [s for s in plan.skipped if s.out_of_time]:
+        cut = next(s for s in plan.skipped if s.out_of_time)
+        why = (f"the derive of the plan {args.plan} ended before it measured the rates to race ({cut.sentence()})")
+        fix = ("derive it again with `leadline derive --effort quick --max-seconds S` and a larger S, or leave "
+               "--average-ending out")
+    else:
+        from leadline.cli.derive import NO_RACE
+
+        why, fix = NO_RACE.replace("the plan", f"the plan {args.plan}", 1), "leave --average-ending out"
+    raise InputError(f"--average-ending races the averaged weights inside a quick plan's race, and {why}; {fix}")
+
+
+def _plan_rows_per_step(plan: Any) -> int | None:
+    """The rows an optimizer step of the plan takes (micro-batch x accumulation), where it says."""
+    mb, accum = plan.get("micro_batch"), plan.get("grad_accum") or 1
+    return int(mb) * int(accum) if isinstance(mb, int) and isinstance(accum, int) else None
 
 
 def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
