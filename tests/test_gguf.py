@@ -10,13 +10,17 @@ import stat
 
 import pytest
 
-from helpers import DATA, make_model, make_tokenizer
+from helpers import make_model, make_tokenizer
 from leadline.errors import InputError
 from leadline.hf import derive_for, load_model, load_tokenizer
-from leadline.hf.deriving import FULL_NOTE
-from leadline.train import train_with_plan
+from leadline.hf.deriving import FULL_NOTE, derive_parts
+from leadline.train import recipe_plan, train_with_plan
 
 pytest.importorskip("gguf")
+
+# short rows, so a derive on the tiny model takes seconds
+ROWS = [{"text": f"{a} {b} sat on the {c}"} for a in ("the", "a") for b in ("cat", "dog", "fox")
+        for c in ("mat", "net", "card", "dog")]
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +28,13 @@ def gguf_file(tmp_path_factory):
     from tiny_gguf import save_gguf
 
     return save_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture(scope="module")
+def rows_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rows") / "train.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return path
 
 
 def _mode(path) -> int:
@@ -62,7 +73,7 @@ def test_a_gguf_read_by_transformers_alone_is_refused_with_the_loader_to_use(ggu
     if getattr(model.config, "quantization_config", None) is None:
         pytest.skip("this transformers leaves a GGUF unmarked")
     with pytest.raises(InputError, match=r"load it with leadline\.hf\.load_model\(path\), which drops the mark"):
-        derive_for(model, make_tokenizer(), str(DATA / "text.jsonl"), progress=False)
+        derive_for(model, make_tokenizer(), ROWS, progress=False)
 
 
 def test_a_full_fine_tune_of_a_gguf_trains_and_saves_a_folder_transformers_loads(gguf_file, tmp_path, umask_027):
@@ -71,10 +82,11 @@ def test_a_full_fine_tune_of_a_gguf_trains_and_saves_a_folder_transformers_loads
 
     model, tok = load_model(gguf_file, device="cpu"), load_tokenizer(gguf_file)
     before = [p.detach().clone() for p in model.parameters()]
-    plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=4, progress=False)
+    # the rate phases alone at a given step (the CLI test below runs a whole derive): the same checks, seconds
+    plan = derive_parts(model, tok, ROWS, measure=("rate",), batch=(2, 1), total_steps=4, progress=False)
     assert plan.model["trained_as"] == "weights" and plan.model["trained_parameters"] == plan.model["parameters"]
     assert FULL_NOTE in plan.notes and plan["precision"].value["quantization"] is None
-    result = train_with_plan(model, tok, str(DATA / "text.jsonl"), plan, out_dir=tmp_path / "run")
+    result = train_with_plan(model, tok, ROWS, plan, out_dir=tmp_path / "run")
     assert result["steps"] == 4
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # every weight could move
     saved = {p.name: _mode(p) for p in (tmp_path / "run").iterdir()}
@@ -90,20 +102,18 @@ def test_a_lora_adapter_over_a_gguf_names_its_base_and_keeps_the_umask(gguf_file
 
     model = get_peft_model(load_model(gguf_file, device="cpu"),
                            LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    tok = load_tokenizer(gguf_file)
-    plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=2, progress=False)
-    assert plan.model["trained_as"] == "factors" and FULL_NOTE not in plan.notes
-    train_with_plan(model, tok, str(DATA / "text.jsonl"), plan, out_dir=tmp_path / "run")
+    train_with_plan(model, load_tokenizer(gguf_file), ROWS, recipe_plan(rows_per_step=4, total_steps=2),
+                    out_dir=tmp_path / "run")
     config = json.loads((tmp_path / "run" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(gguf_file)
     assert {_mode(p) for p in (tmp_path / "run").iterdir()} == {umask_027}
 
 
-def test_full_from_the_shell_trains_a_gguf(gguf_file, tmp_path):
+def test_full_from_the_shell_trains_a_gguf(gguf_file, rows_file, tmp_path):
     from leadline.cli import main
 
     out = tmp_path / "run"
-    assert main(["run", "--model", str(gguf_file), "--data", str(DATA / "text.jsonl"), "--full", "--effort", "quick",
+    assert main(["run", "--model", str(gguf_file), "--data", str(rows_file), "--full", "--effort", "quick",
                  "--steps", "4", "--device", "cpu", "--out", str(out)]) == 0
     assert json.loads((out / "run.json").read_text())["steps"] == 4
     assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()
