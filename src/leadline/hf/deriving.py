@@ -210,9 +210,9 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
     return plan
 
 
-FULL_NOTE = ("trained_as weights, a full fine-tune: the model has no adapter, so every weight trains; for LoRA, "
-             "wrap it with peft.get_peft_model(model, LoraConfig(...)) before derive_for, as `leadline derive` does "
-             "unless --full")
+FULL_NOTE = ("trained_as weights: the model has no adapter, so every weight trains (a full fine-tune, as --full "
+             "asks); a LoRA plan needs the adapter on the model first (the CLI without --full, or "
+             "peft.get_peft_model in Python)")
 """The plan's note for a model given without an adapter, every weight trainable."""
 
 
