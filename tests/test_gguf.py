@@ -66,6 +66,18 @@ def test_a_gguf_loads_as_the_plain_float_model_it_is(gguf_file):
         assert torch.allclose(model(input_ids=ids).logits, want, atol=0.02)
 
 
+def test_the_gguf_mark_is_dropped_where_transformers_leaves_it(gguf_file, tmp_path, monkeypatch):
+    """A transformers without ``GgufConfig(dequantize=True)`` marks the dequantized model
+    quantized and refuses to save it; load_model takes the mark off."""
+    import leadline.hf.loading as loading
+
+    monkeypatch.setattr(loading, "_gguf_kwargs", lambda gguf: {"gguf_file": gguf} if gguf else {})
+    model = load_model(gguf_file, device="cpu")
+    assert getattr(model.config, "quantization_config", None) is None and not model.is_quantized
+    model.save_pretrained(tmp_path / "saved")  # refused while the GGUF quantizer is on the model
+    assert (tmp_path / "saved" / "model.safetensors").exists()
+
+
 def test_a_gguf_read_by_transformers_alone_is_refused_with_the_loader_to_use(gguf_file):
     from transformers import AutoModelForCausalLM
 
