@@ -1,6 +1,7 @@
-"""The README's Trainer and SFTTrainer snippets run as written, on the tiny model: the test
-swaps only the documented model id, data file and run length for local ones (and runs on the
-CPU, which SFTConfig's bf16 default refuses unless told)."""
+"""The README's snippets run as written, on the tiny model: the Trainer and SFTTrainer ones
+with only the documented model id, data file and run length swapped for local ones (and on the
+CPU, which SFTConfig's bf16 default refuses unless told); the first Python one verbatim, on the
+tiny model written as a GGUF file."""
 
 from __future__ import annotations
 
@@ -54,3 +55,34 @@ def test_snippet_runs_as_written(kind, tmp_path, monkeypatch):
                      if "find_batch_size(trainer)" in b)
         exec(compile(block, "README.md (one-liners)", "exec"), scope)
         assert scope["found"].suggestion() >= 1 and scope["rate"].suggestion() > 0
+
+
+def test_the_python_snippet_runs_as_written_on_a_gguf(tmp_path, monkeypatch):
+    """The README's first Python block, verbatim, on the GGUF a newcomer has: ``my-model`` is a
+    folder holding one .gguf (tests/tiny_gguf.py), ``train.jsonl`` short rows; the bare model
+    trains every weight, and the plan says so. The block after it reads the plan."""
+    pytest.importorskip("gguf")
+    import json
+
+    import torch
+
+    from leadline.hf.deriving import FULL_NOTE
+    from tiny_gguf import save_gguf
+
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    first = next(i for i, b in enumerate(blocks) if 'load_model("my-model")' in b)
+    (tmp_path / "my-model").mkdir()
+    save_gguf(tmp_path / "my-model" / "smol.gguf")
+    rows = [f"{a} {b} sat on the {c}" for a in ("the", "a") for b in ("cat", "dog", "fox") for c in ("mat", "net", "card", "dog")]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"text": r}) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(blocks[first], "README.md (Python snippet)", "exec"), scope)
+    plan, result = scope["plan"], scope["result"]
+    assert plan.model["trained_as"] == "weights" and FULL_NOTE in plan.notes
+    assert result["steps"] >= 1 and {"test_loss_before", "test_loss_after"} <= set(result)
+    untrained = scope["load_model"]("my-model")
+    assert any(not torch.equal(a, b) for a, b in zip(untrained.parameters(), scope["model"].parameters()))
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    exec(compile(blocks[first + 1], "README.md (the plan's block)", "exec"), scope)
+    assert (tmp_path / "plan.json").exists()

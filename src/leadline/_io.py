@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -46,6 +48,34 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> Path:
             pass
         raise
     return given
+
+
+@contextmanager
+def modes_as_open(folder: str | os.PathLike[str]) -> Iterator[Path]:
+    """The files written into ``folder`` inside the block left with the mode ``open(path, "w")``
+    gives: a file that was there keeps its mode, a new one gets ``0o666`` under the umask. Some
+    writers (safetensors) create their files ``0600`` whatever the umask; a saved model then
+    reads as private beside its ``0644`` config.
+
+    Examples:
+        >>> import stat, tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     with modes_as_open(tmp) as folder:
+        ...         fd = os.open(folder / "weights.bin", os.O_CREAT | os.O_WRONLY, 0o600)
+        ...         os.close(fd)
+        ...     stat.S_IMODE(os.stat(folder / "weights.bin").st_mode) == file_mode(folder / "new")
+        True
+    """
+    folder = Path(folder)
+    before = {f.name: file_mode(f) for f in folder.iterdir() if f.is_file()} if folder.is_dir() else {}
+    try:
+        yield folder
+    finally:
+        for f in (folder.iterdir() if folder.is_dir() else ()):
+            if f.is_file() and not f.is_symlink():
+                mode = before.get(f.name, 0o666 & ~_umask())
+                if stat.S_IMODE(f.stat().st_mode) != mode:
+                    os.chmod(f, mode)
 
 
 def file_mode(path: Path) -> int:

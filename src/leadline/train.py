@@ -288,11 +288,14 @@ def _add_test_verdict(result: dict[str, Any], before: Any, after: Any) -> None:
 
 
 def _save(model: Any, out: Path, result: dict[str, Any]) -> None:
-    """The adapter (PEFT) or the weights, and ``run.json`` beside them."""
+    """The adapter (PEFT) or the weights, and ``run.json`` beside them, each file with the mode
+    ``open()`` gives it (:func:`~leadline._io.modes_as_open`)."""
     import warnings
 
+    from leadline._io import modes_as_open
+
     out.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), modes_as_open(out):  # safetensors writes its file 0600 whatever the umask
         # a base read from a .gguf file has no config.json beside it, and PEFT warns that it cannot check the
         # vocabulary: leadline never resizes it, so the warning only alarms
         warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)

@@ -60,7 +60,10 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     The model is measured as it trains (:mod:`leadline.hf.precision`): a bf16 base, a
     bitsandbytes 4-bit/8-bit base under a LoRA adapter (QLoRA; on a CUDA GPU), gradient
     checkpointing; the plan's ``precision`` says which, and the rate phases read the held-out
-    loss at that precision's resolution. A quantized base without an adapter is refused.
+    loss at that precision's resolution. A quantized base without an adapter is refused. A
+    model without an adapter trains every weight (a full fine-tune: a GGUF file read by
+    :func:`~leadline.hf.load_model` is its float model), and a note on the plan says so; for
+    LoRA, wrap it with ``peft.get_peft_model`` first, as ``leadline derive`` does unless ``--full``.
 
     The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
     restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
@@ -191,6 +194,8 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
                       rows_per_step=rows_per_step, step_for=step_for, max_seconds=max_seconds, started=started,
                       on_progress=on_progress, resume=resume, prior=prior)
         _given_values(plan, p, batch, given.policy)
+        if trained_as is None and full_fine_tune(p.kind, p.model_info):
+            plan.notes.append(FULL_NOTE)
         _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)
     finally:
         if bar is not None:
@@ -203,6 +208,27 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
     if p.job is not None:
         plan.notes.extend(p.job.notes)
     return plan
+
+
+FULL_NOTE = ("trained_as weights: the model has no adapter, so every weight trains (a full fine-tune, as --full "
+             "asks); a LoRA plan needs the adapter on the model first (the CLI without --full, or "
+             "peft.get_peft_model in Python)")
+"""The plan's note for a model given without an adapter, every weight trainable."""
+
+
+def full_fine_tune(kind: str, model_info: dict[str, Any]) -> bool:
+    """The model trains as a full fine-tune: no adapter (``trained_as`` ``weights``) and every
+    parameter trainable.
+
+    Examples:
+        >>> full_fine_tune("weights", {"parameters": 10, "trained_parameters": 10})
+        True
+        >>> full_fine_tune("weights", {"parameters": 10, "trained_parameters": 2})  # a head alone
+        False
+        >>> full_fine_tune("factors", {"parameters": 10, "trained_parameters": 2})  # LoRA
+        False
+    """
+    return kind == "weights" and model_info.get("parameters") == model_info.get("trained_parameters")
 
 
 @dataclass

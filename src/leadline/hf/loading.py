@@ -1,5 +1,11 @@
 """Loading a model and its tokenizer from what a user has on disk: a Hugging Face folder or a
-GGUF file (transformers dequantizes GGUF through the ``gguf`` package)."""
+GGUF file (transformers dequantizes GGUF through the ``gguf`` package).
+
+A model read from a GGUF file is the plain float model it is once dequantized: every weight
+trains (a full fine-tune) and ``save_pretrained`` writes a Hugging Face folder. The model names
+its base as the user gave it (``model.name_or_path``), so a LoRA adapter saved from it records
+that path in ``base_model_name_or_path``.
+"""
 
 from __future__ import annotations
 
@@ -111,9 +117,9 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
         dtype = torch.bfloat16 if (str(device).startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
-    kw: dict[str, Any] = {"gguf_file": gguf} if gguf else {}
     if bits is not None:
-        return _load_quantized(folder, gguf, bits, dtype, device)
+        return _named(_load_quantized(folder, gguf, bits, dtype, device), path)
+    kw = _gguf_kwargs(gguf)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
     except TypeError:
@@ -121,7 +127,59 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder "
                          "save_pretrained() wrote or a .gguf") from None
-    return model.to(device)
+    if gguf:
+        _drop_gguf_mark(model)
+    return _named(model, path).to(device)
+
+
+def _gguf_kwargs(gguf: str | None) -> dict[str, Any]:
+    """``from_pretrained``'s arguments for a GGUF file: the file, and every weight unpacked to
+    float where transformers could keep some in GGUF blocks (``GgufConfig(dequantize=True)``;
+    packed blocks do not train)."""
+    if not gguf:
+        return {}
+    try:
+        from transformers import GgufConfig
+    except ImportError:  # transformers before GgufConfig always dequantizes
+        return {"gguf_file": gguf}
+    return {"gguf_file": gguf, "quantization_config": GgufConfig(dequantize=True)}
+
+
+def _drop_gguf_mark(model: Any) -> None:
+    """The GGUF mark taken off a dequantized model: transformers leaves ``config.quantization_config``
+    and its GGUF quantizer on it, though every weight is a float tensor, and then refuses to
+    train every weight or to ``save_pretrained`` it. Nothing else changes.
+
+    Examples:
+        >>> import torch
+        >>> from types import SimpleNamespace
+        >>> model = torch.nn.Linear(2, 2)
+        >>> model.config = SimpleNamespace(quantization_config={"quant_method": "gguf"}, _is_quantized=True)
+        >>> model.hf_quantizer, model.is_quantized, model.quantization_method = object(), True, "gguf"
+        >>> _drop_gguf_mark(model)
+        >>> hasattr(model.config, "quantization_config"), model.is_quantized, hasattr(model, "hf_quantizer")
+        (False, False, False)
+    """
+    import torch
+
+    if any(not p.is_floating_point() or type(p) not in (torch.Tensor, torch.nn.Parameter)
+           for p in model.parameters()):
+        return  # weights kept in GGUF blocks: still quantized, and said so where it is trained
+    for owner, name in ((model.config, "quantization_config"), (model.config, "_is_quantized"),
+                        (model, "hf_quantizer"), (model, "quantization_method")):
+        if name in vars(owner):
+            delattr(owner, name)
+    if "is_quantized" in vars(model):
+        model.is_quantized = False
+
+
+def _named(model: Any, path: str | os.PathLike[str]) -> Any:
+    """``model`` naming its base as the user gave it (``name_or_path``: PEFT records it as the
+    adapter's ``base_model_name_or_path``), not the folder transformers read it from (``.``
+    for a GGUF file in the working folder)."""
+    model.name_or_path = str(path)
+    model.config.name_or_path = str(path)
+    return model
 
 
 def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device: Any) -> Any:

@@ -174,6 +174,10 @@ def check_trainable(model: Any) -> Precision:
         the model's base is quantized (8-bit, bitsandbytes) but sits on cpu; bitsandbytes trains a quantized base ...
     """
     prec = precision_of(model)
+    if prec.quantization == "gguf" and not prec.adapter:
+        raise InputError("the model was read from a GGUF file, and transformers marks it quantized though its weights "
+                         "are float: load it with leadline.hf.load_model(path), which drops the mark, to train every "
+                         "weight, or wrap it with peft.get_peft_model(model, LoraConfig(...)) for LoRA")
     if prec.quantization and not prec.adapter:
         raise InputError(f"the model's base is quantized ({prec.quantization}) and has no adapter: a quantized base "
                          "trains only through one; wrap it with peft.get_peft_model(model, LoraConfig(...)) or pass "
