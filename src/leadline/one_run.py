@@ -201,7 +201,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     trained_as = trained_as_of(model)
     h = min(horizon(steps, decide_share), steps)
     warmup = max(1, round(WARMUP_SHARE * steps))
-    plan = Plan(data=describe_data(data), held_out=task.split.as_dict())
+    plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})}, held_out=task.split.as_dict())
     plan.model = {"trained_as": trained_as, "trained_parameters": int(sum(p.numel() for p in params))}
     t = time.perf_counter()
     mb, tried = _micro_batch(task, rows_per_step)
