@@ -119,6 +119,17 @@ class _Opening:
         gone = choices is not None and collapsed(choices, self.gold or [])
         return Reading(lr, losses, choices, gone)
 
+    def rewind(self) -> None:
+        """The start put back, bit for bit, with the RNG as it stood there; every copy freed."""
+        from leadline.rate.state import restore_rng
+
+        with self.torch.no_grad():
+            for p, s in zip(self.params, self.start):
+                p.copy_(s)
+        restore_rng(self.rng)
+        self.kept.clear()
+        self.start = []
+
     def resume(self, lr: float) -> Any:
         """The winner's weights, RNG and optimizer put back; the others' copies freed."""
         from leadline.rate.state import restore_rng
@@ -182,19 +193,28 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                rows_per_step: int = ROWS_PER_STEP, decide_share: float = DECIDE_SHARE, seed: int = 0,
                seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None,
-               fields: dict[str, str] | None = None) -> tuple[Plan, dict[str, Any]]:
+               fields: dict[str, str] | None = None, train: bool = True) -> tuple[Plan, dict[str, Any]]:
     """Decide the rate on the run's opening steps and train to the end, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
     record (the curve, the test verdict). With ``out_dir`` the adapter (or the weights),
     ``plan.json`` and ``run.json`` are written there.
+
+    ``train=False``: the race alone, for a run another loop trains (Trainer, through
+    :func:`leadline.hf.training_arguments`). The trained tensors and the RNG states are put back
+    bit for bit as they were before the race, the tensors' ``.grad`` cleared and the model's
+    train/eval mode restored; none of the run's steps is taken, so every race step is overhead
+    (``kept_steps`` 0). The plan holds the race's evidence; with ``out_dir`` only ``plan.json``
+    is written.
     """
     from leadline.hf import prepare, trained_named_weights
     from leadline.hf.task import trained_as_of
     from leadline.provenance import describe_data
+    from leadline.rate.state import capture_rng, restore_rng
     from leadline.stats import mean_se
 
     t_all = time.perf_counter()
+    rng_before, was_training = capture_rng(), model.training
     task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields)
     params = [p for _, p in trained_named_weights(model)]
     steps = run_steps_of(len(task.order), rows_per_step, total_steps, epochs)
@@ -213,40 +233,53 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     if h:
         opening = _Opening(task, params, step, h, warmup)
         decision, readings = climb(opening, rates)
-        opt = opening.resume(decision.lr)
+        if train:
+            opt = opening.resume(decision.lr)
+        else:
+            opening.rewind()
         race = {"horizon_steps": h, "rates": list(rates), "tests": decision.tests, "decide_share": decide_share,
                 "readings": {f"{lr:.3g}": {"mean": r.mean, "collapsed": r.collapsed} for lr, r in readings.items()},
                 "collapse_checked": opening.answers is not None}
-        kept, overhead = h, opening.steps - h
+        kept = h if train else 0
+        overhead = opening.steps - kept
         reads, read_seconds, step_seconds = opening.reads, opening.read_seconds, opening.step_seconds
         lr, start = decision.lr, h
+        fate = (f"its {h} steps are the run's first" if train else
+                "its steps were not kept: the run trains from the weights the race started from")
         lr_value = Value(lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
-                         f"{h} steps: {decision.sentence()}; its {h} steps are the run's first", evidence=race,
-                         unit="per step")
+                         f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
     else:
         lr, start, kept, overhead, reads, read_seconds, step_seconds = rates[0], 0, 0, 0, 0, 0.0, 0.0
-        opt = _optimizer(params, lr, warmup)
-        opt.train()
+        if train:
+            opt = _optimizer(params, lr, warmup)
+            opt.train()
         lr_value = Value(lr, "constant", f"schedule-free AdamW's default for {trained_as}: a run of {steps} steps "
                          f"is too short to race rates within {decide_share:.0%} of its steps", unit="per step")
     race_seconds = time.perf_counter() - t
-    model.train()
-    t = time.perf_counter()
     curve: list[dict[str, Any]] = []
-    finite = _take_steps(opt, step, range(start, steps), lambda r: (curve.append(r), on_step and on_step(r)), t0)
-    if not finite:
-        raise InputError(f"the training loss stopped being finite after step {start + len(curve)} at the rate "
-                         f"{lr:.3g}; pass a shorter --seq-len or check the data for empty or broken rows")
-    run_seconds = time.perf_counter() - t
-    opt.eval()  # the averaged weights: the model
-    model.eval()
-    after = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
-             if task.split.test else None)
+    run_seconds, after = 0.0, None
+    if train:
+        model.train()
+        t = time.perf_counter()
+        finite = _take_steps(opt, step, range(start, steps), lambda r: (curve.append(r), on_step and on_step(r)), t0)
+        if not finite:
+            raise InputError(f"the training loss stopped being finite after step {start + len(curve)} at the rate "
+                             f"{lr:.3g}; pass a shorter --seq-len or check the data for empty or broken rows")
+        run_seconds = time.perf_counter() - t
+        opt.eval()  # the averaged weights: the model
+        model.eval()
+        after = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
+                 if task.split.test else None)
+    else:  # the race alone: the model and the RNG as they were before it
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        restore_rng(rng_before)
     _values(plan, mb, tried, rows_per_step, steps, warmup, lr_value, h, fit_seconds, profile)
     plan.phases = [PhaseTime("memory", fit_seconds, 0, ("micro_batch",)),
                    PhaseTime("rate", race_seconds, kept + overhead, ("lr",) if lr != rates[0] else (),
-                             step_seconds=step_seconds, reads=reads, read_seconds=read_seconds),
-                   PhaseTime("run", run_seconds, steps - start)]
+                             step_seconds=step_seconds, reads=reads, read_seconds=read_seconds)]
+    if train:
+        plan.phases.append(PhaseTime("run", run_seconds, steps - start))
     plan.derive_seconds = fit_seconds + race_seconds
     cost = {"kept_steps": kept, "overhead_steps": overhead, "run_steps": steps, "held_out_reads": reads,
             "overhead_share": overhead / steps, "budget_share": decide_share,
@@ -255,7 +288,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                       f"run's {steps}; the budget {decide_share:.0%}) and {reads} held-out reads")
     result: dict[str, Any] = {"steps": steps, "micro_batch": mb, "grad_accum": rows_per_step // mb, "lr": lr,
                               "optimizer": "schedule_free_adamw", "curve": curve, "cost": cost,
-                              "seconds": time.perf_counter() - t_all, "test_rows": len(task.split.test)}
+                              "seconds": time.perf_counter() - t_all, "test_rows": len(task.split.test),
+                              **({} if train else {"trained": False})}
     if after is not None:
         m, se = mean_se(after)
         result["test_loss_after"] = {"mean": m, "se": se}
@@ -263,7 +297,10 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         from leadline.train import _save
 
         out = Path(out_dir)
-        _save(model, out, result)
+        if train:
+            _save(model, out, result)
+        else:
+            out.mkdir(parents=True, exist_ok=True)
         plan.to_json(out / "plan.json")
     return plan, result
 

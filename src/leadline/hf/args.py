@@ -20,6 +20,8 @@ _FIELDS = {
     "weight_decay": "weight_decay",
     "total_steps": "max_steps",
 }
+SCHEDULE_FREE = "schedule_free_adamw"
+"""A race plan's ``optimizer``, and Trainer's ``optim`` name for schedule-free AdamW."""
 
 
 def training_fields(plan: Plan) -> dict[str, Any]:
@@ -31,6 +33,14 @@ def training_fields(plan: Plan) -> dict[str, Any]:
     warmup rises from zero; the plan's rises from alpha1, which only the LeadlineCallback (it
     sets the rate before every step) runs. A plan whose rate is at or below alpha1 has
     ``warmup_steps`` 0, so Trainer adds none.
+
+    A race plan (``optimizer`` ``schedule_free_adamw``, derive_for's default effort) maps to
+    ``optim="schedule_free_adamw"`` and ``lr_scheduler_type="constant"``: Trainer hands
+    ``warmup_steps`` and ``weight_decay`` to ``schedulefree.AdamWScheduleFree`` itself, which
+    warms the rate up inside its step, so the constant scheduler adds no second warmup; and
+    ``max_grad_norm=0`` (no clipping), as the race's steps ran. The run then steps as the race's
+    candidates stepped (betas, eps, ``r`` and ``weight_lr_power`` at Trainer's and schedulefree's
+    shared defaults).
 
     Raises:
         InputError: the plan holds none of the fields (nothing derived yet).
@@ -45,6 +55,13 @@ def training_fields(plan: Plan) -> dict[str, Any]:
         >>> plan.set("ending", Value("linear", "measured", "the raced ending"))
         >>> training_fields(plan)["lr_scheduler_type"]
         'linear'
+        >>> race = Plan()
+        >>> race.set("optimizer", Value("schedule_free_adamw", "constant", "schedule-free AdamW"))
+        >>> race.set("lr", Value(1e-2, "measured", "won the opening race"))
+        >>> race.set("warmup_steps", Value(4, "constant", "2% of the run"))
+        >>> fields = training_fields(race)
+        >>> fields["optim"], fields["lr_scheduler_type"], fields["warmup_steps"], fields["max_grad_norm"]
+        ('schedule_free_adamw', 'constant', 4, 0.0)
     """
     out: dict[str, Any] = {}
     for name, field in _FIELDS.items():
@@ -58,6 +75,9 @@ def training_fields(plan: Plan) -> dict[str, Any]:
     if not out:
         raise InputError("the plan holds none of micro_batch, grad_accum, lr, warmup_steps, weight_decay, betas; "
                          "derive one first")
+    if plan.get("optimizer") == SCHEDULE_FREE:
+        out.update(optim=SCHEDULE_FREE, lr_scheduler_type="constant", max_grad_norm=0.0)
+        return out
     ending = plan.get("ending", "lookahead")
     out["lr_scheduler_type"] = "linear" if ending == "linear" else "constant_with_warmup"
     return out

@@ -27,6 +27,22 @@ What it does, step by step:
 One difference from leadline's own loop: Trainer's sampler chooses the rows of each step, so
 ``finish()`` reruns the raced endings' steps on the plan's rows (the same distribution, not the same
 rows Trainer used); the comparison is unbiased, with more noise.
+
+A race plan (``optimizer`` ``schedule_free_adamw``, derive_for's default) has no schedule and no
+ending: Trainer runs ``schedulefree.AdamWScheduleFree`` (``optim="schedule_free_adamw"``), whose
+averaged weights are the model. Trainer calls ``optimizer.train()`` before every training step and
+``optimizer.eval()`` before an evaluation, but not before a checkpoint's save nor at the end of
+training, so its checkpoints and its final model would hold the training weights, not the
+averaged ones. The callback adds what is missing (``LeadlineCallback(plan)``, no reader needed):
+- ``on_train_begin``: refuses args that do not run the plan (another ``optim``, or a scheduler
+  other than ``constant``, which would warm the rate up a second time); caps the card.
+- ``on_step_end`` / ``on_epoch_end``: ``optimizer.eval()`` when Trainer is about to save or
+  evaluate (``control.should_save`` / ``should_evaluate``) or the run's last step is done, so
+  the checkpoint holds the averaged weights (its optimizer state says so: a resumed run's first
+  ``train()`` puts the training weights back).
+- ``on_step_begin``: ``optimizer.train()`` (Trainer's ``training_step`` does it too).
+- ``on_train_end``: ``optimizer.eval()``: the model in memory, and what ``trainer.save_model()``
+  writes, are the averaged weights.
 """
 
 from __future__ import annotations
@@ -37,6 +53,7 @@ from typing import Any, Literal
 from transformers import TrainerCallback
 
 from leadline.errors import InputError
+from leadline.hf.args import SCHEDULE_FREE
 from leadline.plan import Plan
 
 
@@ -44,10 +61,13 @@ class LeadlineCallback(TrainerCallback):
     """Runs :class:`~leadline.rate.LookaheadSchedule` and the spill cap inside ``Trainer``.
 
     Args:
-        plan: the derived plan (``lr``, ``alpha1``, ``warmup_steps``, the horizon).
-        held_out_losses: per-row losses on fixed held-out rows (``Split.reader``).
+        plan: the derived plan (``lr``, ``alpha1``, ``warmup_steps``, the horizon); a race plan
+            (schedule-free AdamW) runs no schedule: the callback keeps the optimizer's averaged
+            weights in the model at every save and at the end (the module docstring).
+        held_out_losses: per-row losses on fixed held-out rows (``Split.reader``); a race plan
+            needs none.
         train_step: ``train_step(step)``, forward+backward of one optimizer step on the plan's
-            rows (``finish()`` reruns the ending with it).
+            rows (``finish()`` reruns the ending with it); a race plan needs none.
         params: the trained tensors (default: the model's ``requires_grad`` parameters).
         total_steps: the run's length (default: Trainer's ``max_steps``).
         cap: cap the process on a CUDA card (default True).
@@ -90,12 +110,20 @@ class LeadlineCallback(TrainerCallback):
         LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for
     """
 
-    def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]], train_step: Callable[[int], Any], *,
+    def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]] | None = None,
+                 train_step: Callable[[int], Any] | None = None, *,
                  params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
                  race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced",
                  ending_share: float | None = None) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
+        self.schedule_free = plan.get("optimizer") == SCHEDULE_FREE
+        if self.schedule_free and (race is not None or ending != "raced" or ending_share is not None):
+            raise InputError("race, ending and ending_share shape the LookaheadSchedule, and this plan trains with "
+                             "schedule-free AdamW, which has no schedule and no ending; leave them out")
+        if not self.schedule_free and (held_out_losses is None or train_step is None):
+            raise InputError("LeadlineCallback needs held_out_losses and train_step for this plan's schedule; build it "
+                             "with LeadlineCallback.for_plan(plan, trainer)")
         if ending_share is not None:
             from leadline.rate.schedule import ending_steps_for
 
@@ -109,7 +137,8 @@ class LeadlineCallback(TrainerCallback):
         self.params = list(params) if params is not None else None
         self.total_steps = total_steps
         self.cap = cap
-        quick = bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+        quick = (bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
+                 and not self.schedule_free)
         self.race = quick if race is None else bool(race)
         if self.race and not plan.get("race_rates"):
             raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or "
@@ -124,6 +153,7 @@ class LeadlineCallback(TrainerCallback):
         self.ending: dict[str, Any] | None = None
         self._cap_handle: Any = None
         self._driven: Any = None
+        self._averaging: Any = None  # a race plan's schedule-free optimizer, from on_train_begin
 
     @classmethod
     def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
@@ -132,6 +162,8 @@ class LeadlineCallback(TrainerCallback):
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data. Data
         whose split is not the plan's is refused.
+
+        A race plan needs no reader: ``for_plan(plan, trainer)`` is ``LeadlineCallback(plan)``.
 
         Examples:
             >>> import torch
@@ -147,6 +179,8 @@ class LeadlineCallback(TrainerCallback):
         from leadline.hf.task import prepare
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
+        if plan.get("optimizer") == SCHEDULE_FREE:
+            return cls(plan, **kw)
         if is_trainer(model):
             trainer = model
             model, tokenizer, train_dataset = trainer.model, tokenizer or tokenizer_of(trainer), trainer_rows(trainer)
@@ -173,6 +207,9 @@ class LeadlineCallback(TrainerCallback):
             raise InputError("LeadlineCallback needs Trainer's optimizer and lr_scheduler at on_train_begin; use "
                              "transformers >= 4.45")
         check_policy(self.plan, args)
+        if self.schedule_free:
+            self._begin_schedule_free(args, model, optimizer)
+            return
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
         params = self.params or [p for p in model.parameters() if p.requires_grad]
         total = int(self.total_steps or state.max_steps or args.max_steps)
@@ -194,6 +231,32 @@ class LeadlineCallback(TrainerCallback):
                                           total_steps=total)
         self._driven = _DrivenScheduler(lr_scheduler, optimizer)
 
+    def _begin_schedule_free(self, args: Any, model: Any, optimizer: Any) -> None:
+        """A race plan's run: the args checked against the plan, the card capped, the optimizer kept."""
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
+        if not (callable(getattr(inner, "train", None)) and callable(getattr(inner, "eval", None))):
+            raise InputError(f"this plan trains with schedule-free AdamW and Trainer built {type(inner).__name__}; "
+                             "build the args with training_arguments(plan, args) (optim='schedule_free_adamw')")
+        scheduler = getattr(args, "lr_scheduler_type", "constant")
+        scheduler = str(getattr(scheduler, "value", scheduler))
+        if scheduler != "constant":
+            raise InputError(f"lr_scheduler_type={scheduler!r} would schedule the rate on top of schedule-free AdamW's "
+                             "own warmup; build the args with training_arguments(plan, args) "
+                             "(lr_scheduler_type='constant')")
+        params = self.params or [p for p in model.parameters() if p.requires_grad]
+        if self.cap and params and params[0].device.type == "cuda":
+            from leadline.memory import forbid_spill
+
+            self._cap_handle = forbid_spill(params[0].device)
+        self._averaging = inner
+
+    def _average_if_read(self, state: Any, control: Any) -> None:
+        """The averaged weights into the model when Trainer is about to save or evaluate, or the run is done."""
+        done = bool(state.max_steps) and int(state.global_step) >= int(state.max_steps)
+        if self._averaging is not None and (getattr(control, "should_save", False)
+                                            or getattr(control, "should_evaluate", False) or done):
+            self._averaging.eval()
+
     def _race(self, params: Sequence[Any], optimizer: Any, total: int, config: Any) -> Any:
         """The quick plan's rates raced from Trainer's starting weights (put back after), the
         winner's rate for the schedule."""
@@ -206,19 +269,31 @@ class LeadlineCallback(TrainerCallback):
         return dataclasses.replace(config, lr=float(self.raced.lr))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """``schedule.before(step)``: the check, a rollback where one is due, the step's rate."""
+        """``schedule.before(step)``: the check, a rollback where one is due, the step's rate. A race
+        plan: ``optimizer.train()``, the training weights back after a save or an evaluation."""
+        if self._averaging is not None:
+            self._averaging.train()
         if self.schedule is not None and not self.schedule.finished:
             self.schedule.before(int(state.global_step))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """At the last step, ``schedule.finish()``: the raced ending kept."""
+        """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the averaged
+        weights into the model before a save or an evaluation (Trainer's, which follow this event)."""
+        self._average_if_read(state, control)
         # the ending is decided here, before Trainer's save of the last step reads the weights
         if (self.schedule is not None and not self.schedule.finished
                 and int(state.global_step) >= self.schedule.total_steps):
             self.ending = self.schedule.finish()
 
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        """A race plan: the averaged weights into the model before an epoch's save or evaluation."""
+        self._average_if_read(state, control)
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """Finish a run that stopped early, then :meth:`close`."""
+        """Finish a run that stopped early, then :meth:`close`; a race plan's model left holding
+        the averaged weights."""
+        if self._averaging is not None:
+            self._averaging.eval()
         try:
             if self.schedule is not None and not self.schedule.finished:  # the run stopped early
                 self.ending = self.schedule.finish()

@@ -27,18 +27,26 @@ from leadline.hf.task import (
     trained_named_weights,
 )
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.one_run import ROWS_PER_STEP, run_in_one
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 
-__all__ = ["PARTS", "derive_for", "derive_parts"]
+__all__ = ["EFFORTS", "PARTS", "derive_for", "derive_parts"]
 
 PARTS = ("batch", "rate")
 """The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
+EFFORTS = ("race", "quick", "full")
+"""derive_for's efforts, the default first: ``race`` (schedule-free AdamW, its rate raced on the
+run's opening steps, :func:`leadline.one_run.run_in_one`), ``quick`` and ``full`` (derive())."""
+_NOT_RACED: dict[str, Any] = {"quantile": None, "max_seconds": None, "on_progress": None, "resume": None,
+                              "prior": None, "trained_as": None, "held_out": 0.1, "test": 0.1, "probe_rows": 2,
+                              "fit_rank": False, "step_for": None}
+"""derive_for's arguments that shape derive()'s phases, which the race does not run, at their defaults."""
 
 
 def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
                epochs: float | None = None,
-               effort: str = "quick", seq_len: int | None = None, quantile: float | None = None,
+               effort: str = "race", seq_len: int | None = None, quantile: float | None = None,
                max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
                resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
                trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
@@ -46,6 +54,18 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
                progress: bool | None = None, rows_per_step: int | None = None, step_for: str | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
+
+    ``effort``: ``"race"`` (the default, as ``leadline run``'s): the plan of schedule-free AdamW
+    (``optimizer`` ``schedule_free_adamw``, warmup 2% of the run, weight decay 0, 16 rows a step
+    unless ``rows_per_step`` says otherwise), its rate decided by the opening race of
+    :func:`leadline.one_run.run_in_one` run with ``train=False``: the candidates' steps on the
+    run's opening rows, each read on the held-out rows, then the trained tensors and the RNG put
+    back bit for bit. :func:`~leadline.hf.training_arguments` maps it to Trainer's
+    ``optim="schedule_free_adamw"``. The race takes the model, its rows, the run's length,
+    ``seq_len``, ``seed``, ``fields`` and ``rows_per_step``; the arguments that shape derive()'s
+    phases (``max_seconds``, ``step_for``, ``quantile``, ``held_out``, ``fit_rank``, ...) are
+    refused with it. ``"quick"`` (alpha1 and a rate grid raced inside the run by
+    :class:`~leadline.hf.LeadlineCallback`) and ``"full"`` (the look-ahead) run derive().
 
     ``derive_for(trainer)``: a built ``Trainer`` or TRL ``SFTTrainer`` in place of the model —
     the plan is derived on the rows the trainer will train on, each collated by its own
@@ -104,7 +124,17 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         ... except InputError as e:
         ...     print(e)
         fit_rank needs a PEFT model with a LoRA adapter (peft.get_peft_model); for a full fine-tune there is no ...
+        >>> try:
+        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], max_seconds=60)
+        ... except InputError as e:
+        ...     print(e)
+        max_seconds shapes derive()'s phases, which effort='race' (the default) does not run; leave it out, or pass ...
     """
+    if effort not in EFFORTS:
+        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; race races schedule-free AdamW's "
+                         "rate on the run's opening steps, quick measures alpha1 and a grid, full runs the look-ahead")
+    if effort == "race":
+        return _race_for(**locals())
     return derive_parts(**locals())
 
 
@@ -148,6 +178,9 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
         ...     print(e)
         measure=('noise',) must name some of batch, rate
     """
+    if kw.get("effort") == "race":
+        raise InputError("derive_parts runs derive()'s phases, and effort='race' has none apart from its race; call "
+                         "derive_for(..., effort='race') or find_lr(..., effort='race')")
     unknown = sorted(set(measure) - set(PARTS))
     if unknown or not measure:
         raise InputError(f"measure={tuple(measure)!r} must name some of {', '.join(PARTS)}")
@@ -208,6 +241,69 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
     if p.job is not None:
         plan.notes.extend(p.job.notes)
     return plan
+
+
+def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, total_steps: int | None,
+              epochs: float | None, seq_len: int | None, seed: int, fields: dict[str, str] | None,
+              rows_per_step: int | None, progress: bool | None, **rest: Any) -> Plan:
+    """derive_for's race: :func:`~leadline.one_run.run_in_one` with ``train=False`` on what was
+    given (a trainer unpacked, measured with its gradient checkpointing), the model left as it was;
+    the plan gets the values the model and the trainer say (precision, loss policy or the rows'
+    formats, the full fine-tune's note)."""
+    from leadline.distributed.world import launched_by_torchrun
+
+    _refuse_for_race(rest, progress, rows_per_step)
+    if launched_by_torchrun():
+        raise InputError("effort='race' races in one process, and this is one of several under torchrun; pass "
+                         "effort='quick' or 'full' (docs/distributed.md), or derive outside torchrun")
+    given = _given(model, tokenizer, train_dataset, total_steps, epochs, False)
+    check_trainable(given.model)
+    with ExitStack() as scoped:
+        if given.checkpointed is not None:
+            scoped.enter_context(checkpointing(given.model, *given.checkpointed))
+        plan, _ = run_in_one(given.model, given.tokenizer, given.train_dataset, total_steps=given.total_steps,
+                             epochs=given.epochs, rows_per_step=rows_per_step or ROWS_PER_STEP, seed=seed,
+                             seq_len=seq_len, fields=fields, train=False)
+    plan.set("precision", precision_of(given.model).as_value())
+    if given.policy is not None:
+        from leadline.corpus.tokenize import count_scored
+        from leadline.hf.trainer import policy_value
+
+        rows = given.train_dataset
+        plan.set("loss_policy", policy_value(given.policy, sum(count_scored(r["labels"]) for r in rows), len(rows)))
+    else:
+        plan.set("rows", _rows_read(given.train_dataset, fields))
+    parameters = sum(p.numel() for p in given.model.parameters())
+    if full_fine_tune(plan.model["trained_as"], {**plan.model, "parameters": parameters}):
+        plan.notes.append(FULL_NOTE)
+    return plan
+
+
+def _refuse_for_race(rest: dict[str, Any], progress: bool | None, rows_per_step: int | None) -> None:
+    """One sentence naming derive_for's arguments given that the race does not take."""
+    given = [k for k, v in rest.items() if not (v is _NOT_RACED[k] or v == _NOT_RACED[k])]
+    if progress:
+        given.append("progress")
+    if given:
+        them = ", ".join(given)
+        verb, it = ("shape", "them") if len(given) > 1 else ("shapes", "it")
+        raise InputError(f"{them} {verb} derive()'s phases, which effort='race' (the default) does not run; leave "
+                         f"{it} out, or pass effort='quick' or 'full'")
+    if rows_per_step is not None and (isinstance(rows_per_step, bool) or not isinstance(rows_per_step, int)
+                                      or rows_per_step < 1):
+        raise InputError(f"rows_per_step={rows_per_step!r} must be a whole number of rows, at least 1")
+
+
+def _rows_read(data: Any, fields: dict[str, str] | None) -> Value:
+    """``rows``: the usable rows of the data and their formats (what ``sft_fields`` reads the
+    loss policy from), as derive's corpus profile records them."""
+    from leadline.corpus.rows import RowReader
+
+    reader = RowReader(_rows_of(data), fields=fields)
+    for _ in reader:
+        pass
+    return Value(reader.rows, "measured", f"rows read from {reader.source}",
+                 {"formats": dict(reader.formats), "ignored_fields": dict(reader.ignored), "sha256": reader.sha256})
 
 
 FULL_NOTE = ("trained_as weights: the model has no adapter, so every weight trains (a full fine-tune, as --full "

@@ -6,8 +6,8 @@ should run at, each a thin call over derive()'s own phases (:func:`leadline.hf.d
     found = find_batch_size(trainer)          # the noise scale, the memory ramp, the step
     found.suggestion()                        # per_device_train_batch_size
     found.why(); found.plot("ramp.svg")
-    rate = find_lr(trainer)                   # alpha1 and the look-ahead, at the trainer's batch
-    trainer.args.learning_rate = rate.suggestion()
+    rate = find_lr(trainer)                   # schedule-free AdamW's rate, raced at the trainer's batch
+    trainer.args.learning_rate = rate.suggestion()   # a trainer with optim="schedule_free_adamw"
 
 Each result holds the plan of the phases it ran (``found.plan``: every value with its source
 and evidence, JSON like any plan), and leaves the model as it was.
@@ -106,9 +106,11 @@ class FoundBatchSize(_Found):
 
 @dataclass(repr=False)
 class FoundRate(_Found):
-    """What :func:`find_lr` found. ``suggestion()`` is the learning rate; ``alpha1`` the first
-    safe step it started from. A quick search (``effort="quick"``) also holds ``race_rates``,
-    which :class:`~leadline.hf.LeadlineCallback` races inside the run.
+    """What :func:`find_lr` found. ``suggestion()`` is the learning rate; ``optimizer`` the
+    optimizer it is the rate of. The race (``effort="race"``) is schedule-free AdamW's;
+    the look-ahead's and a quick search's are AdamW's, with ``alpha1`` the first safe step they
+    started from. A quick search also holds ``race_rates``, which
+    :class:`~leadline.hf.LeadlineCallback` races inside the run.
 
     Examples:
         >>> from leadline.plan import Plan, Value
@@ -116,9 +118,15 @@ class FoundRate(_Found):
         >>> plan.set("alpha1", Value(1e-3, "measured", "the first safe step"))
         >>> plan.set("lr", Value(4e-4, "measured", "the look-ahead"))
         >>> rate = FoundRate(plan, "lr", ("lr", "alpha1"))
-        >>> rate, rate.suggestion(), rate.alpha1
-        (FoundRate(lr=0.0004), 0.0004, 0.001)
+        >>> rate, rate.suggestion(), rate.alpha1, rate.optimizer
+        (FoundRate(lr=0.0004), 0.0004, 0.001, 'adamw')
     """
+
+    @property
+    def optimizer(self) -> str:
+        """Trainer's ``optim`` family the rate is for: ``schedule_free_adamw`` for the race's
+        plan, ``adamw`` otherwise."""
+        return str(self.plan.get("optimizer", "adamw"))
 
     @property
     def alpha1(self) -> float | None:
@@ -126,7 +134,7 @@ class FoundRate(_Found):
         return self.plan.get("alpha1")
 
     def _shown(self) -> list[str]:
-        return [n for n in ("lr", "alpha1", "race_rates", "warmup_steps") if n in self.plan]
+        return [n for n in ("lr", "optimizer", "alpha1", "race_rates", "warmup_steps") if n in self.plan]
 
 
 def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *,
@@ -170,21 +178,30 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
 
 
 def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, micro_batch: int | None = None,
-            grad_accum: int | None = None, effort: str = "full", max_seconds: float | None = None,
+            grad_accum: int | None = None, effort: str = "race", max_seconds: float | None = None,
             progress: bool | None = None, seed: int = 0) -> FoundRate:
-    """The learning rate for the trainer's batch: derive's first safe step (alpha1) and, at the
-    default ``effort="full"``, the look-ahead — the real optimizer run from the same weights on
-    the same rows at alpha1 x 2^j, the held-out loss compared by a paired test — all at the
-    trainer's ``per_device_train_batch_size`` x ``gradient_accumulation_steps``, for its run's
-    length. ``effort="quick"``: alpha1, the anchor and ``race_rates`` only.
+    """The learning rate for the trainer's batch, for its run's length.
+
+    ``effort="race"`` (the default, as ``derive_for``'s and ``leadline run``'s): schedule-free
+    AdamW's rate, decided by the opening race (:func:`leadline.one_run.run_in_one` with
+    ``train=False``) at the trainer's ``per_device_train_batch_size`` x
+    ``gradient_accumulation_steps`` rows a step (16 without a trainer or ``micro_batch``), the
+    model left as it was. It is the rate of a run with ``optim="schedule_free_adamw"``,
+    ``lr_scheduler_type="constant"`` and the plan's warmup
+    (:func:`~leadline.hf.training_arguments` of ``rate.plan`` sets them all); a trainer whose
+    ``optim`` is another is refused. ``effort="full"``: derive's first safe step (alpha1) and the
+    look-ahead, the real optimizer (AdamW) run from the same weights on the same rows at
+    alpha1 x 2^j, the held-out loss compared by a paired test, at the trainer's batch.
+    ``effort="quick"``: alpha1, the anchor and ``race_rates`` only.
 
     Args:
         trainer: a built ``Trainer``/``SFTTrainer``, or a model with ``tokenizer`` and
             ``train_dataset``.
         micro_batch / grad_accum: the step's batch (default: the trainer's arguments; needed
             without a trainer).
-        effort: ``"full"`` (the look-ahead) or ``"quick"``.
-        max_seconds: a bound on the whole search.
+        effort: ``"race"`` (schedule-free AdamW's rate), ``"full"`` (the look-ahead) or
+            ``"quick"``.
+        max_seconds: a bound on the whole search (``"full"`` and ``"quick"``).
 
     Returns:
         :class:`FoundRate`; ``suggestion()`` is ``learning_rate``.
@@ -214,7 +231,7 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
         >>> all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
         True
         >>> try:
-        ...     find_lr(model, tokenizer, rows)  # no trainer to read the batch from
+        ...     find_lr(model, tokenizer, rows, effort="full")  # no trainer to read the batch from
         ... except InputError as e:
         ...     print(e)
         find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose arguments hold it
@@ -223,6 +240,8 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     from leadline.hf.trainer import is_trainer
 
     args = trainer.args if is_trainer(trainer) else None
+    if effort == "race":
+        return _race_rate(trainer, tokenizer, train_dataset, args, micro_batch, grad_accum, max_seconds, progress, seed)
     micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
     grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
     if micro_batch is None:
@@ -234,6 +253,25 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     if "lr" not in plan:
         raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
     return FoundRate(plan, "lr", ("lr", "alpha1"))
+
+
+def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micro_batch: int | None,
+               grad_accum: int | None, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
+    """find_lr's race: derive_for's, at the trainer's rows a step, for a trainer that runs
+    schedule-free AdamW."""
+    from leadline.hf.deriving import derive_for
+
+    optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", None)))
+    if args is not None and optim != "schedule_free_adamw":
+        raise InputError(f"find_lr's race measures schedule-free AdamW's rate, and the trainer's optim is {optim!r}; "
+                         "set optim='schedule_free_adamw' and lr_scheduler_type='constant' in its arguments "
+                         "(training_arguments(plan, args) sets both), or pass effort='full' for an AdamW rate")
+    micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
+    grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
+    rows_per_step = micro_batch * grad_accum if micro_batch else None
+    plan = derive_for(trainer, tokenizer, train_dataset, effort="race", max_seconds=max_seconds, progress=progress,
+                      seed=seed, rows_per_step=rows_per_step, **_length_of(trainer, rows_per_step))
+    return FoundRate(plan, "lr", ("lr",))
 
 
 def _length_of(trainer: Any, rows_per_step: int | None = None) -> dict[str, Any]:
