@@ -47,7 +47,7 @@ out = sys.argv[1]
 tok = make_tokenizer()
 model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                        lora_dropout=0.0, task_type="CAUSAL_LM"))
-plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=3)  # joins torchrun's job itself
+plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=3, effort="quick")  # joins torchrun's job itself
 rank = torch.distributed.get_rank()
 args = training_arguments(plan, TrainingArguments(output_dir=os.path.join(out, "run"), use_cpu=True, report_to=[],
                                                   save_strategy="no", ddp_backend="gloo", disable_tqdm=True))

@@ -92,7 +92,7 @@ def test_find_lr_without_a_trainer_needs_the_batch():
 
     tok = make_tokenizer()
     with pytest.raises(InputError, match="micro_batch="):
-        find_lr(make_model(vocab_size=len(tok)), tok, str(DATA / "text.jsonl"))
+        find_lr(make_model(vocab_size=len(tok)), tok, str(DATA / "text.jsonl"), effort="full")
 
 
 def test_derive_parts_names_what_it_can_measure():

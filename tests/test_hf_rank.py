@@ -60,7 +60,8 @@ def test_fit_rank_is_refused_for_a_model_without_lora_before_anything_runs():
 
     tok = make_tokenizer()
     with pytest.raises(InputError, match="fit_rank needs a PEFT model with a LoRA adapter"):
-        derive_for(make_model(vocab_size=len(tok)), tok, str(DATA / "missing.jsonl"), fit_rank=True)
+        derive_for(make_model(vocab_size=len(tok)), tok, str(DATA / "missing.jsonl"), effort="quick",
+                   fit_rank=True)
 
 
 def test_too_little_time_left_is_a_note_not_a_measurement():

@@ -102,7 +102,7 @@ def test_a_trainer_with_checkpointing_is_measured_with_it_on_in_bf16(tmp_path, m
                          processing_class=tok, peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
     on_before = bool(trainer.model.is_gradient_checkpointing)
     assert not on_before  # Trainer turns it on in train(), not before
-    plan = derive_for(trainer)
+    plan = derive_for(trainer, effort="quick")
     prec = plan["precision"].value
     assert prec["dtype"] == "bfloat16" and prec["checkpointing"] is True and prec["adapter"] is True
     assert calls, "derive never ran a checkpointed forward"

@@ -120,7 +120,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         ...     print(e)
         derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone
         >>> try:
-        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], fit_rank=True)  # a full fine-tune
+        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], effort="quick", fit_rank=True)  # full
         ... except InputError as e:
         ...     print(e)
         fit_rank needs a PEFT model with a LoRA adapter (peft.get_peft_model); for a full fine-tune there is no ...
@@ -264,7 +264,7 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
         plan, _ = run_in_one(given.model, given.tokenizer, given.train_dataset, total_steps=given.total_steps,
                              epochs=given.epochs, rows_per_step=rows_per_step or ROWS_PER_STEP, seed=seed,
                              seq_len=seq_len, fields=fields, train=False)
-    plan.set("precision", precision_of(given.model).as_value())
+        plan.set("precision", precision_of(given.model).as_value())  # checkpointing on, as the run has it
     if given.policy is not None:
         from leadline.corpus.tokenize import count_scored
         from leadline.hf.trainer import policy_value
