@@ -47,7 +47,8 @@ def test_snippet_runs_as_written(kind, tmp_path, monkeypatch):
     exec(compile(code, f"README.md ({kind} snippet)", "exec"), scope)
     trainer, callback, plan = scope["trainer"], scope["callback"], scope["plan"]
     assert trainer.state.global_step == 8
-    assert callback.schedule is not None and callback.schedule.finished
+    assert plan.optimizer == "schedule_free_adamw" and callback.schedule is None  # the default effort: the race
+    assert trainer.optimizer.param_groups[0]["train_mode"] is False  # the model holds the averaged weights
     assert trainer.args.learning_rate == plan.lr
     assert plan["loss_policy"].value["trainer"] == kind
     if kind == "SFTTrainer":  # the one-liners' block runs after it, on its trainer
