@@ -145,3 +145,19 @@ def test_leadline_run_races_by_default_and_refuses_a_share_out_of_range(tmp_path
     assert "schedule-free AdamW" in out and "overhead" in out
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["optimizer"] == "schedule_free_adamw" and run["steps"] == 20 and "load_seconds" in run
+
+
+def test_a_default_that_learned_is_not_challenged_from_below():
+    """The downward challenge costs h steps it cannot win over an opening where the default
+    learned; it runs only where the default stalled (too high to learn), on the same test."""
+    start = [3.0, 3.2, 2.9, 3.1, 3.0, 3.05]
+    learned = Reading(2.5e-3, [x - 1.0 for x in start])
+    too_high = Reading(1e-2, [x + 0.5 for x in start])
+    below = Reading(6.25e-4, [x - 1.5 for x in start])  # would read lower: it never runs
+    table = {r.lr: r for r in (learned, too_high, below)}
+    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    assert decision.lr == 2.5e-3 and sorted(ran) == [2.5e-3, 1e-2]
+    stuck = Reading(2.5e-3, [x + 0.01 for x in start])  # the default made no headway: the lower rate runs
+    table[2.5e-3] = stuck
+    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
