@@ -1138,8 +1138,8 @@ def boards_table(paths: list[Path]) -> str:
     accuracy, paired t on row CE, p < 0.05; C: a collapse), and leadline's cost as a ratio of the
     recipe's (each arm's processes' wall seconds, the model's loads included, in the same call)."""
     head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
-            "| leadline's cost / recipe's |")
-    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 5)]
+            "| leadline's cost / recipe's | the board's command |")
+    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 6)]
     tally = Counter()
     for path in paths:
         data = json.loads(path.read_text())
@@ -1163,10 +1163,14 @@ def boards_table(paths: list[Path]) -> str:
             c = compare(kind, lead, arms[other], gold) if lead and other in arms else None
             word = "–" if c is None else outcome(c).rsplit(", ", 1)[-1].rstrip(")")
             tally[(other, word)] += 1
-            words.append(word if c is None else f"{word} (p {c['p']:.2g})")
+            words.append(word if c is None else f"{word} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')})")
         ratio = (f"{lead['cost'] / arms['recipe']['cost']:.2f}x" if lead and "recipe" in arms
                  and arms["recipe"].get("cost") else "–")
-        lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells) + f" | {words[0]} | {words[1]} | {ratio} |")
+        regime = data.get("regime") or "lora"
+        made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
+            f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
+        lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells)
+                     + f" | {words[0]} | {words[1]} | {ratio} | {made} |")
     lines.append("")
     lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                  + "; against schedule-free at its defaults: "
@@ -1659,7 +1663,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = sorted(RESULTS.glob("scoreboard_*.json"))
         text = table(paths)
         if args.readme:
-            write_readme(Path(args.readme), summary(paths))
+            write_readme(Path(args.readme), boards_table(paths))
         if args.results:
             write_readme(Path(args.results), text)
         print(text)
