@@ -399,7 +399,7 @@ class Judge:
         (most of a generation task's judging time), for the units a search does not pick."""
         import torch
 
-        if adapter is not None and not (adapter / "adapter_config.json").exists():
+        if adapter is not None and not (adapter / "adapter_config.json").exists() and (adapter / "config.json").exists():
             return self._full(adapter, em)  # a full fine-tune's saved weights
         model, wrapped = self.base.to(self.dev), None
         try:  # whatever raises, the base goes back to host memory without the adapter
