@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import DATA, make_model, make_tokenizer
+from helpers import DATA, install_clock, make_model, make_tokenizer
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,3 +33,10 @@ def tiny_model(tokenizer):
 @pytest.fixture(scope="session")
 def data_dir():
     return DATA
+
+
+@pytest.fixture()
+def fake_clock(monkeypatch):
+    """A still clock as every clock leadline reads (helpers.install_clock): time moves only by
+    what the test's fake pieces ``advance``."""
+    return install_clock(monkeypatch)

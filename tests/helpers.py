@@ -80,6 +80,38 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
+class FakeClock:
+    """A clock for tests of time bounds: it moves by what a test ``advance``s (a fake step that
+    "takes" 0.05 s) and, with ``tick`` set, by ``tick`` at every reading. A ``max_seconds`` cut
+    then falls at the same place on every machine, idle or loaded; with a tick, timings that
+    decide a plan (the CPU ramp's rows a second) are the same on every run too."""
+
+    def __init__(self, tick: float = 0.0, t: float = 1000.0) -> None:
+        self.t = t
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def install_clock(monkeypatch: Any, clock: FakeClock | None = None) -> FakeClock:
+    """``clock`` (a new still one by default) as every clock leadline reads: ``time.perf_counter``,
+    ``time.monotonic`` and the noise probe's own; ``monkeypatch`` undoes it."""
+    import time
+
+    import leadline.noise.probe as probe
+
+    clock = clock if clock is not None else FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(time, "monotonic", clock)
+    monkeypatch.setattr(probe, "_clock", clock)
+    return clock
+
+
 def free_port() -> int:
     """A TCP port free on localhost now (for a test's torch.distributed rendezvous)."""
     import socket
