@@ -53,15 +53,15 @@ def make_tokenizer() -> Any:
     return fast
 
 
-def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32) -> Any:
-    """A 2-layer Llama with hidden 32 built from a config, float32, eval-free (no dropout)."""
+def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32, positions: int = 512) -> Any:
+    """A 2-layer Llama with hidden 32 and 512 positions built from a config, float32, eval-free (no dropout)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions, tie_word_embeddings=True,
         pad_token_id=0, eos_token_id=0, bos_token_id=None,
     )
     return LlamaForCausalLM(cfg)
