@@ -51,6 +51,6 @@ def data_dir():
 
 @pytest.fixture()
 def fake_clock(monkeypatch):
-    """A still clock as every clock leadline reads (helpers.install_clock): time moves only by
+    """A still clock as the clocks derive reads (helpers.install_clock): time moves only by
     what the test's fake pieces ``advance``."""
     return install_clock(monkeypatch)

@@ -54,7 +54,7 @@ def make_tokenizer() -> Any:
 
 
 def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32, positions: int = 512) -> Any:
-    """A 2-layer Llama with hidden 32 and 512 positions built from a config, float32, eval-free (no dropout)."""
+    """A 2-layer Llama with hidden 32 (512 positions unless told) built from a config, float32, eval-free (no dropout)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -99,8 +99,9 @@ class FakeClock:
 
 
 def install_clock(monkeypatch: Any, clock: FakeClock | None = None) -> FakeClock:
-    """``clock`` (a new still one by default) as every clock leadline reads: ``time.perf_counter``,
-    ``time.monotonic`` and the noise probe's own; ``monkeypatch`` undoes it."""
+    """``clock`` (a new still one by default) as the clocks derive reads: ``time.perf_counter``,
+    ``time.monotonic`` and the noise probe's own (not the DDP hook's or SpillWatch's, which tests
+    set themselves); ``monkeypatch`` undoes it."""
     import time
 
     import leadline.noise.probe as probe
