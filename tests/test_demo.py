@@ -91,11 +91,13 @@ def test_the_quiet_loading_puts_the_bars_and_warnings_back_after_an_error():
     assert gguf.tqdm is bar and warnings.filters == filters and hf_logging.is_progress_bar_enabled() == enabled
 
 
-def test_the_threads_are_measured_and_put_back_after_an_error(capsys):
+def test_the_threads_are_measured_and_put_back_after_an_error(capsys, monkeypatch):
     import torch
 
+    from helpers import FakeClock, install_clock
     from leadline.cli.demo import _faster_threads, thread_rates
 
+    install_clock(monkeypatch, FakeClock(tick=0.01))  # a few products a thread count however busy the machine
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     rates = thread_rates(2, seconds=0.05)
