@@ -33,7 +33,7 @@ def _lora(model):
 
 
 def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, tmp_path):
-    from leadline.cli.demo import TRAINING_NUMBERS, Cut, run_demo
+    from leadline.cli.demo import TRAINING_NUMBERS, Cut, header, run_demo
 
     model = _lora(make_model(vocab_size=len(tokenizer)))
     start = [p.detach().clone() for p in model.parameters() if p.requires_grad]
@@ -57,6 +57,7 @@ def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, 
     assert list(arms) == ["untrained", "leadline", "recipe"] + (["schedule_free"] if schedule_free else [])
     # the ten test rows, every one judged by every arm; the header's count is the verdict's
     assert rec["rows"] == 10 and all(a["rows"] == 10 for a in arms.values())
+    assert "30 of its 30 training rows and 10 of its 10 test rows" in header("the CPU", cut, rows[:30], rows[30:])
     assert all(a["accuracy"] == a["right"] / 10 for a in arms.values())
     assert arms["leadline"]["steps"] >= 2 and arms["recipe"]["steps"] >= 1
     assert arms["leadline"]["derive_seconds"] > 0 and arms["recipe"]["derive_seconds"] == 0
@@ -77,6 +78,33 @@ def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, 
         assert "schedule-free AdamW: skipped, the package schedulefree is not importable" in text
     # every arm started from the weights given, and the demo leaves them as it found them
     assert all((p.detach() == s).all() for p, s in zip((p for p in model.parameters() if p.requires_grad), start))
+
+
+def test_classify_answers_the_label_the_model_scores_highest(tokenizer):
+    import torch
+
+    from leadline.cli.demo import classify
+
+    class Favours(torch.nn.Module):
+        """Logits that favour one token everywhere, and the end of text after it."""
+
+        def __init__(self, token: int):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(len(tokenizer)))
+            with torch.no_grad():
+                self.bias[token] = 5.0
+                self.bias[tokenizer.eos_token_id] = 4.0
+
+        def forward(self, input_ids, attention_mask=None):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(logits=self.bias.expand(*input_ids.shape, -1))
+
+    labels = [" games", " net", " science", " sound"]
+    rows = read_jsonl(DATA / "prompt_completion.jsonl")[:5]
+    for label in labels:
+        token = tokenizer(label, add_special_tokens=False)["input_ids"][-1]
+        assert classify(Favours(token), tokenizer, rows, labels, batch=3) == [label] * 5
 
 
 def test_the_schedule_free_arm_is_one_skipped_line_without_its_package(tokenizer, tmp_path, monkeypatch):

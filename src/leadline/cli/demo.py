@@ -226,6 +226,10 @@ def _steps(n: int) -> str:
     return f"{n} step" + ("" if n == 1 else "s")
 
 
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
+
+
 def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress: bool | None,
                   model_name: str | None) -> tuple[Any, dict[str, Any]]:
     """leadline as ``leadline run`` runs it with its default options (``leadline.cli.run._run``):
@@ -359,7 +363,7 @@ def _say_verdict(plan: Any, arms: dict[str, Arm], say: Callable[[str], Any]) -> 
     for name, arm in arms.items():
         run = ""
         if arm.steps:
-            run = f"  {_steps(arm.steps)} of {arm.rows_per_step} rows, "
+            run = f"  {_steps(arm.steps)} of {_rows(arm.rows_per_step or 0)}, "
             run += f"derive {arm.derive_seconds:.0f} s + " if arm.derive_seconds else ""
             run += f"train {arm.train_seconds:.0f} s"
         say(f"  {ARM_NAMES[name]:<14} {arm.accuracy:.3f}  ({sum(arm.correct)} of {rows}){run}")
@@ -394,6 +398,15 @@ def _write_record(plan: Any, out: Path, cut: Cut, labels: list[str], arms: dict[
     return record
 
 
+def header(where: str, cut: Cut, train: Sequence[Any], test: Sequence[Any]) -> str:
+    """The demo's first line: where it runs, and the rows of each part it runs on (the test rows
+    :func:`run_demo` judges every arm on)."""
+    n_train, n_test = len(train[: cut.train_rows or None]), len(test[: cut.test_rows or None])
+    cuts = f", descriptions cut to {cut.description_chars} characters" if cut.description_chars else ""
+    return (f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16 on debian_sections, {n_train} of its "
+            f"{len(train)} training rows and {n_test} of its {len(test)} test rows{cuts}")
+
+
 def run(args: argparse.Namespace) -> int:
     from importlib import resources
 
@@ -412,11 +425,8 @@ def run(args: argparse.Namespace) -> int:
     data = resources.files("leadline") / "data"
     read = lambda name: [json.loads(s) for s in (data / name).read_text().splitlines() if s.strip()]  # noqa: E731
     train, test = read("debian_sections_demo_train.jsonl"), read("debian_sections_demo_test.jsonl")
-    n_train, n_test = len(train[: cut.train_rows or None]), len(test[: cut.test_rows or None])
     where = f"the GPU ({torch.cuda.get_device_name(0)})" if on_gpu else "the CPU (no CUDA device)"
-    cuts = f", descriptions cut to {cut.description_chars} characters" if cut.description_chars else ""
-    print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16 on debian_sections, {n_train} of its "
-          f"{len(train)} training rows and {n_test} of its {len(test)} test rows{cuts}", flush=True)
+    print(header(where, cut, train, test), flush=True)
     t0 = time.perf_counter()
     path = default_model_path()
     print("loading the model from its GGUF file (dequantized to float32)...", flush=True)
