@@ -1,8 +1,22 @@
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 
-from helpers import DATA, make_model, make_tokenizer
+# The tiny models' products are too small for a second torch thread to pay, and on a busy machine
+# torch's threads wait for each other (a tiny derive measured 6x slower in CPU time at 2 threads
+# than at 1 beside other work): one thread, here and in the processes the tests start, unless the
+# caller set OMP_NUM_THREADS.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from helpers import DATA, install_clock, make_model, make_tokenizer
+
+
+def pytest_configure(config):
+    if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late
+        sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -33,3 +47,10 @@ def tiny_model(tokenizer):
 @pytest.fixture(scope="session")
 def data_dir():
     return DATA
+
+
+@pytest.fixture()
+def fake_clock(monkeypatch):
+    """A still clock as the clocks derive reads (helpers.install_clock): time moves only by
+    what the test's fake pieces ``advance``."""
+    return install_clock(monkeypatch)

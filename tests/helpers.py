@@ -53,15 +53,15 @@ def make_tokenizer() -> Any:
     return fast
 
 
-def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32) -> Any:
-    """A 2-layer Llama with hidden 32 built from a config, float32, eval-free (no dropout)."""
+def make_model(vocab_size: int = 384, seed: int = 0, layers: int = 2, hidden: int = 32, positions: int = 512) -> Any:
+    """A 2-layer Llama with hidden 32 (512 positions unless told) built from a config, float32, eval-free (no dropout)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions, tie_word_embeddings=True,
         pad_token_id=0, eos_token_id=0, bos_token_id=None,
     )
     return LlamaForCausalLM(cfg)
@@ -78,6 +78,39 @@ def save_model_dir(path: Path) -> Path:
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class FakeClock:
+    """A clock for tests of time bounds: it moves by what a test ``advance``s (a fake step that
+    "takes" 0.05 s) and, with ``tick`` set, by ``tick`` at every reading. A ``max_seconds`` cut
+    then falls at the same place on every machine, idle or loaded; with a tick, timings that
+    decide a plan (the CPU ramp's rows a second) are the same on every run too."""
+
+    def __init__(self, tick: float = 0.0, t: float = 1000.0) -> None:
+        self.t = t
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.t += self.tick
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+def install_clock(monkeypatch: Any, clock: FakeClock | None = None) -> FakeClock:
+    """``clock`` (a new still one by default) as the clocks derive reads: ``time.perf_counter``,
+    ``time.monotonic`` and the noise probe's own (not the DDP hook's or SpillWatch's, which tests
+    set themselves); ``monkeypatch`` undoes it."""
+    import time
+
+    import leadline.noise.probe as probe
+
+    clock = clock if clock is not None else FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(time, "monotonic", clock)
+    monkeypatch.setattr(probe, "_clock", clock)
+    return clock
 
 
 def free_port() -> int:

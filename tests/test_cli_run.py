@@ -159,29 +159,15 @@ def _run_args(model_dir):
             "--steps", RUN_STEPS, "--device", "cpu"]
 
 
-class Tick:
-    """A clock that moves 1 ms at every read (as in test_derive_golden.py): on the CPU the ramp
-    keeps the rows where rows a second stop improving, a reading a busy machine moves; on this
-    clock two derives read the same timings and decide the same plan."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        self.t += 0.001
-        return self.t
-
-
 @contextlib.contextmanager
 def ticking():
-    import time
+    """A clock that moves 1 ms at every read: on the CPU the ramp keeps the rows where rows a
+    second stop improving, a reading a busy machine moves; on this clock two derives read the
+    same timings and decide the same plan."""
+    from helpers import FakeClock, install_clock
 
-    import leadline.noise.probe as probe
-
-    tick = Tick()
     with pytest.MonkeyPatch.context() as mp:
-        for target, name in ((time, "perf_counter"), (time, "monotonic"), (probe, "_clock")):
-            mp.setattr(target, name, tick)
+        install_clock(mp, FakeClock(tick=0.001))
         yield
 
 

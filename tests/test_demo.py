@@ -25,44 +25,117 @@ def test_shorten_cuts_the_description_at_a_word_and_keeps_the_question():
     assert shorten(row, None) == row and shorten(row, 500) == row
 
 
-def test_the_demo_derives_trains_both_and_reads_the_test_rows(tokenizer, tmp_path):
+def _lora(model):
     from peft import LoraConfig, get_peft_model
 
-    from leadline.cli.demo import TRAINING_NUMBERS, Cut, run_demo
+    return get_peft_model(
+        model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
 
-    model = get_peft_model(
-        make_model(vocab_size=len(tokenizer)),
-        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"),
-    )
+
+def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, tmp_path):
+    from leadline.cli.demo import TRAINING_NUMBERS, Cut, header, run_demo
+
+    model = _lora(make_model(vocab_size=len(tokenizer)))
     start = [p.detach().clone() for p in model.parameters() if p.requires_grad]
     lines: list[str] = []
-    # rows the tiny tokenizer was trained on: the tiny model learns them
+    # rows the tiny tokenizer was trained on, four sections: the tiny model learns them
     rows = read_jsonl(DATA / "prompt_completion.jsonl")
-    cut = Cut(train_rows=30, test_rows=None, description_chars=40, max_seconds=None, effort="quick")
+    cut = Cut(train_rows=30, test_rows=None, description_chars=40)
     rec = run_demo(model, tokenizer, rows[:30], rows[30:], tmp_path, cut, say=lines.append, progress=False,
                    model_name="tiny + LoRA r4")
 
-    assert {"plan.json", "report.html", "demo.json", "plan_run", "recipe_run"} <= {p.name for p in tmp_path.iterdir()}
-    assert json.loads((tmp_path / "demo.json").read_text()) == json.loads(json.dumps(rec))
+    assert {"plan.json", "report.html", "demo.json", "train.jsonl", "leadline_run", "recipe_run"} <= {
+        p.name for p in tmp_path.iterdir()}
+    assert json.loads((tmp_path / "demo.json").read_text()) == json.loads(json.dumps(rec, default=str))
     assert json.loads((tmp_path / "plan.json").read_text())["model"]["name"] == "tiny + LoRA r4"
-    # every number that drives training is measured or derived, the rate and ending raced in the run
-    for name in ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending"):
+    assert rec["labels"] == [" games", " net", " science", " sound"]
+    for name in ("micro_batch", "grad_accum", "lr", "total_steps"):
         assert rec["numbers"][name]["kind"] in ("measured", "derived"), (name, rec["numbers"][name])
-    assert rec["numbers"]["lr"]["kind"] == "measured" and rec["numbers"]["ending"]["kind"] == "measured"
     assert list(rec["numbers"]) == [n for n in TRAINING_NUMBERS if n in rec["numbers"]]
-    assert rec["runs"]["plan"]["steps"] >= 2 and rec["runs"]["recipe"]["steps"] >= 1
-    t = rec["test"]
-    assert (
-        t["rows"] == t["plan_minus_recipe"]["n"] and 8 <= t["rows"] <= 10
-    )  # rows longer than the plan's length are left out
-    assert t["plan_minus_recipe"]["mean"] == pytest.approx(t["plan"][0] - t["recipe"][0], abs=1e-9)
-    assert t["plan"][0] != t["before"][0]  # the plan trained
+    arms = rec["arms"]
+    schedule_free = "schedule_free" in arms
+    assert list(arms) == ["untrained", "leadline", "recipe"] + (["schedule_free"] if schedule_free else [])
+    # the ten test rows, every one judged by every arm; the header's count is the verdict's
+    assert rec["rows"] == 10 and all(a["rows"] == 10 for a in arms.values())
+    assert "30 of its 30 training rows and 10 of its 10 test rows" in header("the CPU", cut, rows[:30], rows[30:])
+    assert all(a["accuracy"] == a["right"] / 10 for a in arms.values())
+    assert arms["leadline"]["steps"] >= 2 and arms["recipe"]["steps"] >= 1
+    assert arms["leadline"]["derive_seconds"] > 0 and arms["recipe"]["derive_seconds"] == 0
+    lead, recipe = arms["leadline"], arms["recipe"]
+    assert rec["leadline_time_over_recipe"] == pytest.approx(
+        (lead["derive_seconds"] + lead["train_seconds"]) / recipe["train_seconds"])
     text = "\n".join(lines)
-    assert "trained with the plan" in text and "trained with the default recipe" in text and "plan - recipe" in text
-    steps = rec["runs"]["plan"]["steps"], rec["runs"]["recipe"]["steps"]
-    assert f", {steps[0]} steps; the recipe at 16 rows a step, {steps[1]} step" in text and "noise scale" in text
-    # the demo ends with the plan's trained weights; both runs started from the same ones
-    assert any(not (p.detach() == s).all() for p, s in zip((p for p in model.parameters() if p.requires_grad), start))
+    assert "test accuracy on 10 rows" in text
+    for label in ("untrained", "leadline", "recipe"):
+        assert any(s.strip().startswith(f"{label} ") and "of 10)" in s for s in lines), label
+    assert f"leadline {rec['leadline_time_over_recipe']:.1f}x the recipe's time" in text
+    m = rec["mcnemar"]["recipe"]
+    assert f"leadline against recipe: {m['b']} rows only leadline got right, {m['c']} only recipe" in text
+    if schedule_free:
+        assert any(s.strip().startswith("schedule-free ") and "of 10)" in s for s in lines)
+        assert "leadline against schedule-free:" in text and "read at its averaged weights" in text
+    else:
+        assert "schedule-free AdamW: skipped, the package schedulefree is not importable" in text
+    # every arm started from the weights given, and the demo leaves them as it found them
+    assert all((p.detach() == s).all() for p, s in zip((p for p in model.parameters() if p.requires_grad), start))
+
+
+def test_classify_answers_the_label_the_model_scores_highest(tokenizer):
+    import torch
+
+    from leadline.cli.demo import classify
+
+    class Favours(torch.nn.Module):
+        """Logits that favour one token everywhere, and the end of text after it."""
+
+        def __init__(self, token: int):
+            super().__init__()
+            self.bias = torch.nn.Parameter(torch.zeros(len(tokenizer)))
+            with torch.no_grad():
+                self.bias[token] = 5.0
+                self.bias[tokenizer.eos_token_id] = 4.0
+
+        def forward(self, input_ids, attention_mask=None):
+            from types import SimpleNamespace
+
+            return SimpleNamespace(logits=self.bias.expand(*input_ids.shape, -1))
+
+    labels = [" games", " net", " science", " sound"]
+    rows = read_jsonl(DATA / "prompt_completion.jsonl")[:5]
+    for label in labels:
+        token = tokenizer(label, add_special_tokens=False)["input_ids"][-1]
+        assert classify(Favours(token), tokenizer, rows, labels, batch=3) == [label] * 5
+
+
+def test_the_schedule_free_arm_is_one_skipped_line_without_its_package(tokenizer, tmp_path, monkeypatch):
+    import builtins
+
+    from leadline.cli import demo
+
+    real_import = builtins.__import__
+
+    def no_schedulefree(name, *a, **k):
+        if name == "schedulefree":
+            raise ImportError("No module named 'schedulefree'")
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_schedulefree)
+    run, why = demo._schedule_free_arm(None, tokenizer, tmp_path / "train.jsonl", None)
+    assert run is None and "schedulefree is not importable" in why and "pip install schedulefree" in why
+
+
+def test_the_cpu_cut_gives_the_recipe_twenty_steps(tokenizer):
+    from importlib import resources
+
+    from leadline.cli.demo import CPU_CUT, RECIPE, recipe_steps, shorten
+
+    data = resources.files("leadline") / "data" / "debian_sections_demo_train.jsonl"
+    rows = [json.loads(s) for s in data.read_text().splitlines() if s.strip()]
+    assert len(rows) >= CPU_CUT.train_rows
+    train = [shorten(r, CPU_CUT.description_chars) for r in rows[: CPU_CUT.train_rows]]
+    assert RECIPE["rows_per_step"] == 16
+    assert recipe_steps(make_model(vocab_size=len(tokenizer)), tokenizer, train) >= 20
+    assert recipe_steps(make_model(vocab_size=len(tokenizer)), tokenizer, train[:-20]) < 20  # no row to spare
 
 
 def test_too_few_rows_is_one_sentence_and_exit_2(tmp_path, capsys):
@@ -91,11 +164,13 @@ def test_the_quiet_loading_puts_the_bars_and_warnings_back_after_an_error():
     assert gguf.tqdm is bar and warnings.filters == filters and hf_logging.is_progress_bar_enabled() == enabled
 
 
-def test_the_threads_are_measured_and_put_back_after_an_error(capsys):
+def test_the_threads_are_measured_and_put_back_after_an_error(capsys, monkeypatch):
     import torch
 
+    from helpers import FakeClock, install_clock
     from leadline.cli.demo import _faster_threads, thread_rates
 
+    install_clock(monkeypatch, FakeClock(tick=0.01))  # a few products a thread count however busy the machine
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     rates = thread_rates(2, seconds=0.05)

@@ -17,12 +17,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from pathlib import Path
 
 import pytest
 
-from helpers import DATA
+from helpers import DATA, FakeClock, install_clock
 from leadline.pieces import Corpus, Pieces
 
 GOLDEN = Path(__file__).parent / "data" / "derive_golden.json"
@@ -34,28 +33,12 @@ def _portable(obj):
     return json.loads(json.dumps(obj, allow_nan=True, default=str).replace(REPO, "<repo>"))
 
 
-class Clock:
-    """A clock that the fake pieces move; ``time.perf_counter`` and ``time.monotonic`` read it."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-    def advance(self, seconds: float) -> None:
-        self.t += seconds
+Clock = FakeClock  # the fake pieces move it; time.perf_counter and time.monotonic read it
 
 
 @pytest.fixture
 def clock(monkeypatch):
-    import leadline.noise.probe as probe
-
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    monkeypatch.setattr(time, "monotonic", c)
-    monkeypatch.setattr(probe, "_clock", c)
-    return c
+    return install_clock(monkeypatch)
 
 
 def _pieces(clock: Clock, *, kill_at: int | None = None) -> dict:
@@ -189,28 +172,14 @@ def test_the_scenarios_reach_what_they_are_for(clock, tmp_path):
     assert "alpha1" not in want["not_started"]["values"]
 
 
-class Tick:
-    """A clock that moves 1 ms at every read: a real model's timings made the same on every run."""
-
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        self.t += 0.001
-        return self.t
-
-
 def test_derive_for_gives_the_golden_plan_on_the_tiny_model(monkeypatch):
     import torch
     from peft import LoraConfig, get_peft_model
 
-    import leadline.noise.probe as probe
     from helpers import make_model, make_tokenizer
     from leadline.hf import derive_for
 
-    tick = Tick()
-    for target, name in ((time, "perf_counter"), (time, "monotonic"), (probe, "_clock")):
-        monkeypatch.setattr(target, name, tick)
+    install_clock(monkeypatch, FakeClock(tick=0.001))  # 1 ms at every reading
     tok = make_tokenizer()
     torch.manual_seed(0)
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",

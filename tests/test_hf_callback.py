@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import DATA, make_model, make_tokenizer
+from helpers import DATA, FakeClock, install_clock, make_model, make_tokenizer
 
 
 def _lora(model):
@@ -158,16 +158,15 @@ def test_the_cap_is_lifted_when_training_raises(setup):
 
 
 def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
-    import time
-
     import leadline.hf.deriving as hf  # derive_for's set-up calls prepare from here
 
+    clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same timings on every machine
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
     real = hf.prepare
 
     def slow_prepare(*a, **k):  # a set-up that takes the whole budget
-        time.sleep(1.2)
+        clock.advance(1.2)
         return real(*a, **k)
 
     monkeypatch.setattr(hf, "prepare", slow_prepare)
@@ -179,11 +178,10 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
     """An 8B model's ramp can take all of max_seconds: the step is then arithmetic on the ramp's
     own timings (no pairs timed), so the plan still has micro_batch, grad_accum and
     tokens_per_step that can train, and says the timed phases after it were not reached."""
-    import time
-
     import leadline.hf.deriving as hf
     from leadline.derive import phases
 
+    clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same timings on every machine
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
     real = phases.memory
@@ -191,7 +189,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
 
     def slow_memory(*a, **k):  # the ramp ends past the budget
         out = real(*a, **k)
-        time.sleep(budget)
+        clock.advance(budget)
         return out
 
     monkeypatch.setattr(phases, "memory", slow_memory)

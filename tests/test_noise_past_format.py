@@ -87,7 +87,7 @@ def test_a_diverging_burn_in_stops_and_keeps_the_step0_reading():
     assert pf.stopped_because.startswith("diverged") and pf.b_noise_tokens is None and not pf.grew
 
 
-def test_the_burn_in_is_bounded_by_its_rounds_and_its_time():
+def test_the_burn_in_is_bounded_by_its_rounds_and_its_time(fake_clock):
     w, opt, train_step, grad_fn = _toy()
     pf = noise_past_format([w], opt, train_step, grad_fn, alpha1=0.6, step0=0.1, rows_per_step=4, probe_start=1000,
                            max_rounds=1)
@@ -95,15 +95,15 @@ def test_the_burn_in_is_bounded_by_its_rounds_and_its_time():
     pf = noise_past_format([w], opt, train_step, grad_fn, alpha1=1e-9, step0=0.1, rows_per_step=4, probe_start=1000,
                            max_steps=25)
     assert [r["steps"] for r in pf.rounds][-1] <= 25 and pf.readings[0]["steps"] <= 25
-    import time
 
     def slow(t):
-        time.sleep(0.02)
+        fake_clock.advance(0.02)
         return train_step(t)
 
     pf = noise_past_format([w], opt, slow, grad_fn, alpha1=1e-9, step0=0.1, rows_per_step=4, probe_start=1000,
                            budget_s=0.5, max_rounds=50)
-    assert pf.stopped_because.startswith(("time", "settled")) and pf.seconds < 1.5
+    # 10 steps of 0.02 s: a round of 20 more would end at 0.6 s, past the burn-in's 0.7 x 0.5 s
+    assert pf.stopped_because.startswith("time") and pf.seconds <= 0.5 and [r["steps"] for r in pf.rounds] == [10]
 
 
 def test_bad_alpha1_is_one_sentence():

@@ -3,8 +3,6 @@ work not yet done, so derive does not start a first held-out read that cannot fi
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from leadline.budget import OutOfTime
@@ -40,8 +38,8 @@ def test_the_first_read_is_estimated_from_the_memory_phase():
     assert held_estimate(_plan(), lambda: [1.0])() == 0.0
 
 
-def test_a_first_read_that_cannot_fit_is_not_started():
-    runner = PhaseRunner(Plan(), max_seconds=20.0, started=time.monotonic() - 8.0)  # 12 s left
+def test_a_first_read_that_cannot_fit_is_not_started(fake_clock):
+    runner = PhaseRunner(Plan(), max_seconds=20.0, started=fake_clock() - 8.0)  # 12 s left
     calls: list[int] = []
     reader = _reader(40, calls)
     held = timed_reads(reader, runner.ensure, held_estimate(_plan(), reader))  # 10 s estimated, 15 with the margin
@@ -53,8 +51,8 @@ def test_a_first_read_that_cannot_fit_is_not_started():
     assert len(timed_reads(reader, roomy.ensure, held_estimate(_plan(), reader))()) == 40 and calls == [1]
 
 
-def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart():
-    runner = PhaseRunner(Plan(), max_seconds=20.0, started=time.monotonic() - 8.0)
+def test_a_first_step_that_cannot_fit_is_not_started_and_shapes_are_timed_apart(fake_clock):
+    runner = PhaseRunner(Plan(), max_seconds=20.0, started=fake_clock() - 8.0)
     taken: list[tuple[int, int]] = []
 
     def train_step_of(mb, accum):
@@ -72,7 +70,7 @@ def test_split_reader_says_its_rows():
     assert split.reader(object(), list(range(50)), "held_out").rows == 7
 
 
-def test_a_ramp_that_cannot_end_is_not_started():
+def test_a_ramp_that_cannot_end_is_not_started(fake_clock):
     from types import SimpleNamespace
 
     from leadline.derive.phases import memory
@@ -88,7 +86,7 @@ def test_a_ramp_that_cannot_end_is_not_started():
 
     step_fn.device = "cpu"
     noise = SimpleNamespace(k=2, seconds=20.0)  # 10 s a draw: the least ramp about 20 s
-    runner = PhaseRunner(plan, max_seconds=40.0, started=time.monotonic() - 15.0)  # 25 s left, 30 needed with the margin
+    runner = PhaseRunner(plan, max_seconds=40.0, started=fake_clock() - 15.0)  # 25 s left, 30 needed with the margin
     with pytest.raises(OutOfTime):
         memory(step_fn, plan, None, None, noise, OneProcess(), runner=runner)
     assert calls == []
@@ -139,7 +137,7 @@ def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_c
     from peft import LoraConfig, get_peft_model
 
     import leadline.hf.deriving as hf
-    from helpers import DATA, make_model, make_tokenizer
+    from helpers import DATA, FakeClock, install_clock, make_model, make_tokenizer
     from leadline.budget import OutOfTime
     from leadline.derive import phases
 
@@ -148,6 +146,7 @@ def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_c
 
     monkeypatch.setattr(phases, "memory", cut)
     monkeypatch.setattr(phases, "draw_seconds", lambda noise: 50.0)  # a draw as slow as an 8B model's
+    install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same budget left on every machine
     tok = make_tokenizer()
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, target_modules="all-linear",
                                                                         task_type="CAUSAL_LM"))

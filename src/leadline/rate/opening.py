@@ -10,16 +10,21 @@ to the user, the rate, is decided on the run's first ``h`` optimizer steps:
 2. each runs the same ``h`` steps on the same opening rows from the same start, and is read on
    the held-out rows at its averaged weights;
 3. ``c`` is the incumbent; ``4c`` replaces it only when its held-out loss is lower by the one-sided
-   paired t at 5% and its held-out answers did not collapse; only if ``4c`` did not replace it,
-   ``c/4`` runs and replaces ``c`` on the same test. A rate never reaches the run without beating
-   the rate the user would have typed on rows no step trained on;
+   paired t at 5% and its held-out answers did not collapse. ``c/4`` runs only when ``4c`` did not
+   replace it *and* ``c`` stalled: its held-out loss is not significantly below the start's (the
+   same test). A lower rate learns more slowly over an opening horizon, so against a ``c`` that
+   is learning it cannot win there; against a ``c`` too high to learn it can, on the same test.
+   A rate never reaches the run without beating the rate the user would have typed, on rows no
+   step trained on;
 4. the winner's ``h`` steps are the run's first: the run continues from its weights and optimizer
-   state. The losers' steps are the decision's overhead: at most ``2h``, and ``h`` is set so
-   that ``2h`` is the decision's share of the run (``decide_share``, 20% by default).
+   state. The losers' steps are the decision's overhead: ``h`` where ``c`` learns, ``2h`` at
+   most, and ``h`` is set so that ``2h`` is the decision's share of the run (``decide_share``,
+   20% by default).
 
-A candidate *collapses* when the data has a small set of answers (at most :data:`MAX_ANSWERS`
-distinct completions among the training rows) and, on the held-out rows, one answer takes over
-60% of its choices where the held-out gold's majority is under 40% (the scoreboard's rule).
+A challenger *collapses* when the data has a small set of answers (at most :data:`MAX_ANSWERS`
+distinct completions among the training rows) and, on the held-out rows (the first
+:data:`ANSWER_ROWS`), one answer takes over 60% of its choices where the held-out gold's majority
+is under 40% (the scoreboard's rule).
 
 Reference: Defazio et al. 2024, "The Road Less Scheduled", <https://arxiv.org/abs/2405.15682>.
 """
@@ -43,6 +48,9 @@ DECIDE_SHARE = 0.2
 """The share of the run's steps the decision may spend on steps it does not keep."""
 MAX_ANSWERS = 32
 """Data with at most this many distinct completions is checked for collapse."""
+ANSWER_ROWS = 64
+"""The held-out rows a challenger's answers are chosen on: 64 rows put a 60% share 4 standard
+errors above a 40% majority, at a fraction of scoring every answer on every held-out row."""
 ALPHA = 0.05
 
 
@@ -159,9 +167,24 @@ def challenge(incumbent: Reading, challenger: Reading) -> dict[str, Any]:
     return {**test, "replaces": False, "why": why}
 
 
-def climb(run: Callable[[float], Reading], rates: Sequence[float]) -> tuple[Decision, dict[float, Reading]]:
+def stalled(start: Sequence[float] | None, reading: Reading) -> bool:
+    """Whether ``reading``'s held-out loss is not significantly below the start's (the one-sided
+    paired t at :data:`ALPHA`); True without a start reading.
+
+    Examples:
+        >>> stalled([2.0, 2.1, 2.2], Reading(1.0, [1.0, 1.1, 1.3]))
+        False
+        >>> stalled([2.0, 2.1, 2.2], Reading(1.0, [2.0, 2.2, 2.1])), stalled(None, Reading(1.0, [1.0]))
+        (True, True)
+    """
+    return start is None or not compare(reading.losses, start, alpha=ALPHA).better
+
+
+def climb(run: Callable[[float], Reading], rates: Sequence[float],
+          start: Sequence[float] | None = None) -> tuple[Decision, dict[float, Reading]]:
     """The rule: ``rates[0]`` the incumbent, ``rates[1]`` (higher) challenges it; only when it did
-    not replace it, ``rates[2]`` (lower) challenges. ``run(lr)`` runs a candidate and reads it.
+    not replace it and the incumbent :func:`stalled` against ``start`` (the held-out losses before
+    any step), ``rates[2]`` (lower) challenges. ``run(lr)`` runs a candidate and reads it.
 
     Examples:
         A higher rate that reads lower wins, and the lower one never runs:
@@ -171,16 +194,31 @@ def climb(run: Callable[[float], Reading], rates: Sequence[float]) -> tuple[Deci
         >>> d.lr, sorted(ran)
         (4.0, [1.0, 4.0])
 
-        A higher rate that does not read lower leaves the lower one to challenge:
+        A higher rate that does not read lower leaves the lower one to challenge where the
+        default stalled, and not where it learned:
 
         >>> table[4.0] = [2.5, 2.6, 2.6]
-        >>> d, ran = climb(lambda lr: Reading(lr, table[lr]), [1.0, 4.0, 0.25])
+        >>> d, ran = climb(lambda lr: Reading(lr, table[lr]), [1.0, 4.0, 0.25], start=[2.0, 2.1, 2.3])
         >>> d.lr, sorted(ran)
         (0.25, [0.25, 1.0, 4.0])
+        >>> d, ran = climb(lambda lr: Reading(lr, table[lr]), [1.0, 4.0, 0.25], start=[3.0, 3.1, 3.2])
+        >>> d.lr, sorted(ran)
+        (1.0, [1.0, 4.0])
+        >>> d.tests[-1]["why"]
+        '0.25 not run: 1 learned (held-out 2.1 from 3.1), which a lower rate cannot beat over the opening'
+
     """
     readings = {rates[0]: run(rates[0])}
     decision = Decision(lr=rates[0])
-    for lr in rates[1:]:
+    for k, lr in enumerate(rates[1:]):
+        if k > 0 and lr < rates[0] and not stalled(start, readings[rates[0]]):
+            assert start is not None
+            before = math.fsum(start) / len(start)
+            after = readings[rates[0]].mean
+            decision.tests.append({"challenger": lr, "ran": False, "replaces": False,
+                                   "why": f"{lr:.3g} not run: {rates[0]:.3g} learned (held-out {after:.2g} from "
+                                          f"{before:.2g}), which a lower rate cannot beat over the opening"})
+            break
         readings[lr] = run(lr)
         test = challenge(readings[decision.lr], readings[lr])
         decision.tests.append(test)

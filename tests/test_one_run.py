@@ -1,0 +1,163 @@
+"""The default run (effort race): the opening race's rule, its collapse check, its budget, and a
+run that continues from the race's kept steps equal to a run that took them itself."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from leadline.rate.opening import (
+    Reading,
+    answer_set,
+    challenge,
+    climb,
+    collapsed,
+    horizon,
+    opening_rates,
+)
+
+pytest.importorskip("schedulefree")
+
+
+def test_a_challenger_that_learns_the_format_fast_but_collapses_the_answers_is_dropped():
+    """A synthetic four-class task: the high rate reads lower on the held-out rows (it learned the
+    answer's format first) but answers one class for 90% of the rows, where the gold's majority
+    is 25%. The default stays."""
+    rng = random.Random(0)
+    gold = [rng.randrange(4) for _ in range(40)]
+    default = Reading(2.5e-3, [1.0 + 0.1 * rng.random() for _ in gold], choices=list(gold))
+    fast = [0.5 * x for x in default.losses]
+    high_choices = [0] * 36 + [1, 2, 3, 1]
+    high = Reading(1e-2, fast, choices=high_choices, collapsed=collapsed(high_choices, gold))
+    assert high.collapsed
+    test = challenge(default, high)
+    assert test["better"] and not test["replaces"]  # lower loss, still dropped
+    table = {2.5e-3: default, 1e-2: high, 6.25e-4: Reading(6.25e-4, [x + 0.2 for x in default.losses])}
+    decision, ran = climb(table.__getitem__, opening_rates("factors"))
+    assert decision.lr == 2.5e-3 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
+    assert "collapsed" in decision.sentence()
+
+
+def test_no_rate_reaches_the_run_without_beating_the_default_by_a_paired_test():
+    base = [1.0, 1.2, 0.9, 1.1, 1.05, 0.95, 1.0, 1.1]
+    noisy_lower = [x - d for x, d in zip(base, [0.3, -0.3, 0.2, -0.25, 0.1, -0.05, 0.0, 0.05])]  # lower mean, no t
+    table = {2.5e-4: Reading(2.5e-4, base), 1e-3: Reading(1e-3, noisy_lower), 6.25e-5: Reading(6.25e-5, noisy_lower)}
+    decision, _ = climb(table.__getitem__, opening_rates("weights"))
+    assert decision.lr == 2.5e-4
+    assert [t["replaces"] for t in decision.tests] == [False, False]
+
+
+def test_the_losers_steps_fit_the_share_of_the_run():
+    for steps in (10, 25, 50, 107, 400, 3000):
+        for share in (0.1, 0.2, 0.3):
+            h = horizon(steps, share)
+            assert 2 * h <= share * steps
+            assert h == 0 or h >= 2
+
+
+def test_the_answer_set_is_read_from_the_scored_tokens_and_free_text_has_none():
+    from leadline.corpus import TokenizedRow
+
+    rows = [TokenizedRow.from_labels([5, 6, 7, a], [-100, -100, -100, a]) for a in (1, 2, 1, 3, 2)]
+    assert sorted(answer_set(rows, range(5))) == [(1,), (2,), (3,)]
+    free = [TokenizedRow.from_labels([5, i, i + 1], [-100, i, i + 1]) for i in range(40)]
+    assert answer_set(free, range(40)) is None
+
+
+def _rows(path, n=96, seed=0):
+    rng = random.Random(seed)
+    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
+             "sound": "audio music volume"}
+    with path.open("w") as f:
+        for _ in range(n):
+            label = rng.choice(sorted(words))
+            f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, 99)}\nSection:",
+                                "completion": " " + label}) + "\n")
+    return path
+
+
+def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itself(tmp_path):
+    """run_in_one on the tiny model, then the winner's rate trained from the same start for the
+    same steps by a plain schedule-free loop: the same weights, bit for bit (the losers' steps
+    and the held-out reads left no trace), and the saved model is the averaged weights."""
+    import schedulefree
+    import torch
+    from helpers import make_model, make_tokenizer
+
+    from leadline.hf import prepare, trained_named_weights
+    from leadline.one_run import WARMUP_SHARE, run_in_one
+
+    data = _rows(tmp_path / "train.jsonl")
+    tok = make_tokenizer()
+    model = make_model(vocab_size=len(tok))
+    plan, res = run_in_one(model, tok, str(data), total_steps=20, decide_share=0.2, out_dir=tmp_path / "run")
+    assert plan.opening_steps == 2 and res["cost"]["overhead_steps"] in (2, 4) and res["cost"]["budget_held"]
+    assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
+    assert len(res["curve"]) == 20 - 2 and res["curve"][0]["step"] == 2
+    steps_counted = [p for p in plan.phases if p.phase == "rate"][0].steps
+    assert steps_counted == 2 + res["cost"]["overhead_steps"]
+
+    again = make_model(vocab_size=len(tok))
+    task, _ = prepare(again, tok, str(data), seed=0)
+    params = [p for _, p in trained_named_weights(again)]
+    opt = schedulefree.AdamWScheduleFree(params, lr=plan.lr, warmup_steps=max(1, round(WARMUP_SHARE * 20)),
+                                         weight_decay=0.0)
+    step = task.train_step_of(plan.micro_batch, plan.grad_accum)
+    again.train()
+    opt.train()
+    for s in range(20):
+        opt.zero_grad(set_to_none=True)
+        step(s)
+        opt.step()
+    opt.eval()
+    for (name, a), (_, b) in zip(trained_named_weights(model), trained_named_weights(again)):
+        assert torch.equal(a, b), name
+    saved = json.loads((tmp_path / "run" / "plan.json").read_text())
+    assert saved["values"]["optimizer"]["value"] == "schedule_free_adamw"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["cost"]["kept_steps"] == 2
+
+
+def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
+    from helpers import make_model, make_tokenizer
+
+    from leadline.one_run import run_in_one
+
+    tok = make_tokenizer()
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=5)
+    assert plan.lr == 2.5e-4 and plan["lr"].kind == "constant" and "too short to race" in plan["lr"].source
+    assert res["cost"]["overhead_steps"] == 0 and len(res["curve"]) == 5
+
+
+def test_leadline_run_races_by_default_and_refuses_a_share_out_of_range(tmp_path, capsys):
+    from helpers import save_model_dir
+
+    from leadline.cli import main
+
+    model = save_model_dir(tmp_path / "tiny")
+    data = _rows(tmp_path / "train.jsonl")
+    assert main(["run", "--model", str(model), "--data", str(data), "--decide-share", "1.5",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert "--decide-share 1.5" in capsys.readouterr().err and not (tmp_path / "bad").exists()
+    assert main(["run", "--model", str(model), "--data", str(data), "--steps", "20", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "schedule-free AdamW" in out and "overhead" in out
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["optimizer"] == "schedule_free_adamw" and run["steps"] == 20 and "load_seconds" in run
+
+
+def test_a_default_that_learned_is_not_challenged_from_below():
+    """The downward challenge costs h steps it cannot win over an opening where the default
+    learned; it runs only where the default stalled (too high to learn), on the same test."""
+    start = [3.0, 3.2, 2.9, 3.1, 3.0, 3.05]
+    learned = Reading(2.5e-3, [x - 1.0 for x in start])
+    too_high = Reading(1e-2, [x + 0.5 for x in start])
+    below = Reading(6.25e-4, [x - 1.5 for x in start])  # would read lower: it never runs
+    table = {r.lr: r for r in (learned, too_high, below)}
+    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    assert decision.lr == 2.5e-3 and sorted(ran) == [2.5e-3, 1e-2]
+    stuck = Reading(2.5e-3, [x + 0.01 for x in start])  # the default made no headway: the lower rate runs
+    table[2.5e-3] = stuck
+    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
