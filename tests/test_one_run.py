@@ -84,8 +84,8 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     and the held-out reads left no trace), and the saved model is the averaged weights."""
     import schedulefree
     import torch
-    from helpers import make_model, make_tokenizer
 
+    from helpers import make_model, make_tokenizer
     from leadline.hf import prepare, trained_named_weights
     from leadline.one_run import WARMUP_SHARE, run_in_one
 
@@ -96,7 +96,7 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     assert plan.opening_steps == 2 and res["cost"]["overhead_steps"] in (2, 4) and res["cost"]["budget_held"]
     assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
     assert len(res["curve"]) == 20 - 2 and res["curve"][0]["step"] == 2
-    steps_counted = [p for p in plan.phases if p.phase == "rate"][0].steps
+    steps_counted = next(p for p in plan.phases if p.phase == "rate").steps
     assert steps_counted == 2 + res["cost"]["overhead_steps"]
 
     again = make_model(vocab_size=len(tok))
@@ -121,7 +121,6 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
 
 def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
     from helpers import make_model, make_tokenizer
-
     from leadline.one_run import run_in_one
 
     tok = make_tokenizer()
@@ -132,7 +131,6 @@ def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
 
 def test_leadline_run_races_by_default_and_refuses_a_share_out_of_range(tmp_path, capsys):
     from helpers import save_model_dir
-
     from leadline.cli import main
 
     model = save_model_dir(tmp_path / "tiny")

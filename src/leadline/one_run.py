@@ -198,12 +198,16 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                rows_per_step: int = ROWS_PER_STEP, decide_share: float = DECIDE_SHARE, seed: int = 0,
                seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None,
-               fields: dict[str, str] | None = None, train: bool = True) -> tuple[Plan, dict[str, Any]]:
+               fields: dict[str, str] | None = None, train: bool = True,
+               rate: Value | None = None) -> tuple[Plan, dict[str, Any]]:
     """Decide the rate on the run's opening steps and train to the end, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
     record (the curve, the test verdict). With ``out_dir`` the adapter (or the weights),
     ``plan.json`` and ``run.json`` are written there.
+
+    ``rate``: a rate already decided (a plan's, :func:`leadline.train.train_with_plan`): no race,
+    the run trains at it from the start.
 
     ``train=False``: the race alone, for a run another loop trains (Trainer, through
     :func:`leadline.hf.training_arguments`). The trained tensors and the RNG states are put back
@@ -224,7 +228,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     params = [p for _, p in trained_named_weights(model)]
     steps = run_steps_of(len(task.order), rows_per_step, total_steps, epochs)
     trained_as = trained_as_of(model)
-    h = min(horizon(steps, decide_share), steps)
+    h = 0 if rate is not None else min(horizon(steps, decide_share), steps)
     warmup = max(1, round(WARMUP_SHARE * steps))
     plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})}, held_out=task.split.as_dict())
     plan.model = {"trained_as": trained_as, "trained_parameters": int(sum(p.numel() for p in params))}
@@ -258,12 +262,14 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         lr_value = Value(lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
                          f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
     else:
-        lr, start, kept, overhead, reads, read_seconds, step_seconds = rates[0], 0, 0, 0, 0, 0.0, 0.0
+        lr = float(rate.value) if rate is not None else rates[0]
+        start, kept, overhead, reads, read_seconds, step_seconds = 0, 0, 0, 0, 0.0, 0.0
         if train:
             opt = _optimizer(params, lr, warmup)
             opt.train()
-        lr_value = Value(lr, "constant", f"schedule-free AdamW's default for {trained_as}: a run of {steps} steps "
-                         f"is too short to race rates within {decide_share:.0%} of its steps", unit="per step")
+        lr_value = rate or Value(lr, "constant", f"schedule-free AdamW's default for {trained_as}: a run of {steps} "
+                                 f"steps is too short to race rates within {decide_share:.0%} of its steps",
+                                 unit="per step")
     race_seconds = time.perf_counter() - t
     curve: list[dict[str, Any]] = []
     run_seconds, after = 0.0, None

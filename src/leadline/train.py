@@ -128,6 +128,10 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.rate import LookaheadSchedule, lookahead_from
     from leadline.rate.schedule import ending_steps_for
 
+    if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
+        return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
+                                on_step=on_step, ending=ending, ending_share=ending_share,
+                                average_ending=average_ending)
     steps = _checked_steps(plan, total_steps)
     if ending != "raced" and races_inside(plan):
         raise InputError(f"ending={ending!r} sets the LookaheadSchedule's ending, and this quick plan races its rates "
@@ -194,6 +198,26 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     _add_test_verdict(result, before, after)
     if out_dir is not None:
         _save(model, Path(out_dir), result)
+    return result
+
+
+def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: Any, total_steps: int | None,
+                     on_step: Callable[[dict[str, Any]], None] | None, ending: str, ending_share: float | None,
+                     average_ending: bool) -> dict[str, Any]:
+    """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
+    AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
+    from leadline.one_run import run_in_one
+
+    if ending != "raced" or ending_share is not None or average_ending:
+        raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
+                         "ending to set; leave ending, ending_share and average_ending out")
+    _need(plan, "micro_batch", "lr")
+    rows = int(plan.get("rows_per_step") or int(plan.micro_batch) * int(plan.get("grad_accum", 1)))
+    seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
+    fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
+    _, result = run_in_one(model, tokenizer, data, total_steps=total_steps or plan.get("total_steps"),
+                           rows_per_step=rows, seed=seed, seq_len=plan.get("seq_len"), out_dir=out_dir,
+                           on_step=on_step, fields=fields or None, rate=plan["lr"])
     return result
 
 

@@ -19,7 +19,10 @@ NO_RACE = ("the plan has no rates to race (alpha1 read at or below the anchor, s
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    add_plan_arguments(p, effort="quick", effort_help="quick: alpha1 and a rate grid; full: the look-ahead")
+    add_plan_arguments(p, effort="race", efforts=("race", "quick", "full"),
+                       effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps (the plan "
+                       "alone: `leadline run` keeps the race's steps); quick: alpha1 and an AdamW rate grid; full: the "
+                       "look-ahead")
     p.add_argument("--resume", metavar="FILE",
                    help="continue a cut-off derive from this file (written after each phase; default: none, start "
                    "afresh)")
@@ -115,8 +118,17 @@ def run(args: argparse.Namespace) -> int:
         read_plan("--prior", args.prior)
     if args.fit_rank and args.full:
         raise InputError("--fit-rank measures a LoRA rank, and --full trains every weight; drop one of them")
+    if args.effort == "race" and (args.max_seconds is not None or args.quantile is not None
+                                  or args.step_for is not None or args.resume or args.prior or args.fit_rank):
+        raise InputError("--max-seconds, --quantile, --step-for, --resume, --prior and --fit-rank shape the quick "
+                         "and full efforts' derive; the race (the default) takes none of them: leave them out or "
+                         "pass --effort quick or full")
     check_device(args.device)
     from leadline.distributed.world import job_from_env, launched_by_torchrun
+
+    if args.effort == "race" and launched_by_torchrun():
+        raise InputError("the race (the default effort) runs in one process, and this is one of several under "
+                         "torchrun; pass --effort quick or full for a plan derived across the job")
 
     made = not folder.exists()
     try:
@@ -175,7 +187,15 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
         model, tok = load_for_training(args)
         bar = Progress() if main else None
         t0 = time.perf_counter()
-        plan = derive_plan(args, model, tok, bar)
+        if args.effort == "race":  # the race alone; the weights put back as they were
+            from leadline.cli._common import fields_of
+            from leadline.one_run import ROWS_PER_STEP, run_in_one
+
+            plan, _ = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
+                                 rows_per_step=args.rows_per_step or ROWS_PER_STEP, seed=args.seed,
+                                 seq_len=args.seq_len, fields=fields_of(args) or None, train=False)
+        else:
+            plan = derive_plan(args, model, tok, bar)
         return _write(args, out, main, plan, time.perf_counter() - t0, t0 - t_load, kept)
 
 
