@@ -9,6 +9,7 @@
 #   ARMS       the arms of every board (default: the quick board: recipe, schedulefree, leadline)
 #   PARALLEL   arms side by side within a board (default 3)
 #   STOP       no new unit starts after this many seconds (default 420)
+#   CARD       hold the card to this many GB (scoreboard.py --card-gb; a held card takes the GPU alone)
 #   MODEL      a Hugging Face folder; written once from /root/assets/smol.gguf when missing
 #   DATA       the shared data folder (default /root/assets/data)
 #   RESULTS    where the boards' JSON files are written (default benchmarks/results); with $OUT set
@@ -34,7 +35,10 @@ fi
 files=()  # the boards this call runs, and only those: an archive of every board would carry back stale copies
 for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
   task=${b%%:*} regime=${b#*:}
-  [[ $regime == lora ]] && files+=("scoreboard_${task}.json") || files+=("scoreboard_${task}_${regime}.json")
+  name=scoreboard_${task}
+  [[ $regime == lora ]] || name+=_${regime}
+  [[ -n ${CARD:-} ]] && name+=_${CARD}gb
+  files+=("$name.json")
 done
 pack() {  # the boards written so far, into $OUT (the device tool brings it back)
   [[ -n ${OUT:-} ]] || return 0
@@ -45,7 +49,7 @@ for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
   task=${b%%:*} regime=${b#*:}
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
       --arms "$ARMS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$STOP" --work "/tmp/scoreboard_$regime" \
-      ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1 &
+      ${CARD:+--card-gb $CARD} ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1 &
 done
 while [[ -n $(jobs -rp) ]]; do
   sleep 20
