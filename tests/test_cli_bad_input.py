@@ -140,7 +140,7 @@ def test_a_derive_cut_before_the_micro_batch_is_refused_and_writes_nothing(model
     cut.skipped.append(Skipped("memory", "not_reached", max_seconds=2.0))
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(cut, {}))
     args = ["--model", str(model_dir), "--data", str(GOOD), "--lora-rank", "4", "--device", "cpu",
-            "--max-seconds", "2"]
+            "--effort", "quick", "--max-seconds", "2"]
     said = _refused(capsys, ["derive", *args, "--out", str(tmp_path / "plan")],
                     "--max-seconds ended the derive before it measured micro_batch",
                     "(memory: not reached within max_seconds=2)", "none was written", "raise --max-seconds")
@@ -202,7 +202,7 @@ def test_a_row_past_the_models_positions_is_said_once_and_refused_where_one_row_
                               evidence={"rule": "positions"}))
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(plan, {}))
     argv = ["derive", "--model", str(model_dir), "--data", str(data), "--lora-rank", "4", "--device", "cpu",
-            "--steps", "4"]
+            "--effort", "quick", "--steps", "4"]
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "ok")]) == 0
     err = capsys.readouterr().err
@@ -225,7 +225,7 @@ def test_out_is_a_folder_html_a_path_and_the_field_reaches_the_plan(model_dir, t
     seen: dict = {}
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(_plan(), seen))
     base = ["derive", "--model", str(model_dir), "--data", str(data), "--lora-rank", "4", "--device", "cpu",
-            "--field", "body"]
+            "--effort", "quick", "--field", "body"]
     capsys.readouterr()
     assert main([*base, "--out", str(tmp_path / "plan"), "--html"]) == 0
     assert seen["fields"] == {"text": "body"}

@@ -107,7 +107,8 @@ def test_derive_keeps_a_step_the_user_fixes(model_dir, tmp_path):
 
     out = tmp_path / "plan.json"
     assert main(["derive", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
-                 "4", "--steps", "6", "--rows-per-step", "3", "--out", str(out), "--device", "cpu"]) == 0
+                 "4", "--steps", "6", "--rows-per-step", "3", "--effort", "quick", "--out", str(out), "--device",
+                 "cpu"]) == 0
     values = json.loads(out.read_text())["values"]
     assert values["micro_batch"]["value"] * values["grad_accum"]["value"] == 3
     assert values["tokens_per_step"]["kind"] == "given" and values["tokens_per_step"]["evidence"]["given_rows"] == 3
@@ -176,7 +177,7 @@ def one_run(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "run"
     said = io.StringIO()
     with ticking(), contextlib.redirect_stdout(said):
-        rc = main(["run", *_run_args(model_dir), *STEP, "--out", str(out), "--html"])
+        rc = main(["run", *_run_args(model_dir), *STEP, "--effort", "full", "--out", str(out), "--html"])
     return rc, out, said.getvalue()
 
 

@@ -61,7 +61,7 @@ def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, 
     assert rec["rows"] == 10 and all(a["rows"] == 10 for a in arms.values())
     assert "30 of its 30 training rows and 10 of its 10 test rows" in header("the CPU", cut, rows[:30], rows[30:])
     assert all(a["accuracy"] == a["right"] / 10 for a in arms.values())
-    assert arms["leadline"]["steps"] >= 2 and arms["recipe"]["steps"] >= 1
+    assert arms["leadline"]["steps"] >= 1 and arms["recipe"]["steps"] >= 1
     assert arms["leadline"]["derive_seconds"] > 0 and arms["recipe"]["derive_seconds"] == 0
     lead, recipe = arms["leadline"], arms["recipe"]
     assert rec["leadline_time_over_recipe"] == pytest.approx(

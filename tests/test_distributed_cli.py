@@ -22,7 +22,7 @@ def test_derive_under_torchrun_writes_once_and_prints_the_scale_out(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "leadline", "derive", "--model", str(model), "--data", str(DATA / "prompt_completion.jsonl"),
-           "--steps", "12", "--device", "cpu", "--out", str(out), "--scale-out"]
+           "--steps", "12", "--effort", "quick", "--device", "cpu", "--out", str(out), "--scale-out"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp_path)

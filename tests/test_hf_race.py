@@ -109,14 +109,20 @@ def test_training_arguments_run_the_plan_in_trainer(raced, tmp_path):
 
 
 def test_one_default_effort_across_the_entry_points():
-    from leadline.cli.run import add_arguments
+    from leadline.cli import derive as derive_command
+    from leadline.cli import run as run_command
     from leadline.hf import derive_for, find_lr
 
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
+    parsers = []
+    for command in (run_command, derive_command):
+        parser = argparse.ArgumentParser()
+        command.add_arguments(parser)
+        parsers.append(parser)
     defaults = {inspect.signature(derive_for).parameters["effort"].default,
-                inspect.signature(find_lr).parameters["effort"].default, parser.get_default("effort")}
+                inspect.signature(find_lr).parameters["effort"].default, *(p.get_default("effort") for p in parsers)}
     assert defaults == {"race"}
+    helps = [p.format_help() for p in parsers]
+    assert all("(default race)" in " ".join(h.split()) for h in helps)  # --help states it, the same in both
 
 
 def test_what_the_race_does_not_take_is_refused_before_any_work():

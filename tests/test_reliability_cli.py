@@ -67,10 +67,10 @@ def _cases(model_dir, inputs):
     d, good, plans = inputs
     m = ["--model", str(model_dir), "--device", "cpu", "--lora-rank", "4"]
     out = ["--out", str(d / "new" / "p.json")]
-    derive = ["derive", *m, "--steps", "4", "--max-seconds", "60"]
+    derive = ["derive", *m, "--steps", "4", "--effort", "quick", "--max-seconds", "60"]
     train = ["train", *m, "--data", str(good), "--plan", str(plans["plan"]), "--out", str(d / "run")]
     fit = ["fit", "--model", str(model_dir), "--device", "cpu", "--lora-rank", "4"]
-    run = ["run", *m, "--steps", "4", "--max-seconds", "60"]
+    run = ["run", *m, "--steps", "4", "--effort", "quick", "--max-seconds", "60"]
     cases = [
         # derive: the data
         ([*derive, "--data", str(d / "missing.jsonl"), "--out", str(d / "p.json")], "--data", "does not exist"),

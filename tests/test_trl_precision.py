@@ -157,7 +157,8 @@ def test_cli_gradient_checkpointing_is_measured_and_recorded(tmp_path):
     folder = save_model_dir(tmp_path / "tiny")
     out = tmp_path / "plan.json"
     assert main(["derive", "--model", str(folder), "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "8",
-                 "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--out", str(out)]) == 0
+                 "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--effort", "quick",
+                 "--out", str(out)]) == 0
     plan = Plan.from_json(out)
     prec = plan["precision"].value
     assert prec["checkpointing"] is True and prec["quantization"] is None and prec["adapter"] is True

@@ -78,6 +78,24 @@ def modes_as_open(folder: str | os.PathLike[str]) -> Iterator[Path]:
                     os.chmod(f, mode)
 
 
+def save_run(model: object, out: str | os.PathLike[str], record: dict) -> Path:
+    """A trained model's adapter (PEFT) or weights, saved with ``save_pretrained``, and ``record``
+    as ``run.json`` beside them, each file with the mode ``open()`` gives it
+    (:func:`modes_as_open`). Returns the folder."""
+    import json
+    import warnings
+
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), modes_as_open(folder):  # safetensors writes its file 0600 whatever the umask
+        # a base read from a .gguf file has no config.json beside it, and PEFT warns that it cannot check the
+        # vocabulary: leadline never resizes it, so the warning only alarms
+        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
+        model.save_pretrained(folder)  # type: ignore[attr-defined]
+    write_atomic(folder / "run.json", json.dumps(record, indent=1, default=str))
+    return folder
+
+
 def file_mode(path: Path) -> int:
     """The permission bits ``open(path, "w")`` leaves ``path`` with: its own where it exists,
     else ``0o666`` under the umask."""

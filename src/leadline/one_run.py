@@ -216,8 +216,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     (``kept_steps`` 0). The plan holds the race's evidence; with ``out_dir`` only ``plan.json``
     is written.
     """
-    from leadline.hf import prepare, trained_named_weights
-    from leadline.hf.task import trained_as_of
+    from leadline.hf.task import prepare, trained_as_of, trained_named_weights
     from leadline.provenance import describe_data
     from leadline.rate.state import capture_rng, restore_rng
     from leadline.stats import mean_se
@@ -232,6 +231,9 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     warmup = max(1, round(WARMUP_SHARE * steps))
     plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})}, held_out=task.split.as_dict())
     plan.model = {"trained_as": trained_as, "trained_parameters": int(sum(p.numel() for p in params))}
+    from leadline.hf.precision import precision_of
+
+    plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
     t = time.perf_counter()
     mb, tried = _micro_batch(task, rows_per_step)
     fit_seconds = time.perf_counter() - t
@@ -309,11 +311,11 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         m, se = mean_se(after)
         result["test_loss_after"] = {"mean": m, "se": se}
     if out_dir is not None:
-        from leadline.train import _save
+        from leadline._io import save_run
 
         out = Path(out_dir)
         if train:
-            _save(model, out, result)
+            save_run(model, out, result)
         else:
             out.mkdir(parents=True, exist_ok=True)
         plan.to_json(out / "plan.json")

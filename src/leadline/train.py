@@ -7,7 +7,6 @@ the verdict on the test rows no decision used.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -15,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from leadline._io import write_atomic
 from leadline.errors import InputError
 from leadline.plan import Plan
 from leadline.stats import mean_se
@@ -312,16 +310,7 @@ def _add_test_verdict(result: dict[str, Any], before: Any, after: Any) -> None:
 
 
 def _save(model: Any, out: Path, result: dict[str, Any]) -> None:
-    """The adapter (PEFT) or the weights, and ``run.json`` beside them, each file with the mode
-    ``open()`` gives it (:func:`~leadline._io.modes_as_open`)."""
-    import warnings
+    """The adapter (PEFT) or the weights, and ``run.json`` beside them (:func:`leadline._io.save_run`)."""
+    from leadline._io import save_run
 
-    from leadline._io import modes_as_open
-
-    out.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), modes_as_open(out):  # safetensors writes its file 0600 whatever the umask
-        # a base read from a .gguf file has no config.json beside it, and PEFT warns that it cannot check the
-        # vocabulary: leadline never resizes it, so the warning only alarms
-        warnings.filterwarnings("ignore", message="Could not find a config file", category=UserWarning)
-        model.save_pretrained(out)
-    write_atomic(out / "run.json", json.dumps(result, indent=1, default=str))
+    save_run(model, out, result)

@@ -318,7 +318,7 @@ def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:
         shown = ", ".join(f"{k} {n}" for k, n in formats.items())
         notes.append(f"the rows of --data {args.data} mix formats ({shown}): each row is scored by its own format's "
                      "policy; put one format in a file if that is not what you meant")
-    if "seq_len" in plan and plan["seq_len"].evidence.get("rule") == "positions" and not getattr(
+    if "seq_len" in plan and (plan["seq_len"].evidence or {}).get("rule") == "positions" and not getattr(
             args, "length_said", False):  # said once: before the derive where check_length said it
         notes.append(f"seq_len: {plan['seq_len'].source}")
     if args.prior is not None:

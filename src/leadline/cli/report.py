@@ -13,7 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "or a plan file (DIR/plan.json, plan.to_json(path))")
     p.add_argument("--html", metavar="PATH", help="also write the self-contained HTML report to PATH (default: none)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--why", metavar="NAME", help="print one value's sentence and the whole evidence behind it")
+    g.add_argument("--why", metavar="NAME", help="print one value's sentence and the whole evidence behind it "
+                   "(default: none; the table)")
     g.add_argument("--long", action="store_true",
                    help="print every value with its whole sentence (default: the table of numbers, kinds and units)")
 
