@@ -140,7 +140,9 @@ def test_leadline_run_races_by_default_and_refuses_a_share_out_of_range(tmp_path
     assert "--decide-share 1.5" in capsys.readouterr().err and not (tmp_path / "bad").exists()
     assert main(["run", "--model", str(model), "--data", str(data), "--steps", "20", "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
-    assert "schedule-free AdamW" in out and "overhead" in out
+    assert "schedule-free AdamW" in out and "overhead" in out and "the rate: " in out
+    table = out[:out.index("\n\n")].splitlines()  # the plan's first lines: the numbers to train with
+    assert table[0].strip() == "train with:" and all(len(line) <= 100 for line in table), table
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     assert run["optimizer"] == "schedule_free_adamw" and run["steps"] == 20 and "load_seconds" in run
 

@@ -146,9 +146,12 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     print(plan.report(long=False, path=str(out / PLAN)))
     cost = res["cost"]
     rows = res["micro_batch"] * res["grad_accum"]
-    print(f"\nlr {res['lr']:.3g} (schedule-free AdamW), {res['steps']} steps of {rows} rows; the decision's "
-          f"overhead {cost['overhead_steps']} steps ({cost['overhead_share']:.0%} of the run) and "
-          f"{cost['held_out_reads']} held-out reads")
+    import textwrap
+
+    print(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
+    print(f"lr {res['lr']:.3g}, schedule-free AdamW, {res['steps']} steps of {rows} rows")
+    print(f"the decision's overhead: {cost['overhead_steps']} steps not kept ({cost['overhead_share']:.0%} of the "
+          f"run), {cost['held_out_reads']} held-out reads")
     if "test_loss_after" in res:
         t = res["test_loss_after"]
         print(f"test loss after the run {t['mean']:.4f} ± {t['se']:.4f} on {res['test_rows']} rows no decision read")
