@@ -62,6 +62,12 @@ res = trainer.train()
 json.dump({"plan": plan.to_json(), "world": args.world_size, "per_device": args.per_device_train_batch_size,
            "accum": args.gradient_accumulation_steps, "steps": res.global_step},
           open(os.path.join(out, f"rank{rank}.json"), "w"))
+# the job ends as a torchrun job should: both ranks done, then the group torn down by hand (left to the
+# interpreter's exit, gloo's threads can be destroyed while joinable on a loaded machine: std::terminate)
+import torch.distributed as dist
+if dist.is_initialized():
+    dist.barrier()
+    dist.destroy_process_group()
 '''
 
 
