@@ -570,3 +570,25 @@ def test_the_log_arm_reads_lr_finds_own_range_test_and_trains_the_recipe_there(s
     sb.Arms.lr_find_log(fake)
     assert searched == [1] and units["lr_find_log"]["failed"]
     assert "no range test" in sb.failure(units["lr_find_log"])
+
+
+def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_three_epochs(sb, tmp_path):
+    """The regime's length reaches every arm the same way: the recipe-shaped arms as the steps of
+    three passes over the rows leadline's split trains on, leadline's own as --epochs 3."""
+    import argparse
+
+    from leadline.corpus.splits import split_rows
+    from leadline.hf.task import MAX_HELD_OUT_ROWS
+
+    for n in (1000, 2000, 3001, 5000):
+        held = min(round(0.1 * n), MAX_HELD_OUT_ROWS)
+        assert sb.trained_rows(n) == len(split_rows(n, held_out=held, test=round(0.1 * n)).train), n
+    task = {"name": "t", "kind": "classify", "labels": ["a"], "test": [],
+            "train": [{"prompt": f"p{i}", "completion": " a"} for i in range(1000)]}
+    args = argparse.Namespace(work=str(tmp_path), model="m", seed=0, smoke=False, regime="long")
+    arms = sb.Arms(args, task, sb.Board(tmp_path / "b.json", task, []), judge=None)
+    assert arms.short == ["--steps", str(3 * 800 // 16)] and arms.length == ["--epochs", "3"]
+    assert "--lora-rank" in arms.common and "--full" not in arms.common
+    args.regime = "full"
+    full = sb.Arms(args, task, sb.Board(tmp_path / "c.json", task, []), judge=None)
+    assert "--full" in full.common and full.short == [] and full.recipe_lr == 2e-5
