@@ -124,18 +124,22 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     import time
 
     from leadline.cli._common import fields_of, load_for_training, ram_bound
-    from leadline.cli.train import show_step
     from leadline.one_run import ROWS_PER_STEP, run_in_one
+    from leadline.progress import StepBar
 
     t_load = time.perf_counter()
     with ram_bound(args.device):
         model, tok = load_for_training(args)
         load = time.perf_counter() - t_load
         out.mkdir(exist_ok=True)
-        plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
-                               rows_per_step=args.rows_per_step or ROWS_PER_STEP, decide_share=args.decide_share,
-                               seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=show_step,
-                               fields=fields_of(args) or None)
+        bar = StepBar()  # a tqdm bar on a terminal, a line every 10 steps elsewhere
+        try:
+            plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
+                                   rows_per_step=args.rows_per_step or ROWS_PER_STEP, decide_share=args.decide_share,
+                                   seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
+                                   fields=fields_of(args) or None)
+        finally:
+            bar.close()
         if args.html is not None:
             from leadline.report.html import write_html
 
