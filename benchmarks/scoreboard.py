@@ -716,10 +716,14 @@ class Arms:
         unit = "leadline"
         if self.board.has(unit):
             return
+        self.one_process(unit, [*self.length])
+
+    def one_process(self, unit: str, flags: list[str]) -> None:
+        """``leadline run`` with ``flags`` into the unit's folder: deciding is the run's recorded
+        derive and load seconds, training the rest of the one process's wall time."""
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
-        t = leadline(["run", *self.common, *self.length, "--out", str(run_dir)], self.work / f"{unit}.log",
-                     self.args.timeout)
+        t = leadline(["run", *self.common, *flags, "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
         run = run_json(run_dir)
         decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
         rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
@@ -736,10 +740,9 @@ class Arms:
         name = unit.removeprefix("leadline_")
         plan = self.work / f"{name}.json"
         _rm(plan)
-        bound: list[str] = []  # no time bound: what an arm measures must not depend on the load
         fixed = (["--rows-per-step", str(rows_per_step)] if rows_per_step else []) + (
             ["--step-for", "rows"] if step_for == "rows" else [])
-        d = leadline(["derive", *self.common, "--effort", effort, *fixed, *self.short, *bound, "--out", str(plan)],
+        d = leadline(["derive", *self.common, "--effort", effort, *fixed, *self.short, "--out", str(plan)],
                      self.work / f"derive_{name}.log", self.args.timeout)
         rec: dict[str, Any] = {"derive": d, "decide_seconds": d["seconds"]}
         if d["rc"] != 0 or not plan.exists():
@@ -791,19 +794,8 @@ class Arms:
         unit = "leadline_run" + ("_quick" if effort == "quick" else "") + ("_average" if average else "")
         if self.board.has(unit):
             return
-        run_dir = self.work / f"run_{unit}"
-        _rm(run_dir)
-        bound: list[str] = []  # no time bound: what an arm measures must not depend on the load
-        t = leadline(["run", *self.common, "--effort", effort, *self.short, *bound,
-                      *(["--average-ending"] if average else []), "--out", str(run_dir)],
-                     self.work / f"{unit}.log", self.args.timeout)
-        run = run_json(run_dir)
-        decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
-        rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
-                               "unseen_loss": unseen_loss(run)}
-        if (run_dir / "plan.json").exists():
-            rec["plan"] = json.loads((run_dir / "plan.json").read_text())
-        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+        # no time bound: what an arm measures must not depend on the load
+        self.one_process(unit, ["--effort", effort, *self.short, *(["--average-ending"] if average else [])])
 
     def pichak(self, effort: str) -> None:
         """pichak 0.4.1 as its README prescribes (benchmarks/pichak_arm.py): quick + race(), full +

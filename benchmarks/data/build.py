@@ -170,25 +170,9 @@ def man_sections(debian: dict[str, str]) -> tuple[list[dict], list[dict], dict]:
             rows.append({"text": desc, "label": sec, "name": stem, "package": owner[p]})
         pool[sec] = rows
     # Duplicate descriptions: one kept within a section; dropped everywhere if in several.
-    secs_of = collections.defaultdict(set)
-    for sec, rows in pool.items():
-        for r in rows:
-            secs_of[norm(r["text"])].add(sec)
-    chosen: dict[str, list[dict]] = {}
-    for sec, rows in pool.items():
-        seen, kept = set(), []
-        for r in sorted(rows, key=lambda r: r["name"]):
-            k = norm(r["text"])
-            if len(secs_of[k]) > 1:
-                stats["description also in another section"][sec] += 1
-            elif k in seen:
-                stats["duplicate description"][sec] += 1
-            else:
-                seen.add(k)
-                kept.append(r)
-        stats["eligible"][sec] = len(kept)
-        random.Random(SEED).shuffle(kept)
-        chosen[sec] = kept[:PER_CLASS]
+    pool = {sec: sorted(rows, key=lambda r: r["name"]) for sec, rows in pool.items()}
+    chosen = {sec: kept[:PER_CLASS] for sec, kept in
+              distinct_per_label(pool, stats, "description", "section").items()}
     rows = [r for sec in SECTIONS for r in chosen[sec]]
     per_class = collections.Counter(r["label"] for r in rows)
     by_pkg = collections.Counter((r["label"], r["package"]) for r in rows)
@@ -198,6 +182,32 @@ def man_sections(debian: dict[str, str]) -> tuple[list[dict], list[dict], dict]:
     test.sort(key=lambda r: (r["label"], r["name"]))
     stats["grouped by first name token"] = collections.Counter({p: 1 for p in big})
     return train, test, stats
+
+
+def distinct_per_label(pool: dict[str, list[dict]], stats: dict, text: str, label: str) -> dict[str, list[dict]]:
+    """Each label's rows in the order given with duplicate texts dropped: a text under several
+    labels is dropped everywhere, a text twice under one label kept once; then shuffled by SEED.
+    ``stats`` counts the drops and the rows left (``text`` and ``label`` name them)."""
+    labels_of = collections.defaultdict(set)
+    for lab, rows in pool.items():
+        for r in rows:
+            labels_of[norm(r["text"])].add(lab)
+    out: dict[str, list[dict]] = {}
+    for lab, rows in pool.items():
+        seen, kept = set(), []
+        for r in rows:
+            k = norm(r["text"])
+            if len(labels_of[k]) > 1:
+                stats[f"{text} also in another {label}"][lab] += 1
+            elif k in seen:
+                stats[f"duplicate {text}"][lab] += 1
+            else:
+                seen.add(k)
+                kept.append(r)
+        stats["eligible"][lab] = len(kept)
+        random.Random(SEED).shuffle(kept)
+        out[lab] = kept
+    return out
 
 
 def grouped_split(rows: list[dict], key: Callable[[dict], str]) -> tuple[list[dict], list[dict]]:
@@ -392,25 +402,8 @@ def py_modules() -> tuple[list[dict], list[dict], dict]:
                 "text": text, "function": MASK.sub("___", qual.rsplit(".", 1)[-1]), "label": label,
                 "source": f"{rel}:{qual}", "package": owner.get(str(path), "?"), "group": f"{rel}:{top}",
             })
-    labels_of = collections.defaultdict(set)
-    for label, rows in pool.items():
-        for r in rows:
-            labels_of[norm(r["text"])].add(label)
-    rows = []
-    for label in sorted(pool):
-        seen, kept = set(), []
-        for r in pool[label]:  # in file and source order
-            k = norm(r["text"])
-            if len(labels_of[k]) > 1:
-                stats["docstring also in another module"][label] += 1
-            elif k in seen:
-                stats["duplicate docstring"][label] += 1
-            else:
-                seen.add(k)
-                kept.append(r)
-        stats["eligible"][label] = len(kept)
-        random.Random(SEED).shuffle(kept)
-        rows += kept[:PY_PER_CLASS]
+    kept = distinct_per_label({label: pool[label] for label in sorted(pool)}, stats, "docstring", "module")
+    rows = [r for label in kept for r in kept[label][:PY_PER_CLASS]]  # each label's in file and source order
     train, test = grouped_split(rows, lambda r: r["group"])
     for r in (*train, *test):
         del r["group"]
