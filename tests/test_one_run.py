@@ -161,3 +161,40 @@ def test_a_default_that_learned_is_not_challenged_from_below():
     table[2.5e-3] = stuck
     decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
     assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
+
+
+def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch):
+    """The first candidate has run its steps when the race is interrupted (a KeyboardInterrupt, an
+    error in a read): the trained tensors, their grads, the RNG and the mode are the start's."""
+    import torch
+
+    import leadline.one_run as one_run
+    from helpers import make_model, make_tokenizer
+
+    def interrupted(run, rates, start=None):
+        run(rates[0])  # h steps taken on the model
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(one_run, "climb", interrupted)
+    tok = make_tokenizer()
+    model = make_model(vocab_size=len(tok))
+    model.eval()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    with pytest.raises(KeyboardInterrupt):
+        one_run.run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20, train=False)
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_a_step_the_caller_gives_is_listed_as_given(tmp_path):
+    from helpers import make_model, make_tokenizer
+    from leadline.one_run import run_in_one
+
+    tok = make_tokenizer()
+    data = str(_rows(tmp_path / "t.jsonl"))
+    given, _ = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=4, rows_per_step=8, train=False)
+    default, _ = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=4, train=False)
+    assert (given["rows_per_step"].kind, given.rows_per_step) == ("given", 8)
+    assert (default["rows_per_step"].kind, default.rows_per_step) == ("constant", 16)

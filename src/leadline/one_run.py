@@ -195,7 +195,7 @@ def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any
 
 
 def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None = None, epochs: float | None = None,
-               rows_per_step: int = ROWS_PER_STEP, decide_share: float = DECIDE_SHARE, seed: int = 0,
+               rows_per_step: int | None = None, decide_share: float = DECIDE_SHARE, seed: int = 0,
                seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None,
                fields: dict[str, str] | None = None, train: bool = True,
@@ -205,6 +205,9 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
     record (the curve, the test verdict). With ``out_dir`` the adapter (or the weights),
     ``plan.json`` and ``run.json`` are written there.
+
+    ``rows_per_step``: the rows an optimizer step takes, given (None: :data:`ROWS_PER_STEP`, the
+    recipe's, listed as a constant).
 
     ``rate``: a rate already decided (a plan's, :func:`leadline.train.train_with_plan`): no race,
     the run trains at it from the start.
@@ -222,6 +225,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     from leadline.stats import mean_se
 
     t_all = time.perf_counter()
+    rows_given = rows_per_step is not None
+    rows_per_step = int(rows_per_step) if rows_per_step is not None else ROWS_PER_STEP
     rng_before, was_training = capture_rng(), model.training
     task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields)
     params = [p for _, p in trained_named_weights(model)]
@@ -243,11 +248,18 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     t = time.perf_counter()
     if h:
         opening = _Opening(task, params, step, h, warmup)
-        t_read = time.perf_counter()
-        start_losses = opening.read()  # the start's held-out reading: did the default learn?
-        opening.read_seconds += time.perf_counter() - t_read
-        opening.reads += 1
-        decision, readings = climb(opening, rates, start=start_losses)
+        try:
+            t_read = time.perf_counter()
+            start_losses = opening.read()  # the start's held-out reading: did the default learn?
+            opening.read_seconds += time.perf_counter() - t_read
+            opening.reads += 1
+            decision, readings = climb(opening, rates, start=start_losses)
+        except BaseException:  # a race cut short leaves the model as it found it: the start, its RNG and mode
+            opening.rewind()
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+            restore_rng(rng_before)
+            raise
         if train:
             opt = opening.resume(decision.lr)
         else:
@@ -291,7 +303,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         model.zero_grad(set_to_none=True)
         model.train(was_training)
         restore_rng(rng_before)
-    _values(plan, mb, tried, rows_per_step, steps, warmup, lr_value, h, fit_seconds, profile)
+    _values(plan, mb, tried, rows_per_step, rows_given, steps, warmup, lr_value, h, fit_seconds, profile)
     plan.phases = [PhaseTime("memory", fit_seconds, 0, ("micro_batch",)),
                    PhaseTime("rate", race_seconds, kept + overhead, ("lr",) if lr != rates[0] else (),
                              step_seconds=step_seconds, reads=reads, read_seconds=read_seconds)]
@@ -322,15 +334,16 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     return plan, result
 
 
-def _values(plan: Plan, mb: int, tried: list[dict[str, Any]], rows_per_step: int, steps: int, warmup: int,
-            lr: Value, h: int, fit_seconds: float, profile: Any) -> None:
+def _values(plan: Plan, mb: int, tried: list[dict[str, Any]], rows_per_step: int, rows_given: bool, steps: int,
+            warmup: int, lr: Value, h: int, fit_seconds: float, profile: Any) -> None:
     plan.set("micro_batch", Value(mb, "measured" if tried else "derived",
                                   (f"the most of the step's {rows_per_step} rows whose forward and backward at the "
                                    f"longest rows ran" if tried else "the whole step: off a CUDA card nothing "
                                    "refuses a batch"), evidence=tried or None, seconds=fit_seconds, unit="rows"))
     plan.set("grad_accum", Value(rows_per_step // mb, "derived", "the step's rows over the micro-batch"))
-    plan.set("rows_per_step", Value(rows_per_step, "constant", "the default recipe's 16 rows a step: a run this "
-                                    "long cannot pay for the noise probe that would measure it", unit="rows"))
+    plan.set("rows_per_step", Value(rows_per_step, "given", "the caller's rows a step", unit="rows") if rows_given
+             else Value(rows_per_step, "constant", "the default recipe's 16 rows a step: a run this long cannot pay "
+                        "for the noise probe that would measure it", unit="rows"))
     plan.set("lr", lr)
     plan.set("optimizer", Value("schedule_free_adamw", "constant", "schedule-free AdamW: its averaged weights are "
                                 "the model at every step, so the run needs no ending and no rerun"))

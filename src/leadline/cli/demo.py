@@ -250,10 +250,10 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
     args = parser.parse_args(["--model", model_name or "the demo's model", "--data", str(data), "--out", str(out)])
     out.mkdir(parents=True, exist_ok=True)
     if args.effort == "race":  # the default: one_run, the rate raced on the run's opening steps
-        from leadline.one_run import ROWS_PER_STEP, run_in_one
+        from leadline.one_run import run_in_one
 
         t0 = time.perf_counter()
-        plan, res = run_in_one(model, tokenizer, args.data, rows_per_step=ROWS_PER_STEP, decide_share=args.decide_share,
+        plan, res = run_in_one(model, tokenizer, args.data, decide_share=args.decide_share,
                                seed=args.seed, out_dir=out, on_step=show_step if progress else None)
         plan.model["name"] = str(args.model)
         plan.to_json(out / run_command.PLAN)

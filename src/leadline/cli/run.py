@@ -124,7 +124,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     import time
 
     from leadline.cli._common import fields_of, load_for_training, ram_bound
-    from leadline.one_run import ROWS_PER_STEP, run_in_one
+    from leadline.one_run import run_in_one
     from leadline.progress import StepBar
 
     t_load = time.perf_counter()
@@ -135,7 +135,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
         bar = StepBar()  # a tqdm bar on a terminal, a line every 10 steps elsewhere
         try:
             plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
-                                   rows_per_step=args.rows_per_step or ROWS_PER_STEP, decide_share=args.decide_share,
+                                   rows_per_step=args.rows_per_step, decide_share=args.decide_share,
                                    seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
                                    fields=fields_of(args) or None)
         finally:

@@ -27,7 +27,7 @@ from leadline.hf.task import (
     trained_named_weights,
 )
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
-from leadline.one_run import ROWS_PER_STEP, run_in_one
+from leadline.one_run import run_in_one
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 
@@ -262,7 +262,7 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
         if given.checkpointed is not None:
             scoped.enter_context(checkpointing(given.model, *given.checkpointed))
         plan, _ = run_in_one(given.model, given.tokenizer, given.train_dataset, total_steps=given.total_steps,
-                             epochs=given.epochs, rows_per_step=rows_per_step or ROWS_PER_STEP, seed=seed,
+                             epochs=given.epochs, rows_per_step=rows_per_step, seed=seed,
                              seq_len=seq_len, fields=fields, train=False)
         plan.set("precision", precision_of(given.model).as_value())  # checkpointing on, as the run has it
     if given.policy is not None:
