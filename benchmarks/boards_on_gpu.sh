@@ -9,6 +9,8 @@
 #   ARMS       the arms of every board (default: the quick board: recipe, schedulefree, leadline)
 #   PARALLEL   arms side by side within a board (default 3)
 #   STOP       no new unit starts after this many seconds (default 420)
+#   SERIAL     1: the boards one after another, each arm alone on the GPU (PARALLEL is then 1 and every
+#              unit is recorded as timed alone: the cost ratios the README quotes)
 #   CARD       hold the card to this many GB (scoreboard.py --card-gb; a held card takes the GPU alone)
 #   MODEL      a Hugging Face folder; written once from /root/assets/smol.gguf when missing
 #   DATA       the shared data folder (default /root/assets/data)
@@ -23,6 +25,8 @@ DATA=${DATA:-/root/assets/data}
 RESULTS=${RESULTS:-benchmarks/results}
 ARMS=${ARMS:-recipe,schedulefree,leadline}
 PARALLEL=${PARALLEL:-3}
+SERIAL=${SERIAL:-0}
+[[ $SERIAL == 1 ]] && PARALLEL=1
 STOP=${STOP:-420}
 PY=${PYTHON:-python3}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -45,12 +49,19 @@ pack() {  # the boards written so far, into $OUT (the device tool brings it back
   (cd "$RESULTS" && tar czf "$OUT/boards.tgz.tmp" "${files[@]}" 2>/dev/null; mv "$OUT/boards.tgz.tmp" "$OUT/boards.tgz")
 }
 
-for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
-  task=${b%%:*} regime=${b#*:}
+board() {  # one board, its log under /tmp
+  local task=${1%%:*} regime=${1#*:} alone=() left=$((STOP - SECONDS))  # STOP counts from this script's start
+  [[ $SERIAL == 1 ]] && alone=(--alone)
+  (( left > 0 )) || { echo "$1 not started: STOP reached" > "/tmp/board_${task}_${regime}.log"; return; }
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
-      --arms "$ARMS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$STOP" --work "/tmp/scoreboard_$regime" \
-      ${CARD:+--card-gb $CARD} ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1 &
-done
+      --arms "$ARMS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --work "/tmp/scoreboard_$regime" \
+      ${CARD:+--card-gb $CARD} "${alone[@]}" ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1
+}
+if [[ $SERIAL == 1 ]]; then
+  (for b in $BOARDS; do board "$b"; done) &
+else
+  for b in $BOARDS; do board "$b" & done
+fi
 while [[ -n $(jobs -rp) ]]; do
   sleep 20
   pack

@@ -579,6 +579,7 @@ class Arms:
 
     def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True) -> None:
         rec["regime"] = self.regime
+        rec["timed_alone"] = bool(getattr(self.args, "alone", False))  # its seconds shared the GPU with no process
         if adapter is not None and ((adapter / "adapter_config.json").exists() or (adapter / "config.json").exists()):
             with self.lock:
                 t = time.perf_counter()
@@ -941,6 +942,8 @@ OPTIMIZERS = {
                              "warmup 2% of the steps, weight decay 0.08, beta2 0.9955), at its averaged weights",
     "prodigy": "prodigyopt.Prodigy at lr 1 (its README's setting), no weight decay, cosine annealing to the "
                "run's length (torch's CosineAnnealingLR)",
+    "schedulefree_again": "schedulefree's arm again in a process of its own, the same seed and settings: the board's "
+                          "A/A control, what two runs of one method differ by on this GPU",
 }
 """The optimizers a user runs at their published settings, beside the recipe."""
 
@@ -961,7 +964,7 @@ def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: i
     if kind.startswith("schedulefree"):
         import schedulefree
 
-        opt = (schedulefree.AdamWScheduleFree(params) if kind == "schedulefree" else
+        opt = (schedulefree.AdamWScheduleFree(params) if kind in ("schedulefree", "schedulefree_again") else
                schedulefree.AdamWScheduleFree(params, lr=0.0025, betas=(0.9, 0.9955), weight_decay=0.08,
                                               warmup_steps=max(1, round(0.02 * steps))))
     elif kind == "prodigy":
@@ -1056,7 +1059,7 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for name in ("untrained", "recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
                  "leadline_run_quick_average", "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
-                 "schedulefree", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
+                 "schedulefree", "schedulefree_again", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
             arms[name] = {**units[name], "cost": units[name].get("decide_seconds", 0) + units[name].get("train_seconds", 0)}
     for prefix, n in (("sweep", len(data.get("sweep_rates", SWEEP_RATES))), ("optuna", data.get("optuna_trials", OPTUNA_TRIALS))):
@@ -1130,8 +1133,8 @@ def boards_table(paths: list[Path]) -> str:
     accuracy, paired t on row CE, p < 0.05; C: a collapse), and leadline's cost as a ratio of the
     recipe's (each arm's processes' wall seconds, the model's loads included, in the same call)."""
     head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
-            "| leadline's cost / recipe's | the board's command |")
-    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 6)]
+            "| leadline's cost / recipe's | A/A: schedulefree twice | the board's command |")
+    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 7)]
     tally = Counter()
     for path in paths:
         data = json.loads(path.read_text())
@@ -1158,11 +1161,16 @@ def boards_table(paths: list[Path]) -> str:
             words.append(word if c is None else f"{word} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')})")
         ratio = (f"{lead['cost'] / arms['recipe']['cost']:.2f}x" if lead and "recipe" in arms
                  and arms["recipe"].get("cost") else "–")
+        if ratio != "–" and lead.get("timed_alone") and arms["recipe"].get("timed_alone"):
+            ratio += " (alone)"  # both processes had the GPU to themselves (--alone)
+        aa = compare(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold) if (
+            "schedulefree_again" in arms and "schedulefree" in arms) else None
+        control = "–" if aa is None else f"{aa['diff']:+.4f} (p {'< 0.0001' if aa['p'] < 1e-4 else format(aa['p'], '.2g')})"
         regime = data.get("regime") or "lora"
         made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
             f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
         lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells)
-                     + f" | {words[0]} | {words[1]} | {ratio} | {made} |")
+                     + f" | {words[0]} | {words[1]} | {ratio} | {control} | {made} |")
     lines.append("")
     lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                  + "; against schedule-free at its defaults: "
@@ -1551,6 +1559,7 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
              "schedulefree": arms.schedulefree,
              "schedulefree_algoperf": lambda: arms.optimizer_arm("schedulefree_algoperf"),
              "prodigy": lambda: arms.optimizer_arm("prodigy"),
+             "schedulefree_again": lambda: arms.optimizer_arm("schedulefree_again"),
              "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
              "leadline_run_quick": lambda: arms.leadline_run("quick"),
@@ -1609,6 +1618,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="; ".join(f"{k}: {v}" for k, v in REGIMES.items()))
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
                     help="arms run as N processes side by side on the one GPU (the sweep and optuna stay one at a time)")
+    ap.add_argument("--alone", action="store_true",
+                    help="the caller runs nothing else on the GPU: the arms run one at a time (--parallel 1) and "
+                    "each unit's seconds are recorded as timed alone, the cost ratio the README quotes")
     ap.add_argument("--train-rows", type=int, default=None,
                     help="training rows every arm gets (a seeded sample; default: the regime's, 2000 or 1000)")
     ap.add_argument("--seed", type=int, default=0,
@@ -1639,6 +1651,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.alone and args.parallel != 1:
+        ap.error("--alone times each arm by itself; leave --parallel out or pass --parallel 1")
     if args.recipe_micro_batch is None and args.card_gb > 0:
         args.recipe_micro_batch = 4
     if args.worker:

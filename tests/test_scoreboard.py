@@ -282,7 +282,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     data.mkdir()
     _tiny_task(data, 48, 0)
     arms = ["recipe", "sweep", "leadline", "leadline_quick"]
-    arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("schedulefree_algoperf", "schedulefree"),
+    arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("schedulefree_again", "schedulefree"),
+                              ("schedulefree_algoperf", "schedulefree"),
                               ("prodigy", "prodigyopt"), ("optuna", "optuna"), ("lr_find", "lightning"))
              if iu.find_spec(pkg) is not None]
     out = tmp_path / "board.json"
@@ -304,8 +305,12 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     for name in ("schedulefree_algoperf", "prodigy"):
         if name in arms:
             assert units[name]["run"]["optimizer"] == name and units[name]["run"]["steps"] == 2
+    if "schedulefree_again" in arms:  # the A/A control: on the CPU two runs of one method are one run
+        assert units["schedulefree_again"]["run"]["test_loss_after"] == units["schedulefree"]["run"]["test_loss_after"]
     text = sb.boards_table([out])
     assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} \|", text)
+    if "schedulefree_again" in arms:
+        assert re.search(r"\| \+0\.0000 \(p 1\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
     before = {k: v.get("train_seconds") for k, v in units.items()}
     assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
     again = json.loads(out.read_text())
@@ -325,8 +330,14 @@ def test_a_full_fine_tune_board_trains_every_weight_and_judges_the_saved_weights
     _tiny_task(data, 48, 0)
     out = tmp_path / "board.json"
     assert sb.main(["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
-                    "--work", str(tmp_path / "work"), "--smoke", "--regime", "full", "--arms", "recipe,leadline"]) == 0
+                    "--work", str(tmp_path / "work"), "--smoke", "--regime", "full", "--arms", "recipe,leadline",
+                    "--alone"]) == 0
     board = json.loads(out.read_text())
+    assert all(board["units"][n]["timed_alone"] for n in ("recipe", "leadline"))  # the cost ratio marked as alone
+    assert " (alone) |" in sb.boards_table([out])
+    with pytest.raises(SystemExit) as e:  # alone means one arm at a time
+        sb.main(["--task", "debian_sections", "--model", str(model), "--alone", "--parallel", "2"])
+    assert e.value.code == 2
     assert board["regime"] == "full" and board["sweep_rates"][0] == pytest.approx(sb.SWEEP_RATES[0] / 10)
     for name in ("recipe", "leadline"):
         unit = board["units"][name]
