@@ -100,7 +100,8 @@ def build(model_path: str, train: str, seed: int = 0) -> tuple[Any, Any, Any]:
     from leadline.hf import load_model, load_tokenizer, prepare
 
     tok = load_tokenizer(model_path)
-    model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu",
+                       dtype=torch.float32)  # the precision the scoreboard's every arm trains in
     torch.manual_seed(seed)  # the adapter's init, as every arm draws it
     cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
     model = get_peft_model(model, cfg)

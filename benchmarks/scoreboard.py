@@ -383,12 +383,13 @@ class Judge:
     tokens a scoring pass holds logits for (None: 64 rows a pass, the uncapped card's setting)."""
 
     def __init__(self, model_path: str, task: dict[str, Any], em_rows: int, token_budget: int | None = None) -> None:
+        import torch
+
         from leadline.hf import load_model, load_tokenizer
 
         self.task = task
         self.tok = load_tokenizer(model_path)
-        self.base = load_model(model_path)
-        import torch
+        self.base = load_model(model_path, dtype=getattr(torch, ARM_DTYPE))  # the precision every arm trained in
 
         self.dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.em_rows = em_rows
@@ -425,7 +426,7 @@ class Judge:
 
         from leadline.hf import load_model
 
-        model = load_model(str(folder), device=str(self.dev))
+        model = load_model(str(folder), device=str(self.dev), dtype=getattr(torch, ARM_DTYPE))
         try:
             return self._classify(model) if self.task["kind"] == "classify" else self._generate(model, em)
         finally:
@@ -923,7 +924,7 @@ def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora
     from leadline.hf import load_model, load_tokenizer, prepare, trained_named_weights
 
     tok = load_tokenizer(model_path)
-    model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(model_path, device="cuda" if torch.cuda.is_available() else "cpu", dtype=getattr(torch, ARM_DTYPE))
     torch.manual_seed(seed)  # the adapter's init, as `leadline train --seed SEED` draws it
     if regime == "full":
         for p in model.parameters():
@@ -933,6 +934,12 @@ def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora
         model = get_peft_model(model, cfg)
     task, _ = prepare(model, tok, train, seed=seed)
     return model, tok, task, [p for _, p in trained_named_weights(model)]
+
+
+ARM_DTYPE = "float32"
+"""The precision every arm trains and is judged in: ``leadline run``'s and ``leadline train``'s
+default (``--dtype float32``), given to the workers and the judge too (the library's own default
+on a GPU is bfloat16, which would train and judge them at another precision than the recipe's)."""
 
 
 OPTIMIZERS = {
@@ -1690,6 +1697,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     board.data["seed"] = args.seed
     board.data["card_gb"] = args.card_gb or None
+    board.data["dtype"] = ARM_DTYPE  # every arm trained and judged in it
     board.data["regime"] = args.regime
     board.data["regime_is"] = REGIMES[args.regime]
     if args.regime == "full":  # a full fine-tune's rates sit 10x below LoRA's: the sweep's grid moves with them

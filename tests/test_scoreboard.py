@@ -603,3 +603,28 @@ def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_thre
     args.regime = "full"
     full = sb.Arms(args, task, sb.Board(tmp_path / "c.json", task, []), judge=None)
     assert "--full" in full.common and full.short == [] and full.recipe_lr == 2e-5
+
+
+def test_every_arm_trains_and_is_judged_in_the_precision_the_command_line_trains_in(sb, tmp_path, monkeypatch):
+    """The workers (schedule-free, Prodigy, the range test) and the judge load the base as
+    ``leadline run`` and ``leadline train`` do, in float32: on a GPU the library's default would be
+    bfloat16, and those arms would train and be judged at another precision than the recipe's."""
+    import torch
+
+    import leadline.hf as hf
+    from helpers import save_model_dir
+
+    model = save_model_dir(tmp_path / "tiny")
+    train = tmp_path / "train.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"tool {i}\nSection:", "completion": " net"}) + "\n" for i in range(24)))
+    asked = []
+    real = hf.load_model
+
+    def spy(path, **kw):
+        asked.append(kw.get("dtype"))
+        return real(path, **kw)
+
+    monkeypatch.setattr(hf, "load_model", spy)
+    sb._worker_task(str(model), str(train))
+    sb.Judge(str(model), {"kind": "classify", "name": "t", "train": [], "test": []}, 0)
+    assert asked == [torch.float32, torch.float32]
