@@ -581,6 +581,7 @@ class Arms:
     def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True) -> None:
         rec["regime"] = self.regime
         rec["timed_alone"] = bool(getattr(self.args, "alone", False))  # its seconds shared the GPU with no process
+        rec["invocation"] = len(self.board.data.get("invocations", [])) - 1  # the call that ran it (side by side with?)
         if adapter is not None and ((adapter / "adapter_config.json").exists() or (adapter / "config.json").exists()):
             with self.lock:
                 t = time.perf_counter()
@@ -1134,6 +1135,20 @@ def board_name(data: dict[str, Any]) -> str:
     return f"{data['task']} · {regime}{card}"
 
 
+def cost_ratio(lead: dict[str, Any] | None, recipe: dict[str, Any] | None) -> str:
+    """leadline's cost over the recipe's where the two were timed alike: each alone on the GPU
+    (``--alone``, marked so), or side by side in one call; "–" where either ran in another call
+    beside other arms (their seconds measured the GPU's sharing, not the runs)."""
+    if not lead or not recipe or not recipe.get("cost"):
+        return "–"
+    ratio = f"{lead['cost'] / recipe['cost']:.2f}x"
+    if lead.get("timed_alone") and recipe.get("timed_alone"):
+        return ratio + " (alone)"
+    if lead.get("invocation") is not None and lead.get("invocation") == recipe.get("invocation"):
+        return ratio
+    return "–"
+
+
 def boards_table(paths: list[Path]) -> str:
     """One row a board (task x regime): each arm's test metric, then the default arm ``leadline``
     against the recipe and against schedule-free at its defaults (rules W and L: McNemar on
@@ -1143,11 +1158,14 @@ def boards_table(paths: list[Path]) -> str:
             "| leadline's cost / recipe's | A/A: schedulefree twice | the board's command |")
     lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 7)]
     tally = Counter()
+    mixed: list[str] = []  # boards whose arms trained or were judged at another precision than float32
     for path in paths:
         data = json.loads(path.read_text())
         arms = arms_of(data)
         if "leadline" not in arms and not any(a in arms for a in BASELINES[1:]):
             continue  # a board of the earlier arms only (docs/results.md keeps it)
+        if data.get("dtype") != ARM_DTYPE:
+            mixed.append(board_name(data))
         kind, gold = data["kind"], data.get("gold", [])
         metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
         cells = []
@@ -1166,10 +1184,7 @@ def boards_table(paths: list[Path]) -> str:
             word = "–" if c is None else outcome(c).rsplit(", ", 1)[-1].rstrip(")")
             tally[(other, word)] += 1
             words.append(word if c is None else f"{word} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')})")
-        ratio = (f"{lead['cost'] / arms['recipe']['cost']:.2f}x" if lead and "recipe" in arms
-                 and arms["recipe"].get("cost") else "–")
-        if ratio != "–" and lead.get("timed_alone") and arms["recipe"].get("timed_alone"):
-            ratio += " (alone)"  # both processes had the GPU to themselves (--alone)
+        ratio = cost_ratio(lead, arms.get("recipe"))
         aa = compare(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold) if (
             "schedulefree_again" in arms and "schedulefree" in arms) else None
         control = "–" if aa is None else f"{aa['diff']:+.4f} (p {'< 0.0001' if aa['p'] < 1e-4 else format(aa['p'], '.2g')})"
@@ -1179,6 +1194,13 @@ def boards_table(paths: list[Path]) -> str:
         lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells)
                      + f" | {words[0]} | {words[1]} | {ratio} | {control} | {made} |")
     lines.append("")
+    if mixed:
+        which = "every board above" if len(mixed) == len(lines) - 3 else ", ".join(mixed)  # the header, the rule, ""
+        lines.append(f"Measured at mixed precision ({which}): the boards written before the scoreboard "
+                     "gave every arm the command line's float32 trained the schedule-free, AlgoPerf and Prodigy arms "
+                     "on a bfloat16 base (leadline and the recipe on float32) and judged every arm on a bfloat16 "
+                     "base; their comparisons between those two groups carry that difference.")
+        lines.append("")
     lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                  + "; against schedule-free at its defaults: "
                  + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")

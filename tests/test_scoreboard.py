@@ -628,3 +628,12 @@ def test_every_arm_trains_and_is_judged_in_the_precision_the_command_line_trains
     sb._worker_task(str(model), str(train))
     sb.Judge(str(model), {"kind": "classify", "name": "t", "train": [], "test": []}, 0)
     assert asked == [torch.float32, torch.float32]
+
+
+def test_a_cost_ratio_is_quoted_only_where_the_two_arms_were_timed_alike(sb):
+    lead, recipe = {"cost": 30.0}, {"cost": 25.0}
+    assert sb.cost_ratio({**lead, "timed_alone": True}, {**recipe, "timed_alone": True}) == "1.20x (alone)"
+    assert sb.cost_ratio({**lead, "invocation": 2}, {**recipe, "invocation": 2}) == "1.20x"  # side by side, one call
+    assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"  # two calls' sharing
+    assert sb.cost_ratio({**lead, "timed_alone": True}, recipe) == "–"
+    assert sb.cost_ratio(lead, None) == "–"
