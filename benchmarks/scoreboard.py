@@ -1211,7 +1211,44 @@ def table(paths: list[Path]) -> str:
     """The README's results: one table a task, from the tasks' results files, and where a task ran
     at more than one seed, the arms seed by seed (:func:`seeds_table`)."""
     boards = [(json.loads(path.read_text()), path) for path in paths]
-    return "\n".join([*(table_of(data, path) for data, path in boards), *seeds_table(boards)])
+    return "\n".join([*(table_of(data, path) for data, path in boards), *seeds_table(boards), *speed_table(boards)])
+
+
+def seconds_a_step(unit: dict[str, Any] | None) -> float | None:
+    """The training loop's seconds per optimizer step, loads and reads left out: for ``leadline``
+    its plan's ``run`` phase (the steps after the race), for a recipe-shaped arm its run's loop."""
+    if not unit or unit.get("failed"):
+        return None
+    run = next((p for p in ((unit.get("plan") or {}).get("phases") or []) if p.get("phase") == "run"), None)
+    if run is not None:
+        return run["seconds"] / run["steps"] if run.get("steps") else None
+    r = unit.get("run") or {}
+    return r["seconds"] / r["steps"] if r.get("seconds") and r.get("steps") else None
+
+
+def speed_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
+    """Where leadline and the recipe were timed alike (:func:`cost_ratio`): each one's seconds a
+    step of 16 rows, so the ratio is the two runs' tokens per second, and where leadline's process
+    spent the rest (the load, the race's steps, its held-out reads)."""
+    lines = ["", "**The plan's steps against the recipe's** (both 16 rows a step; the recipe's over its "
+             "seconds a step is the ratio of their tokens per second; boards where the two were timed alike)", "",
+             "| board | leadline s/step | recipe s/step | leadline's steps' speed | leadline's process: load, race "
+             "(steps, reads), run | the recipe's process |", "|---|---|---|---|---|---|"]
+    rows = 0
+    for data, _ in boards:
+        arms = arms_of(data)
+        lead, recipe = arms.get("leadline"), arms.get("recipe")
+        a, b = seconds_a_step(lead), seconds_a_step(recipe)
+        if a is None or b is None or cost_ratio(lead, recipe) == "–":
+            continue
+        phases = {p["phase"]: p for p in lead["plan"]["phases"]}
+        race = phases.get("rate", {})
+        lines.append(f"| {board_name(data)} | {a:.3f} | {b:.3f} | {b / a:.2f}x | "
+                     f"{(lead.get('run') or {}).get('load_seconds', 0):.0f} s, {race.get('seconds', 0):.1f} s "
+                     f"({race.get('steps', 0)}, {race.get('reads', 0)} reads {race.get('read_seconds', 0):.1f} s), "
+                     f"{phases.get('run', {}).get('seconds', 0):.1f} s | {recipe['cost']:.0f} s |")
+        rows += 1
+    return lines if rows else []
 
 
 BASE_OF = {"leadline_full_to_zero": "leadline_full", "leadline_full_16rows_to_zero": "leadline_full_16rows",

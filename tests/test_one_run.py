@@ -198,3 +198,36 @@ def test_a_step_the_caller_gives_is_listed_as_given(tmp_path):
     default, _ = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=4, train=False)
     assert (given["rows_per_step"].kind, given.rows_per_step) == ("given", 8)
     assert (default["rows_per_step"].kind, default.rows_per_step) == ("constant", 16)
+
+
+def test_the_kept_micro_batch_is_the_most_rows_dividing_the_step_that_fit_whatever_the_time(monkeypatch):
+    """The default run's micro-batch on a card: each out-of-memory error halves it to the next
+    divisor of the step, and no clock cuts the search short. A card that fits 5 rows of the longest
+    length keeps 4 of a 16-row step (the bisection's truth, 5, is no divisor of 16: accumulation
+    makes up the step), one that fits 12 of a 12-row step keeps all 12, one that fits 1 keeps 1."""
+    import torch
+
+    from leadline.one_run import _micro_batch
+
+    class Task:
+        device = "cuda:0"
+        seq_len = 4096
+
+        def __init__(self, fits: int) -> None:
+            self.fits, self.asked = fits, []
+            self.model = torch.nn.Linear(2, 2)
+
+        def loss_of(self, rows: int, length: int) -> torch.Tensor:
+            self.asked.append(rows)
+            if rows > self.fits:
+                raise torch.OutOfMemoryError("CUDA out of memory (a test's)")
+            return self.model(torch.ones(rows, 2)).sum()
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    for fits, step, kept, asked in ((5, 16, 4, [16, 8, 4]), (12, 12, 12, [12]), (1, 16, 1, [16, 8, 4, 2, 1]),
+                                    (7, 12, 6, [12, 6])):
+        task = Task(fits)
+        mb, tried = _micro_batch(task, step)
+        assert (mb, task.asked) == (kept, asked), fits
+        assert [t["verdict"] for t in tried] == ["out of memory"] * (len(asked) - 1) + ["runs"]
+        assert task.model.weight.grad is None  # the probe's gradients are not the run's
