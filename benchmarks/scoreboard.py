@@ -1124,6 +1124,9 @@ def outcome(c: dict[str, Any] | None) -> str:
     return f"{c['diff']:+.4f} ({p}, {word})"
 
 
+QUICK_BOARD = ["recipe", "schedulefree", "leadline"]
+"""``--quick-board``: the default command against the two defaults a user would otherwise type."""
+
 BOARD_ARMS = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy", "leadline_run", "leadline"]
 """The columns of the boards table: the defaults a user would type, today's leadline run (the
 full effort) where the board ran it, and the default command ``leadline``."""
@@ -1680,6 +1683,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="the task's results JSON (default benchmarks/results/scoreboard_<task>.json)")
     ap.add_argument("--work", default="/tmp/scoreboard")
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--quick-board", action="store_true",
+                    help=f"the arms a board needs to say where leadline stands: {','.join(QUICK_BOARD)} (for --arms)")
     ap.add_argument("--regime", choices=tuple(REGIMES), default="lora",
                     help="; ".join(f"{k}: {v}" for k, v in REGIMES.items()))
     ap.add_argument("--parallel", type=int, default=1, metavar="N",
@@ -1717,6 +1722,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.quick_board:
+        args.arms = ",".join(QUICK_BOARD)
     if args.alone and args.parallel != 1:
         ap.error("--alone times each arm by itself; leave --parallel out or pass --parallel 1")
     if args.recipe_micro_batch is None and args.card_gb > 0:

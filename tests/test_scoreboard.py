@@ -330,10 +330,10 @@ def test_a_full_fine_tune_board_trains_every_weight_and_judges_the_saved_weights
     _tiny_task(data, 48, 0)
     out = tmp_path / "board.json"
     assert sb.main(["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
-                    "--work", str(tmp_path / "work"), "--smoke", "--regime", "full", "--arms", "recipe,leadline",
-                    "--alone"]) == 0
+                    "--work", str(tmp_path / "work"), "--smoke", "--regime", "full", "--quick-board", "--alone"]) == 0
     board = json.loads(out.read_text())
-    assert all(board["units"][n]["timed_alone"] for n in ("recipe", "leadline"))  # the cost ratio marked as alone
+    assert sorted(board["units"]) == sorted(["untrained", *sb.QUICK_BOARD])
+    assert all(board["units"][n]["timed_alone"] for n in sb.QUICK_BOARD)  # the cost ratio marked as alone
     assert " (alone) |" in sb.boards_table([out])
     with pytest.raises(SystemExit) as e:  # alone means one arm at a time
         sb.main(["--task", "debian_sections", "--model", str(model), "--alone", "--parallel", "2"])
