@@ -98,7 +98,7 @@ def test_the_table_is_in_the_report_and_survives_json():
     assert "where derive's seconds went:" in text
     assert "rate            8.5 s     120 steps  changed lr" in text
     assert "changed nothing (not reached)" in text
-    assert "derive: 11.0 s wall, 10.5 s of it in the phases, 120 steps on the run's rows" in text
+    assert "derive: 11.0 s wall, 10.5 s of it in the phases,\n    120 steps on the run's rows" in text
     back = Plan.from_json(plan.to_json())
     assert back.phases == plan.phases and back.derive_seconds == 11.0
     assert Plan.from_dict({"leadline_plan": 1, "values": {}}).phases == []  # an older plan has no table
@@ -123,3 +123,16 @@ def test_a_step_the_caller_fixes_shapes_the_rate_phases_and_the_length(clock):  
     assert (plan.micro_batch, plan.grad_accum) in shapes  # the look-ahead ran at the given step
     free = derive(**_pieces(clock), epochs=1.0, effort="full")
     assert free.micro_batch * free.grad_accum != 3  # the measured step differs: the argument moved it
+
+
+def test_the_runs_own_steps_are_no_part_of_derives_seconds_and_every_line_fits_the_terminal():
+    """The default run's table lists the run beside the opening; derive's line sums the opening
+    alone (its wall time cannot be less than the phases it holds), and no line passes 100 columns."""
+    plan = Plan(phases=[PhaseTime("memory", 0.5, 0, ("micro_batch",)),
+                        PhaseTime("rate", 3.0, 20, (), step_seconds=2.2, reads=3, read_seconds=0.7),
+                        PhaseTime("run", 9.5, 90)], derive_seconds=3.5)
+    text = plan.phase_table()
+    assert text.startswith("where the seconds went:")
+    assert "derive: 3.5 s wall, 3.5 s of it in the phases,\n    20 steps on the run's rows (2.2 s), 3 held-out reads" in text
+    assert "of it: steps 2.2 s, 3 held-out reads 0.7 s, the rest 0.1 s" in text
+    assert all(len(line) <= 100 for line in text.splitlines()), text

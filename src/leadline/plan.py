@@ -287,10 +287,10 @@ class PhaseTime:
         if self.status != "done":
             what += f" ({self.status.replace('_', ' ')})"
         line = f"{self.phase:<12} {self.seconds:6.1f} s  {self.steps:6d} steps  {what}"
-        if self.step_seconds or self.reads:  # a plan written without the breakdown shows none
+        if self.step_seconds or self.reads:  # a plan written without the breakdown shows none, else a line below
             rest = max(0.0, self.seconds - self.step_seconds - self.read_seconds)
-            line += (f"  (steps {self.step_seconds:.1f} s, {self.reads} held-out reads {self.read_seconds:.1f} s, "
-                     f"the rest {rest:.1f} s)")
+            line += (f"\n{'':<16}of it: steps {self.step_seconds:.1f} s, {self.reads} held-out reads "
+                     f"{self.read_seconds:.1f} s, the rest {rest:.1f} s")
         return line
 
     def to_dict(self) -> dict[str, Any]:
@@ -480,14 +480,16 @@ class Plan:
         """Where derive()'s seconds went: a line per phase (seconds, the run's steps it took,
         the training numbers it moved), then derive's wall time and the share the phases hold."""
         rows = [p.row() for p in self.phases]
-        inside = sum(p.seconds for p in self.phases)
-        steps = sum(p.steps for p in self.phases)
-        reads = sum(p.reads for p in self.phases)
+        deciding = [p for p in self.phases if p.phase != "run"]  # the run's own steps are no part of derive
+        inside = sum(p.seconds for p in deciding)
+        steps = sum(p.steps for p in deciding)
+        reads = sum(p.reads for p in deciding)
         if self.derive_seconds is not None:
-            rows.append(f"derive: {self.derive_seconds:.1f} s wall, {inside:.1f} s of it in the phases, "
-                        f"{steps} steps on the run's rows ({sum(p.step_seconds for p in self.phases):.1f} s), "
-                        f"{reads} held-out reads ({sum(p.read_seconds for p in self.phases):.1f} s)")
-        return "where derive's seconds went:\n" + "\n".join("  " + r for r in rows)
+            rows.append(f"derive: {self.derive_seconds:.1f} s wall, {inside:.1f} s of it in the phases,\n"
+                        f"  {steps} steps on the run's rows ({sum(p.step_seconds for p in deciding):.1f} s), "
+                        f"{reads} held-out reads ({sum(p.read_seconds for p in deciding):.1f} s)")
+        head = "where the seconds went" if len(deciding) < len(self.phases) else "where derive's seconds went"
+        return head + ":\n" + "\n".join("  " + line for r in rows for line in r.split("\n"))
 
     def why(self, name: str, *, width: int | None = None) -> str:
         """The whole evidence behind one value: its line, its cost, and the structure.

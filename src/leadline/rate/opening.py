@@ -216,8 +216,8 @@ def climb(run: Callable[[float], Reading], rates: Sequence[float],
             before = math.fsum(start) / len(start)
             after = readings[rates[0]].mean
             decision.tests.append({"challenger": lr, "ran": False, "replaces": False,
-                                   "why": f"{lr:.3g} not run: {rates[0]:.3g} learned (held-out {after:.2g} from "
-                                          f"{before:.2g}), which a lower rate cannot beat over the opening"})
+                                   "why": f"{lr:.3g} not run: {rates[0]:.3g} learned (held-out {after:.4g} from "
+                                          f"{before:.4g}), which a lower rate cannot beat over the opening"})
             break
         readings[lr] = run(lr)
         test = challenge(readings[decision.lr], readings[lr])
