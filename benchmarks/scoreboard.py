@@ -182,10 +182,13 @@ REGIMES = {
     "full": "every weight trained (a full fine-tune), one pass; the recipe at 2e-5 (TRL's default)",
     "short": "LoRA r16, one pass over 1,000 rows given: about 50 of the recipe's 16-row steps",
     "long": "LoRA r16, three passes over 1,000 rows given: about 150 of the recipe's 16-row steps",
+    "r64": "LoRA r64 (alpha 128, every linear layer), one pass over the rows given",
 }
 """The regimes a board runs in (``--regime``); ``--card-gb`` holds the card to a small size in any of them."""
-REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000}
+REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000, "r64": 2000}
 REGIME_EPOCHS = {"long": 3}
+REGIME_RANK = {"r64": 64}
+"""The LoRA rank of a regime's every arm (16 where unnamed; alpha twice the rank, as ``leadline``'s)."""
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
 BASELINES = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy"]
@@ -544,7 +547,7 @@ class Arms:
         self.train = self.work / "train.jsonl"
         self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
         self.regime = getattr(args, "regime", "lora")
-        trains = ["--full"] if self.regime == "full" else ["--lora-rank", "16"]
+        trains = ["--full"] if self.regime == "full" else ["--lora-rank", str(REGIME_RANK.get(self.regime, 16))]
         self.common = ["--model", args.model, "--data", str(self.train), *trains, "--seed", str(args.seed)]
         self.epochs = REGIME_EPOCHS.get(self.regime, 1)
         self.lock = threading.Lock()  # arms run side by side (--parallel): one verdict and one write at a time
@@ -670,7 +673,8 @@ class Arms:
         out = self.work / "lr_find.json"
         micro = recipe_micro(16, self.args.recipe_micro_batch)
         f = proc([str(HERE / "scoreboard.py"), "--worker", "lr_find", "--model", self.args.model, "--train", str(self.train),
-                  "--seed", str(self.args.seed), "--worker-out", str(out), *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  "--seed", str(self.args.seed), "--worker-out", str(out), "--regime", self.regime,
+                  *(["--recipe-micro-batch", str(micro)] if micro else []),
                   *(["--smoke"] if self.args.smoke else [])],
                  self.work / "lr_find_range.log", self.args.timeout)
         found = json.loads(out.read_text()) if f["rc"] == 0 and out.exists() else None
@@ -931,7 +935,9 @@ def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora
         for p in model.parameters():
             p.requires_grad_(True)
     else:
-        cfg = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
+        rank = REGIME_RANK.get(regime, 16)
+        cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,
+                         task_type="CAUSAL_LM")
         model = get_peft_model(model, cfg)
     task, _ = prepare(model, tok, train, seed=seed)
     return model, tok, task, [p for _, p in trained_named_weights(model)]
@@ -1011,14 +1017,14 @@ def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: i
 
 
 def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = None,
-                   max_steps: int | None = None, seed: int = 0) -> None:
+                   max_steps: int | None = None, seed: int = 0, regime: str = "lora") -> None:
     """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step (``micro``
     rows a pass, the rest accumulated by Lightning)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.tuner import Tuner
 
-    model, _, task, params = _worker_task(model_path, train, seed)
+    model, _, task, params = _worker_task(model_path, train, seed, regime)
 
     class Module(pl.LightningModule):
         def __init__(self) -> None:
@@ -1733,7 +1739,7 @@ def main(argv: list[str] | None = None) -> int:
         # range test's first 10 points and needs two after them)
         if args.worker == "lr_find":
             worker_lr_find(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
-                           16 if args.smoke else None, args.seed)
+                           16 if args.smoke else None, args.seed, args.regime)
         else:
             worker_optimizer(args.worker, args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
                              2 if args.smoke else None, args.seed, args.regime)
