@@ -268,8 +268,9 @@ class PhaseTime:
     Examples:
         >>> PhaseTime("past_format", 12.5, 61, ()).row()
         'past_format    12.5 s      61 steps  changed nothing'
-        >>> PhaseTime("rate", 28.6, 80, ("lr",), step_seconds=20.1, reads=45, read_seconds=7.9).row()
-        'rate           28.6 s      80 steps  changed lr  (steps 20.1 s, 45 held-out reads 7.9 s, the rest 0.6 s)'
+        >>> print(PhaseTime("rate", 28.6, 80, ("lr",), step_seconds=20.1, reads=45, read_seconds=7.9).row())
+        rate           28.6 s      80 steps  changed lr
+                        of it: steps 20.1 s, 45 held-out reads 7.9 s, the rest 0.6 s
     """
 
     phase: str
