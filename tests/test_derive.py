@@ -9,8 +9,8 @@ import pytest
 
 from helpers import DATA
 from leadline import InputError, Plan, Value
-from leadline.derive.no_trace import tensors_digest
 from leadline.pieces import Corpus, Pieces
+from leadline.provenance import tensors_digest
 
 
 def _lora(model):
@@ -466,8 +466,8 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     import leadline.memory as memory
     import leadline.noise.past_format as pfm
     from leadline.derive import phases
-    from leadline.derive.runner import PhaseRunner
     from leadline.plan import Plan, Value
+    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(3.0, "measured", "step 0", {"se_tokens": 0.5}, unit="scored tokens"))
@@ -574,8 +574,8 @@ def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it
 
     import leadline.noise.past_format as pfm
     from leadline.derive import phases
-    from leadline.derive.runner import PhaseRunner
     from leadline.plan import Plan, Value
+    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(30.0, "measured", "step 0", {"se_tokens": 2.0}, unit="scored tokens"))

@@ -25,10 +25,10 @@ from leadline.derive.rate_phases import (
     rate,
     warmup,
 )
-from leadline.derive.runner import PhaseRunner, Values
-from leadline.derive.strategy import Strategy
 from leadline.errors import InputError
 from leadline.plan import TRAINING_NUMBERS, Plan, Value
+from leadline.runner import PhaseRunner, Values
+from leadline.strategy import Strategy
 
 __all__ = ["MEMORY_SHARE", "FirstStepPhase", "MemoryPhase", "PastFormatPhase", "RatePhase", "StepPhase", "anchor",
            "batch_of", "burn_in_batch", "draw_seconds", "first_step", "given_profile", "keep_branch", "length",
@@ -73,7 +73,7 @@ def given_profile(profile: Any) -> Any:
 
 def noise(grad_fn: Any, seconds_left: float | None, world: Strategy) -> Any:
     """The noise scale, with 30% of the time left (at least 1 s) under max_seconds; in a job,
-    as the job reads it (:meth:`~leadline.derive.strategy.Strategy.noise`)."""
+    as the job reads it (:meth:`~leadline.strategy.Strategy.noise`)."""
     return world.noise(grad_fn, None if seconds_left is None else max(1.0, 0.3 * seconds_left))
 
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from leadline.budget import OutOfTime
 from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, step
-from leadline.derive.runner import PhaseRunner, Values
 from leadline.noise.step import DEFAULT_STEP_FOR
 from leadline.pieces import (
     CountedSource,
@@ -20,6 +19,7 @@ from leadline.pieces import (
     ShardedSource,
 )
 from leadline.plan import Plan, Value
+from leadline.runner import PhaseRunner, Values
 
 
 @dataclass(frozen=True)

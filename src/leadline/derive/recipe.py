@@ -13,7 +13,7 @@
 
 The noise is measured before the ramp (SPEC lists the ramp first) because the ramp's upper
 limit is the rows the target step needs, which only the noise scale says. The time budget,
-progress and resume wrap the calls (:mod:`leadline.derive.runner`); derive() leaves no trace
+progress and resume wrap the calls (:mod:`leadline.runner`); derive() leaves no trace
 (:mod:`leadline.derive.no_trace`).
 """
 
@@ -29,8 +29,7 @@ from typing import Any
 
 from leadline.derive import phases
 from leadline.derive.no_trace import leave_no_trace
-from leadline.derive.runner import PhaseRunner, ProgressFn
-from leadline.derive.strategy import Strategy, strategy_for
+from leadline.derive.strategy import strategy_for
 from leadline.derive.timed import (
     CountedReads,
     CountedSteps,
@@ -39,7 +38,6 @@ from leadline.derive.timed import (
     timed_reads,
     timed_steps,
 )
-from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.noise.step import DEFAULT_STEP_FOR, STEP_FOR
@@ -47,6 +45,9 @@ from leadline.pieces import Corpus, CountedSource, Pieces, device_of, optimizer_
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
 from leadline.rate.policy import fallback_rate
+from leadline.runner import PhaseRunner, ProgressFn
+from leadline.strategy import Strategy
+from leadline.world import current_world
 
 EFFORTS = ("quick", "full")
 TRAINED_AS = ("factors", "weights")
