@@ -493,9 +493,14 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     step_fn = lambda rows, length, repeats=1: SimpleNamespace(micro_seconds=[0.19 if rows == 1 else 0.2] * repeats,  # noqa: E731
                                                               step_seconds=[0.01] * repeats)
     runner = PhaseRunner(plan, max_seconds=30.0)
-    out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
-                             runner, step_for=step_for).as_values()
-    return plan, out, ramps
+    before = (dict(plan.values), list(plan.notes))
+    burned = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
+                                runner, step_for=step_for)
+    assert (plan.values, plan.notes) == before  # the phase returns what it decided and changes nothing
+    for name, v in burned.as_values().items():  # applied as derive() applies it: the values, then the notes
+        plan.set(name, v)
+    plan.notes.extend(burned.notes)
+    return plan, burned.as_values(), ramps
 
 
 def _step_rows_at_four(step_for):

@@ -2,7 +2,8 @@
 ``as_values()`` the runner puts into the plan (the measuring is in the phase packages; these
 adapt their results to the plan). The recipe, :mod:`leadline.derive.recipe`, calls them in order,
 all by their names here: the corpus, the noise, the memory and the length live in this module,
-the step in :mod:`leadline.derive.batches`, the rate's phases in :mod:`leadline.derive.rate_phases`.
+the step in :mod:`leadline.derive.batches`, the burn-in past the format in
+:mod:`leadline.derive.past_format`, the rate's phases in :mod:`leadline.derive.rate_phases`.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, rows_needed, step
+from leadline.derive.past_format import PastFormatPhase, past_format
 from leadline.derive.rate_phases import (
     FirstStepPhase,
-    PastFormatPhase,
     RatePhase,
     anchor,
     first_step,
     keep_branch,
-    past_format,
     rate,
     warmup,
 )
