@@ -1,8 +1,9 @@
 """How derive()'s phases work with the other processes of their job: the :class:`Strategy` they
 call, so each phase has one code path. One process is a world of one
 (:class:`~leadline.derive.strategy.OneProcess`); a ``torch.distributed`` job of several processes
-is :class:`~leadline.distributed.strategy.InAJob` (:func:`in_a_job`). derive and
-:mod:`leadline.distributed` both read this module; neither imports the other. Loads no torch.
+is :class:`~leadline.distributed.strategy.InAJob` (:func:`in_a_job`). derive reaches the job's
+strategy through this module alone, and :mod:`leadline.distributed` imports nothing of derive.
+Loads no torch.
 """
 
 from __future__ import annotations
