@@ -9,8 +9,8 @@ import pytest
 
 from helpers import DATA
 from leadline import InputError, Plan, Value
-from leadline.derive.no_trace import tensors_digest
 from leadline.pieces import Corpus, Pieces
+from leadline.provenance import tensors_digest
 
 
 def _lora(model):
@@ -466,8 +466,8 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     import leadline.memory as memory
     import leadline.noise.past_format as pfm
     from leadline.derive import phases
-    from leadline.derive.runner import PhaseRunner
     from leadline.plan import Plan, Value
+    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(3.0, "measured", "step 0", {"se_tokens": 0.5}, unit="scored tokens"))
@@ -493,9 +493,14 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
     step_fn = lambda rows, length, repeats=1: SimpleNamespace(micro_seconds=[0.19 if rows == 1 else 0.2] * repeats,  # noqa: E731
                                                               step_seconds=[0.01] * repeats)
     runner = PhaseRunner(plan, max_seconds=30.0)
-    out = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
-                             runner, step_for=step_for).as_values()
-    return plan, out, ramps
+    before = (dict(plan.values), list(plan.notes))
+    burned = phases.past_format([w], opt, lambda mb, acc: (lambda t: 0.0), object(), step_fn, plan, None, None,
+                                runner, step_for=step_for)
+    assert (plan.values, plan.notes) == before  # the phase returns what it decided and changes nothing
+    for name, v in burned.as_values().items():  # applied as derive() applies it: the values, then the notes
+        plan.set(name, v)
+    plan.notes.extend(burned.notes)
+    return plan, burned.as_values(), ramps
 
 
 def _step_rows_at_four(step_for):
@@ -574,8 +579,8 @@ def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it
 
     import leadline.noise.past_format as pfm
     from leadline.derive import phases
-    from leadline.derive.runner import PhaseRunner
     from leadline.plan import Plan, Value
+    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(30.0, "measured", "step 0", {"se_tokens": 2.0}, unit="scored tokens"))

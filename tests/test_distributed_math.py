@@ -294,8 +294,8 @@ class FakeRank:
 
 
 def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_path):
-    from leadline.derive.runner import PhaseRunner, Values
     from leadline.distributed.phases import AgreedPhaseRunner
+    from leadline.runner import PhaseRunner, Values
 
     resume = tmp_path / "derive.json"
     done = Plan()
@@ -315,9 +315,9 @@ def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_
 
 
 def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
-    from leadline.derive.runner import Values
     from leadline.distributed.phases import AgreedPhaseRunner
     from leadline.plan import Skipped
+    from leadline.runner import Values
 
     r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=FakeRank(1, other_left=-1.0))
     assert r.seconds_left() == -1.0  # the other rank is out of time: so is this one

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from leadline.derive.no_trace import tensors_digest
 from leadline.errors import InputError
 from leadline.noise import measure_noise_scale
 from leadline.noise.past_format import noise_past_format
 from leadline.noise.step import tokens_per_step
+from leadline.provenance import tensors_digest
 
 D = 40
 

@@ -7,9 +7,9 @@ import pytest
 
 from leadline.budget import OutOfTime
 from leadline.corpus.splits import split_rows
-from leadline.derive.runner import PhaseRunner
 from leadline.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
 from leadline.plan import Plan, Skipped, Value
+from leadline.runner import PhaseRunner
 
 
 def _plan(t_micro: float = 2.0, rows_fit: int = 4, t_step: float = 0.5) -> Plan:

@@ -1,4 +1,5 @@
-"""What a plan was measured on: the machine, the model, the data, as plain dicts.
+"""What a plan was measured on: the machine, the model, the data, as plain dicts; and the digest
+that tells two sets of weights apart (:func:`tensors_digest`).
 
 torch is read only when it is already imported or a device is named, so ``import leadline``
 stays light.
@@ -11,7 +12,7 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,17 @@ def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
         for row in path_or_rows:
             h.update(json.dumps(row, sort_keys=True, default=str).encode())
             h.update(b"\n")
+    return h.hexdigest()
+
+
+def tensors_digest(tensors: Sequence[Any]) -> str:
+    """sha256 over the bytes of ``tensors`` (moved to the CPU): equal digests, equal weights."""
+    h = hashlib.sha256()
+    for t in tensors:
+        a = t.detach()
+        if a.dtype.is_floating_point and a.dtype.itemsize == 2:
+            a = a.view(__import__("torch").int16)
+        h.update(a.contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
 
 

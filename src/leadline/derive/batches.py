@@ -7,24 +7,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from leadline.noise.step import DEFAULT_STEP_FOR
-from leadline.plan import Plan, Value
-
-
-@dataclass(frozen=True)
-class StepPhase:
-    """The step phase's :class:`~leadline.noise.StepPlan` (None in a job) and its values."""
-
-    step: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
+from leadline.plan import Plan
+from leadline.runner import StepPhase
 
 Timings = tuple[list[float], list[float], list[float]]
 """One row's times, the rows-fit times and the rows-fit updates, taken in turn (:func:`paired_timings`)."""
@@ -33,8 +21,8 @@ Timings = tuple[list[float], list[float], list[float]]
 def step(plan: Plan, noise: Any, step_fn: Any = None, rows_per_step: int | None = None,
          step_for: str = DEFAULT_STEP_FOR, timed: StepPhase | None = None) -> StepPhase:
     """tokens_per_step (B*), the micro-batch cut to it, grad_accum; ``noise`` the noise result,
-    or the plan's ``noise_scale_tokens`` where it was resumed (one process; a job's step is
-    :meth:`~leadline.distributed.strategy.InAJob.step`). With ``step_fn``,
+    or the plan's ``noise_scale_tokens`` where it was resumed (one process; a job's step is its
+    strategy's, :meth:`~leadline.strategy.Strategy.step`). With ``step_fn``,
     one row and the rows that fit are timed in turn for the fixed cost of a micro-batch and the
     cost of a row (:func:`paired_timings`, noise/step.py); without it, the ramp's timings.
     ``rows_per_step``: the step the caller fixed, fitted to the card (B* in its evidence).

@@ -4,22 +4,10 @@ settings, and the RNG states, restored on every exit path."""
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import random
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
-
-
-def tensors_digest(tensors: Sequence[Any]) -> str:
-    """sha256 over the bytes of ``tensors`` (moved to the CPU): equal digests, equal weights."""
-    h = hashlib.sha256()
-    for t in tensors:
-        a = t.detach()
-        if a.dtype.is_floating_point and a.dtype.itemsize == 2:
-            a = a.view(__import__("torch").int16)
-        h.update(a.contiguous().cpu().numpy().tobytes())
-    return h.hexdigest()
 
 
 @contextlib.contextmanager

@@ -2,7 +2,8 @@
 ``as_values()`` the runner puts into the plan (the measuring is in the phase packages; these
 adapt their results to the plan). The recipe, :mod:`leadline.derive.recipe`, calls them in order,
 all by their names here: the corpus, the noise, the memory and the length live in this module,
-the step in :mod:`leadline.derive.batches`, the rate's phases in :mod:`leadline.derive.rate_phases`.
+the step in :mod:`leadline.derive.batches`, the burn-in past the format in
+:mod:`leadline.derive.past_format`, the rate's phases in :mod:`leadline.derive.rate_phases`.
 """
 
 from __future__ import annotations
@@ -14,21 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, rows_needed, step
+from leadline.derive.past_format import PastFormatPhase, past_format
 from leadline.derive.rate_phases import (
     FirstStepPhase,
-    PastFormatPhase,
     RatePhase,
     anchor,
     first_step,
     keep_branch,
-    past_format,
     rate,
     warmup,
 )
-from leadline.derive.runner import PhaseRunner, Values
-from leadline.derive.strategy import Strategy
 from leadline.errors import InputError
 from leadline.plan import TRAINING_NUMBERS, Plan, Value
+from leadline.runner import PhaseRunner, Values
+from leadline.strategy import Strategy
 
 __all__ = ["MEMORY_SHARE", "FirstStepPhase", "MemoryPhase", "PastFormatPhase", "RatePhase", "StepPhase", "anchor",
            "batch_of", "burn_in_batch", "draw_seconds", "first_step", "given_profile", "keep_branch", "length",
@@ -73,7 +73,7 @@ def given_profile(profile: Any) -> Any:
 
 def noise(grad_fn: Any, seconds_left: float | None, world: Strategy) -> Any:
     """The noise scale, with 30% of the time left (at least 1 s) under max_seconds; in a job,
-    as the job reads it (:meth:`~leadline.derive.strategy.Strategy.noise`)."""
+    as the job reads it (:meth:`~leadline.strategy.Strategy.noise`)."""
     return world.noise(grad_fn, None if seconds_left is None else max(1.0, 0.3 * seconds_left))
 
 

@@ -1,25 +1,21 @@
-"""derive()'s rate phases: alpha1 (the first step), the noise past the answer's format, the
-anchor, the rate (the look-ahead, or the quick effort's grid) and the warmup. Each takes what it
-needs as arguments and returns its result, whose ``as_values()`` the runner puts into the plan;
+"""derive()'s rate phases: alpha1 (the first step), the anchor, the rate (the look-ahead, or the
+quick effort's grid) and the warmup; the noise past the answer's format, between the first step
+and the anchor, is :mod:`leadline.derive.past_format`. Each takes what it needs as arguments and
+returns its result, whose ``as_values()`` the runner puts into the plan;
 :mod:`leadline.derive.phases` names them for the recipe beside the other phases."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from leadline.budget import OutOfTime
-from leadline.derive.batches import StepPhase, batch_of, burn_in_batch, step
-from leadline.derive.runner import PhaseRunner, Values
-from leadline.noise.step import DEFAULT_STEP_FOR
+from leadline.derive.batches import batch_of, burn_in_batch
 from leadline.pieces import (
-    CountedSource,
-    ResizableSource,
     ShardedSource,
 )
 from leadline.plan import Plan, Value
+from leadline.runner import Values
 
 
 @dataclass(frozen=True)
@@ -27,19 +23,6 @@ class FirstStepPhase:
     """The measured :class:`~leadline.rate.FirstStep` and its values (alpha1 says its batch)."""
 
     first: Any
-    values: Mapping[str, Value]
-
-    def as_values(self) -> Mapping[str, Value]:
-        return self.values
-
-
-@dataclass(frozen=True)
-class PastFormatPhase:
-    """The burn-in's :class:`~leadline.noise.past_format.PastFormat`, the ramp it went on with
-    (None when it did not), and the values: the late reading, and the step when it grew."""
-
-    past: Any
-    ramp: Any
     values: Mapping[str, Value]
 
     def as_values(self) -> Mapping[str, Value]:
@@ -72,122 +55,6 @@ def first_step(params: list[Any], opt: Any, train_step_of: Callable[[int, int], 
     out["alpha1"] = Value(a.value, a.kind, f"{a.source}; the first update from a step of {mb * accum} rows",
                           a.evidence, a.seconds, a.unit)
     return FirstStepPhase(fs, out)
-
-
-def past_format(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], grad_fn: Any, step_fn: Any,
-                plan: Plan, noise: Any, lengths: Sequence[int] | None, runner: PhaseRunner,
-                named: Sequence[tuple[str, Any]] = (), trained_as: str = "factors",
-                rows_per_step: int | None = None, step_for: str = DEFAULT_STEP_FOR,
-                timed: StepPhase | None = None) -> PastFormatPhase:
-    """Burn in past the answer's format, read the noise again, and when it grew, ramp on to the
-    rows it needs and take the step from it (noise/past_format.py). ``noise`` is the step-0
-    reading (None where it was resumed: the plan's ``noise_scale_tokens`` stands in).
-    ``rows_per_step``: the step the caller fixed; the ramp goes on only as far as its rows, and
-    otherwise only as far as the step timed at the rows already measured wants (never past the
-    noise's upper edge). ``timed``: the step phase, whose timings of the card are reused until
-    the ramp moves."""
-    from types import SimpleNamespace
-
-    from leadline.memory import ramp
-    from leadline.noise.past_format import noise_past_format
-    from leadline.noise.probe import MIN_DRAWS
-    from leadline.rate.warmup import warmup_steps_for
-
-    nv = plan["noise_scale_tokens"]
-    se0 = nv.evidence.get("se_tokens") if isinstance(nv.evidence, dict) else None
-    step0 = noise or SimpleNamespace(b_noise_tokens=nv.value, se_tokens=se0 or 0.0)
-    if not isinstance(getattr(step0, "b_noise_tokens", None), (int, float)):
-        return PastFormatPhase(None, None, {})
-    mb, accum = burn_in_batch(plan)
-    per_row = float(plan.get("scored_tokens_per_row") or 1.0)
-    if isinstance(grad_fn, ResizableSource) and mb * accum > int(grad_fn.rows_per_draw or 1):
-        # the late reading draws a training step's rows at a time: past the format B_noise is tens
-        # to hundreds of tokens, beyond the reach of the step-0 probe's small draws (docs/noise.md);
-        # a card that holds fewer rows than the step accumulates them: the same rows on every card
-        from leadline.noise.gradfn import AccumulatedDraws
-
-        grad_fn = grad_fn.with_rows(mb * accum) if accum == 1 else AccumulatedDraws(grad_fn.with_rows(mb), accum)
-    rows_per_draw = grad_fn.rows_per_draw if isinstance(grad_fn, CountedSource) else None
-    if not rows_per_draw:
-        micro = getattr(step0, "micro_tokens", None) or []
-        rows_per_draw = max(1, round((sum(micro) / len(micro)) / per_row)) if micro else 1
-    betas = opt.param_groups[0].get("betas") if opt.param_groups else None
-    w = warmup_steps_for(float(betas[0]) if betas else 0.9)
-
-    def probe_start(steps: int) -> int:  # the first draw past every row the burn-in trained
-        return math.ceil(steps * mb * accum / rows_per_draw)
-
-    rows = plan.get("rows")
-    held = plan.held_out.get("train") if isinstance(plan.held_out.get("train"), list) else None
-    train_rows = len(held) if held is not None else (rows if isinstance(rows, int) else None)
-    least = w * mb * accum + MIN_DRAWS * rows_per_draw  # a round of burn-in, then the probe's fewest draws past it
-    if isinstance(grad_fn, CountedSource) and train_rows is not None and train_rows < least:
-        # a source that draws the run's rows would find none left past the burn-in's: do not burn in for it
-        why = (f"not read: the {train_rows} training rows cannot hold a round of the burn-in ({w} steps of "
-               f"{mb * accum} rows) and the probe's {MIN_DRAWS} draws of {rows_per_draw} rows on rows past it "
-               f"({least} rows); the step-0 noise scale stands")
-        return PastFormatPhase(None, None, {"noise_scale_past_format_tokens": Value(
-            None, "derived", why, evidence={"train_rows": train_rows, "rows_needed": least, "round_steps": w,
-                                             "rows_per_step": mb * accum, "rows_per_draw": rows_per_draw,
-                                             "min_draws": MIN_DRAWS}, unit="scored tokens")})
-    max_steps = None if not train_rows else max(w, train_rows // (4 * mb * accum))  # a quarter of the run's rows
-    left = runner.seconds_left()
-    alpha1 = float(plan.get("alpha1"))
-    rate = alpha1 / 2
-    if named:  # never above the anchor (docs/noise.md)
-        from leadline.rate import anchor_rate
-
-        rate = min(rate, float(anchor_rate(named, trained_as=trained_as).lr))
-    pf = noise_past_format(params, opt, train_step_of(mb, accum), grad_fn, alpha1, step0, rate=rate,
-                           rows_per_step=mb * accum, probe_start=probe_start, round_steps=w, max_steps=max_steps,
-                           budget_s=None if left is None else 0.25 * left, check_time=runner.check_time)
-    out = dict(pf.as_values())
-    v = out["noise_scale_past_format_tokens"]
-    out["noise_scale_past_format_tokens"] = Value(v.value, v.kind,
-                                                  f"{v.source}; the reading in draws of {rows_per_draw} rows",
-                                                  {**v.evidence, "rows_per_draw": rows_per_draw}, v.seconds, v.unit)
-    if not pf.grew or pf.noise is None:
-        return PastFormatPhase(pf, None, out)
-    need = max(1, math.ceil((pf.b_noise_tokens + (pf.se_tokens or 0.0)) / per_row))
-    if rows_per_step is not None:  # the step is given: more rows a micro-batch than it has buy nothing
-        need = rows_per_step
-    rows_fit = int(plan.get("rows_fit"))
-    ev = plan["rows_fit"].evidence if isinstance(plan["rows_fit"].evidence, dict) else {}
-    result = None
-    planned = None
-    if need > rows_fit and ev.get("stop") == "upper_limit":  # the first ramp stopped at step 0's rows: go on
-        # only as far as the step takes: a step timed at the rows measured so far (its costs are linear in the
-        # rows, a micro-batch's fixed cost apart) says how many rows it wants; a card that holds more buys nothing
-        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for, timed=timed)
-        wanted = rows_wanted(planned)
-        if wanted is not None and wanted < need:
-            plan.notes.append(f"past_format: the step takes {wanted} rows, so the ramp goes on toward {wanted} rows, "
-                              f"not the {need} of the noise's upper edge")
-            need = wanted
-    if need > rows_fit and ev.get("stop") == "upper_limit":
-        # each rung must fit in max_seconds; cut, the step is taken at the rows kept (grad_accum makes up the rest)
-        try:
-            result = ramp(step_fn, int(plan.get("seq_len")), lengths=lengths, max_rows=need, start_rows=rows_fit,
-                          on_rung=lambda r: runner.ensure(r.seconds))
-        except OutOfTime:
-            plan.notes.append(f"past_format: the ramp from {rows_fit} toward {need} rows was cut by max_seconds; "
-                              f"the step uses the {rows_fit} rows kept")
-        if result is not None:
-            for n, v in result.as_values().items():
-                out["rows_fit" if n == "micro_batch" else n] = v
-                plan.set("rows_fit" if n == "micro_batch" else n, v)
-            planned = None  # timed again at the rows the ramp kept
-    if planned is None:
-        planned = step(plan, pf.noise, step_fn=step_fn, rows_per_step=rows_per_step, step_for=step_for,
-                       timed=timed if result is None else None)
-    out.update(planned.as_values())
-    return PastFormatPhase(pf, result, out)
-
-
-def rows_wanted(planned: StepPhase) -> int | None:
-    """The rows a step wants before the card splits them (one process; None in a job)."""
-    wanted = planned.step.inputs.get("rows_wanted") if planned.step is not None else None
-    return int(wanted) if isinstance(wanted, int) and wanted >= 1 else None
 
 
 def anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: Any = None) -> Any:

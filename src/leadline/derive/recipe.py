@@ -13,7 +13,7 @@
 
 The noise is measured before the ramp (SPEC lists the ramp first) because the ramp's upper
 limit is the rows the target step needs, which only the noise scale says. The time budget,
-progress and resume wrap the calls (:mod:`leadline.derive.runner`); derive() leaves no trace
+progress and resume wrap the calls (:mod:`leadline.runner`); derive() leaves no trace
 (:mod:`leadline.derive.no_trace`).
 """
 
@@ -29,8 +29,7 @@ from typing import Any
 
 from leadline.derive import phases
 from leadline.derive.no_trace import leave_no_trace
-from leadline.derive.runner import PhaseRunner, ProgressFn
-from leadline.derive.strategy import Strategy, strategy_for
+from leadline.derive.strategy import strategy_for
 from leadline.derive.timed import (
     CountedReads,
     CountedSteps,
@@ -39,7 +38,6 @@ from leadline.derive.timed import (
     timed_reads,
     timed_steps,
 )
-from leadline.distributed.world import current_world
 from leadline.errors import InputError
 from leadline.memory import forbid_spill
 from leadline.noise.step import DEFAULT_STEP_FOR, STEP_FOR
@@ -47,6 +45,9 @@ from leadline.pieces import Corpus, CountedSource, Pieces, device_of, optimizer_
 from leadline.plan import Plan, Value
 from leadline.provenance import describe_data, describe_machine
 from leadline.rate.policy import fallback_rate
+from leadline.runner import PhaseRunner, ProgressFn, StepPhase
+from leadline.strategy import Strategy
+from leadline.world import current_world
 
 EFFORTS = ("quick", "full")
 TRAINED_AS = ("factors", "weights")
@@ -177,17 +178,8 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
         noise = None if grad_fn is None else runner.run("noise", phases.noise, grad_fn, runner.seconds_left(), world)
         if step_fn is not None:
             runner.run("memory", phases.memory, step_fn, plan, lengths, prior, noise, world, params, runner)
-        stepped = None
-        if step_fn is not None and grad_fn is not None:
-            step0 = noise if noise is not None else plan.get("noise_scale_tokens")
-            # out of time, the step is arithmetic on the ramp's timings: a plan that can train, not none
-            spent = (left := runner.seconds_left()) is not None and left <= 0
-            stepped = runner.run("step", world.step, plan, step0, step_fn=None if spent else step_fn,
-                                 rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS, always=spent)
-            if spent and stepped is not None:
-                plan.notes.append(f"step: max_seconds={max_seconds:g} was spent before it; its micro-batch and step "
-                                  "are arithmetic on the memory ramp's timings (one row and the rows that fit were "
-                                  "not timed in turn)")
+        stepped = None if grad_fn is None or step_fn is None else \
+            _step(runner, plan, world, noise, step_fn, rows_per_step, step_for, max_seconds)
         timed = _timed(runner, plan, held_out_losses, train_step_of, _draw_row_seconds(noise, grad_fn)) \
             if rate_ready else None
         first = None
@@ -195,9 +187,10 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
             first = runner.run("first_step", phases.first_step, params, optimizer, timed.steps_of, timed.held, plan,
                                p.loss_resolution, world.per_card_burn_in())
         if past_format_ready:
-            runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn, plan,
-                       noise, lengths, runner, named, trained_as, rows_per_step, step_for, stepped,
-                       needs=_PAST_FORMAT_NEEDS)
+            burned = runner.run("past_format", phases.past_format, params, optimizer, train_step_of, grad_fn, step_fn,
+                                plan, noise, lengths, runner, named, trained_as, rows_per_step, step_for, stepped,
+                                needs=_PAST_FORMAT_NEEDS)
+            plan.notes.extend(burned.notes if burned is not None else ())
         if named:  # arithmetic on the weights' norms: run whatever the budget says, it is the rate's fallback
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         _length(runner, plan, total_steps, epochs)
@@ -269,6 +262,21 @@ def _corpus(runner: PhaseRunner, plan: Plan, c: Corpus) -> None:
     if "seq_len" not in plan and c.seq_len is not None:  # no corpus to measure: the length the caller gave
         plan.set("seq_len", Value(int(c.seq_len), "given",
                                   "the run's length, given by the caller (no corpus was profiled)", unit="tokens"))
+
+
+def _step(runner: PhaseRunner, plan: Plan, world: Strategy, noise: Any, step_fn: Any, rows_per_step: int | None,
+          step_for: str, max_seconds: float | None) -> StepPhase | None:
+    """The step phase from the noise (the plan's reading where it was resumed); out of time, the
+    step is arithmetic on the ramp's timings: a plan that can train, not none."""
+    step0 = noise if noise is not None else plan.get("noise_scale_tokens")
+    spent = (left := runner.seconds_left()) is not None and left <= 0
+    stepped = runner.run("step", world.step, plan, step0, step_fn=None if spent else step_fn,
+                         rows_per_step=rows_per_step, step_for=step_for, needs=_STEP_NEEDS, always=spent)
+    if spent and stepped is not None:
+        plan.notes.append(f"step: max_seconds={max_seconds:g} was spent before it; its micro-batch and step "
+                          "are arithmetic on the memory ramp's timings (one row and the rows that fit were "
+                          "not timed in turn)")
+    return stepped
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """derive()'s phases inside a job: the runner that keeps the ranks in step, the memory phase
 that takes the least card, and the step that counts the whole world.
 
-- :class:`AgreedPhaseRunner` — :class:`~leadline.derive.runner.PhaseRunner` whose every phase ends in
+- :class:`AgreedPhaseRunner` — :class:`~leadline.runner.PhaseRunner` whose every phase ends in
   an agreement (:func:`~leadline.distributed.agree.agreed`), whose time budget is the least
   left on any rank (so every rank skips the same phases, and a look-ahead cut by
   ``max_seconds`` is cut at the same step on every rank), and whose resume file is rank 0's
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from leadline.budget import OutOfTime
-from leadline.derive.runner import PhaseRunner
 from leadline.distributed.agree import agreed
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
+from leadline.runner import PhaseRunner
 
 BUCKET_BYTES = 25 * 1024 * 1024
 """DDP's default bucket (``bucket_cap_mb=25``): the all-reduce is timed in buckets of this size."""
@@ -37,7 +37,7 @@ BUCKET_BYTES = 25 * 1024 * 1024
 
 @dataclass
 class AgreedPhaseRunner(PhaseRunner):
-    """A :class:`~leadline.derive.runner.PhaseRunner` for a job (see the module).
+    """A :class:`~leadline.runner.PhaseRunner` for a job (see the module).
 
     Every rank builds one and runs the same phases in the same order: each phase is an
     agreement (a failure on any rank is the same :class:`~leadline.distributed.RankFailed` on
@@ -48,7 +48,7 @@ class AgreedPhaseRunner(PhaseRunner):
         Rank 0 of two, where rank 1 has 5 s left and its next phase fails (the replies are rank
         1's side of each collective):
 
-        >>> from leadline.derive.runner import Values
+        >>> from leadline.runner import Values
         >>> from leadline.distributed import RankFailed
         >>> class RankZeroOfTwo:
         ...     rank, world_size, is_main = 0, 2, True

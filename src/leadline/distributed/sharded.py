@@ -16,7 +16,7 @@ rounding (``tests/test_distributed_job.py``, FSDP over 2 gloo ranks against an u
 
 ``derive_for`` uses it as the noise phase of a sharded model
 (:class:`~leadline.distributed.sharded_job.ShardedWorldTask`); it is also the noise phase for a
-loop of your own (``leadline.derive(pieces=Pieces(gradients=...))``) or a probe by hand::
+loop of your own (``derive(pieces=Pieces(gradients=...))``) or a probe by hand::
 
     with ShardedGradFn(fsdp_model, micro_batch_of) as grad_fn:
         noise = measure_noise_scale(grad_fn, budget_s=60)   # on every rank

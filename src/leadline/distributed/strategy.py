@@ -1,6 +1,6 @@
 """derive()'s strategy in a ``torch.distributed`` job of several processes: what each phase does
-with the other ranks (:class:`~leadline.derive.strategy.OneProcess` is the same for one
-process). The phases it runs are in :mod:`leadline.distributed.phases`; docs/distributed.md
+with the other ranks, the :class:`~leadline.strategy.Strategy` of a job (derive's ``OneProcess``
+is the same for one process). The phases it runs are in :mod:`leadline.distributed.phases`; docs/distributed.md
 says why each is what it is.
 """
 
@@ -10,11 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from leadline.derive.batches import StepPhase
-from leadline.derive.runner import PhaseRunner
 from leadline.errors import InputError
 from leadline.pieces import LockstepStep, SelfMeasuringSource
 from leadline.plan import Plan
+from leadline.runner import PhaseRunner, StepPhase
 
 __all__ = ["InAJob"]
 

@@ -14,7 +14,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
-from leadline.derive.strategy import Strategy, strategy_for
+from leadline.derive.strategy import strategy_for
 from leadline.errors import InputError
 from leadline.hf.precision import check_trainable, checkpointing, precision_of
 from leadline.hf.task import (
@@ -30,6 +30,7 @@ from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, traine
 from leadline.one_run import run_in_one
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
+from leadline.strategy import Strategy
 
 __all__ = ["EFFORTS", "PARTS", "derive_for", "derive_parts"]
 

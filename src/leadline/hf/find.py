@@ -236,23 +236,36 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
         ...     print(e)
         find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose arguments hold it
     """
+    return _found_rate(trainer, tokenizer, train_dataset, micro_batch, grad_accum, effort, max_seconds, progress, seed)
+
+
+def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, micro_batch: int | None, grad_accum: int | None,
+                effort: str, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
+    """find_lr's search: the opening race's rate, or derive's rate phases at the trainer's batch."""
     from leadline.hf.deriving import derive_parts
     from leadline.hf.trainer import is_trainer
 
     args = trainer.args if is_trainer(trainer) else None
     if effort == "race":
         return _race_rate(trainer, tokenizer, train_dataset, args, micro_batch, grad_accum, max_seconds, progress, seed)
+    batch = _step_batch(args, micro_batch, grad_accum)
+    length = _length_of(trainer, batch[0] * batch[1])
+    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=batch,
+                        effort=effort, max_seconds=max_seconds, progress=progress, seed=seed, **length)
+    if "lr" not in plan:
+        raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
+    return FoundRate(plan, "lr", ("lr", "alpha1"))
+
+
+def _step_batch(args: Any, micro_batch: int | None, grad_accum: int | None) -> tuple[int, int]:
+    """``(micro_batch, grad_accum)``: as given, else the trainer's arguments' (accumulation 1
+    without them); refused where no micro-batch is given or read."""
     micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
     grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
     if micro_batch is None:
         raise InputError("find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose "
                          "arguments hold it")
-    length = _length_of(trainer, micro_batch * grad_accum)
-    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=(micro_batch, grad_accum),
-                        effort=effort, max_seconds=max_seconds, progress=progress, seed=seed, **length)
-    if "lr" not in plan:
-        raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
-    return FoundRate(plan, "lr", ("lr", "alpha1"))
+    return micro_batch, grad_accum
 
 
 def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micro_batch: int | None,

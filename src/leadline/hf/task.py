@@ -181,6 +181,23 @@ class Task:
         return self.split.reader(self.model, self.rows, "held_out", device=self.device, pad_id=self.pad_id)
 
 
+def _scored_rows(model: Any, tokenizer: Any, source: Any, seq_len: int | None, quantile: float | None,
+                 fields: dict[str, str] | None) -> tuple[Any, list[Any]]:
+    """The corpus profile and the rows tokenized as the loader will, cut to its length, those with
+    nothing to score dropped; at least 8 must remain."""
+    from leadline.corpus import profile_corpus, tokenize_rows
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile, fields=fields,
+                          positions=positions if isinstance(positions, int) else None)
+    rows = [r.truncated(prof.seq_len) for r in tokenize_rows(source, tokenizer, fields=fields)]
+    rows = [r for r in rows if r.scored_tokens > 0]
+    if len(rows) < 8:
+        raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive "
+                         "needs at least 8")
+    return prof, rows
+
+
 def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None,
             quantile: float | None = None,
             held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
@@ -222,17 +239,9 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
 
     import torch
 
-    from leadline.corpus import profile_corpus, split_rows, tokenize_rows
+    from leadline.corpus import split_rows
 
-    source = _rows_of(train_dataset)
-    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    prof = profile_corpus(source, tokenizer, seq_len=seq_len, quantile=quantile, fields=fields,
-                          positions=positions if isinstance(positions, int) else None)
-    rows = [r.truncated(prof.seq_len) for r in tokenize_rows(source, tokenizer, fields=fields)]
-    rows = [r for r in rows if r.scored_tokens > 0]
-    if len(rows) < 8:
-        raise InputError(f"the data has {len(rows)} rows with something to score at seq_len {prof.seq_len}; derive "
-                         "needs at least 8")
+    prof, rows = _scored_rows(model, tokenizer, _rows_of(train_dataset), seq_len, quantile, fields)
     if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
         held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)

@@ -177,18 +177,8 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
         raise ValueError("race_ending needs at least one copy or an average")
     constant = read_held_out(held_out, rows)
     at_end = Snapshot.take(params, opt, place=place)
-    read: list[tuple[EndingCopy, list[float]]] = []
-    averaged: list[float] | None = None
     try:
-        for copy in sorted(copies, key=lambda c: -c.start):  # the shortest ending first
-            copy.snapshot.load(params, opt)
-            run_steps(opt, train_step, copy.start, end, lambda t, c=copy: linear_decay_lr(t, c.start, end, c.lr),
-                      ratios)
-            read.append((copy, read_held_out(held_out, rows)))
-            copy.snapshot.save(params, opt)  # the copy now holds this decayed ending
-        if average is not None:
-            average.load(params)
-            averaged = read_held_out(held_out, rows)
+        read, averaged = _endings_read(params, opt, train_step, held_out, copies, end, ratios, rows, average)
     except BaseException:
         at_end.load(params, opt)
         raise
@@ -204,20 +194,46 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
         at_end.load(params, opt)
         if keep == "average":
             average.load(params)
+    evidence = _ending_evidence(keep, kind, best, end, constant, losses, verdict, alpha, read, average, averaged)
+    return evidence, (constant if keep == "constant" else losses)
+
+
+def _endings_read(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
+                  held_out: HeldOut, copies: Sequence[EndingCopy], end: int, ratios: Sequence[float], rows: int,
+                  average: TailAverage | None) -> tuple[list[tuple[EndingCopy, list[float]]], list[float] | None]:
+    """Every copy's decayed ending run and read, the shortest first (each copy's snapshot then holds
+    its ending), and the averaged weights read: ``(each copy and its per-row losses, the average's)``."""
+    read: list[tuple[EndingCopy, list[float]]] = []
+    averaged: list[float] | None = None
+    for copy in sorted(copies, key=lambda c: -c.start):  # the shortest ending first
+        copy.snapshot.load(params, opt)
+        run_steps(opt, train_step, copy.start, end, lambda t, c=copy: linear_decay_lr(t, c.start, end, c.lr),
+                  ratios)
+        read.append((copy, read_held_out(held_out, rows)))
+        copy.snapshot.save(params, opt)  # the copy now holds this decayed ending
+    if average is not None:
+        average.load(params)
+        averaged = read_held_out(held_out, rows)
+    return read, averaged
+
+
+def _ending_evidence(keep: str, kind: str, best: Any, end: int, constant: list[float], losses: list[float],
+                     verdict: Any, alpha: float, read: list[tuple[EndingCopy, list[float]]],
+                     average: TailAverage | None, averaged: list[float] | None) -> dict[str, Any]:
+    """The raced ending's evidence: the one kept, the constant against the best, every length raced."""
     c_mean, c_se = _mean_se(constant)
     d_mean, d_se = _mean_se(losses)
-    start = best.start
     out = {
-        "kept": keep, "from_step": start, "to_step": end, "lr_at_copy": getattr(best, "lr", None),
+        "kept": keep, "from_step": best.start, "to_step": end, "lr_at_copy": getattr(best, "lr", None),
         "constant": {"loss": c_mean, "se": c_se}, kind: {"loss": d_mean, "se": d_se},
         "constant_versus_decay": verdict.as_dict(), "alpha": alpha,
         "decays": [{"from_step": c.start, "steps": end - c.start, "lr_at_copy": c.lr,
                     "loss": _mean_se(ls)[0], "se": _mean_se(ls)[1]} for c, ls in read],
     }
-    if averaged is not None:
+    if averaged is not None and average is not None:
         out["average"] = {"from_step": average.start, "iterates": average.count, "loss": _mean_se(averaged)[0],
                           "se": _mean_se(averaged)[1]}
-    return out, (constant if keep == "constant" else losses)
+    return out
 
 
 def ending_why(ending: dict[str, Any]) -> str:

@@ -253,16 +253,44 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
     """
     import torch
 
-    from leadline.rate.state import check_params, finite, no_trace, read_held_out
+    from leadline.rate.state import check_params, no_trace
 
     t0 = time.perf_counter()
     params = check_params(params, opt)
     with no_trace(params, opt, place=place) as origin, torch.no_grad():
-        base_rows = read_held_out(held_out_losses_per_row)
+        line = _Line.of(params, opt, train_step, step, origin.params, held_out_losses_per_row)
+        w = walk(line.loss_at, line.base, start=start, factor=factor, max_lr=max_lr, resolution=resolution)
+        points, why = _refined(line, w, start=start, factor=factor, max_lr=max_lr, rel_tol=rel_tol)
+        best_lr, best_loss = min(points, key=lambda p: (p[1], p[0]))
+        found = w.fell and best_loss < line.base
+        extra = line.call_at(best_lr, at_alpha1) if found and at_alpha1 is not None else None
+    return _first_step(line, points, best_lr if found else None, best_loss, why, time.perf_counter() - t0, extra)
+
+
+class _Line:
+    """The held-out loss along Adam's first update from the origin: :meth:`loss_at` puts the
+    weights at origin - lr x update and reads the held-out rows, each read kept by its rate."""
+
+    def __init__(self, params: Sequence[Any], origin: Sequence[Any], direction: list[Any] | None,
+                 held_out: Callable[[], Sequence[float]], base_rows: list[float]) -> None:
+        self.params, self.origin, self.direction, self.held_out = params, origin, direction, held_out
+        self.base_rows = base_rows
+        self.base = math.fsum(base_rows) / len(base_rows)
+        self.rows_at: dict[float, list[float]] = {}
+
+    @classmethod
+    def of(cls, params: Sequence[Any], opt: Any, train_step: Callable[[int], Any], step: int, origin: Sequence[Any],
+           held_out: Callable[[], Sequence[float]]) -> _Line:
+        """The line from the origin: the held-out rows read there (finite, or refused), then the
+        first update of a step at lr 1 from a cleared optimizer state."""
+        import torch
+
+        from leadline.rate.state import finite, read_held_out
+
+        base_rows = read_held_out(held_out)
         if not finite(base_rows):
             raise InputError("held_out_losses_per_row() returned a non-finite loss before any step; check the held-out "
                              "rows and the model")
-        base = math.fsum(base_rows) / len(base_rows)
         opt.state.clear()
         for g in opt.param_groups:
             g["lr"] = 1.0
@@ -270,51 +298,70 @@ def measure_first_step(params: Sequence[Any], opt: Any, train_step: Callable[[in
         with torch.enable_grad():
             train_step(step)
         opt.step()
-        direction = [torch.sub(w0.to(p.device), p).to(w0.device) for w0, p in zip(origin.params, params)]
+        direction = [torch.sub(w0.to(p.device), p).to(w0.device) for w0, p in zip(origin, params)]
         opt.state.clear()
         opt.zero_grad(set_to_none=True)
-        rows_at: dict[float, list[float]] = {}
+        return cls(params, origin, direction, held_out, base_rows)
 
-        def loss_at(lr: float) -> float:
-            for p, w0, u in zip(params, origin.params, direction):
-                p.copy_(torch.add(w0.to(p.device), u.to(p.device), alpha=-lr))
-            rows = read_held_out(held_out_losses_per_row, len(base_rows))
-            rows_at[lr] = rows
-            return math.fsum(rows) / len(rows) if finite(rows) else math.inf
+    def move_to(self, lr: float) -> None:
+        """The weights at origin - ``lr`` x the update."""
+        import torch
 
-        w = walk(loss_at, base, start=start, factor=factor, max_lr=max_lr, resolution=resolution)
-        points = list(w.points)
-        if w.bracket is not None:
-            tied: list[float] = []
+        assert self.direction is not None
+        for p, w0, u in zip(self.params, self.origin, self.direction):
+            p.copy_(torch.add(w0.to(p.device), u.to(p.device), alpha=-lr))
 
-            def resolved(c: float, d: float) -> bool:  # the inner points differ by more than their SE
-                if abs(stats.paired_difference(rows_at[c], rows_at[d]).t) >= 1.0:
-                    return True
-                tied.append(max(c, d) / min(c, d))
-                return False
+    def loss_at(self, lr: float) -> float:
+        """The mean held-out loss at ``lr`` along the line (inf where a row's loss is not finite)."""
+        from leadline.rate.state import finite, read_held_out
 
-            points += golden_section_log(loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol, resolved=resolved)
-            why = (f"bracketed x{factor:g} at {w.bracket[1]:.3g}, refined by golden section "
-                   + (f"until its inner points, x{tied[0]:.3g} apart, read within their standard error" if tied
-                      else f"to {rel_tol:.0%}"))
-        elif w.fell:
-            why = f"the loss still fell at max_lr = {max_lr:g}: alpha1 is the largest step walked"
-        else:
-            why = f"no step from {start:g} to {max_lr:g} lowered the held-out loss"
-        best_lr, best_loss = min(points, key=lambda p: (p[1], p[0]))
-        found = w.fell and best_loss < base
-        extra = None
-        if found and at_alpha1 is not None:
-            for p, w0, u in zip(params, origin.params, direction):
-                p.copy_(torch.add(w0.to(p.device), u.to(p.device), alpha=-best_lr))
-            del direction
-            with torch.enable_grad():
-                extra = at_alpha1()
-    versus: dict[str, Any] = {}
-    if found:
-        versus = stats.paired_difference(rows_at[best_lr], base_rows).as_dict()
+        self.move_to(lr)
+        rows = read_held_out(self.held_out, len(self.base_rows))
+        self.rows_at[lr] = rows
+        return math.fsum(rows) / len(rows) if finite(rows) else math.inf
+
+    def call_at(self, lr: float, fn: Callable[[], Any]) -> Any:
+        """``fn()`` with gradients on, the weights at ``lr`` along the line (the update's memory let go first)."""
+        import torch
+
+        self.move_to(lr)
+        self.direction = None
+        with torch.enable_grad():
+            return fn()
+
+
+def _refined(line: _Line, w: Walk, *, start: float, factor: float, max_lr: float,
+             rel_tol: float) -> tuple[list[tuple[float, float]], str]:
+    """The walk's points, and a bracket's refined by golden section until its inner points read
+    within their standard error (or to ``rel_tol``); with the sentence of why the search stopped."""
+    points = list(w.points)
+    if w.bracket is not None:
+        tied: list[float] = []
+
+        def resolved(c: float, d: float) -> bool:  # the inner points differ by more than their SE
+            if abs(stats.paired_difference(line.rows_at[c], line.rows_at[d]).t) >= 1.0:
+                return True
+            tied.append(max(c, d) / min(c, d))
+            return False
+
+        points += golden_section_log(line.loss_at, w.bracket[0], w.bracket[2], rel_tol=rel_tol, resolved=resolved)
+        why = (f"bracketed x{factor:g} at {w.bracket[1]:.3g}, refined by golden section "
+               + (f"until its inner points, x{tied[0]:.3g} apart, read within their standard error" if tied
+                  else f"to {rel_tol:.0%}"))
+    elif w.fell:
+        why = f"the loss still fell at max_lr = {max_lr:g}: alpha1 is the largest step walked"
+    else:
+        why = f"no step from {start:g} to {max_lr:g} lowered the held-out loss"
+    return points, why
+
+
+def _first_step(line: _Line, points: list[tuple[float, float]], alpha1: float | None, best_loss: float, why: str,
+                seconds: float, extra: Any) -> FirstStep:
+    """The result: alpha1 (None where no step lowered the loss) against the origin's loss, and the walk."""
+    found = alpha1 is not None
+    versus = stats.paired_difference(line.rows_at[alpha1], line.base_rows).as_dict() if found else {}
     return FirstStep(
-        alpha1=best_lr if found else None, found=found, base_loss=base, loss=best_loss if found else base,
-        walk=[{"lr": lr, "loss": loss} for lr, loss in points], held_out_rows=len(base_rows),
-        versus_base=versus, stopped_because=why, seconds=time.perf_counter() - t0, at_alpha1=extra,
+        alpha1=alpha1, found=found, base_loss=line.base, loss=best_loss if found else line.base,
+        walk=[{"lr": lr, "loss": loss} for lr, loss in points], held_out_rows=len(line.base_rows),
+        versus_base=versus, stopped_because=why, seconds=seconds, at_alpha1=extra,
     )

@@ -168,12 +168,7 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     rates = sorted(a1 * 2.0**j for j in set(grid))
     budget = math.ceil(budget_fraction * total_steps)
     if effort == "quick":
-        return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1,
-                         "quick effort: no steps run; race() picks among the rates inside the run",
-                         seconds=time.perf_counter() - t0,
-                         stop="quick")
-
-    from leadline.budget import OutOfTime
+        return _quick(a1, rates, total_steps, w, beta1, t0)
     from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
@@ -189,22 +184,38 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         ratios = group_ratios(opt)
         base = read_held_out(held_out_losses_per_row)
         run = RunPieces(params, opt, train_step, held_out_losses_per_row, origin, ratios, len(base), place, base)
-        for look, n in enumerate(s.horizons, 1):
-            try:
-                if _horizon(s, run, look, n):
-                    break
-            except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
-                if not s.evidence:
-                    raise
-                s.halt("max_seconds", f"max_seconds: cut inside the {n}-step horizon, the answer read at "
-                                      f"{s.last_read} steps")
-                break
+        _look_ahead(s, run)
         race = None
         if race_warmup and s.evidence:
             race = _race_warmup(s.cands.get(s.last_best), int(race_warmup), w, a1, s.stop, s.last_read, total_steps,
                                 params, opt, train_step, held_out_losses_per_row, origin, ratios, run.rows, place,
                                 alpha)
     return _answer(s, run.rows, race, race_warmup, keep_branch, short, first, beta1, budget_fraction, t0)
+
+
+def _quick(a1: float, rates: list[float], total_steps: int, w: int, beta1: float, t0: float) -> Lookahead:
+    """The quick effort's answer: alpha1 and the rates, no step run."""
+    return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1,
+                     "quick effort: no steps run; race() picks among the rates inside the run",
+                     seconds=time.perf_counter() - t0,
+                     stop="quick")
+
+
+def _look_ahead(s: _Search, run: RunPieces) -> None:
+    """The candidates run and read horizon by horizon until the search stops; cut by derive's
+    max_seconds (checked before every step), it keeps what was read."""
+    from leadline.budget import OutOfTime
+
+    for look, n in enumerate(s.horizons, 1):
+        try:
+            if _horizon(s, run, look, n):
+                break
+        except OutOfTime:  # derive's max_seconds, checked before every step: keep what was read
+            if not s.evidence:
+                raise
+            s.halt("max_seconds", f"max_seconds: cut inside the {n}-step horizon, the answer read at "
+                                  f"{s.last_read} steps")
+            break
 
 
 def _check_args(total_steps: int, effort: str, grid: Sequence[int]) -> None:

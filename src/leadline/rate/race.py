@@ -171,11 +171,31 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
         [(0.0025, 'unstable'), (0.00125, 'running')]
     """
     t0 = time.perf_counter()
+    rates = _checked_rates(rates, total_steps)
+    s, win, ending = _run_race(params, opt, train_step, held_out, rates, total_steps, alpha1, warmup_steps,
+                               first_round, ending_horizon, alpha=alpha, place=place, on_progress=on_progress,
+                               rounds_only=rounds_only, average=average)
+    return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
+                      time.perf_counter() - t0, s.snaps)
+
+
+def _checked_rates(rates: Sequence[float], total_steps: int) -> list[float]:
+    """The rates, each once and in order, refused unless positive numbers, and the run's length checked."""
     rates = sorted({float(r) for r in rates})
     if not rates or not all(math.isfinite(r) and r > 0 for r in rates):
         raise InputError(f"rates must be positive numbers, got {rates!r}")
     if not isinstance(total_steps, int) or total_steps < 2:
         raise InputError(f"total_steps must be the run's length in optimizer steps (>= 2), got {total_steps!r}")
+    return rates
+
+
+def _run_race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
+              held_out: Callable[[], Sequence[float]], rates: list[float], total_steps: int, alpha1: float | None,
+              warmup_steps: int | None, first_round: int | None, ending_horizon: int | None, *, alpha: float,
+              place: str, on_progress: Callable[[dict[str, Any]], None] | None, rounds_only: bool,
+              average: bool) -> tuple[_Race, Any, dict[str, Any]]:
+    """The race on checked rates: its rounds, then the winner's run and its ending; with
+    ``rounds_only`` the rounds alone, the weights put back. ``(the race, the winner, the ending)``."""
     from leadline.rate._run import Candidate
     from leadline.rate.lookahead import beta1_of
     from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
@@ -191,29 +211,32 @@ def race(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
         ratios = group_ratios(opt)
         base = read_held_out(held_out)
         s = _Race(params, opt, train_step, held_out, origin, ratios, len(base), place, base, alpha, cands, points)
-        alive = list(cands)
-        for look, b in enumerate(points, 1):
-            if len(alive) == 1:
-                break
-            alive = _round(s, alive, look, b)
-            if on_progress is not None:
-                on_progress(s.rounds[-1])
-        win = alive[0]
+        win = _rounds(s, cands, points, on_progress)
         if rounds_only:
             origin.load(params, opt)
             for c in cands:
                 c.snapshot = None
-            ending = {"kept": None, "why": "the rounds only: the winner's run and its ending are the caller's"}
             s.decided += "".join("; " + n for n in s.notes)
-            return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
-                              time.perf_counter() - t0, s.snaps)
+            return s, win, {"kept": None, "why": "the rounds only: the winner's run and its ending are the caller's"}
         ending = _run_winner(s, win, total_steps, h, average)
         for c in cands:
             c.snapshot = None
     if s.notes:
         s.decided += "; " + "; ".join(s.notes)
-    return RaceResult(win.lr, rates, s.rounds, ending, s.used, total_steps, s.decided, s.rows,
-                      time.perf_counter() - t0, s.snaps)
+    return s, win, ending
+
+
+def _rounds(s: _Race, cands: list[Any], points: list[int],
+            on_progress: Callable[[dict[str, Any]], None] | None) -> Any:
+    """The rounds of successive halving at ``points``, until one candidate is left: the winner."""
+    alive = list(cands)
+    for look, b in enumerate(points, 1):
+        if len(alive) == 1:
+            break
+        alive = _round(s, alive, look, b)
+        if on_progress is not None:
+            on_progress(s.rounds[-1])
+    return alive[0]
 
 
 @dataclass

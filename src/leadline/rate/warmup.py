@@ -174,32 +174,39 @@ def warmup_values(alpha1: float | None = None, lr: float | None = None, betas: S
                                    f"round(1/(1 - beta1)) = {warmup_steps_for(b1)} steps)",
                      evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr}, unit="steps")
     elif race and race.get("raced"):
-        w, c = race["warmup"], race["constant"]
-        read = (f"raced at the run's length ({race['total_steps']} steps, the rate {race['rate']:.3g}) against the "
-                f"rate from step 0: held-out loss {w['loss']:.4g} ± {w['se']:.2g} with it, {c['loss']:.4g} ± "
-                f"{c['se']:.2g} without")
-        if race["kept"] == "warmup":
-            warm = Value(int(race["warmup_steps"]), "measured",
-                         f"the warmup from alpha1 over {race['warmup_steps']} steps, kept: {read}, lower by a "
-                         "one-sided paired t test",
-                         evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
-        else:
-            warm = Value(0, "measured", f"none, measured on this run: the warmup from alpha1 over "
-                                        f"{race['warmup_steps']} steps {read}, not lower by a one-sided paired t test; "
-                                        f"the run starts at {to}",
-                         evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
+        warm = _raced_warmup(race, b1, alpha1, lr, to)
     else:
         warm = Value(0, "constant", _not_raced_source(b1, to, race),
                      evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, **WARMUP_MEASURED,
                                **({"race": dict(race)} if race else {})}, unit="steps")
-    return {
-        "warmup_steps": warm,
-        "weight_decay": Value(
-            0.0, "constant",
-            "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero "
-            "(measured: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086; docs/rate.md), one that does not act "
-            "is 0",
-            evidence={"measurements": "docs/rate.md, Warmup and weight decay", "decay_1_over_lr_steps_delta_ce": 2.96,
-                      "decay_10x_weaker_delta_ce": 0.0086},
-        ),
-    }
+    return {"warmup_steps": warm, "weight_decay": _no_weight_decay()}
+
+
+def _raced_warmup(race: Mapping[str, Any], b1: float, alpha1: float | None, lr: float | None, to: str) -> Value:
+    """``warmup_steps`` from :func:`warmup_race`'s verdict on this run: its steps when the warmup
+    won, else 0, measured either way."""
+    w, c = race["warmup"], race["constant"]
+    read = (f"raced at the run's length ({race['total_steps']} steps, the rate {race['rate']:.3g}) against the "
+            f"rate from step 0: held-out loss {w['loss']:.4g} ± {w['se']:.2g} with it, {c['loss']:.4g} ± "
+            f"{c['se']:.2g} without")
+    if race["kept"] == "warmup":
+        return Value(int(race["warmup_steps"]), "measured",
+                     f"the warmup from alpha1 over {race['warmup_steps']} steps, kept: {read}, lower by a "
+                     "one-sided paired t test",
+                     evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
+    return Value(0, "measured", f"none, measured on this run: the warmup from alpha1 over "
+                                f"{race['warmup_steps']} steps {read}, not lower by a one-sided paired t test; "
+                                f"the run starts at {to}",
+                 evidence={"beta1": b1, "warmup_from": alpha1, "warmup_to": lr, "race": race}, unit="steps")
+
+
+def _no_weight_decay() -> Value:
+    """``weight_decay``: 0, a constant."""
+    return Value(
+        0.0, "constant",
+        "0 by argument, not measured here: a decay that acts within the run pulls fine-tuned weights toward zero "
+        "(measured: 1/(lr x steps) lost +2.96 CE, 10x weaker +0.0086; docs/rate.md), one that does not act "
+        "is 0",
+        evidence={"measurements": "docs/rate.md, Warmup and weight decay", "decay_1_over_lr_steps_delta_ce": 2.96,
+                  "decay_10x_weaker_delta_ce": 0.0086},
+    )

@@ -1,6 +1,7 @@
 """What wraps derive()'s phases without living inside them: the time budget, progress and the
 resume file. A phase is a function that returns its result; the runner puts the result's
-``as_values()`` into the plan and hands the result back to the recipe."""
+``as_values()`` into the plan and hands the result back to the recipe. One process's derive
+(:mod:`leadline.derive`) and a job's (:mod:`leadline.distributed`) both run their phases here."""
 
 from __future__ import annotations
 
@@ -39,6 +40,17 @@ class Values:
         0.0
     """
 
+    values: Mapping[str, Value]
+
+    def as_values(self) -> Mapping[str, Value]:
+        return self.values
+
+
+@dataclass(frozen=True)
+class StepPhase:
+    """The step phase's :class:`~leadline.noise.StepPlan` (None in a job) and its values."""
+
+    step: Any
     values: Mapping[str, Value]
 
     def as_values(self) -> Mapping[str, Value]:

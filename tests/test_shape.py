@@ -1,0 +1,109 @@
+"""The shape of derive/, hf/ and rate/: no function longer than a screen, and derive and distributed
+apart (neither package imports the other, imports inside functions included; distributed reaches
+no module of derive through any other)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_layers import MODULES, _edges, _imports
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "leadline"
+PACKAGES = ("derive", "hf", "rate")
+MOST_LINES = 60
+"""A function's lines, from its ``def`` to its last line, docstring included."""
+
+DOCSTRING_APART = {
+    "leadline.hf.deriving.derive_for": "its public docstring alone is 78 lines",
+    "leadline.rate.lookahead.lookahead_lr": "its public docstring alone is 63 lines",
+}
+"""Public functions whose docstring alone passes :data:`MOST_LINES`: their lines apart from the
+docstring are held to it."""
+
+
+def _lengths(source: str) -> dict[str, tuple[int, int]]:
+    """``qualified name -> (lines, lines apart from the docstring)`` for every function in ``source``."""
+    out: dict[str, tuple[int, int]] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    lines = child.end_lineno - child.lineno + 1
+                    first = child.body[0]
+                    doc = (first.end_lineno - first.lineno + 1
+                           if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                           and isinstance(first.value.value, str) else 0)
+                    out[name] = (lines, lines - doc)
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return out
+
+
+def _functions() -> dict[str, tuple[int, int]]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((SRC / package).rglob("*.py")):
+            module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+            for name, lengths in _lengths(path.read_text(encoding="utf-8")).items():
+                out[f"{module}.{name}"] = lengths
+    return out
+
+
+def test_no_function_in_derive_hf_or_rate_is_longer_than_a_screen():
+    functions = _functions()
+    assert len(functions) > 100  # the packages were found
+    long = {name: lines for name, (lines, _) in functions.items() if lines > MOST_LINES and name not in DOCSTRING_APART}
+    assert not long, f"functions longer than {MOST_LINES} lines (split them): {long}"
+
+
+def test_the_functions_measured_apart_from_their_docstring_still_need_it_and_fit_without_it():
+    functions = _functions()
+    for name in DOCSTRING_APART:
+        lines, without_docstring = functions[name]
+        assert lines > MOST_LINES, f"{name} is {lines} lines now: drop it from DOCSTRING_APART"
+        assert without_docstring <= MOST_LINES, f"{name} is {without_docstring} lines apart from its docstring"
+
+
+def test_the_length_check_counts_from_def_to_the_last_line():
+    body = "\n".join(f"    x{i} = {i}" for i in range(58))
+    source = f'def f():\n    """One line."""\n{body}\n\n\nclass C:\n    def g(self):\n        return 1\n'
+    assert _lengths(source) == {"f": (60, 59), "C.g": (2, 2)}
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (SRC / parts[1]).is_dir()) else None
+
+
+def test_derive_and_distributed_do_not_import_each_other():
+    crossing = []
+    for name in MODULES:
+        here = _package(name)
+        for module, what in _imports(name):
+            there = _package(f"{module}.{what}" if what and f"{module}.{what}" in MODULES else module)
+            if {here, there} == {"derive", "distributed"}:
+                crossing.append(f"{name} imports {module}" + (f".{what}" if what else ""))
+    assert not crossing, "derive and distributed import each other: " + "; ".join(crossing)
+
+
+def test_distributed_reaches_no_module_of_derive():
+    graph = _edges()
+    seen = {m for m in MODULES if _package(m) == "distributed"}
+    todo = list(seen)
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    reached = sorted(m for m in seen if _package(m) == "derive")
+    assert not reached, f"distributed reaches derive through its imports: {reached}"
+
+
+def test_the_package_of_a_module():
+    assert _package("leadline.derive.recipe") == "derive" and _package("leadline.derive") == "derive"
+    assert _package("leadline.runner") is None and _package("leadline") is None
