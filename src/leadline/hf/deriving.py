@@ -56,59 +56,13 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
-    ``effort``: ``"race"`` (the default, as ``leadline run``'s): the plan of schedule-free AdamW
-    (``optimizer`` ``schedule_free_adamw``, warmup 2% of the run, weight decay 0, 16 rows a step
-    unless ``rows_per_step`` says otherwise), its rate decided by the opening race of
-    :func:`leadline.one_run.run_in_one` run with ``train=False``: the candidates' steps on the
-    run's opening rows, each read on the held-out rows, then the trained tensors and the RNG put
-    back bit for bit. :func:`~leadline.hf.training_arguments` maps it to Trainer's
-    ``optim="schedule_free_adamw"``. The race takes the model, its rows, the run's length,
-    ``seq_len``, ``seed``, ``fields`` and ``rows_per_step``; the arguments that shape derive()'s
-    phases (``max_seconds``, ``step_for``, ``quantile``, ``held_out``, ``fit_rank``, ...) are
-    refused with it. ``"quick"`` (alpha1 and a rate grid raced inside the run by
-    :class:`~leadline.hf.LeadlineCallback`) and ``"full"`` (the look-ahead) run derive().
-
-    ``derive_for(trainer)``: a built ``Trainer`` or TRL ``SFTTrainer`` in place of the model —
-    the plan is derived on the rows the trainer will train on, each collated by its own
-    collator (its tokenization, truncation, packing and labels: TRL's ``assistant_only_loss`` /
-    ``completion_only_loss`` as set), on ``trainer.model`` (the PEFT model SFTTrainer built from
-    ``peft_config``), for the trainer's ``max_steps`` (else its epochs) unless ``total_steps``
-    or ``epochs`` is given. The plan's ``loss_policy`` records that policy, and
-    :func:`~leadline.hf.training_arguments` carries it into the SFTConfig the run trains with.
-    A trainer whose args turn gradient checkpointing on (Trainer does it in ``train()``) is
-    measured with it on, and it is put back after.
-
-    The model is measured as it trains (:mod:`leadline.hf.precision`): a bf16 base, a
-    bitsandbytes 4-bit/8-bit base under a LoRA adapter (QLoRA; on a CUDA GPU), gradient
-    checkpointing; the plan's ``precision`` says which, and the rate phases read the held-out
-    loss at that precision's resolution. A quantized base without an adapter is refused. A
-    model without an adapter trains every weight (a full fine-tune: a GGUF file read by
-    :func:`~leadline.hf.load_model` is its float model), and a note on the plan says so; for
-    LoRA, wrap it with ``peft.get_peft_model`` first, as ``leadline derive`` does unless ``--full``.
-
-    The model is left as it was: weights bit-identical, grads cleared, its train/eval mode
-    restored. The held-out and test rows come back on ``plan.held_out`` (row indices into the
-    tokenized corpus, in file order).
-
-    Under torchrun every rank calls it and every rank gets rank 0's plan. A model alone or in
-    DDP runs through a DDP wrapper of derive_for's own (:class:`~leadline.distributed.WorldTask`);
-    a model sharded by FSDP (``FullyShardedDataParallel(..., use_orig_params=True)`` or
-    ``fully_shard``) runs through the sharded module itself, every rank in step
-    (:class:`~leadline.distributed.ShardedWorldTask`).
-
-    ``fit_rank=True`` (a PEFT LoRA model): also the largest LoRA rank whose real training step
-    fits at the plan's micro-batch and length, ``lora_rank_fit`` (:mod:`leadline.hf.rank`),
-    within ``max_seconds`` when one is given.
-
-    ``progress``: a bar over the phases on stderr (:class:`~leadline.progress.PhaseBar`);
-    ``None`` (the default) shows it when stderr is a terminal and no ``on_progress`` is given.
-
-    ``rows_per_step``: a batch the run must keep (rows an optimizer step takes): the card then
-    decides only its micro-batch and accumulation, and the rate is measured at it.
-
-    ``step_for``: ``"rows"`` (the default: the smallest step whose time a row is what the
-    least-time step pays a row to the loss its rows reach at a small step, the most from each
-    row; :func:`leadline.noise.step.rows_step_rule`) or ``"time"`` (the least time to a loss).
+    ``effort="race"`` (the default, as ``leadline run``'s): schedule-free AdamW, its rate decided
+    by :func:`leadline.one_run.run_in_one`'s opening race with ``train=False`` (the model put back
+    bit for bit); ``"quick"`` and ``"full"`` run derive(). ``derive_for(trainer)``: a built
+    ``Trainer`` or TRL ``SFTTrainer`` in place of the model, derived on the rows it trains on.
+    The model is measured as it trains (a bf16 or 4-bit base, an adapter or every weight,
+    checkpointing) and left as it was. Under torchrun every rank calls it and gets rank 0's plan.
+    Every argument, what each effort takes and refuses: ``docs/hf.md``, "derive_for's arguments".
 
     Examples:
         A whole derive takes seconds even on a tiny model (:func:`derive_parts` shows one that

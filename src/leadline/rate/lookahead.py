@@ -97,34 +97,8 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
                  max_extend: int = 3, keep_below: int = 2, keep_above: int = 1, place: str = "auto",
                  on_progress: Callable[[dict[str, Any]], None] | None = None, race_warmup: int | None = None,
                  keep_branch: bool = False) -> Lookahead:
-    """Measure the rate by running the real optimizer ahead (see the module docstring).
-
-    Args:
-        params, opt, train_step, held_out_losses_per_row: as in :mod:`leadline.rate.state`.
-        alpha1: the first safe step (a float or :class:`FirstStep`).
-        total_steps: the run's length T in optimizer steps.
-        effort: ``"full"`` runs the look-ahead; ``"quick"`` runs nothing and returns alpha1 and
-            the grid for :func:`race`.
-        grid: the exponents j of alpha1 x 2^j.
-        first_horizon: the first n (default: the warmup's length, so every reading is of the
-            rate itself); n doubles up to T.
-        settle: how many horizons the trend of the best rate is fitted over.
-        settle_slope: settled when |s| in best rate ~ n^s is at most this.
-        min_horizon: the shortest horizon a settled answer may end on (default max(16, T/8)).
-        budget_fraction: the step budget, as a fraction of T, over all candidates.
-        alpha: the error rate of the sequential tests.
-        warmup_steps: the candidates' warmup from alpha1; default round(1/(1 - beta1)) with the
-            optimizer's beta1 (0: every candidate starts at its rate, as a run without warmup does).
-        max_extend: how many grid points the edges may grow by.
-        keep_below: how many grid points below the best stay in even when significantly worse
-            (a short horizon undersells a low rate; rates above the best that are significantly
-            worse are out for good).
-        keep_above: likewise above the best (so the estimate has both neighbours).
-        place: where the snapshots live (``"auto"``: on the card when there is room).
-        on_progress: called with each horizon's evidence.
-        race_warmup: where the last horizon is the run's length, race a warmup from alpha1 over
-            this many steps at the best rate against the candidate without it (see above).
-        keep_branch: hand back the best grid rate's run as :attr:`Lookahead.branch`.
+    """Measure the rate by running the real optimizer ahead (see the module docstring); every
+    argument: ``docs/rate.md``, "lookahead_lr's arguments".
 
     Returns:
         :class:`Lookahead`. Weights, optimizer state, rates, gradients and RNG states are
