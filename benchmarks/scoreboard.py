@@ -182,12 +182,12 @@ REGIMES = {
     "full": "every weight trained (a full fine-tune), one pass; the recipe at 2e-5 (TRL's default)",
     "short": "LoRA r16, one pass over 1,000 rows given: about 50 of the recipe's 16-row steps",
     "long": "LoRA r16, three passes over 1,000 rows given: about 150 of the recipe's 16-row steps",
-    "r64": "LoRA r64 (alpha 128, every linear layer), one pass over the rows given",
+    "rank64": "LoRA r64 (alpha 128, every linear layer), one pass over the rows given",
 }
 """The regimes a board runs in (``--regime``); ``--card-gb`` holds the card to a small size in any of them."""
-REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000, "r64": 2000}
+REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000, "rank64": 2000}
 REGIME_EPOCHS = {"long": 3}
-REGIME_RANK = {"r64": 64}
+REGIME_RANK = {"rank64": 64}
 """The LoRA rank of a regime's every arm (16 where unnamed; alpha twice the rank, as ``leadline``'s)."""
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
@@ -585,6 +585,7 @@ class Arms:
         rec["regime"] = self.regime
         rec["timed_alone"] = bool(getattr(self.args, "alone", False))  # its seconds shared the GPU with no process
         rec["invocation"] = len(self.board.data.get("invocations", [])) - 1  # the call that ran it (side by side with?)
+        rec["dtype"] = ARM_DTYPE  # the precision it trained and was judged in
         if adapter is not None and ((adapter / "adapter_config.json").exists() or (adapter / "config.json").exists()):
             with self.lock:
                 t = time.perf_counter()
@@ -1158,6 +1159,17 @@ def cost_ratio(lead: dict[str, Any] | None, recipe: dict[str, Any] | None) -> st
     return "–"
 
 
+def same_precision(*units: dict[str, Any]) -> bool:
+    """Every unit trained and judged in :data:`ARM_DTYPE` (each records it; a unit without the
+    record ran before every arm shared one precision): the A/A control compares only such pairs.
+
+    Examples:
+        >>> same_precision({"dtype": "float32"}, {"dtype": "float32"}), same_precision({"dtype": "float32"}, {})
+        (True, False)
+    """
+    return all(u.get("dtype") == ARM_DTYPE for u in units)
+
+
 def boards_table(paths: list[Path]) -> str:
     """One row a board (task x regime): each arm's test metric, then the default arm ``leadline``
     against the recipe and against schedule-free at its defaults (rules W and L: McNemar on
@@ -1173,7 +1185,7 @@ def boards_table(paths: list[Path]) -> str:
         arms = arms_of(data)
         if "leadline" not in arms and not any(a in arms for a in BASELINES[1:]):
             continue  # a board of the earlier arms only (docs/results.md keeps it)
-        if data.get("dtype") != ARM_DTYPE:
+        if any(name in arms and not same_precision(arms[name]) for name in ("recipe", "schedulefree", "leadline")):
             mixed.append(board_name(data))
         kind, gold = data["kind"], data.get("gold", [])
         metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
@@ -1195,7 +1207,8 @@ def boards_table(paths: list[Path]) -> str:
             words.append(word if c is None else f"{word} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')})")
         ratio = cost_ratio(lead, arms.get("recipe"))
         aa = compare(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold) if (
-            "schedulefree_again" in arms and "schedulefree" in arms) else None
+            "schedulefree_again" in arms and "schedulefree" in arms
+            and same_precision(arms["schedulefree_again"], arms["schedulefree"])) else None
         control = "–" if aa is None else f"{aa['diff']:+.4f} (p {'< 0.0001' if aa['p'] < 1e-4 else format(aa['p'], '.2g')})"
         regime = data.get("regime") or "lora"
         made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
@@ -1205,10 +1218,11 @@ def boards_table(paths: list[Path]) -> str:
     lines.append("")
     if mixed:
         which = "every board above" if len(mixed) == len(lines) - 3 else ", ".join(mixed)  # the header, the rule, ""
-        lines.append(f"Measured at mixed precision ({which}): the boards written before the scoreboard "
+        lines.append(f"Measured at mixed precision ({which}): their units written before the scoreboard "
                      "gave every arm the command line's float32 trained the schedule-free, AlgoPerf and Prodigy arms "
                      "on a bfloat16 base (leadline and the recipe on float32) and judged every arm on a bfloat16 "
-                     "base; their comparisons between those two groups carry that difference.")
+                     "base; their comparisons between those two groups carry that difference. Every other board "
+                     "trained and judged every arm it compares in float32.")
         lines.append("")
     lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                  + "; against schedule-free at its defaults: "

@@ -81,7 +81,8 @@ def _rows(path, n=96, seed=0):
 def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itself(tmp_path):
     """run_in_one on the tiny model, then the winner's rate trained from the same start for the
     same steps by a plain schedule-free loop: the same weights, bit for bit (the losers' steps
-    and the held-out reads left no trace), and the saved model is the averaged weights."""
+    and the held-out reads left no trace), and the saved model is the averaged weights at the
+    pass the pass rule kept (20 steps of 16 rows are about four passes over these rows)."""
     import schedulefree
     import torch
 
@@ -95,7 +96,8 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     plan, res = run_in_one(model, tok, str(data), total_steps=20, decide_share=0.2, out_dir=tmp_path / "run")
     assert plan.opening_steps == 2 and res["cost"]["overhead_steps"] in (2, 4) and res["cost"]["budget_held"]
     assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
-    assert len(res["curve"]) == 20 - 2 and res["curve"][0]["step"] == 2
+    ran = (res["passes"]["stopped_at"] or 20) - 2
+    assert len(res["curve"]) == ran and res["curve"][0]["step"] == 2 and res["cost"]["steps_not_run"] == 18 - ran
     steps_counted = next(p for p in plan.phases if p.phase == "rate").steps
     assert steps_counted == 2 + res["cost"]["overhead_steps"]
 
@@ -107,7 +109,9 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     step = task.train_step_of(plan.micro_batch, plan.grad_accum)
     again.train()
     opt.train()
-    for s in range(20):
+    passes = res["passes"]
+    assert len(passes["readings"]) >= 2 and plan["kept_step"].kind == "measured"
+    for s in range(passes["kept_step"]):
         opt.zero_grad(set_to_none=True)
         step(s)
         opt.step()
@@ -231,3 +235,48 @@ def test_the_kept_micro_batch_is_the_most_rows_dividing_the_step_that_fit_whatev
         assert (mb, task.asked) == (kept, asked), fits
         assert [t["verdict"] for t in tried] == ["out of memory"] * (len(asked) - 1) + ["runs"]
         assert task.model.weight.grad is None  # the probe's gradients are not the run's
+
+
+@pytest.mark.parametrize("steps, reads, stopped", [(6, [[1.0, 1.1, 0.9, 1.2], [1.4, 1.5, 1.3, 1.6]], 4),
+                                                   (4, [[1.0, 1.1, 0.9, 1.2], [1.4, 1.5, 1.3, 1.6]], None)])
+def test_a_run_that_learns_its_rows_by_heart_ends_at_the_pass_the_held_out_rows_favour(steps, reads, stopped):
+    """Two steps a pass (32 rows, 16 a step); the second reading is worse on every row. Mid-run
+    the run stops there and takes no more steps; at the run's end the earlier pass is put back.
+    Either way the model is the first pass's averaged weights, bit for bit."""
+    import schedulefree
+    import torch
+
+    from leadline.one_run import _run_passes
+
+    def trained(n):
+        w = torch.nn.Parameter(torch.zeros(3))
+        opt = schedulefree.AdamWScheduleFree([w], lr=0.1, warmup_steps=1)
+        opt.train()
+        taken = []
+
+        def step(s):
+            taken.append(s)
+            loss = ((w - torch.tensor([1.0, -2.0, 3.0])) ** 2).sum()
+            loss.backward()
+            return float(loss)
+        return w, opt, step, taken
+
+    class Task:
+        def __init__(self):
+            self.order, self.model = list(range(32)), torch.nn.Linear(1, 1)
+
+        def held_out_losses(self):
+            queue = iter(reads)
+            return lambda: next(queue)
+
+    w, opt, step, taken = trained(steps)
+    done = _run_passes(Task(), [w], opt, step, range(0, steps), 16, lambda r: None, 0.0, 0.1)
+    assert done.rule.kept_step == 2 and done.rule.stopped_at == stopped and done.reads == 2
+    assert taken == list(range(stopped or steps)) and done.steps == len(taken)
+    w2, opt2, step2, _ = trained(2)
+    for s in range(2):
+        opt2.zero_grad(set_to_none=True)
+        step2(s)
+        opt2.step()
+    opt2.eval()
+    assert torch.equal(w.detach(), w2.detach())

@@ -603,20 +603,20 @@ def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_thre
     args.regime = "full"
     full = sb.Arms(args, task, sb.Board(tmp_path / "c.json", task, []), judge=None)
     assert "--full" in full.common and full.short == [] and full.recipe_lr == 2e-5
-    args.regime = "r64"
-    r64 = sb.Arms(args, task, sb.Board(tmp_path / "d.json", task, []), judge=None)
-    assert r64.common[r64.common.index("--lora-rank") + 1] == "64" and r64.recipe_lr == 2e-4
+    args.regime = "rank64"
+    rank64 = sb.Arms(args, task, sb.Board(tmp_path / "d.json", task, []), judge=None)
+    assert rank64.common[rank64.common.index("--lora-rank") + 1] == "64" and rank64.recipe_lr == 2e-4
 
 
 def test_a_regime_reaches_the_workers_adapter_and_the_range_tests(sb, tmp_path):
-    """schedule-free's, Prodigy's and the range test's worker train the regime's adapter (r64:
+    """schedule-free's, Prodigy's and the range test's worker train the regime's adapter (rank64:
     rank 64, alpha 128) or every weight (full), as leadline and the recipe do."""
     from helpers import save_model_dir
 
     model = save_model_dir(tmp_path / "tiny")
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"prompt": f"tool {i}\nSection:", "completion": " net"}) + "\n" for i in range(24)))
-    wrapped, _, _, params = sb._worker_task(str(model), str(train), 0, "r64")
+    wrapped, _, _, params = sb._worker_task(str(model), str(train), 0, "rank64")
     cfg = wrapped.peft_config["default"]
     assert (cfg.r, cfg.lora_alpha) == (64, 128)
     full, _, _, params = sb._worker_task(str(model), str(train), 0, "full")

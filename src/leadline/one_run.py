@@ -17,6 +17,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,7 @@ from leadline.rate.opening import (
     horizon,
     opening_rates,
 )
+from leadline.rate.passes import PassRule, pass_ends
 
 ROWS_PER_STEP = 16
 """The step's rows: the default recipe's (a constant: a run of a few hundred steps cannot pay for
@@ -169,6 +171,59 @@ def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
     return True
 
 
+@dataclass
+class _Passes:
+    """What the run's loop did: the steps it took, the pass rule's reads (None: one pass, no rule)."""
+
+    rule: PassRule | None = None
+    steps: int = 0
+    reads: int = 0
+    read_seconds: float = 0.0
+
+
+def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], float], todo: range,
+                rows_per_step: int, record: Callable[[dict[str, Any]], Any], t0: float, lr: float) -> _Passes:
+    """The run's steps ``todo``, read at each pass's end by :class:`leadline.rate.passes.PassRule`
+    where the run passes over its rows more than once: the run may stop early, and ends at the
+    averaged weights of the pass the held-out rows favour (the optimizer left in eval mode)."""
+    import torch
+
+    ends = [*pass_ends(len(task.order), rows_per_step, todo.stop, todo.start), todo.stop]
+    done = _Passes(rule=PassRule() if len(ends) > 1 else None)
+    read, best, pos = task.held_out_losses(), None, todo.start
+    for end in ends:
+        if not _take_steps(opt, step, range(pos, end), record, t0):
+            raise InputError(f"the training loss stopped being finite near step {pos} at the rate {lr:.3g}; pass a "
+                             "shorter --seq-len or check the data for empty or broken rows")
+        done.steps += end - pos
+        pos = end
+        if done.rule is None:
+            break
+        going = [p.detach().to("cpu", copy=True) for p in params] if end < todo.stop else []
+        opt.eval()  # the averaged weights: the pass's model
+        task.model.eval()
+        t = time.perf_counter()
+        losses = read()
+        done.read_seconds += time.perf_counter() - t
+        done.reads += 1
+        verdict = done.rule.after_pass(end, losses) if end < todo.stop else done.rule.at_end(end, losses)
+        if verdict == "best" and end < todo.stop:
+            best = [p.detach().to("cpu", copy=True) for p in params]  # off the card: a full fine-tune's copy
+        if verdict == "stop" or (end == todo.stop and verdict == "best"):
+            with torch.no_grad():
+                for p, w in zip(params, best or []):
+                    p.copy_(w)
+            break
+        if end == todo.stop:
+            break  # the run's end kept, at its averaged weights
+        opt.train()  # back to the training weights, bit for bit: eval() and train() are not exact inverses
+        with torch.no_grad():
+            for p, w in zip(params, going):
+                p.copy_(w)
+        task.model.train()
+    return done
+
+
 def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
     """The most rows of a step (a divisor of it) whose forward and backward at the corpus's longest
     rows runs: each out-of-memory error halves it. Off a CUDA card the whole step runs at once."""
@@ -286,16 +341,14 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                                  unit="per step")
     race_seconds = time.perf_counter() - t
     curve: list[dict[str, Any]] = []
-    run_seconds, after = 0.0, None
+    run_seconds, after, passes = 0.0, None, _Passes()
     if train:
         model.train()
         t = time.perf_counter()
-        finite = _take_steps(opt, step, range(start, steps), lambda r: (curve.append(r), on_step and on_step(r)), t0)
-        if not finite:
-            raise InputError(f"the training loss stopped being finite after step {start + len(curve)} at the rate "
-                             f"{lr:.3g}; pass a shorter --seq-len or check the data for empty or broken rows")
+        passes = _run_passes(task, params, opt, step, range(start, steps), rows_per_step,
+                             lambda r: (curve.append(r), on_step and on_step(r)), t0, lr)
         run_seconds = time.perf_counter() - t
-        opt.eval()  # the averaged weights: the model
+        opt.eval()  # the averaged weights: the model (a no-op where the pass rule already read them)
         model.eval()
         after = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
                  if task.split.test else None)
@@ -308,9 +361,14 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                    PhaseTime("rate", race_seconds, kept + overhead, ("lr",) if lr != rates[0] else (),
                              step_seconds=step_seconds, reads=reads, read_seconds=read_seconds)]
     if train:
-        plan.phases.append(PhaseTime("run", run_seconds, steps - start))
+        plan.phases.append(PhaseTime("run", run_seconds, passes.steps, reads=passes.reads,
+                                     read_seconds=passes.read_seconds))
+        if passes.rule is not None:
+            plan.set("kept_step", Value(passes.rule.kept_step, "measured", passes.rule.sentence(steps),
+                                        evidence=passes.rule.as_dict(), unit="steps"))
     plan.derive_seconds = fit_seconds + race_seconds
     cost = {"kept_steps": kept, "overhead_steps": overhead, "run_steps": steps, "held_out_reads": reads,
+            "pass_reads": passes.reads, "steps_not_run": (steps - start - passes.steps) if train else 0,
             "overhead_share": overhead / steps, "budget_share": decide_share,
             "budget_held": overhead <= decide_share * steps + 1e-9}
     plan.notes.append(f"the decision's overhead: {overhead} optimizer steps not kept ({overhead / steps:.0%} of the "
@@ -318,6 +376,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     result: dict[str, Any] = {"steps": steps, "micro_batch": mb, "grad_accum": rows_per_step // mb, "lr": lr,
                               "optimizer": "schedule_free_adamw", "curve": curve, "cost": cost,
                               "seconds": time.perf_counter() - t_all, "test_rows": len(task.split.test),
+                              **({"passes": passes.rule.as_dict()} if passes.rule is not None else {}),
                               **({} if train else {"trained": False})}
     if after is not None:
         m, se = mean_se(after)

@@ -58,7 +58,8 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
                    help="the run's length in optimizer steps (default: one pass over the training rows, as --epochs 1; "
                    f"at most {MAX_EPOCHS} passes)")
     g.add_argument("--epochs", type=float, metavar="E",
-                   help=f"the run's length in passes over the training rows (default 1; at most {MAX_EPOCHS})")
+                   help=f"the run's length in passes over the training rows (default 1; at most {MAX_EPOCHS}); "
+                   "the race effort reads each pass's end on the held-out rows and keeps the pass they favour")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help="the length to train at (default: the longest row, cut to the model's positions)")
     p.add_argument("--quantile", type=float, metavar="Q",
