@@ -278,3 +278,20 @@ def test_a_quick_run_races_the_averaged_weights_at_no_step_more(model_dir, tmp_p
     assert avg["from_step"] == steps // 2 and avg["iterates"] == steps - steps // 2
     assert runs["average"]["steps_used"] == runs["plain"]["steps_used"] and "average" not in runs["plain"]["ending"]
     assert runs["average"]["ending"]["kept"] in ("constant", "decay", "average")
+
+
+def test_a_run_of_several_passes_says_which_pass_it_kept(model_dir, tmp_path):
+    """--epochs 4 over the shipped rows: each pass's end is read, run.json holds the readings, the
+    plan's kept_step is one of them, and the terminal says which pass is the model and why."""
+    out = tmp_path / "run"
+    said = io.StringIO()
+    with contextlib.redirect_stdout(said):
+        rc = main(["run", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
+                   "4", "--epochs", "4", "--device", "cpu", "--rows-per-step", "4", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "run.json").read_text())
+    passes = res["passes"]
+    assert len(passes["readings"]) >= 3 and res["cost"]["pass_reads"] == len(passes["readings"])
+    assert passes["kept_step"] in [r["step"] for r in passes["readings"]]
+    assert Plan.from_json(out / "plan.json").get("kept_step") == passes["kept_step"]
+    assert "the pass: " in said.getvalue()

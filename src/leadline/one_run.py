@@ -179,6 +179,7 @@ class _Passes:
     steps: int = 0
     reads: int = 0
     read_seconds: float = 0.0
+    copy_seconds: float = 0.0
 
 
 def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], float], todo: range,
@@ -199,7 +200,9 @@ def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], fl
         pos = end
         if done.rule is None:
             break
+        t = time.perf_counter()
         going = [p.detach().to("cpu", copy=True) for p in params] if end < todo.stop else []
+        done.copy_seconds += time.perf_counter() - t
         opt.eval()  # the averaged weights: the pass's model
         task.model.eval()
         t = time.perf_counter()
@@ -208,7 +211,9 @@ def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], fl
         done.reads += 1
         verdict = done.rule.after_pass(end, losses) if end < todo.stop else done.rule.at_end(end, losses)
         if verdict == "best" and end < todo.stop:
+            t = time.perf_counter()
             best = [p.detach().to("cpu", copy=True) for p in params]  # off the card: a full fine-tune's copy
+            done.copy_seconds += time.perf_counter() - t
         if verdict == "stop" or (end == todo.stop and verdict == "best"):
             with torch.no_grad():
                 for p, w in zip(params, best or []):
@@ -362,6 +367,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                              step_seconds=step_seconds, reads=reads, read_seconds=read_seconds)]
     if train:
         plan.phases.append(PhaseTime("run", run_seconds, passes.steps, reads=passes.reads,
+                                     step_seconds=run_seconds - passes.read_seconds - passes.copy_seconds,
                                      read_seconds=passes.read_seconds))
         if passes.rule is not None:
             plan.set("kept_step", Value(passes.rule.kept_step, "measured", passes.rule.sentence(steps),

@@ -153,9 +153,14 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     import textwrap
 
     print(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
-    print(f"lr {res['lr']:.3g}, schedule-free AdamW, {res['steps']} steps of {rows} rows")
+    ran = res["steps"] - cost.get("steps_not_run", 0)
+    print(f"lr {res['lr']:.3g}, schedule-free AdamW, {res['steps']} steps of {rows} rows"
+          + (f" planned, {ran} run (the pass rule stopped it)" if ran < res["steps"] else ""))
     print(f"the decision's overhead: {cost['overhead_steps']} steps not kept ({cost['overhead_share']:.0%} of the "
           f"run), {cost['held_out_reads']} held-out reads")
+    if "kept_step" in plan.values:  # a run of several passes: which pass is the model, and why
+        print(textwrap.fill(f"the pass: {plan['kept_step'].source}", width=99,
+                            subsequent_indent="  "))
     if "test_loss_after" in res:
         t = res["test_loss_after"]
         print(f"test loss after the run {t['mean']:.4f} ± {t['se']:.4f} on {res['test_rows']} rows no decision read")
