@@ -25,8 +25,14 @@ cap is not judged), takes 5 truth steps, stops the run at ``--deadline 540`` and
 ``--resume``: the same command again keeps the stages the file records and continues the run's
 300 steps, so a case spreads over 10-minute calls. R2 is judged once all 300 ran.
 
+``--effort race`` (the default run's): derive_for's race instead of the quick derive, and its
+micro-batch (the most of the step's 16 rows, halved on each out-of-memory error to a divisor of
+16) stands for the ramp's b: no ramp runs.
+
 Decision rules, written before the run:
-  R1 truth - 1 <= ramp b <= truth (equal, or one rung below); above the truth FAILS.
+  R1 truth - 1 <= ramp b <= truth (equal, or one rung below); above the truth FAILS. For
+     ``--effort race``: b is the largest divisor of the step's rows at or under the truth (the
+     halving can keep nothing between two divisors); anything else FAILS.
   R2 the run: 0 OOMs and 0 allocator retries over its --run-steps steps.
   R3 (recorded, not judged) derive's wall time per phase and the memory phase's share of it.
 
@@ -37,6 +43,8 @@ On the H200 (bitsandbytes carried as a wheel; one case per command keeps each un
         --out $OUT/hf_models_memory_1b.json
     PYTHONPATH=src python3 benchmarks/hf_models_memory.py --shapes 8b --bases 4bit --cards 24 --out $OUT/8b_4bit_24.json
     PYTHONPATH=src python3 benchmarks/hf_models_memory.py --shapes 8b --bases bf16 --cards 0 --out $OUT/8b_bf16_0.json
+    PYTHONPATH=src python3 benchmarks/hf_models_memory.py --shapes 8b --bases 4bit --cards 24 --effort race \
+        --max-rows 16 --truth-steps 5 --deadline 540 --out $OUT/8b_4bit_24gb_race.json
 
 CPU smoke (a tiny config, a few steps; the 4-bit base is refused off CUDA in one sentence):
 
@@ -299,6 +307,8 @@ def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card
     from leadline.memory import TrainingStep, ramp
 
     t = time.perf_counter()
+    if args.effort == "race":
+        return race_micro_batch(model, tok, rows, shape, base, card_gb, args, case, save)
     plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="quick", seq_len=args.seq,
                       max_seconds=args.derive_seconds, progress=False)
     case["derive"] = {
@@ -323,6 +333,41 @@ def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card
     return task, b
 
 
+def race_micro_batch(model: Any, tok: Any, rows: Any, shape: str, base: str, card_gb: float,
+                     args: argparse.Namespace, case: dict[str, Any], save: Any) -> tuple[Any, int]:
+    """derive_for's race (the default run's plan): its micro-batch, found by halving the step's
+    rows on each out-of-memory error, is the b the truth judges."""
+    from leadline.hf import derive_for, prepare
+
+    t = time.perf_counter()
+    plan = derive_for(model, tok, rows, total_steps=args.run_steps, seq_len=args.seq)
+    b = int(plan.micro_batch)
+    case["derive"] = {"effort": "race", "wall_seconds": time.perf_counter() - t, "derive_seconds": plan.derive_seconds,
+                      "phases": [{"phase": p.phase, "seconds": p.seconds, "steps": p.steps} for p in plan.phases],
+                      **{n: plan.get(n) for n in ("micro_batch", "grad_accum", "rows_per_step", "lr", "seq_len")},
+                      "precision": plan.get("precision"), "notes": plan.notes}
+    case["ramp"] = {"micro_batch": b, "from": "the race's halving", "tried": plan["micro_batch"].evidence,
+                    "rows_per_step": int(plan.get("rows_per_step"))}
+    log(shape, base, card_gb, "race", f"{plan.derive_seconds:.1f} s", f"micro_batch {b}")
+    save()
+    task, _ = prepare(model, tok, rows, seq_len=args.seq)
+    return task, b
+
+
+def r1(b: int, truth_b: int, rows_per_step: int | None) -> str:
+    """The rule R1: the quick ramp's b within one rung under the truth; the race's b the largest
+    divisor of the step's rows at or under it.
+
+    Examples:
+        >>> r1(4, 5, None), r1(3, 5, None), r1(4, 5, 16), r1(4, 7, 16), r1(8, 7, 16)
+        ('PASS', 'FAIL', 'PASS', 'PASS', 'FAIL')
+    """
+    if rows_per_step is None:
+        return "PASS" if truth_b - 1 <= b <= truth_b else "FAIL"
+    best = max((d for d in range(1, rows_per_step + 1) if rows_per_step % d == 0 and d <= truth_b), default=0)
+    return "PASS" if b == best else "FAIL"
+
+
 def later_stages(task: Any, b: int, shape: str, base: str, card_gb: float, args: argparse.Namespace,
                  case: dict[str, Any], save: Any) -> None:
     """The truth (R1) and the run (R2), each skipped when an earlier call recorded it; a run cut by
@@ -338,7 +383,7 @@ def later_stages(task: Any, b: int, shape: str, base: str, card_gb: float, args:
                 case["truth"] = case["truth_at_seq"]
             case["truth"]["lengths"] = "seq" if args.truth_lengths == "seq" else "mix"
             bt = case["truth"]["b_true"]
-            case["R1"] = ("PASS" if bt - 1 <= b <= bt else "FAIL") if not case["truth"]["at_max_rows"] else (
+            case["R1"] = r1(b, bt, case["ramp"].get("rows_per_step")) if not case["truth"]["at_max_rows"] else (
                 f"not judged: the truth reached --max-rows {args.max_rows} (the card fits more)")
             log(shape, base, card_gb, "truth", f"b_true={bt}", case["R1"])
             save()
@@ -380,6 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-steps", type=int, default=300)
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--derive-seconds", type=float, default=None, help="derive's max_seconds (default: unbounded)")
+    ap.add_argument("--effort", choices=["quick", "race"], default="quick",
+                    help="quick: derive_for's quick derive and the ramp; race: the default run's micro-batch")
     ap.add_argument("--device", default=None)
     ap.add_argument("--work", default="/tmp/hf_models_memory")
     ap.add_argument("--smoke", action="store_true", help="a tiny config on the CPU, a few steps: the script runs")

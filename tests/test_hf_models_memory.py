@@ -28,3 +28,16 @@ def test_a_run_cut_by_the_deadline_is_continued_by_resume_and_only_then_judged(h
     assert derived == [] and case["derive"] == first["derive"] and case["ramp"] == first["ramp"]
     assert case["run"]["steps_done"] == 5 and case["run"]["calls"] == 2 and case["R2"] == "PASS"
     assert len(json.loads(out.read_text())["cases"]) == 1
+
+
+def test_the_race_effort_records_the_default_runs_micro_batch_in_place_of_the_ramp(hfm, tmp_path):
+    """--effort race: derive_for's race decides the micro-batch (off a CUDA card the whole step),
+    the ramp does not run, and R1 is left to the card (the CPU reads no memory)."""
+    out = tmp_path / "race.json"
+    assert hfm.main(["--smoke", "--bases", "bf16", "--effort", "race", "--work", str(tmp_path / "w"),
+                     "--out", str(out)]) == 0
+    case = json.loads(out.read_text())["cases"][0]
+    assert case["derive"]["effort"] == "race" and case["ramp"]["from"] == "the race's halving"
+    assert case["ramp"]["micro_batch"] == case["ramp"]["rows_per_step"] == case["derive"]["micro_batch"]
+    assert case["R1"].startswith("not judged off CUDA") and case["R2"] == "PASS"
+    assert hfm.r1(4, 5, 16) == "PASS" and hfm.r1(2, 5, 16) == "FAIL"

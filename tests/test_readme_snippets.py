@@ -16,13 +16,18 @@ pytest.importorskip("trl")
 pytest.importorskip("datasets")
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+HF_DOC = README.parent / "docs" / "hf.md"  # the Trainer snippet and the one-liners live there
 MODEL_ID = 'model_id = "HuggingFaceTB/SmolLM2-135M-Instruct"'
 
 
+def blocks() -> list[str]:
+    """The python blocks of the README and docs/hf.md."""
+    return [b for f in (README, HF_DOC) for b in re.findall(r"```python\n(.*?)```", f.read_text(), flags=re.S)]
+
+
 def snippets() -> list[str]:
-    """The python blocks of the README that set the documented model id."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-    return [b for b in blocks if MODEL_ID in b]
+    """The python blocks of the README and docs/hf.md that set the documented model id."""
+    return [b for b in blocks() if MODEL_ID in b]
 
 
 def test_the_readme_has_both_snippets():
@@ -52,8 +57,7 @@ def test_snippet_runs_as_written(kind, tmp_path, monkeypatch):
     assert trainer.args.learning_rate == plan.lr
     assert plan["loss_policy"].value["trainer"] == kind
     if kind == "SFTTrainer":  # the one-liners' block runs after it, on its trainer
-        block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
-                     if "find_batch_size(trainer)" in b)
+        block = next(b for b in blocks() if "find_batch_size(trainer)" in b)
         exec(compile(block, "README.md (one-liners)", "exec"), scope)
         assert scope["found"].suggestion() >= 1 and scope["rate"].suggestion() > 0
 

@@ -84,10 +84,7 @@ class PassRule:
 
     def after_pass(self, step: int, losses: Sequence[float]) -> str:
         """``'best'`` (keep a copy of these weights), ``'go on'``, or ``'stop'`` (restore the best)."""
-        verdict = compare(losses, self.best) if self.best is not None else None
-        self.readings.append({"step": step, "mean": math.fsum(losses) / len(losses),
-                              **({"against_best": verdict.as_dict()} if verdict else {})})
-        if verdict is not None and verdict.worse:
+        if self._worse_than_best(step, losses):
             self.stopped_at, self.kept_step = step, self.best_step
             return "stop"
         if self.best is None or self.readings[-1]["mean"] < math.fsum(self.best) / len(self.best):
@@ -97,14 +94,18 @@ class PassRule:
 
     def at_end(self, step: int, losses: Sequence[float]) -> str:
         """``'last'`` (the run's end is the model) or ``'best'`` (restore the best earlier pass)."""
-        verdict = compare(losses, self.best) if self.best is not None else None
-        self.readings.append({"step": step, "mean": math.fsum(losses) / len(losses),
-                              **({"against_best": verdict.as_dict()} if verdict else {})})
-        if verdict is not None and verdict.worse:
+        if self._worse_than_best(step, losses):
             self.kept_step = self.best_step
             return "best"
         self.kept_step = step
         return "last"
+
+    def _worse_than_best(self, step: int, losses: Sequence[float]) -> bool:
+        """The reading recorded, with its test against the best pass where there is one."""
+        verdict = compare(losses, self.best) if self.best is not None else None
+        self.readings.append({"step": step, "mean": math.fsum(losses) / len(losses),
+                              **({"against_best": verdict.as_dict()} if verdict else {})})
+        return verdict is not None and verdict.worse
 
     def sentence(self, steps: int) -> str:
         if self.stopped_at is not None:
