@@ -43,6 +43,13 @@ averaged ones. The callback adds what is missing (``LeadlineCallback(plan)``, no
 - ``on_step_begin``: ``optimizer.train()`` (Trainer's ``training_step`` does it too).
 - ``on_train_end``: ``optimizer.eval()``: the model in memory, and what ``trainer.save_model()``
   writes, are the averaged weights.
+- With a held-out reader (``for_plan(plan, trainer)`` builds one) and more than one epoch, the
+  pass rule of ``leadline run`` (:mod:`leadline.rate.passes`): ``on_epoch_end`` reads the averaged
+  weights on the plan's held-out rows (the training weights put back after, bit for bit), stops
+  the run (``control.should_training_stop``) with the best epoch's averaged weights in the model
+  where an epoch reads significantly worse than the best, and the last step's ``on_step_end``
+  puts the best earlier epoch back where the run's end reads significantly worse; both before
+  Trainer's save. ``evidence()["passes"]`` holds the readings.
 """
 
 from __future__ import annotations
@@ -154,6 +161,11 @@ class LeadlineCallback(TrainerCallback):
         self._cap_handle: Any = None
         self._driven: Any = None
         self._averaging: Any = None  # a race plan's schedule-free optimizer, from on_train_begin
+        self._passes: Any = None  # a race plan's pass rule, where there is a held-out reader
+        self._trained: list[Any] = []
+        self._model: Any = None
+        self._best: list[Any] | None = None
+        self._pass_steps: int | None = None  # the steps of one epoch, read at the first epoch's end
 
     @classmethod
     def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
@@ -163,7 +175,8 @@ class LeadlineCallback(TrainerCallback):
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data. Data
         whose split is not the plan's is refused.
 
-        A race plan needs no reader: ``for_plan(plan, trainer)`` is ``LeadlineCallback(plan)``.
+        A race plan needs no train step; its reader, where the data are given, serves the pass
+        rule of a run of several epochs (``LeadlineCallback(plan)`` alone runs without it).
 
         Examples:
             >>> import torch
@@ -179,7 +192,8 @@ class LeadlineCallback(TrainerCallback):
         from leadline.hf.task import prepare
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
-        if plan.get("optimizer") == SCHEDULE_FREE:
+        schedule_free = plan.get("optimizer") == SCHEDULE_FREE
+        if schedule_free and not is_trainer(model) and train_dataset is None:
             return cls(plan, **kw)
         if is_trainer(model):
             trainer = model
@@ -192,6 +206,8 @@ class LeadlineCallback(TrainerCallback):
         if plan.held_out.get("held_out") and plan.held_out["held_out"] != task.split.held_out:
             raise InputError("the data's split differs from the plan's held-out rows; pass the train_dataset the plan "
                              "was derived on")
+        if schedule_free:
+            return cls(plan, task.held_out_losses(), **kw)
         step = task.train_step_of(int(plan.get("micro_batch", 1)), int(plan.get("grad_accum", 1)))
         return cls(plan, task.held_out_losses(), step, **kw)
 
@@ -249,6 +265,61 @@ class LeadlineCallback(TrainerCallback):
 
             self._cap_handle = forbid_spill(params[0].device)
         self._averaging = inner
+        if self.held_out_losses is not None:
+            from leadline.rate.passes import PassRule
+
+            self._passes, self._trained, self._model = PassRule(), params, model
+
+    def _read_averaged(self) -> tuple[list[float], list[Any]]:
+        """The held-out losses at the averaged weights, the optimizer left in eval mode; with the
+        training weights (copied off the card) where it was in train mode, to put back."""
+        going = ([p.detach().to("cpu", copy=True) for p in self._trained]
+                 if self._averaging.param_groups[0].get("train_mode", True) else [])
+        self._averaging.eval()
+        was = self._model.training
+        self._model.eval()
+        losses = list(self.held_out_losses())
+        self._model.train(was)
+        return losses, going
+
+    def _put(self, weights: Sequence[Any]) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p, w in zip(self._trained, weights):
+                p.copy_(w)
+
+    def _pass_end(self, state: Any, control: Any) -> None:
+        """An epoch's end: read, keep a copy of the best epoch, stop where one reads significantly
+        worse than the best (its weights in the model); the training weights back otherwise."""
+        if self._passes is None or self._passes.kept_step is not None:
+            return
+        step, last = int(state.global_step), int(state.max_steps or 0)
+        self._pass_steps = self._pass_steps or step
+        if step >= last - self._pass_steps / 2:
+            return  # the run's end, or too near it: read at the last step
+        losses, going = self._read_averaged()
+        verdict = self._passes.after_pass(step, losses)
+        if verdict == "best":
+            self._best = [p.detach().to("cpu", copy=True) for p in self._trained]
+        if verdict == "stop":
+            self._put(self._best or [])
+            control.should_training_stop = True
+            return  # the model holds the best epoch's averaged weights; no step follows
+        if going:
+            self._averaging.train()
+            self._put(going)  # eval() and train() are not exact inverses: the training weights, bit for bit
+
+    def _run_end(self, state: Any) -> None:
+        """The last step: the run's end read against the best epoch, the best put back if the end is
+        significantly worse."""
+        if self._passes is None or not self._passes.readings or self._passes.kept_step is not None:
+            return
+        if not (bool(state.max_steps) and int(state.global_step) >= int(state.max_steps)):
+            return
+        losses, _ = self._read_averaged()
+        if self._passes.at_end(int(state.global_step), losses) == "best":
+            self._put(self._best or [])
 
     def _average_if_read(self, state: Any, control: Any) -> None:
         """The averaged weights into the model when Trainer is about to save or evaluate, or the run is done."""
@@ -279,6 +350,7 @@ class LeadlineCallback(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the averaged
         weights into the model before a save or an evaluation (Trainer's, which follow this event)."""
+        self._run_end(state)  # before the save of the last step, as the ending below
         self._average_if_read(state, control)
         # the ending is decided here, before Trainer's save of the last step reads the weights
         if (self.schedule is not None and not self.schedule.finished
@@ -286,7 +358,9 @@ class LeadlineCallback(TrainerCallback):
             self.ending = self.schedule.finish()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """A race plan: the averaged weights into the model before an epoch's save or evaluation."""
+        """A race plan: the pass rule at the epoch's end, then the averaged weights into the model
+        before an epoch's save or evaluation."""
+        self._pass_end(state, control)
         self._average_if_read(state, control)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -328,6 +402,8 @@ class LeadlineCallback(TrainerCallback):
             >>> LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0).evidence() is None
             True
         """
+        if self._passes is not None:
+            return {"passes": self._passes.as_dict()}
         if self.schedule is None:
             return None
         return {**self.schedule.evidence(), "ending": self.ending,
