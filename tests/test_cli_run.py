@@ -287,7 +287,7 @@ def test_a_run_of_several_passes_says_which_pass_it_kept(model_dir, tmp_path):
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         rc = main(["run", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
-                   "4", "--epochs", "4", "--device", "cpu", "--rows-per-step", "4", "--out", str(out)])
+                   "4", "--epochs", "4", "--device", "cpu", "--rows-per-step", "4", "--out", str(out), "--html"])
     assert rc == 0
     res = json.loads((out / "run.json").read_text())
     passes = res["passes"]
@@ -295,3 +295,7 @@ def test_a_run_of_several_passes_says_which_pass_it_kept(model_dir, tmp_path):
     assert passes["kept_step"] in [r["step"] for r in passes["readings"]]
     assert Plan.from_json(out / "plan.json").get("kept_step") == passes["kept_step"]
     assert "the pass: " in said.getvalue()
+    from leadline.report.plots import matplotlib_available
+
+    if matplotlib_available():  # the report draws the readings with the kept pass marked
+        assert "The held-out loss at each pass" in (out / "report.html").read_text()

@@ -371,7 +371,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                                      read_seconds=passes.read_seconds))
         if passes.rule is not None:
             plan.set("kept_step", Value(passes.rule.kept_step, "measured", passes.rule.sentence(steps),
-                                        evidence=passes.rule.as_dict(), unit="steps"))
+                                        evidence={**passes.rule.as_dict(), "plot": "passes"}, unit="steps",
+                                        seconds=passes.read_seconds + passes.copy_seconds))
     plan.derive_seconds = fit_seconds + race_seconds
     cost = {"kept_steps": kept, "overhead_steps": overhead, "run_steps": steps, "held_out_reads": reads,
             "pass_reads": passes.reads, "steps_not_run": (steps - start - passes.steps) if train else 0,

@@ -223,6 +223,7 @@ SHOWS = {
     "lookahead": "The held-out loss per rate after each horizon of training steps",
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
     "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
+    "passes": "The held-out loss at each pass's end, at the averaged weights: the run keeps the pass they favour",
 }
 
 
