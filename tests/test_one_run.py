@@ -280,3 +280,24 @@ def test_a_run_that_learns_its_rows_by_heart_ends_at_the_pass_the_held_out_rows_
         opt2.step()
     opt2.eval()
     assert torch.equal(w.detach(), w2.detach())
+
+
+@pytest.mark.parametrize("lower", [False, True])
+def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_default(tmp_path, monkeypatch, lower):
+    """The collapse check can only stop a challenger that would replace the default; one that does
+    not read lower by the paired test costs no read of its answers (on the CPU the answers of 64
+    rows took most of the race's reads)."""
+    import leadline.one_run as one_run
+    from helpers import make_model, make_tokenizer
+    from leadline.rate.compare import Verdict
+
+    asked: list[int] = []
+    monkeypatch.setattr(one_run, "compare", lambda a, b, alpha: Verdict(worse=not lower, better=lower, bar=1.0,
+                                                                          diff=None))
+    monkeypatch.setattr(one_run, "answers_chosen", lambda *a, **k: asked.append(1) or [0] * len(a[2]))
+    tok = make_tokenizer()
+    plan, _ = one_run.run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")),
+                                 total_steps=20, train=False)
+    assert plan["lr"].kind == "measured"
+    ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # 4c, and c/4 where c stalled
+    assert len(asked) == (len(ran) if lower else 0) and ran

@@ -23,7 +23,9 @@ from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
+from leadline.rate.compare import compare
 from leadline.rate.opening import (
+    ALPHA,
     ANSWER_ROWS,
     DECIDE_SHARE,
     Reading,
@@ -92,6 +94,7 @@ class _Opening:
                       (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in self.asked)]
                      if self.answers else None)
         self.incumbent: float | None = None  # the first rate run: the default, whose answers are not checked
+        self.incumbent_losses: list[float] = []
         self.reads = self.steps = 0
         self.read_seconds = self.step_seconds = 0.0
         self.torch = torch
@@ -117,9 +120,12 @@ class _Opening:
         t = time.perf_counter()
         losses = self.read()
         if self.incumbent is None:
-            self.incumbent = lr
+            self.incumbent, self.incumbent_losses = lr, losses
+        # the answers are read only for a challenger that reads lower than the default: the one that could replace it
+        could_win = (self.answers is not None and lr != self.incumbent
+                     and compare(losses, self.incumbent_losses, alpha=ALPHA).better)
         choices = (answers_chosen(self.task.model, self.task.rows, self.asked, self.answers, self.task.device,
-                                  self.task.pad_id) if self.answers and lr != self.incumbent else None)
+                                  self.task.pad_id) if could_win else None)
         self.read_seconds += time.perf_counter() - t
         self.reads += 1
         opt.train()

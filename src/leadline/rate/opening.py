@@ -21,7 +21,8 @@ to the user, the rate, is decided on the run's first ``h`` optimizer steps:
    most, and ``h`` is set so that ``2h`` is the decision's share of the run (``decide_share``,
    20% by default).
 
-A challenger *collapses* when the data has a small set of answers (at most :data:`MAX_ANSWERS`
+A challenger that reads lower *collapses* (the check is not run for one that does not: it could
+not win) when the data has a small set of answers (at most :data:`MAX_ANSWERS`
 distinct completions among the training rows) and, on the held-out rows (the first
 :data:`ANSWER_ROWS`), one answer takes over 60% of its choices where the held-out gold's majority
 is under 40% (the scoreboard's rule).
