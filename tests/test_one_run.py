@@ -301,3 +301,18 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     assert plan["lr"].kind == "measured"
     ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # 4c, and c/4 where c stalled
     assert len(asked) == (len(ran) if lower else 0) and ran
+
+
+def test_a_host_without_room_for_the_pass_rules_copies_keeps_the_last_pass_and_says_so(tmp_path, monkeypatch):
+    """Two copies of the trained tensors that would take over half the available host memory: the
+    rule does not run (no read, no copy), the run goes to its end, and the plan's note says why."""
+    import leadline.memory.readings as readings
+    from helpers import make_model, make_tokenizer
+    from leadline.one_run import run_in_one
+
+    monkeypatch.setattr(readings, "host_memory_bytes", lambda: (1024, 2048))
+    tok = make_tokenizer()
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20)
+    assert "passes" not in res and "kept_step" not in plan.values and res["cost"]["pass_reads"] == 0
+    assert len(res["curve"]) == 20 - plan.opening_steps
+    assert any(n.startswith("the pass rule did not run: its two copies") for n in plan.notes)

@@ -177,11 +177,36 @@ def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
     return True
 
 
+def pass_copies_refused(params: list[Any]) -> str | None:
+    """Why the pass rule cannot run, or None: it keeps two copies of the trained tensors in host
+    memory (the best pass's, and the training weights across a read), and a run whose copies
+    would take over half the available host memory keeps its last pass instead of risking the
+    host's out-of-memory killer.
+
+    Examples:
+        >>> import torch
+        >>> pass_copies_refused([torch.zeros(4)]) is None
+        True
+    """
+    from leadline.memory.readings import host_memory_bytes
+
+    need = 2 * sum(p.numel() * p.element_size() for p in params)
+    try:
+        available, _ = host_memory_bytes()
+    except OSError:
+        return None
+    if need <= available / 2:
+        return None
+    return (f"the pass rule did not run: its two copies of the trained tensors ({need / 2**30:.1f} GiB) would take "
+            f"over half the host memory available ({available / 2**30:.1f} GiB); the run keeps its last pass")
+
+
 @dataclass
 class _Passes:
     """What the run's loop did: the steps it took, the pass rule's reads (None: one pass, no rule)."""
 
     rule: PassRule | None = None
+    refused: str | None = None  # why the rule did not run on a run of several passes
     steps: int = 0
     reads: int = 0
     read_seconds: float = 0.0
@@ -196,7 +221,10 @@ def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], fl
     import torch
 
     ends = [*pass_ends(len(task.order), rows_per_step, todo.stop, todo.start), todo.stop]
-    done = _Passes(rule=PassRule() if len(ends) > 1 else None)
+    refused = pass_copies_refused(params) if len(ends) > 1 else None
+    if refused is not None:
+        ends = [todo.stop]
+    done = _Passes(rule=PassRule() if len(ends) > 1 else None, refused=refused)
     read, best, pos = task.held_out_losses(), None, todo.start
     for end in ends:
         if not _take_steps(opt, step, range(pos, end), record, t0):
@@ -375,6 +403,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         plan.phases.append(PhaseTime("run", run_seconds, passes.steps, reads=passes.reads,
                                      step_seconds=run_seconds - passes.read_seconds - passes.copy_seconds,
                                      read_seconds=passes.read_seconds))
+        if passes.refused is not None:
+            plan.notes.append(passes.refused)
         if passes.rule is not None:
             plan.set("kept_step", Value(passes.rule.kept_step, "measured", passes.rule.sentence(steps),
                                         evidence={**passes.rule.as_dict(), "plot": "passes"}, unit="steps",

@@ -166,6 +166,7 @@ class LeadlineCallback(TrainerCallback):
         self._model: Any = None
         self._best: list[Any] | None = None
         self._pass_steps: int | None = None  # the steps of one epoch, read at the first epoch's end
+        self.passes_refused: str | None = None  # why the pass rule did not run, where host memory refused it
 
     @classmethod
     def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
@@ -266,9 +267,12 @@ class LeadlineCallback(TrainerCallback):
             self._cap_handle = forbid_spill(params[0].device)
         self._averaging = inner
         if self.held_out_losses is not None:
+            from leadline.one_run import pass_copies_refused
             from leadline.rate.passes import PassRule
 
-            self._passes, self._trained, self._model = PassRule(), params, model
+            self.passes_refused = pass_copies_refused(params)
+            if self.passes_refused is None:
+                self._passes, self._trained, self._model = PassRule(), params, model
 
     def _read_averaged(self) -> tuple[list[float], list[Any]]:
         """The held-out losses at the averaged weights, the optimizer left in eval mode; with the
