@@ -316,3 +316,49 @@ def test_a_host_without_room_for_the_pass_rules_copies_keeps_the_last_pass_and_s
     assert "passes" not in res and "kept_step" not in plan.values and res["cost"]["pass_reads"] == 0
     assert len(res["curve"]) == 20 - plan.opening_steps
     assert any(n.startswith("the pass rule did not run: its two copies") for n in plan.notes)
+
+
+def test_a_pass_read_that_fails_leaves_the_run_at_its_training_weights_in_train_mode():
+    """The held-out read raises at the first pass's end: the error reaches the caller, and the
+    optimizer, the model's mode and the weights are the training ones the read started from."""
+    import schedulefree
+    import torch
+
+    from leadline.one_run import _run_passes
+
+    w = torch.nn.Parameter(torch.zeros(3))
+    opt = schedulefree.AdamWScheduleFree([w], lr=0.1, warmup_steps=1)
+    opt.train()
+
+    def step(s):
+        loss = ((w - torch.tensor([1.0, -2.0, 3.0])) ** 2).sum()
+        loss.backward()
+        return float(loss)
+
+    seen = {}
+
+    class Task:
+        def __init__(self):
+            self.order, self.model = list(range(32)), torch.nn.Linear(1, 1)
+
+        def held_out_losses(self):
+            def read():
+                seen["w"], seen["mode"] = w.detach().clone(), self.model.training
+                raise RuntimeError("the card went away")
+            return read
+
+    task = Task()
+    with pytest.raises(RuntimeError, match="went away"):
+        _run_passes(task, [w], opt, step, range(0, 6), 16, lambda r: None, 0.0, 0.1)
+    assert seen["mode"] is False and task.model.training
+    assert opt.param_groups[0]["train_mode"] is True
+    plain = torch.nn.Parameter(torch.zeros(3))  # the same two steps (one pass of 32 rows), no read
+    ref = schedulefree.AdamWScheduleFree([plain], lr=0.1, warmup_steps=1)
+    ref.train()
+    for _ in range(2):
+        ref.zero_grad(set_to_none=True)
+        ((plain - torch.tensor([1.0, -2.0, 3.0])) ** 2).sum().backward()
+        ref.step()
+    assert torch.equal(w.detach(), plain.detach())  # the training weights, bit for bit
+    ref.eval()
+    assert torch.equal(seen["w"], plain.detach())  # the read saw the averaged weights

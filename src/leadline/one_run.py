@@ -240,7 +240,11 @@ def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], fl
         opt.eval()  # the averaged weights: the pass's model
         task.model.eval()
         t = time.perf_counter()
-        losses = read()
+        try:
+            losses = read()
+        except BaseException:  # a read that fails leaves the model training, at its training weights
+            _put_back(opt, params, going, task.model)
+            raise
         done.read_seconds += time.perf_counter() - t
         done.reads += 1
         verdict = done.rule.after_pass(end, losses) if end < todo.stop else done.rule.at_end(end, losses)
@@ -255,12 +259,20 @@ def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], fl
             break
         if end == todo.stop:
             break  # the run's end kept, at its averaged weights
-        opt.train()  # back to the training weights, bit for bit: eval() and train() are not exact inverses
-        with torch.no_grad():
-            for p, w in zip(params, going):
-                p.copy_(w)
-        task.model.train()
+        _put_back(opt, params, going, task.model)
     return done
+
+
+def _put_back(opt: Any, params: list[Any], going: list[Any], model: Any) -> None:
+    """Back to training after a read: train mode, and the training weights copied back bit for bit
+    (schedule-free's ``eval()`` and ``train()`` are not exact inverses in floating point)."""
+    import torch
+
+    opt.train()
+    with torch.no_grad():
+        for p, w in zip(params, going):
+            p.copy_(w)
+    model.train()
 
 
 def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:

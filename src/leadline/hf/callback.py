@@ -282,7 +282,14 @@ class LeadlineCallback(TrainerCallback):
         self._averaging.eval()
         was = self._model.training
         self._model.eval()
-        losses = list(self.held_out_losses())
+        try:
+            losses = list(self.held_out_losses())
+        except BaseException:  # a read that fails leaves Trainer's model and optimizer as it found them
+            self._model.train(was)
+            if going:
+                self._averaging.train()
+                self._put(going)
+            raise
         self._model.train(was)
         return losses, going
 
