@@ -72,7 +72,7 @@ def test_derive_for_races_schedule_free_adamw_and_leaves_the_model_as_it_was(rac
 
 
 def test_run_in_one_without_training_writes_the_plan_alone(tmp_path):
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
 
     tok = make_tokenizer()
     model = _lora_model(tok)

@@ -204,7 +204,7 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
                      average_ending: bool) -> dict[str, Any]:
     """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
     AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
 
     if ending != "raced" or ending_share is not None or average_ending:
         raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "

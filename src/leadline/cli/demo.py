@@ -249,8 +249,8 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
     run_command.add_arguments(parser)
     args = parser.parse_args(["--model", model_name or "the demo's model", "--data", str(data), "--out", str(out)])
     out.mkdir(parents=True, exist_ok=True)
-    if args.effort == "race":  # the default: one_run, the rate raced on the run's opening steps
-        from leadline.one_run import run_in_one
+    if args.effort == "race":  # the default: leadline.run, the rate raced on the run's opening steps
+        from leadline.run.one import run_in_one
 
         t0 = time.perf_counter()
         plan, res = run_in_one(model, tokenizer, args.data, decide_share=args.decide_share,

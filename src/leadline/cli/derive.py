@@ -190,7 +190,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
         t0 = time.perf_counter()
         if args.effort == "race":  # the race alone; the weights put back as they were
             from leadline.cli._common import fields_of
-            from leadline.one_run import run_in_one
+            from leadline.run.one import run_in_one
 
             plan, _ = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
                                  rows_per_step=args.rows_per_step, seed=args.seed,

@@ -120,11 +120,11 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
 
 def _run_race(args: argparse.Namespace, out: Path) -> int:
-    """The default: one load, the opening race, the run (:func:`leadline.one_run.run_in_one`)."""
+    """The default: one load, the opening race, the run (:func:`leadline.run.one.run_in_one`)."""
     import time
 
     from leadline.cli._common import fields_of, load_for_training, ram_bound
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
     from leadline.progress import StepBar
 
     t_load = time.perf_counter()

@@ -267,7 +267,7 @@ class LeadlineCallback(TrainerCallback):
             self._cap_handle = forbid_spill(params[0].device)
         self._averaging = inner
         if self.held_out_losses is not None:
-            from leadline.one_run import pass_copies_refused
+            from leadline.run.one import pass_copies_refused
             from leadline.rate.passes import PassRule
 
             self.passes_refused = pass_copies_refused(params)

@@ -27,7 +27,7 @@ from leadline.hf.task import (
     trained_named_weights,
 )
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
-from leadline.one_run import run_in_one
+from leadline.run.one import run_in_one
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 from leadline.strategy import Strategy
@@ -38,7 +38,7 @@ PARTS = ("batch", "rate")
 """The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
 EFFORTS = ("race", "quick", "full")
 """derive_for's efforts, the default first: ``race`` (schedule-free AdamW, its rate raced on the
-run's opening steps, :func:`leadline.one_run.run_in_one`), ``quick`` and ``full`` (derive())."""
+run's opening steps, :func:`leadline.run.one.run_in_one`), ``quick`` and ``full`` (derive())."""
 _NOT_RACED: dict[str, Any] = {"quantile": None, "max_seconds": None, "on_progress": None, "resume": None,
                               "prior": None, "trained_as": None, "held_out": 0.1, "test": 0.1, "probe_rows": 2,
                               "fit_rank": False, "step_for": None}
@@ -57,7 +57,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
     ``effort="race"`` (the default, as ``leadline run``'s): schedule-free AdamW, its rate decided
-    by :func:`leadline.one_run.run_in_one`'s opening race with ``train=False`` (the model put back
+    by :func:`leadline.run.one.run_in_one`'s opening race with ``train=False`` (the model put back
     bit for bit); ``"quick"`` and ``"full"`` run derive(). ``derive_for(trainer)``: a built
     ``Trainer`` or TRL ``SFTTrainer`` in place of the model, derived on the rows it trains on.
     The model is measured as it trains (a bf16 or 4-bit base, an adapter or every weight,
@@ -201,7 +201,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
 def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, total_steps: int | None,
               epochs: float | None, seq_len: int | None, seed: int, fields: dict[str, str] | None,
               rows_per_step: int | None, progress: bool | None, **rest: Any) -> Plan:
-    """derive_for's race: :func:`~leadline.one_run.run_in_one` with ``train=False`` on what was
+    """derive_for's race: :func:`~leadline.run.one.run_in_one` with ``train=False`` on what was
     given (a trainer unpacked, measured with its gradient checkpointing), the model left as it was;
     the plan gets the values the model and the trainer say (precision, loss policy or the rows'
     formats, the full fine-tune's note)."""

@@ -88,7 +88,7 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
 
     from helpers import make_model, make_tokenizer
     from leadline.hf import prepare, trained_named_weights
-    from leadline.one_run import WARMUP_SHARE, run_in_one
+    from leadline.run.one import WARMUP_SHARE, run_in_one
 
     data = _rows(tmp_path / "train.jsonl")
     tok = make_tokenizer()
@@ -125,7 +125,7 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
 
 def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
 
     tok = make_tokenizer()
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=5)
@@ -172,7 +172,7 @@ def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch)
     error in a read): the trained tensors, their grads, the RNG and the mode are the start's."""
     import torch
 
-    import leadline.one_run as one_run
+    import leadline.run.one as one_run
     from helpers import make_model, make_tokenizer
 
     def interrupted(run, rates, start=None):
@@ -194,7 +194,7 @@ def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch)
 
 def test_a_step_the_caller_gives_is_listed_as_given(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
 
     tok = make_tokenizer()
     data = str(_rows(tmp_path / "t.jsonl"))
@@ -211,7 +211,7 @@ def test_the_kept_micro_batch_is_the_most_rows_dividing_the_step_that_fit_whatev
     makes up the step), one that fits 12 of a 12-row step keeps all 12, one that fits 1 keeps 1."""
     import torch
 
-    from leadline.one_run import _micro_batch
+    from leadline.run.one import _micro_batch
 
     class Task:
         device = "cuda:0"
@@ -246,7 +246,7 @@ def test_a_run_that_learns_its_rows_by_heart_ends_at_the_pass_the_held_out_rows_
     import schedulefree
     import torch
 
-    from leadline.one_run import _run_passes
+    from leadline.run.one import _run_passes
 
     def trained(n):
         w = torch.nn.Parameter(torch.zeros(3))
@@ -287,7 +287,7 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     """The collapse check can only stop a challenger that would replace the default; one that does
     not read lower by the paired test costs no read of its answers (on the CPU the answers of 64
     rows took most of the race's reads)."""
-    import leadline.one_run as one_run
+    import leadline.run.one as one_run
     from helpers import make_model, make_tokenizer
     from leadline.rate.compare import Verdict
 
@@ -308,7 +308,7 @@ def test_a_host_without_room_for_the_pass_rules_copies_keeps_the_last_pass_and_s
     rule does not run (no read, no copy), the run goes to its end, and the plan's note says why."""
     import leadline.memory.readings as readings
     from helpers import make_model, make_tokenizer
-    from leadline.one_run import run_in_one
+    from leadline.run.one import run_in_one
 
     monkeypatch.setattr(readings, "host_memory_bytes", lambda: (1024, 2048))
     tok = make_tokenizer()
@@ -324,7 +324,7 @@ def test_a_pass_read_that_fails_leaves_the_run_at_its_training_weights_in_train_
     import schedulefree
     import torch
 
-    from leadline.one_run import _run_passes
+    from leadline.run.one import _run_passes
 
     w = torch.nn.Parameter(torch.zeros(3))
     opt = schedulefree.AdamWScheduleFree([w], lr=0.1, warmup_steps=1)
