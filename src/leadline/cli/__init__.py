@@ -19,7 +19,7 @@ from leadline.errors import LeadlineError
 COMMANDS: dict[str, str] = {
     "derive": "derive a plan: micro-batch, tokens per step, rate, warmup, ending, each with its evidence",
     "train": "a reference run with a plan and the look-ahead schedule",
-    "run": "derive, then train with the plan, in one process on one load of the model",
+    "run": "one load: the rate raced on the opening steps (or --lr), the run under the guard, the model kept",
     "fit": "measure whether a training shape fits the card (the real peak, not a prediction)",
     "report": "print a plan's values with their sources, or write its HTML report",
     "corpus": "profile a data set: rows, tokens read, scored tokens, the length",

@@ -259,9 +259,9 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
         plan.to_json(out / run_command.PLAN)
         took = time.perf_counter() - t0
         derive = plan.derive_seconds or 0.0
-        return plan, {"steps": res["steps"], "rows_per_step": res["micro_batch"] * res["grad_accum"],
+        return plan, {"steps": res.steps, "rows_per_step": res.micro_batch * res.grad_accum,
                       "derive_seconds": derive, "train_seconds": took - derive,
-                      "extra": {"effort": args.effort, "cost": res["cost"]}}
+                      "extra": {"effort": args.effort, "cost": res.cost.as_dict(), "outcome": res.outcome}}
     plan_path = out / run_command.PLAN
     keep = keep_run_state(state_path(plan_path)) if args.effort == "full" else contextlib.nullcontext()
     with keep as kept:

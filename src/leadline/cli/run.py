@@ -1,18 +1,18 @@
-"""``leadline run``: derive the plan, then train with it, in one process on one load of the model.
+"""``leadline run``: one load, the rate raced on the run's opening steps, the run under the guard.
 
-The same as ``leadline derive --out DIR/plan.json`` followed by ``leadline train --plan
-DIR/plan.json --out DIR``, without loading the model and tokenizer a second time. The loaded model
-can be trained after derive because derive_for leaves it as it found it: derive() puts the
-trained tensors, the optimizers and the RNG states back on every exit path
-(:func:`leadline.derive.no_trace.leave_no_trace`), derive_for puts the train/eval mode back and
-clears the grads, and nothing in derive steps the frozen weights. The run starts from the weights
-a fresh load gives and continues from the look-ahead's branch derive kept in ``DIR/plan.state``;
-``tests/test_cli_run.py`` checks that the plan and the trained adapter equal the two commands'.
+The default (``--effort race``) is :func:`leadline.run.run_in_one`: schedule-free AdamW, its rate
+raced on the run's opening steps (or given with ``--lr``), the winner's steps kept, the run read on
+held-out rows at checks spread over it and rolled back where it worsens, the kept model read
+against the start. It exits 0 when the kept model improved on the start, 3 when it did not or its
+answers collapsed (the sentence says which and what to try), 2 on bad input. ``--effort quick`` and
+``--effort full`` derive a plan and train it in the same process, as ``leadline derive`` then
+``leadline train`` would.
 """
 
 from __future__ import annotations
 
 import argparse
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decide-share", type=float, default=0.2, metavar="S",
                    help="with --effort race: the share of the run's steps the decision may spend on steps it does not "
                    "keep (default %(default)s)")
+    p.add_argument("--lr", type=float, default=None, metavar="X",
+                   help="with --effort race: train at this rate (no race), under the same guard")
+    p.add_argument("--test-share", type=float, default=0.0, metavar="S",
+                   help="with --effort race: keep this share of the rows out of training and deciding, and read the "
+                   "model on them before and after (default: none; every row not held out for the decisions trains)")
+    p.add_argument("--eval", default=None, metavar="FILE",
+                   help="with --effort race: your own rows (the training data's format) to read the model on before "
+                   "and after the run")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     add_html_argument(p)
@@ -64,9 +72,31 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort quick races its rates inside the "
                          f"run instead; pass --effort full or leave {asked.split()[0]} out")
     if args.average_ending and args.effort != "quick":
+        why = ("trains schedule-free AdamW, whose averaged weights are already the model" if args.effort == "race"
+               else "runs the LookaheadSchedule")
         raise InputError("--average-ending races the averaged weights inside the quick effort's race, and --effort "
-                         f"{args.effort} runs the LookaheadSchedule; pass --effort quick or leave --average-ending out")
+                         f"{args.effort} {why}; pass --effort quick or leave --average-ending out")
+    if args.effort != "race":
+        for flag, given in (("--lr", args.lr is not None), ("--test-share", args.test_share),
+                            ("--eval", args.eval is not None)):
+            if given:
+                raise InputError(f"{flag} belongs to --effort race (the default); --effort {args.effort} derives and "
+                                 f"trains a plan: leave {flag} out or drop --effort")
     if args.effort == "race":
+        if asked:
+            raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort race trains schedule-free "
+                             f"AdamW, whose averaged weights need no ending; pass --effort full or leave "
+                             f"{asked.split()[0]} out")
+        if args.lr is not None and not (args.lr > 0 and args.lr < float("inf")):
+            raise InputError(f"--lr {args.lr:g} must be a positive rate; pass e.g. --lr 0.001")
+        if not 0 <= args.test_share < 0.5:
+            raise InputError(f"--test-share {args.test_share:g} must be a share in [0, 0.5); pass e.g. 0.1")
+        if args.eval is not None and args.test_share:
+            raise InputError("--eval gives the rows to read the model on, and --test-share asks for a share of the "
+                             "training rows for the same: pass one of them")
+        if args.eval is not None and not Path(args.eval).is_file():
+            raise InputError(f"--eval {args.eval}: no such file; pass a JSONL file of rows in the training data's "
+                             "format")
         if not 0 <= args.decide_share < 1:
             raise InputError(f"--decide-share {args.decide_share:g} must be a share in [0, 1); pass 0.2 (the default) "
                              "or 0 for no race")
@@ -120,58 +150,78 @@ def _run(args: argparse.Namespace, out: Path) -> int:
 
 
 def _run_race(args: argparse.Namespace, out: Path) -> int:
-    """The default: one load, the opening race, the run (:func:`leadline.run.one.run_in_one`)."""
+    """The default: one load, the opening race (or the given rate), the guarded run
+    (:func:`leadline.run.run_in_one`); ``run.json`` written once, with the load's seconds in it."""
     import time
 
     from leadline.cli._common import fields_of, load_for_training, ram_bound
-    from leadline.run.one import run_in_one
+    from leadline.plan import Value
     from leadline.progress import StepBar
+    from leadline.run import run_in_one
 
     t_load = time.perf_counter()
     with ram_bound(args.device):
         model, tok = load_for_training(args)
         load = time.perf_counter() - t_load
         out.mkdir(exist_ok=True)
+        rate = (Value(args.lr, "given", "the caller's rate (--lr): no race; the guard checks the run all the same",
+                      unit="per step") if args.lr is not None else None)
         bar = StepBar()  # a tqdm bar on a terminal, a line every 10 steps elsewhere
         try:
             plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
                                    rows_per_step=args.rows_per_step, decide_share=args.decide_share,
                                    seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
-                                   fields=fields_of(args) or None)
+                                   fields=fields_of(args) or None, rate=rate, test_share=args.test_share,
+                                   eval_data=args.eval, load_seconds=load)
         finally:
             bar.close()
+        plan.model["name"] = str(args.model)
+        plan.to_json(out / PLAN)
         if args.html is not None:
             from leadline.report.html import write_html
 
             write_html(plan, args.html)
-    total = time.perf_counter() - t_load
-    _add_seconds(out / "run.json", {"load_seconds": load, "derive_seconds": plan.derive_seconds or 0.0,
-                                    "train_seconds": total - load - (plan.derive_seconds or 0.0)})
     print(plan.report(long=False, path=str(out / PLAN)))
-    cost = res["cost"]
-    rows = res["micro_batch"] * res["grad_accum"]
-    import textwrap
+    _print_run(plan, res)
+    print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
+    if not res.improved:
+        from leadline.run.guard import outcome_sentence
+        from leadline.run.result import EXIT_NOT_IMPROVED
 
-    print(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
-    ran = res["steps"] - cost.get("steps_not_run", 0)
-    print(f"lr {res['lr']:.3g}, schedule-free AdamW, {res['steps']} steps of {rows} rows"
-          + (f" planned, {ran} run (the pass rule stopped it)" if ran < res["steps"] else ""))
-    print(f"the decision's overhead: {cost['overhead_steps']} steps not kept ({cost['overhead_share']:.0%} of the "
-          f"run), {cost['held_out_reads']} held-out reads")
-    if "kept_step" in plan.values:  # a run of several passes: which pass is the model, and why
-        print(textwrap.fill(f"the pass: {plan['kept_step'].source}", width=99,
-                            subsequent_indent="  "))
-    if "test_loss_after" in res:
-        t = res["test_loss_after"]
-        print(f"test loss after the run {t['mean']:.4f} ± {t['se']:.4f} on {res['test_rows']} rows no decision read")
-    print(f"load {load:.1f} s + run {total - load:.1f} s; wrote {out}")
+        b, a = res.held_out_before, res.held_out_after
+        print(textwrap.fill(outcome_sentence(res.outcome, b.mean if b else 0.0, a.mean if a else 0.0), width=99))
+        return EXIT_NOT_IMPROVED
     return 0
 
 
+def _print_run(plan: Any, res: Any) -> None:
+    """The rate, the run's length, the decision's and the guard's costs, each rollback, the verdicts."""
+    cost = res.cost
+    print(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
+    ran = res.steps_run
+    print(f"lr {plan['lr'].value:.3g}, schedule-free AdamW, {res.steps} steps of {res.micro_batch * res.grad_accum} "
+          "rows" + (f" planned, {ran} run (the guard stopped it at its best check)" if ran < res.steps else ""))
+    print(f"the decision's overhead: {cost.overhead_steps} steps not kept ({cost.overhead_share:.0%} of the run), "
+          f"{cost.held_out_reads} held-out reads")
+    print(textwrap.fill(f"the guard: {plan['guard'].source}", width=99, subsequent_indent="  "))
+    for c in res.checks:
+        if c["action"] in ("rollback", "stop", "restore"):
+            print(f"  step {c['step']}: held-out loss {c['loss']:.4g} ({c.get('why', 'scheduled')}), significantly "
+                  f"worse than step {c['to_step']}'s: put back" + (f", the rate now {c['lr']:.3g}"
+                                                                    if c["action"] == "rollback" else ""))
+    b, a = res.held_out_before, res.held_out_after
+    if b is not None and a is not None:
+        print(f"held-out loss {b.mean:.4f} ± {b.se:.4f} before, {a.mean:.4f} ± {a.se:.4f} after on {b.rows} rows "
+              "(the rows the decisions read)")
+    if res.test_after is not None and res.test_before is not None:
+        t0, t1 = res.test_before, res.test_after
+        print(f"{res.test_source} loss {t0.mean:.4f} ± {t0.se:.4f} before, {t1.mean:.4f} ± {t1.se:.4f} after on "
+              f"{t1.rows} rows no decision read")
+
+
 def _add_seconds(run_json: Path, seconds: dict[str, Any]) -> None:
-    """``run.json`` with the one load's, the derive's and the training call's wall seconds
-    (the training call: the test reads before and after, the steps, the save), so the whole
-    cost is read from one file."""
+    """``run.json`` of a quick or full run with the one load's, the derive's and the training call's
+    wall seconds, so the whole cost is read from one file."""
     import json
 
     from leadline._io import write_atomic

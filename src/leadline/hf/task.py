@@ -198,12 +198,32 @@ def _scored_rows(model: Any, tokenizer: Any, source: Any, seq_len: int | None, q
     return prof, rows
 
 
+def _with_eval(model: Any, tokenizer: Any, eval_dataset: Any, seq_len: int, fields: dict[str, str] | None,
+               rows: list[Any], split: Any, test: int | float) -> tuple[list[Any], Any]:
+    """The user's eval rows appended to ``rows`` as the split's test part."""
+    from leadline.corpus import tokenize_rows
+    from leadline.corpus.splits import Split
+
+    if test:
+        raise InputError(f"test={test!r} asks for a test share and eval rows were given too; pass one of them")
+    extra = [r.truncated(seq_len) for r in tokenize_rows(_rows_of(eval_dataset), tokenizer, fields=fields)]
+    extra = [r for r in extra if r.scored_tokens > 0]
+    if not extra:
+        raise InputError("the eval rows have nothing to score; give rows in the training data's format")
+    n = len(rows)
+    return rows + extra, Split(train=split.train, held_out=split.held_out, test=list(range(n, n + len(extra))),
+                               seed=split.seed)
+
+
 def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None,
             quantile: float | None = None,
             held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
-            fields: dict[str, str] | None = None) -> tuple[Task, Any]:
+            fields: dict[str, str] | None = None, eval_dataset: Any = None) -> tuple[Task, Any]:
     """Tokenize the rows as the loader will, profile them, split them, and build the
     :class:`Task` derive() runs on. Returns the task and the corpus profile.
+
+    ``eval_dataset``: the user's own rows for the verdict (tokenized the same way, cut to the
+    training rows' length); they are the split's ``test`` part, and ``test`` must then be 0.
 
     Rows with nothing to score are dropped and at least 8 must remain; a ``held_out`` share is
     capped at :data:`MAX_HELD_OUT_ROWS` rows; the training rows are shuffled by ``seed``; the
@@ -245,6 +265,8 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
         held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
+    if eval_dataset is not None:
+        rows, split = _with_eval(model, tokenizer, eval_dataset, prof.seq_len, fields, rows, split, test)
     order = list(split.train)
     random.Random(seed).shuffle(order)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)

@@ -1,12 +1,13 @@
-"""One run that pays for its own measurement: ``leadline run``'s default.
+"""``leadline run``'s default job: one load, the rate raced on the opening steps, one guarded loop.
 
-One process and one load: the rows are tokenized and split as every leadline command splits them,
-the micro-batch is the most of the step's rows that runs (an out-of-memory error halves it: a
-measurement), the rate is decided on the run's own opening steps (:mod:`leadline.rate.opening`),
-and the run continues from the winner's weights and optimizer state, counting its steps. The
-optimizer is schedule-free AdamW, whose averaged weights are the model: nothing is rerun at the
-end. The plan's ``phases`` say where the seconds went: the steps kept, the steps not kept (the
-decision's overhead) and the held-out reads.
+The recipe, top to bottom (:func:`run_in_one`): the rows tokenized and split once (held out:
+what the decisions read, at most 10% and 256 rows; no test split unless asked), the micro-batch
+(the most of the step's rows a forward and backward runs: an out-of-memory error halves it, a
+measurement), the start read on every held-out row, the rate (raced on the run's opening steps,
+:mod:`leadline.run.opening`, or given), the run's steps under the guard
+(:mod:`leadline.run.guard`, :mod:`leadline.run.loop`), the kept model read again on every
+held-out row against the start, and the result written once. The optimizer is schedule-free
+AdamW, whose averaged weights are the model at every step: nothing is rerun at the end.
 
     plan, result = run_in_one(model, tokenizer, "train.jsonl", out_dir="run")
 """
@@ -17,26 +18,17 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
-from leadline.rate.compare import compare
-from leadline.rate.opening import (
-    ALPHA,
-    ANSWER_ROWS,
-    DECIDE_SHARE,
-    Reading,
-    answer_set,
-    answers_chosen,
-    climb,
-    collapsed,
-    horizon,
-    opening_rates,
-)
-from leadline.rate.passes import PassRule, pass_ends
+from leadline.rate.opening import DECIDE_SHARE, climb, collapsed, horizon, opening_rates
+from leadline.run.guard import Guard, check_plan, check_steps, outcome
+from leadline.run.loop import StateCopy, guarded_steps, read_averaged
+from leadline.run.opening import Opening, optimizer
+from leadline.run.result import Reading, RunCost, RunResult
 
 ROWS_PER_STEP = 16
 """The step's rows: the default recipe's (a constant: a run of a few hundred steps cannot pay for
@@ -64,117 +56,332 @@ def run_steps_of(rows: int, rows_per_step: int, total_steps: int | None, epochs:
     return max(1, math.floor((epochs or 1.0) * rows / rows_per_step))
 
 
-def _optimizer(params: list[Any], lr: float, warmup: int) -> Any:
+@dataclass
+class _Job:
+    """What the run is given and what it measured before its first step."""
+
+    task: Any
+    profile: Any
+    params: list[Any]
+    steps: int
+    rows_per_step: int
+    warmup: int
+    trained_as: str
+    step: Callable[[int], float] = field(default=lambda s: math.nan)
+    micro_batch: int = 0
+    tried: list[dict[str, Any]] = field(default_factory=list)
+    fit_seconds: float = 0.0
+
+
+@dataclass
+class _Opened:
+    """The rate and where the run goes on from: the race's winner (its steps kept) or a fresh start."""
+
+    opt: Any
+    lr: float
+    value: Value
+    start_losses: list[float]
+    start_copy: StateCopy
+    kept_steps: int = 0
+    overhead_steps: int = 0
+    reads: int = 1
+    read_seconds: float = 0.0
+    step_seconds: float = 0.0
+    seconds: float = 0.0
+    winner_losses: list[float] | None = None
+    incumbent: float | None = None
+    opening: Any = None
+
+
+def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None = None, epochs: float | None = None,
+               rows_per_step: int | None = None, decide_share: float = DECIDE_SHARE, seed: int = 0,
+               seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
+               on_step: Callable[[dict[str, Any]], None] | None = None, fields: dict[str, str] | None = None,
+               train: bool = True, rate: Value | None = None, test_share: float = 0.0,
+               eval_data: Any = None, load_seconds: float | None = None) -> tuple[Plan, RunResult]:
+    """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
+
+    Returns the plan (every number with its source; ``plan.phases`` the cost table) and the
+    :class:`~leadline.run.result.RunResult`. With ``out_dir`` the adapter (or the weights; none
+    where the run ended no better than its start), ``plan.json`` and ``run.json`` are written.
+
+    ``rows_per_step``: the rows a step takes (None: :data:`ROWS_PER_STEP`, listed as a constant).
+    ``rate``: a rate already decided or given (``--lr``): no race, the run trains at it from the
+    start under the same guard. ``test_share``: a share of the rows kept out of training and
+    deciding for a verdict; ``eval_data``: the user's own rows for it (else the verdict is on the
+    held-out rows the decisions read, and the result says so). ``train=False``: the race alone
+    (Trainer trains): the model, its mode and the RNG states put back bit for bit.
+    ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
+    """
+    from leadline.rate.state import capture_rng
+
+    t_all = time.perf_counter()
+    rng_before, was_training = capture_rng(), model.training
+    job = _prepare(model, tokenizer, data, total_steps, epochs, rows_per_step, seed, seq_len, fields, test_share,
+                   eval_data)
+    plan = _plan_of(model, data, fields, job)
+    _fit(job)
+    test_before = _read_test(job) if train else None
+    opened = _open(job, rate, decide_share, train, rng_before, was_training)
+    if not train:
+        _values(plan, job, opened, decide_share, rows_per_step is not None)
+        _save(plan, None, model, out_dir)
+        return plan, RunResult(job.steps, job.micro_batch, job.rows_per_step // job.micro_batch, opened.lr,
+                               len(job.task.split.train), seed, trained=False)
+    result = _guarded(job, opened, on_step)
+    result.seed, result.test_before, result.cost.budget_share = seed, test_before, decide_share
+    result.test_after = _read_test(job)
+    result.test_source = "eval rows" if eval_data is not None else ("test share" if job.task.split.test else None)
+    _values(plan, job, opened, decide_share, rows_per_step is not None)
+    _phases(plan, job, opened, result)
+    result.seconds.update(run_seconds=time.perf_counter() - t_all, derive_seconds=plan.derive_seconds or 0.0,
+                          **({"load_seconds": load_seconds} if load_seconds is not None else {}))
+    _save(plan, result, model, out_dir)
+    return plan, result
+
+
+def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epochs: float | None,
+             rows_per_step: int | None, seed: int, seq_len: int | None, fields: dict[str, str] | None,
+             test_share: float, eval_data: Any) -> _Job:
+    from leadline.hf.task import prepare, trained_as_of, trained_named_weights
+
+    if not 0 <= test_share < 0.5:
+        raise InputError(f"test_share={test_share!r} must be a share in [0, 0.5); pass 0 (the default) or e.g. 0.1")
+    rps = int(rows_per_step) if rows_per_step is not None else ROWS_PER_STEP
+    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields, test=float(test_share),
+                            eval_dataset=eval_data)
+    steps = run_steps_of(len(task.order), rps, total_steps, epochs)
+    return _Job(task, profile, [p for _, p in trained_named_weights(model)], steps, rps,
+                max(1, round(WARMUP_SHARE * steps)), trained_as_of(model))
+
+
+def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) -> Plan:
+    from leadline.hf.precision import precision_of
+    from leadline.provenance import describe_data
+
+    plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})},
+                held_out=job.task.split.as_dict())
+    plan.model = {"trained_as": job.trained_as, "trained_parameters": int(sum(p.numel() for p in job.params))}
+    plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
+    return plan
+
+
+def _fit(job: _Job) -> None:
+    t = time.perf_counter()
+    job.micro_batch, job.tried = _micro_batch(job.task, job.rows_per_step)
+    job.fit_seconds = time.perf_counter() - t
+    job.step = job.task.train_step_of(job.micro_batch, job.rows_per_step // job.micro_batch)
+
+
+def _read_test(job: _Job) -> Reading | None:
+    task = job.task
+    if not task.split.test:
+        return None
+    task.model.eval()
     try:
-        import schedulefree
-    except ImportError:
-        raise InputError("leadline run trains with schedule-free AdamW; pip install 'leadline[hf]' (it brings "
-                         "schedulefree), or pass --effort quick or full") from None
-    return schedulefree.AdamWScheduleFree(params, lr=lr, warmup_steps=warmup, weight_decay=0.0)
+        return Reading.of(task.split.reader(task.model, task.rows, "test", device=task.device, pad_id=task.pad_id)())
+    finally:
+        task.model.train()
 
 
-class _Opening:
-    """The candidates' runs from one start: each restores the start, runs ``h`` steps with its
-    own optimizer, reads the held-out rows at its averaged weights, and keeps what the winner
-    needs to go on (its weights in train mode, its optimizer, the RNG state)."""
+def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_before: Any,
+          was_training: bool) -> _Opened:
+    """The start read on every held-out row, then the rate: given, too short to race, or raced."""
+    from leadline.rate.state import restore_rng
 
-    def __init__(self, task: Any, params: list[Any], step: Callable[[int], float], h: int, warmup: int) -> None:
-        import torch
+    t0 = time.perf_counter()
+    task, rates = job.task, opening_rates(job.trained_as)
+    fresh = optimizer(job.params, rate.value if rate is not None else rates[0], job.warmup)
+    start_copy = StateCopy.take(job.params, fresh)  # the start: its weights and a fresh optimizer
+    task.model.eval()
+    t = time.perf_counter()
+    start_losses = task.held_out_losses()()
+    read_seconds = time.perf_counter() - t
+    task.model.train()
+    h = 0 if rate is not None else min(horizon(job.steps, decide_share), job.steps)
+    if not h:
+        lr = float(rate.value) if rate is not None else rates[0]
+        value = rate or Value(lr, "constant", f"schedule-free AdamW's default for {job.trained_as}: a run of "
+                              f"{job.steps} steps is too short to race rates within {decide_share:.0%} of its steps",
+                              unit="per step")
+        for g in fresh.param_groups:
+            g["lr"] = lr
+        fresh.train()
+        return _Opened(fresh, lr, value, start_losses, start_copy, read_seconds=read_seconds,
+                       seconds=time.perf_counter() - t0)
+    opening = Opening(task, job.params, job.step, h, job.warmup)
+    try:
+        decision, readings = climb(opening, rates, start=start_losses)
+    except BaseException:  # a race cut short leaves the model as it found it: the start, its RNG and mode
+        opening.rewind()
+        task.model.zero_grad(set_to_none=True)
+        task.model.train(was_training)
+        restore_rng(rng_before)
+        raise
+    opt = opening.resume(decision.lr) if train else None
+    if not train:
+        opening.rewind()
+        task.model.zero_grad(set_to_none=True)
+        task.model.train(was_training)
+        restore_rng(rng_before)
+    race = {"horizon_steps": h, "rates": list(rates), "tests": decision.tests, "decide_share": decide_share,
+            "readings": {f"{lr:.3g}": {"mean": r.mean, "collapsed": r.collapsed} for lr, r in readings.items()},
+            "start": {"mean": math.fsum(start_losses) / len(start_losses)},
+            "collapse_checked": opening.answers is not None}
+    fate = (f"its {h} steps are the run's first" if train else
+            "its steps were not kept: the run trains from the weights the race started from")
+    value = Value(decision.lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
+                  f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
+    kept = h if train else 0
+    return _Opened(opt, decision.lr, value, start_losses, start_copy, kept_steps=kept,
+                   overhead_steps=opening.steps - kept, reads=opening.reads + 1,
+                   read_seconds=opening.read_seconds + read_seconds, step_seconds=opening.step_seconds,
+                   seconds=time.perf_counter() - t0, winner_losses=readings[decision.lr].losses,
+                   incumbent=rates[0] if decision.lr > rates[0] else None, opening=opening)
 
-        from leadline.rate.state import capture_rng
 
-        self.task, self.params, self.step, self.h, self.warmup = task, params, step, h, warmup
-        self.start = [p.detach().clone() for p in params]
-        self.rng = capture_rng()
-        self.kept: dict[float, tuple[list[Any], Any, dict[str, Any]]] = {}
-        self.read = task.held_out_losses()
-        self.answers = answer_set(task.rows, task.split.train)
-        self.asked = list(task.split.held_out)[:ANSWER_ROWS]  # the rows a challenger's answers are chosen on
-        self.gold = ([self.answers.index(a) if a in self.answers else -1 for a in
-                      (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in self.asked)]
-                     if self.answers else None)
-        self.incumbent: float | None = None  # the first rate run: the default, whose answers are not checked
-        self.incumbent_losses: list[float] = []
-        self.reads = self.steps = 0
-        self.read_seconds = self.step_seconds = 0.0
-        self.torch = torch
+def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], None] | None) -> RunResult:
+    """The run's steps under the guard, the end decided, the kept model read against the start."""
+    from leadline.corpus.losses import row_losses
 
-    def __call__(self, lr: float) -> Reading:
-        from leadline.rate.state import capture_rng, restore_rng
+    task, params, opt = job.task, job.params, opened.opt
+    start = opened.kept_steps
+    rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    subset = [task.rows[i] for i in task.split.held_out[:rows]]
+    read = lambda: row_losses(task.model, subset, None, task.device, pad_id=task.pad_id)  # noqa: E731
+    at = check_steps(job.steps, start, n_checks)
+    guard = Guard(rate=opened.lr, looks=max(1, len(at) + (1 if start else 0)), incumbent=opened.incumbent)
+    guard.start(0, opened.start_losses[:rows])
+    kept = {0: opened.start_copy}
+    t = time.perf_counter()
+    task.model.train()
+    if start and opened.winner_losses is not None:  # the race's winner is the first check
+        from leadline.run.loop import Looped, _carry_out
 
-        with self.torch.no_grad():
-            for p, s in zip(self.params, self.start):
-                p.copy_(s)
-        restore_rng(self.rng)
-        opt = _optimizer(self.params, lr, self.warmup)
-        self.task.model.train()
-        opt.train()
-        t = time.perf_counter()
-        finite = _take_steps(opt, self.step, range(self.h))
-        self.step_seconds += time.perf_counter() - t
-        self.steps += self.h
-        self.kept[lr] = ([p.detach().clone() for p in self.params], opt, capture_rng())
-        if not finite:
-            return Reading(lr, [math.inf] * max(1, len(self.task.split.held_out)))
-        opt.eval()
-        t = time.perf_counter()
-        losses = self.read()
-        if self.incumbent is None:
-            self.incumbent, self.incumbent_losses = lr, losses
-        # the answers are read only for a challenger that reads lower than the default: the one that could replace it
-        could_win = (self.answers is not None and lr != self.incumbent
-                     and compare(losses, self.incumbent_losses, alpha=ALPHA).better)
-        choices = (answers_chosen(self.task.model, self.task.rows, self.asked, self.answers, self.task.device,
-                                  self.task.pad_id) if could_win else None)
-        self.read_seconds += time.perf_counter() - t
-        self.reads += 1
-        opt.train()
-        gone = choices is not None and collapsed(choices, self.gold or [])
-        return Reading(lr, losses, choices, gone)
+        said = guard.check(start, opened.winner_losses[:rows], why="the opening race's winner")
+        spare = StateCopy.take(params, opt)
+        _carry_out(said, opt, params, kept, spare, start, [1.0] * len(opt.param_groups), Looped())
+    curve: list[dict[str, Any]] = []
+    done = guarded_steps(opt, task.model, params, job.step, read, range(start, job.steps), guard,
+                         [s for s in at if s < job.steps], kept,
+                         lambda r: (curve.append(r), on_step and on_step(r)))
+    end = _end(job, opened, guard, kept, done.stopped_at)
+    run_seconds = time.perf_counter() - t
+    cost = RunCost(kept_steps=opened.kept_steps, overhead_steps=opened.overhead_steps, run_steps=job.steps,
+                   held_out_reads=opened.reads, check_reads=done.reads + 1, check_rows=rows,
+                   check_seconds=done.read_seconds + done.copy_seconds,
+                   steps_not_run=(job.steps - done.stopped_at) if done.stopped_at else 0)
+    result = RunResult(job.steps, job.micro_batch, job.rows_per_step // job.micro_batch, guard.rate,
+                       len(task.split.train), 0, curve=curve, checks=guard.records, cost=cost,
+                       held_out_before=Reading.of(opened.start_losses), held_out_after=end["after"],
+                       outcome=end["outcome"], kept_step=guard.kept_step)
+    result.seconds.update(steps_seconds=run_seconds - done.read_seconds - done.copy_seconds - end["seconds"],
+                          check_seconds=done.read_seconds + done.copy_seconds, verdict_seconds=end["seconds"])
+    return result
 
-    def rewind(self) -> None:
-        """The start put back, bit for bit, with the RNG as it stood there; every copy freed."""
-        from leadline.rate.state import restore_rng
 
-        with self.torch.no_grad():
-            for p, s in zip(self.params, self.start):
-                p.copy_(s)
-        restore_rng(self.rng)
-        self.kept.clear()
-        self.start = []
+def _end(job: _Job, opened: _Opened, guard: Guard, kept: dict[int, StateCopy], stopped: int | None) -> dict[str, Any]:
+    """The end decided (kept, or the best check put back), the kept model read on every held-out
+    row, its answers checked for a collapse, and the start put back where it is no better."""
+    task, params, opt = job.task, job.params, opened.opt
+    t = time.perf_counter()
+    read_all = task.held_out_losses()
+    rows = len(guard.chain[0][1])
+    spare = StateCopy.take(params, opt)
+    if stopped is None:
+        losses = read_averaged(opt, task.model, params, read_all, spare)
+        said = guard.finish(job.steps, losses[:rows])
+        if said.action == "restore":
+            kept[guard.best_step].load(params, opt)
+            losses = read_averaged(opt, task.model, params, read_all, spare)
+    else:
+        guard.finish(job.steps, [])
+        losses = read_averaged(opt, task.model, params, read_all, spare)
+    if hasattr(opt, "eval"):
+        opt.eval()  # the averaged weights: the model
+    task.model.eval()
+    gone = _collapsed(opened, task)
+    result = outcome(opened.start_losses, losses, gone)
+    if result == "no_better_than_start":
+        kept[0].load(params, opt)  # the start's weights are the result
+        losses = list(opened.start_losses)
+    return {"after": Reading.of(losses), "outcome": result, "seconds": time.perf_counter() - t}
 
-    def resume(self, lr: float) -> Any:
-        """The winner's weights, RNG and optimizer put back; the others' copies freed."""
-        from leadline.rate.state import restore_rng
 
-        weights, opt, rng = self.kept[lr]
-        with self.torch.no_grad():
-            for p, w in zip(self.params, weights):
-                p.copy_(w)
-        restore_rng(rng)
-        self.kept.clear()
-        self.start = []
-        return opt
+def _collapsed(opened: _Opened, task: Any) -> bool:
+    """The kept model's answers on the held-out rows, where the data has a small set of answers: one
+    answer over 60% where the gold's majority is under 40% (the race's rule)."""
+    from leadline.rate.opening import ANSWER_ROWS, answer_set, answers_chosen
+
+    o = opened.opening
+    answers = o.answers if o is not None else answer_set(task.rows, task.split.train)
+    if not answers:
+        return False
+    asked = list(task.split.held_out)[:ANSWER_ROWS]
+    gold = [answers.index(a) if a in answers else -1 for a in
+            (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in asked)]
+    return collapsed(answers_chosen(task.model, task.rows, asked, answers, task.device, task.pad_id), gold)
 
 
 def _first(row: Any) -> int:
-    return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
+    from leadline.run.opening import first_scored
+
+    return first_scored(row)
 
 
-def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
-                on_step: Callable[[dict[str, Any]], None] | None = None, t0: float | None = None) -> bool:
-    """The optimizer steps ``steps``; False at the first non-finite loss (the step not taken)."""
-    for s in steps:
-        opt.zero_grad(set_to_none=True)
-        loss = step(s)
-        if not math.isfinite(loss):
-            opt.zero_grad(set_to_none=True)
-            return False
-        opt.step()
-        if on_step is not None:
-            on_step({"step": s, "loss": loss, "lr": float(opt.param_groups[0]["lr"]),
-                     "seconds": time.monotonic() - (t0 or 0.0)})
-    return True
+def _phases(plan: Plan, job: _Job, opened: _Opened, result: RunResult) -> None:
+    from leadline.run.guard import READ_SHARE
+
+    s = result.seconds
+    rates = opening_rates(job.trained_as)
+    plan.phases = [PhaseTime("memory", job.fit_seconds, 0, ("micro_batch",)),
+                   PhaseTime("rate", opened.seconds, opened.kept_steps + opened.overhead_steps,
+                             ("lr",) if opened.lr != rates[0] else (), step_seconds=opened.step_seconds,
+                             reads=opened.reads, read_seconds=opened.read_seconds),
+                   PhaseTime("run", s["steps_seconds"], result.steps_run - opened.kept_steps,
+                             step_seconds=s["steps_seconds"]),
+                   PhaseTime("guard", s["check_seconds"] + s["verdict_seconds"], 0, ("guard",),
+                             reads=result.cost.check_reads, read_seconds=s["check_seconds"] + s["verdict_seconds"])]
+    share = s["check_seconds"] / s["steps_seconds"] if s["steps_seconds"] > 0 else 0.0
+    plan.set("guard", Value(result.rollbacks, "measured", _guard_sentence(result, share, READ_SHARE),
+                            evidence={"plot": "checks", "checks": result.checks, "kept_step": result.kept_step,
+                                      "held_out_before": _d(result.held_out_before),
+                                      "held_out_after": _d(result.held_out_after), "outcome": result.outcome,
+                                      "rows": result.cost.check_rows, "check_share_of_steps": share},
+                            seconds=s["check_seconds"] + s["verdict_seconds"], unit="rollbacks"))
+    plan.derive_seconds = job.fit_seconds + opened.seconds
+    plan.notes.append(f"the decision's overhead: {opened.overhead_steps} optimizer steps not kept "
+                      f"({result.cost.overhead_share:.0%} of the run's {job.steps}) and {opened.reads} held-out reads")
+
+
+def _d(r: Reading | None) -> dict[str, Any] | None:
+    return None if r is None else {"mean": r.mean, "se": r.se, "rows": r.rows}
+
+
+def _guard_sentence(result: RunResult, share: float, budget: float) -> str:
+    checks = sum(1 for c in result.checks if c["action"] not in ("start",))
+    rb = result.rollbacks
+    return (f"{checks} checks on {result.cost.check_rows} held-out rows ({share:.1%} of the steps' time, the budget "
+            f"{budget:.0%}); {rb} rollback{'s' if rb != 1 else ''}; the model kept is step {result.kept_step}'s")
+
+
+def _save(plan: Plan, result: RunResult | None, model: Any, out_dir: Any) -> None:
+    """``plan.json``, and with a result the adapter (none where the run ended no better than its
+    start) and ``run.json``, each written whole."""
+    if out_dir is None:
+        return
+    import json
+
+    from leadline._io import save_run, write_atomic
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if result is not None:
+        if result.outcome == "no_better_than_start":
+            write_atomic(out / "run.json", json.dumps(result.as_dict(), indent=1, default=str))
+        else:
+            save_run(model, out, result.as_dict())
+    plan.to_json(out / "plan.json")
 
 
 def pass_copies_refused(params: list[Any]) -> str | None:
@@ -199,80 +406,6 @@ def pass_copies_refused(params: list[Any]) -> str | None:
         return None
     return (f"the pass rule did not run: its two copies of the trained tensors ({need / 2**30:.1f} GiB) would take "
             f"over half the host memory available ({available / 2**30:.1f} GiB); the run keeps its last pass")
-
-
-@dataclass
-class _Passes:
-    """What the run's loop did: the steps it took, the pass rule's reads (None: one pass, no rule)."""
-
-    rule: PassRule | None = None
-    refused: str | None = None  # why the rule did not run on a run of several passes
-    steps: int = 0
-    reads: int = 0
-    read_seconds: float = 0.0
-    copy_seconds: float = 0.0
-
-
-def _run_passes(task: Any, params: list[Any], opt: Any, step: Callable[[int], float], todo: range,
-                rows_per_step: int, record: Callable[[dict[str, Any]], Any], t0: float, lr: float) -> _Passes:
-    """The run's steps ``todo``, read at each pass's end by :class:`leadline.rate.passes.PassRule`
-    where the run passes over its rows more than once: the run may stop early, and ends at the
-    averaged weights of the pass the held-out rows favour (the optimizer left in eval mode)."""
-    import torch
-
-    ends = [*pass_ends(len(task.order), rows_per_step, todo.stop, todo.start), todo.stop]
-    refused = pass_copies_refused(params) if len(ends) > 1 else None
-    if refused is not None:
-        ends = [todo.stop]
-    done = _Passes(rule=PassRule() if len(ends) > 1 else None, refused=refused)
-    read, best, pos = task.held_out_losses(), None, todo.start
-    for end in ends:
-        if not _take_steps(opt, step, range(pos, end), record, t0):
-            raise InputError(f"the training loss stopped being finite near step {pos} at the rate {lr:.3g}; pass a "
-                             "shorter --seq-len or check the data for empty or broken rows")
-        done.steps += end - pos
-        pos = end
-        if done.rule is None:
-            break
-        t = time.perf_counter()
-        going = [p.detach().to("cpu", copy=True) for p in params] if end < todo.stop else []
-        done.copy_seconds += time.perf_counter() - t
-        opt.eval()  # the averaged weights: the pass's model
-        task.model.eval()
-        t = time.perf_counter()
-        try:
-            losses = read()
-        except BaseException:  # a read that fails leaves the model training, at its training weights
-            _put_back(opt, params, going, task.model)
-            raise
-        done.read_seconds += time.perf_counter() - t
-        done.reads += 1
-        verdict = done.rule.after_pass(end, losses) if end < todo.stop else done.rule.at_end(end, losses)
-        if verdict == "best" and end < todo.stop:
-            t = time.perf_counter()
-            best = [p.detach().to("cpu", copy=True) for p in params]  # off the card: a full fine-tune's copy
-            done.copy_seconds += time.perf_counter() - t
-        if verdict == "stop" or (end == todo.stop and verdict == "best"):
-            with torch.no_grad():
-                for p, w in zip(params, best or []):
-                    p.copy_(w)
-            break
-        if end == todo.stop:
-            break  # the run's end kept, at its averaged weights
-        _put_back(opt, params, going, task.model)
-    return done
-
-
-def _put_back(opt: Any, params: list[Any], going: list[Any], model: Any) -> None:
-    """Back to training after a read: train mode, and the training weights copied back bit for bit
-    (schedule-free's ``eval()`` and ``train()`` are not exact inverses in floating point)."""
-    import torch
-
-    opt.train()
-    with torch.no_grad():
-        for p, w in zip(params, going):
-            p.copy_(w)
-    model.train()
 
 
 def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
@@ -300,156 +433,10 @@ def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any
     return mb, tried
 
 
-def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None = None, epochs: float | None = None,
-               rows_per_step: int | None = None, decide_share: float = DECIDE_SHARE, seed: int = 0,
-               seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
-               on_step: Callable[[dict[str, Any]], None] | None = None,
-               fields: dict[str, str] | None = None, train: bool = True,
-               rate: Value | None = None) -> tuple[Plan, dict[str, Any]]:
-    """Decide the rate on the run's opening steps and train to the end, in one process.
-
-    Returns the plan (every number with its source; ``plan.phases`` the cost table) and the run's
-    record (the curve, the test verdict). With ``out_dir`` the adapter (or the weights),
-    ``plan.json`` and ``run.json`` are written there.
-
-    ``rows_per_step``: the rows an optimizer step takes, given (None: :data:`ROWS_PER_STEP`, the
-    recipe's, listed as a constant).
-
-    ``rate``: a rate already decided (a plan's, :func:`leadline.train.train_with_plan`): no race,
-    the run trains at it from the start.
-
-    ``train=False``: the race alone, for a run another loop trains (Trainer, through
-    :func:`leadline.hf.training_arguments`). The trained tensors and the RNG states are put back
-    bit for bit as they were before the race, the tensors' ``.grad`` cleared and the model's
-    train/eval mode restored; none of the run's steps is taken, so every race step is overhead
-    (``kept_steps`` 0). The plan holds the race's evidence; with ``out_dir`` only ``plan.json``
-    is written.
-    """
-    from leadline.hf.task import prepare, trained_as_of, trained_named_weights
-    from leadline.provenance import describe_data
-    from leadline.rate.state import capture_rng, restore_rng
-    from leadline.stats import mean_se
-
-    t_all = time.perf_counter()
-    rows_given = rows_per_step is not None
-    rows_per_step = int(rows_per_step) if rows_per_step is not None else ROWS_PER_STEP
-    rng_before, was_training = capture_rng(), model.training
-    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields)
-    params = [p for _, p in trained_named_weights(model)]
-    steps = run_steps_of(len(task.order), rows_per_step, total_steps, epochs)
-    trained_as = trained_as_of(model)
-    h = 0 if rate is not None else min(horizon(steps, decide_share), steps)
-    warmup = max(1, round(WARMUP_SHARE * steps))
-    plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})}, held_out=task.split.as_dict())
-    plan.model = {"trained_as": trained_as, "trained_parameters": int(sum(p.numel() for p in params))}
-    from leadline.hf.precision import precision_of
-
-    plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
-    t = time.perf_counter()
-    mb, tried = _micro_batch(task, rows_per_step)
-    fit_seconds = time.perf_counter() - t
-    step = task.train_step_of(mb, rows_per_step // mb)
-    rates = opening_rates(trained_as)
-    t0 = time.monotonic()
-    t = time.perf_counter()
-    if h:
-        opening = _Opening(task, params, step, h, warmup)
-        try:
-            t_read = time.perf_counter()
-            start_losses = opening.read()  # the start's held-out reading: did the default learn?
-            opening.read_seconds += time.perf_counter() - t_read
-            opening.reads += 1
-            decision, readings = climb(opening, rates, start=start_losses)
-        except BaseException:  # a race cut short leaves the model as it found it: the start, its RNG and mode
-            opening.rewind()
-            model.zero_grad(set_to_none=True)
-            model.train(was_training)
-            restore_rng(rng_before)
-            raise
-        if train:
-            opt = opening.resume(decision.lr)
-        else:
-            opening.rewind()
-        race = {"horizon_steps": h, "rates": list(rates), "tests": decision.tests, "decide_share": decide_share,
-                "readings": {f"{lr:.3g}": {"mean": r.mean, "collapsed": r.collapsed} for lr, r in readings.items()},
-                "collapse_checked": opening.answers is not None}
-        kept = h if train else 0
-        overhead = opening.steps - kept
-        reads, read_seconds, step_seconds = opening.reads, opening.read_seconds, opening.step_seconds
-        lr, start = decision.lr, h
-        fate = (f"its {h} steps are the run's first" if train else
-                "its steps were not kept: the run trains from the weights the race started from")
-        lr_value = Value(lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
-                         f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
-    else:
-        lr = float(rate.value) if rate is not None else rates[0]
-        start, kept, overhead, reads, read_seconds, step_seconds = 0, 0, 0, 0, 0.0, 0.0
-        if train:
-            opt = _optimizer(params, lr, warmup)
-            opt.train()
-        lr_value = rate or Value(lr, "constant", f"schedule-free AdamW's default for {trained_as}: a run of {steps} "
-                                 f"steps is too short to race rates within {decide_share:.0%} of its steps",
-                                 unit="per step")
-    race_seconds = time.perf_counter() - t
-    curve: list[dict[str, Any]] = []
-    run_seconds, after, passes = 0.0, None, _Passes()
-    if train:
-        model.train()
-        t = time.perf_counter()
-        passes = _run_passes(task, params, opt, step, range(start, steps), rows_per_step,
-                             lambda r: (curve.append(r), on_step and on_step(r)), t0, lr)
-        run_seconds = time.perf_counter() - t
-        opt.eval()  # the averaged weights: the model (a no-op where the pass rule already read them)
-        model.eval()
-        after = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
-                 if task.split.test else None)
-    else:  # the race alone: the model and the RNG as they were before it
-        model.zero_grad(set_to_none=True)
-        model.train(was_training)
-        restore_rng(rng_before)
-    _values(plan, mb, tried, rows_per_step, rows_given, steps, warmup, lr_value, h, fit_seconds, profile)
-    plan.phases = [PhaseTime("memory", fit_seconds, 0, ("micro_batch",)),
-                   PhaseTime("rate", race_seconds, kept + overhead, ("lr",) if lr != rates[0] else (),
-                             step_seconds=step_seconds, reads=reads, read_seconds=read_seconds)]
-    if train:
-        plan.phases.append(PhaseTime("run", run_seconds, passes.steps, reads=passes.reads,
-                                     step_seconds=run_seconds - passes.read_seconds - passes.copy_seconds,
-                                     read_seconds=passes.read_seconds))
-        if passes.refused is not None:
-            plan.notes.append(passes.refused)
-        if passes.rule is not None:
-            plan.set("kept_step", Value(passes.rule.kept_step, "measured", passes.rule.sentence(steps),
-                                        evidence={**passes.rule.as_dict(), "plot": "passes"}, unit="steps",
-                                        seconds=passes.read_seconds + passes.copy_seconds))
-    plan.derive_seconds = fit_seconds + race_seconds
-    cost = {"kept_steps": kept, "overhead_steps": overhead, "run_steps": steps, "held_out_reads": reads,
-            "pass_reads": passes.reads, "steps_not_run": (steps - start - passes.steps) if train else 0,
-            "overhead_share": overhead / steps, "budget_share": decide_share,
-            "budget_held": overhead <= decide_share * steps + 1e-9}
-    plan.notes.append(f"the decision's overhead: {overhead} optimizer steps not kept ({overhead / steps:.0%} of the "
-                      f"run's {steps}; the budget {decide_share:.0%}) and {reads} held-out reads")
-    result: dict[str, Any] = {"steps": steps, "micro_batch": mb, "grad_accum": rows_per_step // mb, "lr": lr,
-                              "optimizer": "schedule_free_adamw", "curve": curve, "cost": cost,
-                              "seconds": time.perf_counter() - t_all, "test_rows": len(task.split.test),
-                              **({"passes": passes.rule.as_dict()} if passes.rule is not None else {}),
-                              **({} if train else {"trained": False})}
-    if after is not None:
-        m, se = mean_se(after)
-        result["test_loss_after"] = {"mean": m, "se": se}
-    if out_dir is not None:
-        from leadline._io import save_run
-
-        out = Path(out_dir)
-        if train:
-            save_run(model, out, result)
-        else:
-            out.mkdir(parents=True, exist_ok=True)
-        plan.to_json(out / "plan.json")
-    return plan, result
-
-
-def _values(plan: Plan, mb: int, tried: list[dict[str, Any]], rows_per_step: int, rows_given: bool, steps: int,
-            warmup: int, lr: Value, h: int, fit_seconds: float, profile: Any) -> None:
+def _values(plan: Plan, job: _Job, opened: _Opened, decide_share: float, rows_given: bool) -> None:
+    mb, tried, rows_per_step, steps = job.micro_batch, job.tried, job.rows_per_step, job.steps
+    warmup, lr, fit_seconds, profile = job.warmup, opened.value, job.fit_seconds, job.profile
+    h = opened.opening.h if opened.opening is not None else 0
     plan.set("micro_batch", Value(mb, "measured" if tried else "derived",
                                   (f"the most of the step's {rows_per_step} rows whose forward and backward at the "
                                    f"longest rows ran" if tried else "the whole step: off a CUDA card nothing "

@@ -1,0 +1,120 @@
+"""What a run did, as typed records the CLI, the report and Trainer read by attribute.
+
+``RunResult.as_dict()`` is ``run.json``: written once, at the end, with every second in it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+EXIT_NOT_IMPROVED = 3
+"""``leadline run``'s exit status when the kept model is no better than the start on the held-out
+rows, or its answers collapsed: the run finished, and its result is not worth using as it is."""
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A mean loss over rows and its standard error.
+
+    Examples:
+        >>> Reading.of([1.0, 2.0, 3.0])
+        Reading(mean=2.0, se=0.5773502691896258, rows=3)
+    """
+
+    mean: float
+    se: float
+    rows: int
+
+    @classmethod
+    def of(cls, losses: Sequence[float]) -> Reading:
+        from leadline.stats import mean_se
+
+        if len(losses) > 1 and all(math.isfinite(x) for x in losses):
+            m, se = mean_se(losses)
+        else:
+            m, se = (math.fsum(losses) / len(losses) if losses else math.nan), math.inf
+        return cls(m, se, len(losses))
+
+
+@dataclass
+class RunCost:
+    """Where the run's steps and reads went."""
+
+    kept_steps: int = 0  # the opening's steps the run kept
+    overhead_steps: int = 0  # steps taken and not kept (the race's losers)
+    run_steps: int = 0  # the run's planned length
+    held_out_reads: int = 0  # the opening's reads
+    check_reads: int = 0  # the guard's reads
+    check_rows: int = 0  # the held-out rows each check reads
+    check_seconds: float = 0.0  # the guard's reads and copies
+    steps_not_run: int = 0  # steps the guard's stop saved
+    budget_share: float = 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        return self.overhead_steps / self.run_steps if self.run_steps else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "overhead_share": self.overhead_share,
+                "budget_held": self.overhead_steps <= self.budget_share * self.run_steps + 1e-9}
+
+
+@dataclass
+class RunResult:
+    """The run: its length and shape, the rate, the guard's checks, the verdicts, the cost.
+
+    ``outcome``: ``"improved"``, ``"no_better_than_start"`` (the start's weights kept, no adapter
+    written) or ``"collapsed"`` (the kept model answers one answer for most held-out rows).
+    """
+
+    steps: int
+    micro_batch: int
+    grad_accum: int
+    lr: float
+    train_rows: int
+    seed: int
+    optimizer: str = "schedule_free_adamw"
+    curve: list[dict[str, Any]] = field(default_factory=list)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    cost: RunCost = field(default_factory=RunCost)
+    held_out_before: Reading | None = None
+    held_out_after: Reading | None = None
+    test_before: Reading | None = None
+    test_after: Reading | None = None
+    test_source: str | None = None  # "eval rows" (the user's file) or "test share"
+    outcome: str = "improved"
+    kept_step: int | None = None
+    trained: bool = True
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def improved(self) -> bool:
+        return self.outcome == "improved"
+
+    @property
+    def rollbacks(self) -> int:
+        return sum(1 for c in self.checks if c["action"] in ("rollback", "stop"))
+
+    @property
+    def steps_run(self) -> int:
+        return self.steps - self.cost.steps_not_run
+
+    def as_dict(self) -> dict[str, Any]:
+        """``run.json``."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in (
+            "steps", "micro_batch", "grad_accum", "lr", "train_rows", "seed", "optimizer", "curve", "checks",
+            "outcome", "kept_step", "trained", "test_source")}
+        out["cost"] = self.cost.as_dict()
+        for name in ("held_out_before", "held_out_after"):
+            r = getattr(self, name)
+            out[name] = asdict(r) if r is not None else None
+        if self.test_after is not None:  # the names earlier leadline versions wrote
+            out["test_loss_after"] = asdict(self.test_after)
+            out["test_rows"] = self.test_after.rows
+        if self.test_before is not None:
+            out["test_loss_before"] = asdict(self.test_before)
+        out.update({k: round(v, 3) for k, v in self.seconds.items()})
+        return out
