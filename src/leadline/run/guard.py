@@ -255,15 +255,16 @@ Outcome = Literal["improved", "no_better_than_start", "collapsed"]
 
 
 def outcome(before: Sequence[float], after: Sequence[float], collapsed: bool = False) -> Outcome:
-    """The run's verdict on every held-out row: the kept model against the start.
+    """The run's verdict on every held-out row: the kept model against the start; a model that
+    improved on it is then judged on its answers (``collapsed``: the race's rule on them).
 
     Examples:
-        >>> outcome([2.0, 2.2], [1.0, 1.1]), outcome([2.0, 2.2], [2.0, 2.2]), outcome([2.0], [1.0], True)
+        >>> outcome([2.0, 2.2], [1.0, 1.1]), outcome([2.0, 2.2], [2.0, 2.2], True), outcome([2.0], [1.0], True)
         ('improved', 'no_better_than_start', 'collapsed')
     """
-    if collapsed:
-        return "collapsed"
-    return "improved" if mean_or_inf(after) < mean_or_inf(before) else "no_better_than_start"
+    if mean_or_inf(after) >= mean_or_inf(before):
+        return "no_better_than_start"
+    return "collapsed" if collapsed else "improved"
 
 
 def outcome_sentence(result: Outcome, before: float, after: float) -> str:

@@ -23,7 +23,8 @@ from leadline.run.guard import Guard, Step, spiked
 
 
 class StateCopy:
-    """The trained tensors, their optimizer state and the optimizer's group counters at one step.
+    """The trained tensors, their optimizer state and the optimizer's group counters at one step (the
+    optimizer's train/eval mode is the live one's, never put back).
 
     Examples:
         >>> import torch
@@ -41,7 +42,8 @@ class StateCopy:
 
     @staticmethod
     def _groups(opt: Any) -> list[dict[str, Any]]:
-        return [{k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "lr")} for g in opt.param_groups]
+        return [{k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "lr", "train_mode")}
+                for g in opt.param_groups]
 
     @classmethod
     def take(cls, params: Sequence[Any], opt: Any) -> StateCopy:

@@ -300,8 +300,8 @@ def _end(job: _Job, opened: _Opened, guard: Guard, kept: dict[int, StateCopy], s
     if hasattr(opt, "eval"):
         opt.eval()  # the averaged weights: the model
     task.model.eval()
-    gone = _collapsed(opened, task)
-    result = outcome(opened.start_losses, losses, gone)
+    improved = outcome(opened.start_losses, losses) == "improved"
+    result = outcome(opened.start_losses, losses, improved and _collapsed(opened, task))
     if result == "no_better_than_start":
         kept[0].load(params, opt)  # the start's weights are the result
         losses = list(opened.start_losses)

@@ -1,0 +1,205 @@
+"""The guarded run: checks spread over the whole run, a rollback at a worsening, the kept model never
+worse than the start and never silent, a given rate under the same guard."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from leadline.run.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps
+
+pytest.importorskip("schedulefree")
+
+
+# ---- the rule, on numbers ------------------------------------------------------------------
+def test_a_run_of_twenty_steps_is_checked_at_least_three_times_after_its_opening():
+    rows, checks = check_plan(256, 16, 20)
+    at = check_steps(20, start=2, checks=checks)
+    assert len(at) >= 3 and at[-1] == 20 and all(2 < s <= 20 for s in at)
+    rows, checks = check_plan(256, 16, 250)
+    assert checks >= 8 and len(check_steps(250, 25, checks)) >= 8
+
+
+def test_the_checks_together_read_at_most_the_share_of_the_steps_forwards_where_the_least_rows_allow():
+    for held, rps, steps in ((256, 16, 250), (256, 16, 2000), (100, 8, 600), (256, 32, 400)):
+        rows, checks = check_plan(held, rps, steps)
+        assert rows * checks <= 0.05 * 3 * rps * steps + 1e-9 or rows == min(32, held)
+
+
+def test_a_run_failing_again_from_its_best_goes_one_check_further_back():
+    g = Guard(rate=0.01, looks=8)
+    g.start(0, [2.0, 2.1, 1.9, 2.0, 2.05])
+    assert g.check(10, [1.0, 1.1, 0.9, 1.0, 1.05]).action == "best"
+    assert g.check(20, [0.5, 0.6, 0.4, 0.5, 0.55]).action == "best"
+    first = g.check(30, [9.0, 9.5, 8.5, 9.2, 9.1])
+    assert (first.action, first.to_step, first.lr) == ("rollback", 20, 0.005)
+    again = g.check(40, [9.0, 9.5, 8.5, 9.2, 9.1])
+    assert (again.action, again.to_step, again.further_back, again.lr) == ("rollback", 10, True, 0.0025)
+
+
+def test_after_the_last_allowed_rollback_a_worsening_stops_the_run_at_its_best():
+    rng = random.Random(0)
+    start = [2.0 + 0.2 * rng.random() for _ in range(32)]
+    worse = [x + 5.0 + rng.random() for x in start]
+    g = Guard(rate=1.0, looks=8)
+    g.start(0, start)
+    for k in range(MAX_ROLLBACKS):
+        assert g.check(10 * (k + 1), worse).action == "rollback"
+    stop = g.check(50, worse)
+    assert (stop.action, stop.to_step, g.kept_step) == ("stop", 0, 0)
+    assert g.rate == 1.0 * 0.5 ** MAX_ROLLBACKS
+
+
+# ---- the run, on the tiny model --------------------------------------------------------------
+def _rows(path, n=400, seed=0, numbers=99):
+    rng = random.Random(seed)
+    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
+             "sound": "audio music volume"}
+    with path.open("w") as f:
+        for _ in range(n):
+            label = rng.choice(sorted(words))
+            f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, numbers)}\nSection:",
+                                "completion": " " + label}) + "\n")
+    return path
+
+
+def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    if fault_at is not None:  # the rate multiplied 10^4 for one step: the weights thrown far off
+        import schedulefree
+
+        import leadline.run.opening as opening
+
+        fired = []
+
+        class Faulty(schedulefree.AdamWScheduleFree):
+            def step(self, closure=None):
+                if not fired and self.param_groups[0]["k"] == fault_at:
+                    fired.append(True)
+                    lr = self.param_groups[0]["lr"]
+                    self.param_groups[0]["lr"] = lr * 1e4
+                    try:
+                        return super().step(closure)
+                    finally:
+                        self.param_groups[0]["lr"] = lr
+                return super().step(closure)
+
+        monkeypatch.setattr(opening, "optimizer", lambda params, lr, warmup: Faulty(
+            params, lr=lr, warmup_steps=warmup, weight_decay=0.0))
+        monkeypatch.setattr("leadline.run.one.optimizer", opening.optimizer)
+    tok = make_tokenizer()
+    data = tmp_path / "train.jsonl"
+    if not data.exists():
+        _rows(data)
+    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), total_steps=40, **kw)
+
+
+def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    tok = make_tokenizer()
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=4,
+                           train=False)
+    assert len(plan.held_out["train"]) >= 360 and len(plan.held_out["held_out"]) == 40 and not plan.held_out["test"]
+
+
+def test_a_rate_thrown_past_divergence_mid_run_is_rolled_back_and_the_run_ends_within_the_unfaulted_runs_noise(
+        tmp_path, monkeypatch):
+    """The rate multiplied 10^4 for one step at step 30 of 40: the guard rolls back to its last check
+    before it at half the rate, and the run ends within the spread of three unfaulted seeds."""
+    from leadline.plan import Value
+
+    _rows(tmp_path / "train.jsonl", numbers=3)
+    rate = Value(1e-2, "given", "the caller's rate", unit="per step")
+    clean = [_run(tmp_path, rate=rate, seed=seed)[1].held_out_after for seed in (0, 1, 2)]
+    plan, faulted = _run(tmp_path, monkeypatch, fault_at=30, rate=rate, seed=0)
+    rolled = [c for c in faulted.checks if c["action"] == "rollback"]
+    assert rolled and rolled[0]["step"] > 30 and rolled[0]["to_step"] <= 30 and rolled[0]["lr"] == 5e-3
+    assert faulted.outcome == "improved" and plan["guard"].value == len(rolled)
+    a = faulted.held_out_after
+    spread = max(c.mean for c in clean) - min(c.mean for c in clean)
+    assert a.mean <= max(c.mean for c in clean) + spread, (a, clean)
+    assert a.mean < 0.5 * faulted.held_out_before.mean
+
+
+@pytest.mark.parametrize("lr", ["1", "30"])
+def test_a_given_rate_runs_under_the_guard_and_the_model_kept_is_no_worse_than_its_start(tmp_path, lr):
+    """``leadline run --lr X`` on the tiny model's LoRA adapter: no race, the guard reads the run; at
+    30 the steps diverge, the guard rolls back and halves the rate. Either way the model kept reads
+    no worse than the start on the held-out rows, and the exit status says whether it improved.
+    (At 1 this adapter learns slowly without a spike: nothing to roll back.)"""
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(save_model_dir(tmp_path / "m")), "--data", str(_rows(tmp_path / "t.jsonl")),
+               "--lora-rank", "4", "--steps", "40", "--lr", lr, "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "run.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["values"]["lr"]["kind"] == "given" and record["cost"]["overhead_steps"] == 0
+    assert len([c for c in record["checks"] if c["action"] != "start"]) >= 3
+    assert rc == (0 if record["outcome"] == "improved" else 3)
+    assert record["held_out_after"]["mean"] <= record["held_out_before"]["mean"]
+    if lr == "30":
+        rolled = [c for c in record["checks"] if c["action"] == "rollback"]
+        assert rolled and rolled[0]["lr"] == 15.0 and record["lr"] < 30.0
+
+
+def test_a_run_whose_kept_model_collapses_says_so_and_exits_three(tmp_path, monkeypatch, capsys):
+    """The kept model answers one section for every held-out row (its answers faked): the command
+    prints the sentence, writes the adapter marked in run.json, and exits 3."""
+    import leadline.rate.opening as rule
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    monkeypatch.setattr(rule, "answers_chosen", lambda model, rows, asked, *a, **k: [0] * len(asked))
+    model = save_model_dir(tmp_path / "m")
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(model), "--data", str(_rows(tmp_path / "t.jsonl")), "--lora-rank", "4",
+               "--steps", "6", "--device", "cpu", "--out", str(out)])
+    said = capsys.readouterr().out
+    record = json.loads((out / "run.json").read_text())
+    assert rc == 3 and record["outcome"] == "collapsed" and "collapsed" in said
+    assert (out / "adapter_config.json").exists()
+
+
+def test_a_run_no_better_than_its_start_keeps_the_start_writes_no_adapter_and_exits_three(tmp_path, capsys):
+    """A rate of 10^4 on a LoRA adapter: every step diverges, the guard rolls
+    back until it stops at the start; the command says so and writes no adapter."""
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    model = save_model_dir(tmp_path / "m")
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(model), "--data", str(_rows(tmp_path / "t.jsonl")), "--lora-rank", "4",
+               "--steps", "24", "--lr", "10000", "--device", "cpu", "--out", str(out)])
+    said = capsys.readouterr().out
+    record = json.loads((out / "run.json").read_text())
+    assert rc == 3 and record["outcome"] == "no_better_than_start", said
+    assert "no better than it started" in said and not (out / "adapter_config.json").exists()
+    assert record["held_out_after"]["mean"] == record["held_out_before"]["mean"]
+    assert any(c["action"] == "rollback" for c in record["checks"])
+
+
+def test_leadline_run_prints_the_loss_before_and_after_and_each_rollback(tmp_path, capsys):
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    model = save_model_dir(tmp_path / "m")
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(model), "--data", str(_rows(tmp_path / "t.jsonl")), "--lora-rank", "4",
+               "--steps", "24", "--lr", "0.02", "--test-share", "0.1", "--device", "cpu", "--out", str(out)])
+    said = capsys.readouterr().out
+    record = json.loads((out / "run.json").read_text())
+    assert rc == 0, said
+    assert "held-out loss" in said and " before, " in said and "test share loss" in said
+    assert record["test_source"] == "test share" and record["load_seconds"] > 0
+    assert len([c for c in record["checks"] if c["action"] != "start"]) >= 3
+    for c in record["checks"]:
+        if c["action"] == "rollback":
+            assert f"step {c['step']}: held-out loss" in said
