@@ -81,7 +81,7 @@ def test_every_decision_has_its_figure():
     ids = re.findall(r"<figure id='figure-(\w+)'", page)
     assert ids == ["lr", "guard", "kept_step"]
     race, guard, _ = figs
-    assert "the opening race" in race and "0.0025 kept" in race and "0.01 collapsed" in race
+    assert "the opening race" in race and "0.0025: 1.443 kept" in race and "0.01: 18.46 (answers collapsed)" in race
     assert "not run: 0.000625" in race and "before any step: 11.26" in race
     assert "rolled back" in guard and "kept: step 14" in guard and "training loss" in guard
     assert "11.26 ± 0.3 before, 1.12 ± 0.04 after" in guard

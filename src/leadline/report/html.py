@@ -196,7 +196,10 @@ def _spent(plan: Plan) -> str:
         wall += f" and {steps:,} training step{'s' if steps != 1 else ''} on the run's rows"
     parts = [f"{t.phase} {sig(t.seconds)} s" + _phase_work(t) for t in sorted(took, key=lambda t: -t.seconds)[:5]]
     text = wall + (": " + ", ".join(parts) if parts else "")
-    return text + (f". {plan.run_line(run)[0].upper()}{plan.run_line(run)[1:]}" if run is not None else "")
+    if run is None:
+        return text
+    line = plan.run_line(run)
+    return f"{text}. {line[0].upper()}{line[1:]}"
 
 
 def _phase_work(t: Any) -> str:

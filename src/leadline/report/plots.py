@@ -316,22 +316,27 @@ def _opening(ev: dict[str, Any], ax: Any) -> None:
     ran = sorted((lr, r["mean"]) for lr, r in readings.items() if _finite(r.get("mean")))
     kept = ev.get("_chosen")
     ax.plot([x for x, _ in ran], [y for _, y in ran], color="tab:gray", linestyle=":", zorder=1)
+    top = max((lr for lr, _ in ran), default=None)
     for lr, r in readings.items():
         if not _finite(r.get("mean")):
             continue
         colour = "tab:red" if r.get("collapsed") else "tab:green" if _same(lr, kept) else "tab:blue"
         ax.plot([lr], [r["mean"]], marker="x" if r.get("collapsed") else "o", markersize=10 if _same(lr, kept) else 7,
                 color=colour, linestyle="", zorder=3)
-        ax.annotate(f"{lr:.3g}" + (" kept" if _same(lr, kept) else "") + (" collapsed" if r.get("collapsed") else ""),
-                    (lr, r["mean"]), textcoords="offset points", xytext=(6, 6), fontsize=8, color=colour)
+        label = f"{lr:.3g}: {r['mean']:.4g}" + (" kept" if _same(lr, kept) else "") + \
+            (" (answers collapsed)" if r.get("collapsed") else "")
+        right = lr == top and len(ran) > 1  # the highest rate's label on its left, inside the plot
+        ax.annotate(label, (lr, r["mean"]), textcoords="offset points", xytext=(-8 if right else 8, 4),
+                    ha="right" if right else "left", va="bottom", fontsize=8, color=colour)
     start = ev.get("start")
     start = start.get("mean") if isinstance(start, dict) else start
     if _finite(start):
         ax.axhline(start, color="black", linestyle="--", alpha=0.6, label=f"before any step: {start:.4g}")
     not_run = [float(r) for r in ev.get("rates", []) if not any(_same(float(r), lr) for lr in readings)]
-    if not_run:
-        ax.plot(not_run, [ax.get_ylim()[0]] * len(not_run), marker="|", markersize=14, linestyle="",
-                color="tab:gray", label="not run: " + ", ".join(f"{r:.3g}" for r in not_run), clip_on=False)
+    for k, r in enumerate(not_run):
+        ax.axvline(r, color="tab:gray", linestyle=":", label="not run: " + ", ".join(f"{x:.3g}" for x in not_run)
+                   if k == 0 else None)
+    ax.margins(x=0.12, y=0.12)
     _rate_axis(ax, [float(r) for r in ev.get("rates", [])] + list(readings))
     ax.set_xlabel("learning rate")
     ax.set_ylabel("held-out loss")
@@ -377,7 +382,8 @@ def _checks(ev: dict[str, Any], axes: Any) -> None:
         if c.get("action") == "rollback" and c.get("to_step") is not None:
             back = (c["to_step"], by_step.get(c["to_step"], c["loss"]))
             top.annotate("", xy=back, xytext=(c["step"], c["loss"]),
-                         arrowprops={"arrowstyle": "->", "color": "tab:red", "alpha": 0.8})
+                         arrowprops={"arrowstyle": "->", "color": "tab:red", "alpha": 0.9, "linewidth": 1.5,
+                                     "connectionstyle": "arc3,rad=0.35"})
     kept = [c for c in checks if c["step"] == ev.get("kept_step")]
     if kept:
         top.plot([kept[-1]["step"]], [kept[-1]["loss"]], marker="*", markersize=16, color="tab:green", linestyle="",
@@ -388,10 +394,26 @@ def _checks(ev: dict[str, Any], axes: Any) -> None:
     top.set_title(_checks_title(ev), fontsize=10)
     top.legend(fontsize=7, loc="upper right")
     rated = [c for c in checks if _finite(c.get("lr"))]
-    low.step([c["step"] for c in rated], [c["lr"] for c in rated], where="post", color="tab:purple")
+    low.step([c["step"] for c in rated], [c["lr"] for c in rated], where="post", color="tab:purple", marker=".")
     low.set_ylabel("rate", fontsize=8)
-    low.set_yscale("log")
+    _rate_ticks(low, [c["lr"] for c in rated])
     low.set_xlabel("step")
+
+
+def _rate_ticks(ax: Any, rates: list[float]) -> None:
+    """A log y axis of rates ticked at (at most 4 of) the rates taken, no minor labels."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    rates = sorted({r for r in rates if r > 0})
+    if not rates:
+        return
+    ax.set_yscale("log")
+    step = max(1, -(-len(rates) // 4))
+    ax.yaxis.set_major_locator(FixedLocator(rates[::step]))
+    ax.set_yticklabels([f"{r:.3g}" for r in rates[::step]], fontsize=7)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.margins(y=0.25)
 
 
 def _checks_title(ev: dict[str, Any]) -> str:
