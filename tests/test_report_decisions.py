@@ -180,3 +180,11 @@ def test_in_chromium_each_decision_shows_a_drawn_figure(tmp_path: Path):
     shot = tmp_path / "report.png"
     subprocess.run([*base, f"--screenshot={shot}", path.as_uri()], capture_output=True, timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
+
+
+def test_the_race_seconds_stand_beside_lr_in_the_page_too():
+    page = html.unescape(report.render_plan(fake_plan()))
+    lr = page[page.index("<section id='lr'>"):page.index("</section>", page.index("<section id='lr'>"))]
+    assert "(cost: the rate phase, 44.9 s: 4 steps on the run's rows (30.0 s), 3 held-out reads (14.2 s))" in lr
+    total = page[page.index("<section id='total_steps'>"):]
+    assert "cost:" not in total[:total.index("</section>")]  # nothing was spent on it: nothing said

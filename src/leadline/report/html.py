@@ -310,10 +310,17 @@ def _values(plan: Plan) -> str:
             ev = _evidence_html(v.evidence)
             if key is not None:
                 shown[key] = n
-        cost = f" <small>({sig(v.seconds)} s)</small>" if v.seconds else ""
+        cost = _cost(plan, n)
         out.append(f"<section id='{_esc(n)}'><h3>{_esc(n)} = {_esc(value_text(v))} "
                    f"<span class='kind'>[{_esc(v.kind)}]</span></h3><p>{_esc(prose(v.source))}{cost}</p>{ev}</section>")
     return "<h2>Every value</h2>" + "".join(out)
+
+
+def _cost(plan: Plan, name: str) -> str:
+    """What deciding a value cost, after its sentence: its own seconds, or the phase that decided
+    it with that phase's seconds, steps and reads (:meth:`Plan.cost`); nothing where none was spent."""
+    text = plan.cost(name)
+    return "" if text.startswith("cost: none") else f" <small>({_esc(text)})</small>"
 
 
 def _where(plan: Plan) -> str:
