@@ -242,7 +242,7 @@ SHOWS = {
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
     "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
     "passes": "The held-out loss at each pass's end, at the averaged weights: the run keeps the pass they favour",
-    "opening": "The opening race: each rate's held-out loss after the same opening steps, against the start's",
+    "opening": "The opening race: each rate's held-out loss after the same opening steps (and before any, where read)",
     "checks": "The guard's held-out checks during the run, each ±1 SE, and the rate below; red: rolled back",
     "curve": "The run's training loss at each step, on that step's own rows",
 }
