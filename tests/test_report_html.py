@@ -106,7 +106,7 @@ def test_the_card_holds_the_training_numbers_with_their_kinds_and_why():
 def test_every_decision_has_one_figure_with_a_caption_of_what_it_shows_and_what_was_chosen():
     pytest.importorskip("matplotlib")
     page = report.render_plan(_plan())
-    figs = re.findall(r"<figure>(.*?)</figure>", page, flags=re.S)
+    figs = re.findall(r"<figure[^>]*>(.*?)</figure>", page, flags=re.S)
     assert len(figs) == 3  # the ramp, the rate's race and the ending; micro_batch and grad_accum share no plot
     captions = [re.search(r"<figcaption>(.*?)</figcaption>", f, flags=re.S).group(1) for f in figs]
     assert all(f.startswith("<svg") for f in figs)
@@ -219,5 +219,5 @@ def test_an_averaged_ending_raced_has_its_own_bar():
     ev = dict(p["ending"].evidence)
     ev.update(kept="average", average={"from_step": 13, "iterates": 13, "loss": 0.61, "se": 0.2})
     p.set("ending", Value("average", "measured", "the weights averaged over the last 13 steps", evidence=ev))
-    figs = re.findall(r"<figure>(.*?)</figure>", report.render_plan(p), flags=re.S)
+    figs = re.findall(r"<figure[^>]*>(.*?)</figure>", report.render_plan(p), flags=re.S)
     assert "average of the last 13" in figs[2] and "decay over 6" in figs[2]

@@ -103,8 +103,19 @@ class Value:
 
     def line(self, name: str) -> str:
         """``name = number unit  [kind] source`` — the long report's line for this value."""
-        unit = f" {self.unit}" if self.unit else ""
-        return f"{name} = {format_number(self.value)}{unit}  [{self.kind}] {self.source}"
+        text = self.words() if isinstance(self.value, dict) else self.text()
+        return f"{name} = {text}  [{self.kind}] {self.source}"
+
+    def words(self) -> str:
+        """The number as a sentence shows it: a dict in words (:func:`readable`), the rest as
+        :func:`format_number` writes it.
+
+        Examples:
+            >>> Value({"dtype": "float32", "quantization": None, "compute_dtype": "float32",
+            ...        "checkpointing": False}, "given", "the model as it trains").words()
+            'float32, no quantization, gradient checkpointing off'
+        """
+        return readable(self.value) if isinstance(self.value, dict) else format_number(self.value)
 
     def text(self) -> str:
         """The number with its unit as the table shows it: ``1 row`` for one of a plural unit,
@@ -116,13 +127,13 @@ class Value:
             ('1 row', '0.000227 per step')
             >>> Value(None, "derived", "no phase resolved it").text()
             'not resolved'
-            >>> Value({"dtype": "float32", "adapter": True}, "given", "the model as it trains").text()
-            'dtype float32, adapter True'
+            >>> Value({"dtype": "float32", "adapter": True, "quantization": None}, "given", "the model").text()
+            'dtype float32, adapter on, quantization none'
         """
         if self.value is None:
             return "not resolved"
         if isinstance(self.value, dict):
-            return ", ".join(f"{k} {format_number(v)}" for k, v in self.value.items())
+            return ", ".join(f"{k} {_setting(v)}" for k, v in self.value.items())
         text = format_number(self.value)
         if self.unit:
             unit = self.unit
@@ -130,6 +141,55 @@ class Value:
                 unit = unit[:-1]
             text += f" {unit}"
         return text
+
+
+def _setting(x: Any) -> str:
+    """One setting of a dict as the table shows it: on/off for a flag, ``none`` for None."""
+    if isinstance(x, bool):
+        return "on" if x else "off"
+    return "none" if x is None else format_number(x)
+
+
+_SETTING_WORDS = {"checkpointing": "gradient checkpointing"}
+
+
+def readable(obj: Any) -> str:
+    """A dict (or list) value in words, never Python's repr: the precision a model trains in
+    reads ``float32, no quantization, gradient checkpointing off``; any other key reads
+    ``key value`` (a flag ``key on``/``off``, None ``no key``).
+
+    Examples:
+        >>> readable({"dtype": "bfloat16", "quantization": "4-bit nf4", "compute_dtype": "float32",
+        ...           "checkpointing": True, "adapter": True})
+        'bfloat16, 4-bit nf4 quantization, computing in float32, gradient checkpointing on, a LoRA adapter'
+        >>> readable({"kept": "decay", "steps": 12, "average": None, "halved": False, "at": [1, 2]})
+        'kept decay, steps 12, no average, halved off, at (1, 2)'
+        >>> readable({"adapter": False})
+        'every weight trained'
+    """
+    if isinstance(obj, list):
+        return "(" + ", ".join(readable(v) for v in obj) + ")"
+    if not isinstance(obj, dict):
+        return format_number(obj)
+    parts = []
+    for k, v in obj.items():
+        key = str(k).replace("_", " ")
+        if k == "dtype" and isinstance(v, str):
+            parts.append(v)
+        elif k == "compute_dtype":
+            if v != obj.get("dtype"):
+                parts.append(f"computing in {v}")
+        elif k == "quantization":
+            parts.append(f"{v} quantization" if v else "no quantization")
+        elif k == "adapter" and isinstance(v, bool):
+            parts.append("a LoRA adapter" if v else "every weight trained")
+        elif isinstance(v, bool):
+            parts.append(f"{_SETTING_WORDS.get(str(k), key)} {'on' if v else 'off'}")
+        elif v is None:
+            parts.append(f"no {key}")
+        else:
+            parts.append(f"{key} {readable(v)}")
+    return ", ".join(parts)
 
 
 def _rounded(obj: Any) -> Any:
@@ -309,6 +369,10 @@ class PhaseTime:
 TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps")
 """The numbers a run trains with; :class:`PhaseTime` says which of them a phase moved."""
 
+DECIDED_BY = {"lr": "rate", "micro_batch": "memory"}
+"""The phase that decides a value, where the phase's answer may leave it where it was (a race
+that kept the default rate moved nothing, yet it decided it)."""
+
 TRAIN_WITH = (*TRAINING_NUMBERS, "ending", "seq_len", "weight_decay")
 """The numbers a run trains with, in the order a person reads them: the first lines of
 :meth:`Plan.table` (the HTML report's summary card shows the same)."""
@@ -479,7 +543,8 @@ class Plan:
 
     def phase_table(self) -> str:
         """Where derive()'s seconds went: a line per phase (seconds, the run's steps it took,
-        the training numbers it moved), then derive's wall time and the share the phases hold."""
+        the training numbers it moved), then derive's wall time and the share the phases hold,
+        then the run's own steps, apart from derive's."""
         rows = [p.row() for p in self.phases]
         deciding = [p for p in self.phases if p.phase != "run"]  # the run's own steps are no part of derive
         inside = sum(p.seconds for p in deciding)
@@ -489,8 +554,69 @@ class Plan:
             rows.append(f"derive: {self.derive_seconds:.1f} s wall, {inside:.1f} s of it in the phases,\n"
                         f"  {steps} steps on the run's rows ({sum(p.step_seconds for p in deciding):.1f} s), "
                         f"{reads} held-out reads ({sum(p.read_seconds for p in deciding):.1f} s)")
+        run = self.run_phase()
+        if run is not None:
+            rows.append(self.run_line(run))
         head = "where the seconds went" if len(deciding) < len(self.phases) else "where derive's seconds went"
         return head + ":\n" + "\n".join("  " + line for r in rows for line in r.split("\n"))
+
+    def run_phase(self) -> PhaseTime | None:
+        """The run's own phase (``"run"``), where the plan holds it."""
+        return next((p for p in self.phases if p.phase == "run"), None)
+
+    def kept_race_steps(self) -> int:
+        """The opening race's steps the run kept as its first (``opening_steps`` where the run
+        trained on from the race; 0 where no run phase follows it)."""
+        kept = self.get("opening_steps") if self.run_phase() is not None else 0
+        return kept if isinstance(kept, int) and not isinstance(kept, bool) else 0
+
+    def run_line(self, run: PhaseTime) -> str:
+        """The run's steps and seconds, and the race's steps it kept, in one sentence.
+
+        Examples:
+            >>> plan = Plan(phases=[PhaseTime("rate", 38.1, 4), PhaseTime("run", 84.1, 18)])
+            >>> plan.set("opening_steps", Value(2, "derived", "each candidate's steps in the race", unit="steps"))
+            >>> plan.run_line(plan.phases[1])
+            "the run: 18 steps in 84.1 s after the race's 2 it kept (20 steps of training in all)"
+        """
+        kept = self.kept_race_steps()
+        line = f"the run: {run.steps} step{'s' if run.steps != 1 else ''} in {run.seconds:.1f} s"
+        if run.reads:
+            line += f", {run.reads} held-out read{'s' if run.reads != 1 else ''} ({run.read_seconds:.1f} s)"
+        if kept:
+            line += f" after the race's {kept} it kept ({run.steps + kept} steps of training in all)"
+        return line
+
+    def cost(self, name: str) -> str:
+        """What deciding ``name`` cost: its own seconds, and the phase that decided it (the one
+        whose answer moved it, or the rate phase for ``lr``) with that phase's seconds, steps and
+        held-out reads.
+
+        Examples:
+            >>> plan = Plan(phases=[PhaseTime("rate", 44.9, 6, (), step_seconds=30.0, reads=3, read_seconds=14.0)])
+            >>> plan.set("lr", Value(0.0025, "measured", "won the opening race"))
+            >>> print(plan.cost("lr"))
+            cost: the rate phase, 44.9 s: 6 steps on the run's rows (30.0 s), 3 held-out reads (14.0 s)
+            >>> plan.set("weight_decay", Value(0.0, "constant", "0 by argument"))
+            >>> plan.cost("weight_decay")
+            'cost: none (nothing was measured for it)'
+        """
+        v = self[name]
+        phase = next((p for p in self.phases if name in p.changed), None)
+        if phase is None and name in DECIDED_BY:
+            phase = next((p for p in self.phases if p.phase == DECIDED_BY[name]), None)
+        own = f"{v.seconds:.3g} s" if v.seconds else ""
+        if phase is None or phase.seconds <= 0:
+            return f"cost: {own}" if own else "cost: none (nothing was measured for it)"
+        what = [f"{phase.steps} step{'s' if phase.steps != 1 else ''} on the run's rows ({phase.step_seconds:.1f} s)"
+                if phase.steps else "",
+                f"{phase.reads} held-out read{'s' if phase.reads != 1 else ''} ({phase.read_seconds:.1f} s)"
+                if phase.reads else ""]
+        detail = ", ".join(w for w in what if w)
+        line = f"cost: the {phase.phase} phase, {phase.seconds:.3g} s" + (f": {detail}" if detail else "")
+        if own and abs(v.seconds - phase.seconds) > 0.05 * phase.seconds:
+            line = f"cost: {own} of its own; " + line[len("cost: "):]
+        return line
 
     def why(self, name: str, *, width: int | None = None) -> str:
         """The whole evidence behind one value: its line, its cost, and the structure.
@@ -505,7 +631,7 @@ class Plan:
             >>> print(plan.why("lr", width=40))
             lr = 0.000227  [measured]
             won a race of 5 rates
-            cost: 0 s
+            cost: none (nothing was measured for it)
             evidence (numbers to 4 significant digits; the plan file holds them whole):
             {"rates": 5}
         """
@@ -513,9 +639,11 @@ class Plan:
         if width is None:
             head = v.line(name)
         else:
-            head = "\n".join([f"{name} = {v.text()}  [{v.kind}]",
+            unit = f" {v.unit}" if v.unit and isinstance(v.value, (int, float)) else ""
+            text = v.words() + unit if isinstance(v.value, dict) else v.text()
+            head = "\n".join([f"{name} = {text}  [{v.kind}]",
                               *textwrap.wrap(v.source, width, break_on_hyphens=False)])
-        cost = f"cost: {v.seconds:.3g} s"
+        cost = self.cost(name)
         if v.evidence is None:
             return f"{head}\n{cost}\nevidence: none recorded"
         if width is None:

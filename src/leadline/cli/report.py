@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+from typing import Any
 
 from leadline.plan import COLUMNS, Plan
 
@@ -32,9 +33,24 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from leadline.report.html import write_html
 
-        path = write_html(plan, args.html)
+        path = write_html(plan, args.html, run=run_record(args.plan))
         print(f"wrote {path}")
     return 0
+
+
+def run_record(plan_path: str) -> dict[str, Any] | None:
+    """The run's record, ``run.json`` beside the plan (``leadline run --out DIR`` writes both), for
+    its training curve; None where there is none or it does not read as a record."""
+    import json
+
+    from leadline.cli._common import plan_file
+
+    path = plan_file("plan", plan_path).parent / "run.json"
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def check_why(name: str, plan: Plan, path: str) -> None:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from leadline.plan import Plan, Value
+from leadline.plan import Plan, Value, readable
 from leadline.report.plots import matplotlib_available, plot_names, render_svg
 
 # The numbers a run is trained with, in the order a person reads them.
@@ -75,6 +75,8 @@ def sig(x: Any, digits: int = 3) -> str:
         return f"{x:.{digits - 1}e}"
     if isinstance(x, (list, tuple)):
         return ", ".join(sig(v, digits) for v in x)
+    if isinstance(x, dict):
+        return readable(x)
     return str(x)
 
 
@@ -87,9 +89,13 @@ def value_text(v: Value) -> str:
         ('2 rows', '1 row')
         >>> value_text(Value(None, "derived", "no rate phase finished"))
         'not resolved'
+        >>> value_text(Value({"dtype": "float32", "quantization": None, "checkpointing": False}, "given", "the model"))
+        'float32, no quantization, gradient checkpointing off'
     """
     if v.value is None:
         return "not resolved"
+    if isinstance(v.value, dict):
+        return readable(v.value)
     text = sig(v.value)
     if v.unit:
         unit = v.unit
@@ -136,9 +142,9 @@ def short_why(text: str, chars: int = WHY_CHARS) -> str:
 
 
 def _cell(x: Any) -> str:
-    if isinstance(x, (dict, list)):
-        return _esc(json.dumps(x)[:200] + ("…" if len(json.dumps(x)) > 200 else ""))
-    return _esc(sig(x))
+    """A table cell: a number at 3 significant digits, a dict or list in words, cut at 200 characters."""
+    text = readable(x) if isinstance(x, (dict, list)) else sig(x)
+    return _esc(text[:200] + ("…" if len(text) > 200 else ""))
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -177,18 +183,30 @@ def _digest(ev: Any) -> str | None:
 
 def _spent(plan: Plan) -> str:
     """What derive spent: its wall time, the training steps it took on the run's rows, and the
-    phases that took the most of it."""
-    took = [t for t in plan.phases if t.seconds >= 0.05]
-    steps = sum(t.steps for t in plan.phases)
-    if plan.derive_seconds is None and not took:
+    phases that took the most of it; then the run's own steps and seconds, apart from derive's."""
+    deciding = [t for t in plan.phases if t.phase != "run"]
+    took = [t for t in deciding if t.seconds >= 0.05]
+    steps = sum(t.steps for t in deciding)
+    run = plan.run_phase()
+    if plan.derive_seconds is None and not took and run is None:
         measured = sum(v.seconds for v in plan.values.values())
         return f"the measurements took {sig(measured)} s" if measured else ""
     wall = f"derive took {sig(plan.derive_seconds)} s" if plan.derive_seconds is not None else "derive's phases took"
     if steps:
         wall += f" and {steps:,} training step{'s' if steps != 1 else ''} on the run's rows"
-    parts = [f"{t.phase} {sig(t.seconds)} s" + (f" ({t.steps} steps)" if t.steps > 1 else "")
-             for t in sorted(took, key=lambda t: -t.seconds)[:5]]
-    return wall + (": " + ", ".join(parts) if parts else "")
+    parts = [f"{t.phase} {sig(t.seconds)} s" + _phase_work(t) for t in sorted(took, key=lambda t: -t.seconds)[:5]]
+    text = wall + (": " + ", ".join(parts) if parts else "")
+    if run is None:
+        return text
+    line = plan.run_line(run)
+    return f"{text}. {line[0].upper()}{line[1:]}"
+
+
+def _phase_work(t: Any) -> str:
+    """A phase's steps and held-out reads in brackets, where it took more than one step or read."""
+    work = [f"{t.steps} steps" if t.steps > 1 else "", f"{t.reads} held-out reads" if t.reads > 1 else ""]
+    work = [w for w in work if w]
+    return f" ({', '.join(work)})" if work else ""
 
 
 def _summary_card(plan: Plan) -> str:
@@ -224,22 +242,31 @@ SHOWS = {
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
     "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
     "passes": "The held-out loss at each pass's end, at the averaged weights: the run keeps the pass they favour",
+    "opening": "The opening race: each rate's held-out loss after the same opening steps (and before any, where read)",
+    "checks": "The guard's held-out checks during the run, each ±1 SE, and the rate below; red: rolled back",
+    "curve": "The run's training loss at each step, on that step's own rows",
 }
 
 
 def _drawn(name: str, ev: Any) -> dict[str, Any] | None:
-    """The evidence as a drawing asks for it: its own ``plot``, or the ending's rerun."""
+    """The evidence as a drawing asks for it: its own ``plot``, the opening race's readings, or
+    the ending's rerun."""
     if isinstance(ev, dict) and "plot" in ev:
         return ev if ev["plot"] in plot_names() else None
+    if name == "lr" and isinstance(ev, dict) and isinstance(ev.get("readings"), dict) and "rates" in ev:
+        return {**ev, "plot": "opening"}
     if name == "ending" and isinstance(ev, dict) and isinstance(ev.get("constant"), dict) \
             and isinstance(ev.get("decay"), dict):
         return {**ev, "plot": "ending"}
     return None
 
 
-def _figures(plan: Plan, can_plot: bool) -> str:
+def _figures(plan: Plan, can_plot: bool, run: dict[str, Any] | None = None) -> str:
+    """One figure per decision the plan records, each with a caption; the run's training curve
+    (``run["curve"]``) drawn behind the guard's checks, or on its own where no guard checked."""
     figs: list[str] = []
     drawn: set[str] = set()
+    curve = run.get("curve") if isinstance(run, dict) and isinstance(run.get("curve"), list) else None
     for n, v in plan.values.items():
         ev = _drawn(n, v.evidence)
         if ev is None:
@@ -248,16 +275,28 @@ def _figures(plan: Plan, can_plot: bool) -> str:
         if key in drawn:
             continue
         drawn.add(key or n)
-        svg = render_svg(ev, chosen=v.value) if can_plot else None
-        shows = SHOWS.get(str(ev.get("plot")), "")
-        caption = (f"{_esc(shows)}. " if shows else "") + \
-            f"Chosen: <b>{_esc(n)} = {_esc(value_text(v))}</b> ({_esc(v.kind)}), {_esc(short_why(v.source, 140))}"
-        figs.append(f"<figure>{svg or ''}<figcaption>{caption}</figcaption></figure>")
+        if ev.get("plot") == "checks" and curve:
+            ev = {**ev, "_curve": curve}
+        figs.append(_figure(ev, n, v, can_plot))
+    if curve and not any(v.evidence.get("plot") == "checks" for v in plan.values.values()
+                         if isinstance(v.evidence, dict)):
+        svg = render_svg({"plot": "curve", "curve": curve}) if can_plot else None
+        figs.append(f"<figure class='run'>{svg or ''}<figcaption>{_esc(SHOWS['curve'])}: {len(curve):,} steps."
+                    "</figcaption></figure>")
     if not figs:
         return ""
     note = ("" if can_plot else "<p class='meta'>The figures need matplotlib (pip install 'leadline[hf]'); the "
                                 "evidence is below as tables.</p>")
     return "<h2>Decisions</h2>" + note + ("".join(figs) if can_plot else "")
+
+
+def _figure(ev: dict[str, Any], name: str, v: Value, can_plot: bool) -> str:
+    """One decision's figure: its drawing and a caption saying what it shows and what was chosen."""
+    svg = render_svg(ev, chosen=v.value) if can_plot else None
+    shows = SHOWS.get(str(ev.get("plot")), "")
+    caption = (f"{_esc(shows)}. " if shows else "") + \
+        f"Chosen: <b>{_esc(name)} = {_esc(value_text(v))}</b> ({_esc(v.kind)}), {_esc(short_why(v.source, 140))}"
+    return f"<figure id='figure-{_esc(name)}'>{svg or ''}<figcaption>{caption}</figcaption></figure>"
 
 
 def _values(plan: Plan) -> str:
@@ -271,10 +310,17 @@ def _values(plan: Plan) -> str:
             ev = _evidence_html(v.evidence)
             if key is not None:
                 shown[key] = n
-        cost = f" <small>({sig(v.seconds)} s)</small>" if v.seconds else ""
+        cost = _cost(plan, n)
         out.append(f"<section id='{_esc(n)}'><h3>{_esc(n)} = {_esc(value_text(v))} "
                    f"<span class='kind'>[{_esc(v.kind)}]</span></h3><p>{_esc(prose(v.source))}{cost}</p>{ev}</section>")
     return "<h2>Every value</h2>" + "".join(out)
+
+
+def _cost(plan: Plan, name: str) -> str:
+    """What deciding a value cost, after its sentence: its own seconds, or the phase that decided
+    it with that phase's seconds, steps and reads (:meth:`Plan.cost`); nothing where none was spent."""
+    text = plan.cost(name)
+    return "" if text.startswith("cost: none") else f" <small>({_esc(text)})</small>"
 
 
 def _where(plan: Plan) -> str:
@@ -288,11 +334,12 @@ def _where(plan: Plan) -> str:
     return "<details><summary>where it was measured (machine, model, data)</summary>" + "".join(parts) + "</details>"
 
 
-def render_plan(plan: Plan) -> str:
+def render_plan(plan: Plan, run: dict[str, Any] | None = None) -> str:
     """The plan as a self-contained HTML page: no scripts, no external files (plots inline SVG).
+    ``run``: the run's record (``run.json``), whose ``curve`` the report draws where it has one.
 
     Examples:
-        >>> from leadline.plan import Plan, Value
+        >>> from leadline.plan import Plan, Value, readable
         >>> plan = Plan(created=0.0)
         >>> plan.set("micro_batch", Value(8, "measured", "the largest micro-batch that fits: 8 rows peak at 61% of "
         ...                               "the room", unit="rows"))
@@ -309,23 +356,70 @@ def render_plan(plan: Plan) -> str:
     can_plot = matplotlib_available()
     created = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(plan.created))
     device = plan.machine.get("device") or plan.machine.get("device_name") or ""
-    model = str(plan.model.get("name") or "")
-    if model.startswith("/") or model.startswith("\\") or re.match(r"^[A-Za-z]:[\\/]", model):
-        model = Path(model).name  # a local folder or file: its name, not the machine's path
-    about = ", ".join(_esc(x) for x in (model, device) if x)
     notes = "".join(f"<li>{_esc(prose(n))}</li>" for n in plan.notes)
     notes_html = f"<h2>Notes</h2><ul>{notes}</ul>" if notes else ""
+    about = "".join(f"<p class='meta about'><b>{k}</b> {_esc(x)}</p>" for k, x in
+                    (("model", _model_line(plan.model)), ("data", _data_line(plan.data)), ("machine", device)) if x)
     return (
         "<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
-        f"<title>leadline plan</title><style>{_STYLE}</style></head><body><h1>leadline plan</h1>"
-        f"<p class='meta'>{about + '; ' if about else ''}leadline {_esc(plan.version)}, {created}</p>"
-        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot)}{_values(plan)}{_where(plan)}</body></html>\n"
+        f"<title>leadline plan</title><style>{_STYLE}</style></head><body><h1>leadline plan</h1>{about}"
+        f"<p class='meta'>leadline {_esc(plan.version)}, {created}</p>"
+        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot, run)}{_values(plan)}{_where(plan)}</body></html>\n"
     )
 
 
-def write_html(plan: Plan, path: str | os.PathLike[str]) -> Path:
+def _shown_path(path: str) -> str:
+    """A local path by its last part (the machine's folders are nobody's business), a hub name whole."""
+    if path.startswith("/") or path.startswith("\\") or re.match(r"^[A-Za-z]:[\\/]", path):
+        return Path(path).name
+    return path
+
+
+def _model_line(model: dict[str, Any]) -> str:
+    """The model in one line: its name, how it trains and its trained parameters, where known.
+
+    Examples:
+        >>> _model_line({"name": "/models/SmolLM2-135M", "trained_as": "factors", "trained_parameters": 4884480})
+        'SmolLM2-135M, a LoRA adapter of 4,884,480 trained parameters'
+        >>> _model_line({"trained_as": "weights", "trained_parameters": 1200})
+        'name not recorded, every weight trained (1,200 parameters)'
+        >>> _model_line({})
+        ''
+    """
+    if not model:
+        return ""
+    name = _shown_path(str(model.get("name") or "")) or "name not recorded"
+    n = model.get("trained_parameters")
+    count = f"{n:,}" if isinstance(n, int) else None
+    how = {"factors": "a LoRA adapter" + (f" of {count} trained parameters" if count else ""),
+           "weights": "every weight trained" + (f" ({count} parameters)" if count else "")}.get(
+        str(model.get("trained_as")), f"{count} trained parameters" if count else "")
+    return f"{name}, {how}" if how else name
+
+
+def _data_line(data: dict[str, Any]) -> str:
+    """The data in one line: its file (or rows in memory), its rows where counted, its hash's head.
+
+    Examples:
+        >>> _data_line({"path": "demo-out/train.jsonl", "rows": None, "sha256": "e2574b800b4dcedea259"})
+        'demo-out/train.jsonl (sha256 e2574b800b4d)'
+        >>> _data_line({"path": None, "rows": 32, "sha256": "408c2de512d3aa"})
+        'rows given in memory, 32 rows (sha256 408c2de512d3)'
+    """
+    if not data:
+        return ""
+    path = data.get("path")
+    text = _shown_path(str(path)) if path else "rows given in memory"
+    if isinstance(data.get("rows"), int):
+        text += f", {data['rows']:,} rows"
+    if data.get("fields"):
+        text += f", fields {readable(data['fields'])}"
+    return text + (f" (sha256 {str(data['sha256'])[:12]})" if data.get("sha256") else "")
+
+
+def write_html(plan: Plan, path: str | os.PathLike[str], run: dict[str, Any] | None = None) -> Path:
     """Write the plan's self-contained HTML report (inline SVG plots) to ``path`` atomically;
-    returns the path.
+    returns the path. ``run``: the run's record (``run.json``), for its training curve.
 
     Examples:
         >>> import tempfile
@@ -337,4 +431,4 @@ def write_html(plan: Plan, path: str | os.PathLike[str]) -> Path:
     """
     from leadline._io import write_atomic
 
-    return write_atomic(path, render_plan(plan))
+    return write_atomic(path, render_plan(plan, run))

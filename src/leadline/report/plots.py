@@ -24,12 +24,14 @@ def sig(x: float) -> str:
 
 PlotFn = Callable[[dict[str, Any], Any], None]
 _PLOTS: dict[str, PlotFn] = {}
+_PANELS: dict[str, tuple[int, ...]] = {}
 
 
-def register_plot(name: str) -> Callable[[PlotFn], PlotFn]:
+def register_plot(name: str, panels: tuple[int, ...] = (1,)) -> Callable[[PlotFn], PlotFn]:
     """Register ``fn(evidence, ax)`` as the drawing for evidence with ``{"plot": name}``; the
     decorator returns ``fn`` unchanged. ``fn`` draws on the matplotlib axes ``ax``; the value
-    the evidence decided is in ``evidence["_chosen"]``.
+    the evidence decided is in ``evidence["_chosen"]``. ``panels``: the heights of panels
+    stacked over one shared x axis; with more than one, ``ax`` is the list of them, top first.
 
     Examples:
         >>> @register_plot("demo")
@@ -42,6 +44,7 @@ def register_plot(name: str) -> Callable[[PlotFn], PlotFn]:
 
     def deco(fn: PlotFn) -> PlotFn:
         _PLOTS[name] = fn
+        _PANELS[name] = tuple(panels)
         return fn
 
     return deco
@@ -51,8 +54,9 @@ def plot_names() -> list[str]:
     """The registered plot names, sorted: the ``"plot"`` values the report can draw.
 
     Examples:
-        >>> plot_names()
-        ['ending', 'first_step', 'lookahead', 'noise_probe', 'passes', 'past_format', 'ramp', 'schedule']
+        >>> plot_names()  # doctest: +NORMALIZE_WHITESPACE
+        ['checks', 'curve', 'ending', 'first_step', 'lookahead', 'noise_probe', 'opening', 'passes', 'past_format',
+         'ramp', 'schedule']
     """
     return sorted(_PLOTS)
 
@@ -88,10 +92,18 @@ def render_svg(evidence: Any, chosen: Any = None) -> str | None:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=96)
+    panels = _PANELS.get(evidence["plot"], (1,))
+    if len(panels) == 1:
+        fig, ax = plt.subplots(figsize=(6.4, 3.2), dpi=96)
+        axes = [ax]
+    else:
+        fig, axes = plt.subplots(len(panels), 1, sharex=True, dpi=96, gridspec_kw={"height_ratios": panels},
+                                 figsize=(6.4, 3.2 * sum(panels) / max(panels)))
+        axes = list(axes)
     try:
-        _PLOTS[evidence["plot"]]({**evidence, "_chosen": chosen}, ax)
-        ax.grid(True, alpha=0.3)
+        _PLOTS[evidence["plot"]]({**evidence, "_chosen": chosen}, axes[0] if len(axes) == 1 else axes)
+        for ax in axes:
+            ax.grid(True, alpha=0.3)
         fig.tight_layout()
         buf = io.StringIO()
         fig.savefig(buf, format="svg", metadata={"Date": None})
@@ -293,3 +305,140 @@ def _passes(ev: dict[str, Any], ax: Any) -> None:
     ax.set_ylabel("held-out loss")
     ax.set_title(f"passes: the pass ending at step {ev.get('kept_step')} kept", fontsize=10)
     ax.legend(fontsize=8)
+
+
+@register_plot("opening")
+def _opening(ev: dict[str, Any], ax: Any) -> None:
+    """The opening race: each rate's held-out loss after the race's steps (a red cross where its
+    answers collapsed to one), the start's reading before any step as a dashed line, the rates
+    the rule did not run on the axis, the kept rate green."""
+    readings = {float(k): r for k, r in (ev.get("readings") or {}).items() if isinstance(r, dict)}
+    ran = sorted((lr, r["mean"]) for lr, r in readings.items() if _finite(r.get("mean")))
+    kept = ev.get("_chosen")
+    ax.plot([x for x, _ in ran], [y for _, y in ran], color="tab:gray", linestyle=":", zorder=1)
+    top = max((lr for lr, _ in ran), default=None)
+    for lr, r in readings.items():
+        if not _finite(r.get("mean")):
+            continue
+        colour = "tab:red" if r.get("collapsed") else "tab:green" if _same(lr, kept) else "tab:blue"
+        ax.plot([lr], [r["mean"]], marker="x" if r.get("collapsed") else "o", markersize=10 if _same(lr, kept) else 7,
+                color=colour, linestyle="", zorder=3)
+        label = f"{lr:.3g}: {r['mean']:.4g}" + (" kept" if _same(lr, kept) else "") + \
+            (" (answers collapsed)" if r.get("collapsed") else "")
+        right = lr == top and len(ran) > 1  # the highest rate's label on its left, inside the plot
+        ax.annotate(label, (lr, r["mean"]), textcoords="offset points", xytext=(-8 if right else 8, 4),
+                    ha="right" if right else "left", va="bottom", fontsize=8, color=colour)
+    start = ev.get("start")
+    start = start.get("mean") if isinstance(start, dict) else start
+    if _finite(start):
+        ax.axhline(start, color="black", linestyle="--", alpha=0.6, label=f"before any step: {start:.4g}")
+    not_run = [float(r) for r in ev.get("rates", []) if not any(_same(float(r), lr) for lr in readings)]
+    for k, r in enumerate(not_run):
+        ax.axvline(r, color="tab:gray", linestyle=":", label="not run: " + ", ".join(f"{x:.3g}" for x in not_run)
+                   if k == 0 else None)
+    ax.margins(x=0.12, y=0.12)
+    _rate_axis(ax, [float(r) for r in ev.get("rates", [])] + list(readings))
+    ax.set_xlabel("learning rate")
+    ax.set_ylabel("held-out loss")
+    h = ev.get("horizon_steps")
+    ax.set_title(f"the opening race: held-out loss after {h} step{'s' if h != 1 else ''} per rate" if h is not None
+                 else "the opening race: held-out loss per rate", fontsize=10)
+    if start is not None or not_run:
+        ax.legend(fontsize=8)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x and abs(x) != float("inf")
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Two rates equal to the 3 significant digits the evidence keys them by."""
+    return _finite(a) and _finite(b) and f"{float(a):.3g}" == f"{float(b):.3g}"
+
+
+_CHECK_COLOURS = {"rollback": "tab:red", "spike": "tab:orange", "stop": "tab:purple", "start": "black"}
+
+
+@register_plot("checks", panels=(3, 1))
+def _checks(ev: dict[str, Any], axes: Any) -> None:
+    """The guard's checks: the held-out loss at each check with its ±1 SE bar, rollbacks red
+    with an arrow back to the step they returned to, the kept check green; the run's training
+    loss faint behind them where the run's curve came with the plan; the rate below."""
+    top, low = axes
+    checks = [c for c in ev.get("checks", []) if _finite(c.get("loss")) and c.get("step") is not None]
+    curve = [r for r in ev.get("_curve") or [] if _finite(r.get("loss"))]
+    if curve:
+        step = max(1, len(curve) // 1500)  # a line of at most ~1500 points: the page stays light
+        top.plot([r["step"] for r in curve[::step]], [r["loss"] for r in curve[::step]], color="tab:gray",
+                 alpha=0.35, linewidth=0.8, label="training loss (a step's rows)")
+    top.errorbar([c["step"] for c in checks], [c["loss"] for c in checks], yerr=[c.get("se") or 0 for c in checks],
+                 marker="o", color="tab:blue", capsize=3, label="held-out loss at a check (±1 SE)", zorder=3)
+    by_step = {c["step"]: c["loss"] for c in checks}
+    for c in checks:
+        colour = _CHECK_COLOURS.get(str(c.get("action")))
+        if colour is None:
+            continue
+        top.plot([c["step"]], [c["loss"]], marker="o", markersize=8, color=colour, linestyle="", zorder=4)
+        if c.get("action") == "rollback" and c.get("to_step") is not None:
+            back = (c["to_step"], by_step.get(c["to_step"], c["loss"]))
+            top.annotate("", xy=back, xytext=(c["step"], c["loss"]),
+                         arrowprops={"arrowstyle": "->", "color": "tab:red", "alpha": 0.9, "linewidth": 1.5,
+                                     "connectionstyle": "arc3,rad=0.35"})
+    kept = [c for c in checks if c["step"] == ev.get("kept_step")]
+    if kept:
+        top.plot([kept[-1]["step"]], [kept[-1]["loss"]], marker="*", markersize=16, color="tab:green", linestyle="",
+                 zorder=5, label=f"kept: step {kept[-1]['step']}")
+    if any(c.get("action") == "rollback" for c in checks):
+        top.plot([], [], color="tab:red", marker="o", linestyle="-", label="rolled back (arrow: to the step)")
+    top.set_ylabel("held-out loss")
+    top.set_title(_checks_title(ev), fontsize=10)
+    top.legend(fontsize=7, loc="upper right")
+    rated = [c for c in checks if _finite(c.get("lr"))]
+    low.step([c["step"] for c in rated], [c["lr"] for c in rated], where="post", color="tab:purple", marker=".")
+    low.set_ylabel("rate", fontsize=8)
+    _rate_ticks(low, [c["lr"] for c in rated])
+    low.set_xlabel("step")
+
+
+def _rate_ticks(ax: Any, rates: list[float]) -> None:
+    """A log y axis of rates ticked at (at most 4 of) the rates taken, no minor labels."""
+    from matplotlib.ticker import FixedLocator, NullFormatter, NullLocator
+
+    rates = sorted({r for r in rates if r > 0})
+    if not rates:
+        return
+    ax.set_yscale("log")
+    step = max(1, -(-len(rates) // 4))
+    ax.yaxis.set_major_locator(FixedLocator(rates[::step]))
+    ax.set_yticklabels([f"{r:.3g}" for r in rates[::step]], fontsize=7)
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.margins(y=0.25)
+
+
+def _checks_title(ev: dict[str, Any]) -> str:
+    """The guard's outcome with the held-out loss before and after it, as the title says it."""
+    outcome = {"improved": "improved", "no_better_than_start": "no better than the start",
+               "collapsed": "collapsed"}.get(str(ev.get("outcome")), str(ev.get("outcome") or ""))
+    before, after = ev.get("held_out_before") or {}, ev.get("held_out_after") or {}
+    title = f"the guard's checks: {outcome}" if outcome else "the guard's checks"
+    if _finite(before.get("mean")) and _finite(after.get("mean")):
+        title += (f"\nheld-out {before['mean']:.4g} ± {before.get('se') or 0:.2g} before, "
+                  f"{after['mean']:.4g} ± {after.get('se') or 0:.2g} after")
+    return title
+
+
+@register_plot("curve")
+def _curve(ev: dict[str, Any], ax: Any) -> None:
+    """The run's training loss per step (each step's own rows, so noisy), its rate on a second axis."""
+    curve = [r for r in ev.get("curve") or [] if _finite(r.get("loss"))]
+    step = max(1, len(curve) // 1500)
+    ax.plot([r["step"] for r in curve[::step]], [r["loss"] for r in curve[::step]], color="tab:blue", linewidth=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss", color="tab:blue")
+    rated = [r for r in curve[::step] if _finite(r.get("lr"))]
+    if rated:
+        rx = ax.twinx()
+        rx.plot([r["step"] for r in rated], [r["lr"] for r in rated], color="tab:purple", linewidth=1, alpha=0.7)
+        rx.set_ylabel("rate", color="tab:purple")
+    ax.set_title("the run: training loss per step (blue), the rate (purple)", fontsize=10)
