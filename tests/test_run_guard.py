@@ -15,10 +15,10 @@ pytest.importorskip("schedulefree")
 
 # ---- the rule, on numbers ------------------------------------------------------------------
 def test_a_run_of_twenty_steps_is_checked_at_least_three_times_after_its_opening():
-    rows, checks = check_plan(256, 16, 20)
+    _, checks = check_plan(256, 16, 20)
     at = check_steps(20, start=2, checks=checks)
     assert len(at) >= 3 and at[-1] == 20 and all(2 < s <= 20 for s in at)
-    rows, checks = check_plan(256, 16, 250)
+    _, checks = check_plan(256, 16, 250)
     assert checks >= 8 and len(check_steps(250, 25, checks)) >= 8
 
 
@@ -103,8 +103,8 @@ def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
     from leadline.run import run_in_one
 
     tok = make_tokenizer()
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=4,
-                           train=False)
+    plan, _ = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=4,
+                         train=False)
     assert len(plan.held_out["train"]) >= 360 and len(plan.held_out["held_out"]) == 40 and not plan.held_out["test"]
 
 

@@ -180,7 +180,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
         if args.html is not None:
             from leadline.report.html import write_html
 
-            write_html(plan, args.html)
+            write_html(plan, args.html, run=res.as_dict())
     print(plan.report(long=False, path=str(out / PLAN)))
     _print_run(plan, res)
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")

@@ -267,8 +267,8 @@ class LeadlineCallback(TrainerCallback):
             self._cap_handle = forbid_spill(params[0].device)
         self._averaging = inner
         if self.held_out_losses is not None:
-            from leadline.run.one import pass_copies_refused
             from leadline.rate.passes import PassRule
+            from leadline.run.one import pass_copies_refused
 
             self.passes_refused = pass_copies_refused(params)
             if self.passes_refused is None:

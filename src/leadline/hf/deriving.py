@@ -27,9 +27,9 @@ from leadline.hf.task import (
     trained_named_weights,
 )
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
-from leadline.run.one import run_in_one
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
+from leadline.run.one import run_in_one
 from leadline.strategy import Strategy
 
 __all__ = ["EFFORTS", "PARTS", "derive_for", "derive_parts"]
