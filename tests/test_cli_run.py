@@ -280,22 +280,22 @@ def test_a_quick_run_races_the_averaged_weights_at_no_step_more(model_dir, tmp_p
     assert runs["average"]["ending"]["kept"] in ("constant", "decay", "average")
 
 
-def test_a_run_of_several_passes_says_which_pass_it_kept(model_dir, tmp_path):
-    """--epochs 4 over the shipped rows: each pass's end is read, run.json holds the readings, the
-    plan's kept_step is one of them, and the terminal says which pass is the model and why."""
+def test_a_run_of_several_passes_is_read_by_the_guard_and_says_which_check_it_kept(model_dir, tmp_path):
+    """--epochs 4 over the shipped rows: the guard reads the run at checks spread over its passes,
+    run.json holds them, the model kept is one of them, and the terminal and report say so."""
     out = tmp_path / "run"
     said = io.StringIO()
     with contextlib.redirect_stdout(said):
         rc = main(["run", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
                    "4", "--epochs", "4", "--device", "cpu", "--rows-per-step", "4", "--out", str(out), "--html"])
-    assert rc == 0
     res = json.loads((out / "run.json").read_text())
-    passes = res["passes"]
-    assert len(passes["readings"]) >= 3 and res["cost"]["pass_reads"] == len(passes["readings"])
-    assert passes["kept_step"] in [r["step"] for r in passes["readings"]]
-    assert Plan.from_json(out / "plan.json").get("kept_step") == passes["kept_step"]
-    assert "the pass: " in said.getvalue()
+    assert rc == (0 if res["outcome"] == "improved" else 3)
+    checks = res["checks"]
+    assert len([c for c in checks if c["action"] != "start"]) >= 3 and res["cost"]["check_reads"] >= 3
+    assert res["kept_step"] in [c["step"] for c in checks]
+    assert Plan.from_json(out / "plan.json")["guard"].evidence["kept_step"] == res["kept_step"]
+    assert "the guard: " in said.getvalue()
     from leadline.report.plots import matplotlib_available
 
-    if matplotlib_available():  # the report draws the readings with the kept pass marked
-        assert "The held-out loss at each pass" in (out / "report.html").read_text()
+    if matplotlib_available():  # the report draws the checks with the kept one marked
+        assert "id='figure-guard'" in (out / "report.html").read_text()

@@ -78,7 +78,7 @@ def test_run_in_one_without_training_writes_the_plan_alone(tmp_path):
     model = _lora_model(tok)
     plan, result = run_in_one(model, tok, ROWS, total_steps=8, rows_per_step=4, out_dir=tmp_path, train=False)
     assert plan["lr"].kind == "constant" and plan.lr == 2.5e-3  # 8 steps are too short to race
-    assert result["trained"] is False and result["curve"] == [] and result["cost"]["kept_steps"] == 0
+    assert result.trained is False and result.curve == [] and result.cost.kept_steps == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
 
 

@@ -85,7 +85,7 @@ def test_the_python_snippet_runs_as_written_on_a_gguf(tmp_path, monkeypatch):
     exec(compile(blocks[first], "README.md (Python snippet)", "exec"), scope)
     plan, result = scope["plan"], scope["result"]
     assert plan.model["trained_as"] == "weights" and FULL_NOTE in plan.notes
-    assert result["steps"] >= 1 and "test_loss_after" in result and result["optimizer"] == "schedule_free_adamw"
+    assert result["steps"] >= 1 and "held_out_after" in result and result["optimizer"] == "schedule_free_adamw"
     untrained = scope["load_model"]("my-model")
     assert any(not torch.equal(a, b) for a, b in zip(untrained.parameters(), scope["model"].parameters()))
     assert (tmp_path / "run" / "model.safetensors").exists()

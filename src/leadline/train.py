@@ -251,10 +251,12 @@ def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> Any:
     """The rows split as derive() split them (the plan's seed), checked against the plan's held-out
     rows, and read by the fields the plan names (``plan.data["fields"]``, as ``--field`` set them)."""
     from leadline.hf import prepare
+    from leadline.hf.task import split_sizes
 
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
-    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed, fields=fields or None)
+    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed, fields=fields or None,
+                      **split_sizes(plan.held_out))
     if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
         raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
                          "derived on")

@@ -35,13 +35,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --effort race: the share of the run's steps the decision may spend on steps it does not "
                    "keep (default %(default)s)")
     p.add_argument("--lr", type=float, default=None, metavar="X",
-                   help="with --effort race: train at this rate (no race), under the same guard")
+                   help="with --effort race: train at this rate (no race), under the same guard (default: none, "
+                   "the race decides)")
     p.add_argument("--test-share", type=float, default=0.0, metavar="S",
                    help="with --effort race: keep this share of the rows out of training and deciding, and read the "
                    "model on them before and after (default: none; every row not held out for the decisions trains)")
     p.add_argument("--eval", default=None, metavar="FILE",
                    help="with --effort race: your own rows (the training data's format) to read the model on before "
-                   "and after the run")
+                   "and after the run (default: none)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     add_html_argument(p)

@@ -190,7 +190,7 @@ class LeadlineCallback(TrainerCallback):
             ...     print(e)
             LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and ...
         """
-        from leadline.hf.task import prepare
+        from leadline.hf.task import prepare, split_sizes
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
         schedule_free = plan.get("optimizer") == SCHEDULE_FREE
@@ -203,7 +203,8 @@ class LeadlineCallback(TrainerCallback):
             raise InputError("LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, "
                              "tokenizer and train_dataset")
         seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
-        task, _ = prepare(model, tokenizer, train_dataset, seq_len=plan.get("seq_len"), seed=seed)
+        task, _ = prepare(model, tokenizer, train_dataset, seq_len=plan.get("seq_len"), seed=seed,
+                          **split_sizes(plan.held_out))
         if plan.held_out.get("held_out") and plan.held_out["held_out"] != task.split.held_out:
             raise InputError("the data's split differs from the plan's held-out rows; pass the train_dataset the plan "
                              "was derived on")

@@ -198,6 +198,22 @@ def _scored_rows(model: Any, tokenizer: Any, source: Any, seq_len: int | None, q
     return prof, rows
 
 
+def split_sizes(held_out: Any) -> dict[str, int | float]:
+    """``prepare``'s ``held_out`` and ``test`` for the split a plan records (``plan.held_out``): its
+    parts' row counts where it lists them, else the defaults (a tenth each).
+
+    Examples:
+        >>> split_sizes({"train": [0, 2], "held_out": [1], "test": [], "seed": 3})
+        {'held_out': 1, 'test': 0}
+        >>> split_sizes({"seed": 0})
+        {'held_out': 0.1, 'test': 0.1}
+    """
+    parts = held_out if isinstance(held_out, dict) else {}
+    if isinstance(parts.get("held_out"), list) and isinstance(parts.get("test"), list) and parts["held_out"]:
+        return {"held_out": len(parts["held_out"]), "test": len(parts["test"])}
+    return {"held_out": 0.1, "test": 0.1}
+
+
 def _with_eval(model: Any, tokenizer: Any, eval_dataset: Any, seq_len: int, fields: dict[str, str] | None,
                rows: list[Any], split: Any, test: int | float) -> tuple[list[Any], Any]:
     """The user's eval rows appended to ``rows`` as the split's test part."""
@@ -265,14 +281,13 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
         held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
-    if eval_dataset is not None:
+    if eval_dataset is not None:  # the user's rows are the test part
         rows, split = _with_eval(model, tokenizer, eval_dataset, prof.seq_len, fields, rows, split, test)
     order = list(split.train)
     random.Random(seed).shuffle(order)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
-    device = next(model.parameters()).device
-    task = Task(model=model, rows=rows, split=split, seq_len=prof.seq_len, pad_id=int(pad_id), device=device,
-                probe_rows=probe_rows, order=order)
+    task = Task(model=model, rows=rows, split=split, seq_len=prof.seq_len, pad_id=int(pad_id),
+                device=next(model.parameters()).device, probe_rows=probe_rows, order=order)
     trained = [p for _, p in trained_named_weights(model)]
     task.optimizer = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.0)
     return task, prof

@@ -125,6 +125,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     opened = _open(job, rate, decide_share, train, rng_before, was_training)
     if not train:
         _values(plan, job, opened, decide_share, rows_per_step is not None)
+        plan.phases = _opening_phases(job, opened)
+        plan.derive_seconds = job.fit_seconds + opened.seconds
         _save(plan, None, model, out_dir)
         return plan, RunResult(job.steps, job.micro_batch, job.rows_per_step // job.micro_batch, opened.lr,
                                len(job.task.split.train), seed, trained=False)
@@ -329,15 +331,20 @@ def _first(row: Any) -> int:
     return first_scored(row)
 
 
+def _opening_phases(job: _Job, opened: _Opened) -> list[PhaseTime]:
+    """The fit's and the rate's rows of the phase table (the rate: the start's read and the race)."""
+    rates = opening_rates(job.trained_as)
+    return [PhaseTime("memory", job.fit_seconds, 0, ("micro_batch",)),
+            PhaseTime("rate", opened.seconds, opened.kept_steps + opened.overhead_steps,
+                      ("lr",) if opened.lr != rates[0] else (), step_seconds=opened.step_seconds,
+                      reads=opened.reads, read_seconds=opened.read_seconds)]
+
+
 def _phases(plan: Plan, job: _Job, opened: _Opened, result: RunResult) -> None:
     from leadline.run.guard import READ_SHARE
 
     s = result.seconds
-    rates = opening_rates(job.trained_as)
-    plan.phases = [PhaseTime("memory", job.fit_seconds, 0, ("micro_batch",)),
-                   PhaseTime("rate", opened.seconds, opened.kept_steps + opened.overhead_steps,
-                             ("lr",) if opened.lr != rates[0] else (), step_seconds=opened.step_seconds,
-                             reads=opened.reads, read_seconds=opened.read_seconds),
+    plan.phases = [*_opening_phases(job, opened),
                    PhaseTime("run", s["steps_seconds"], result.steps_run - opened.kept_steps,
                              step_seconds=s["steps_seconds"]),
                    PhaseTime("guard", s["check_seconds"] + s["verdict_seconds"], 0, ("guard",),

@@ -20,8 +20,9 @@ class Reading:
     """A mean loss over rows and its standard error.
 
     Examples:
-        >>> Reading.of([1.0, 2.0, 3.0])
-        Reading(mean=2.0, se=0.5773502691896258, rows=3)
+        >>> r = Reading.of([1.0, 2.0, 3.0])
+        >>> r.mean, round(r.se, 4), r.rows
+        (2.0, 0.5774, 3)
     """
 
     mean: float
