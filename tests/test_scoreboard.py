@@ -289,7 +289,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     out = tmp_path / "board.json"
     argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
             "--work", str(tmp_path / "work"), "--smoke", "--timeout", "600"]
-    assert sb.main([*argv, "--arms", ",".join(arms), "--parallel", "2"]) == 0
+    assert sb.main([*argv, "--arms", ",".join(arms), "--parallel", "2", "--seeds", "3"]) == 0
     board = json.loads(out.read_text())
     units = board["units"]
     assert board["regime"] == "lora" and board["sweep_rates"] == [sb.SWEEP_RATES[0], sb.SWEEP_RATES[7]]
@@ -309,10 +309,24 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
         assert units["schedulefree_again"]["run"]["test_loss_after"] == units["schedulefree"]["run"]["test_loss_after"]
     text = sb.boards_table([out])
     assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} \|", text)
-    if "schedulefree_again" in arms:
-        assert re.search(r"\| \+0\.0000 \(p 1\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
+    if "schedulefree_again" in arms:  # run beside the other arms (--parallel 2): on the CPU the same answers
+        assert re.search(r"\| identical \(beside other processes\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
+    # every comparison arm trained on every row given; a search on all but its 10% to pick by
+    assert units["recipe"]["train_rows"] == 48 and units["sweep_0"]["train_rows"] == 48 - 5
+    assert units["sweep_0"]["run"]["validation_rows"] == 5 and units["sweep_0"]["unseen_loss_from"] == "validation_loss"
+    assert units["recipe"]["unseen_loss"] is None and units["recipe"]["run"]["validation_loss"] is None
+    for name in ("schedulefree", "schedulefree_algoperf", "prodigy"):
+        if name in arms:
+            assert units[name]["train_rows"] == 48 and units[name]["seed"] == 0, name
+    assert units["leadline"]["exit_status"] == 0 and units["leadline"]["seed"] == 0
+    for k in (1, 2):  # --seeds 3: the seeded arms at seeds 1 and 2 beside seed 0's plain unit
+        for name in ("recipe", "leadline", *(["schedulefree"] if "schedulefree" in arms else [])):
+            unit = units[f"{name}_seed{k}"]
+            assert unit["seed"] == k and unit["verdict"]["metric"] == "accuracy", (name, k)
+            assert unit["train"]["argv"][unit["train"]["argv"].index("--seed") + 1] == str(k), (name, k)
+    assert "3 seeds" in text.splitlines()[2]
     before = {k: v.get("train_seconds") for k, v in units.items()}
-    assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
+    assert sb.main([*argv, "--arms", ",".join(arms), "--seeds", "3"]) == 0  # resumes: every unit is there, none runs
     again = json.loads(out.read_text())
     assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
     assert len(again["invocations"]) == 2
@@ -591,14 +605,15 @@ def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_thre
     from leadline.corpus.splits import split_rows
     from leadline.hf.task import MAX_HELD_OUT_ROWS
 
-    for n in (1000, 2000, 3001, 5000):
+    for n in (1000, 2000, 3001, 5000):  # leadline run holds out its decisions' rows and takes no test split
         held = min(round(0.1 * n), MAX_HELD_OUT_ROWS)
-        assert sb.trained_rows(n) == len(split_rows(n, held_out=held, test=round(0.1 * n)).train), n
+        assert sb.trained_rows(n) == len(split_rows(n, held_out=held, test=0).train), n
+    assert sb.trained_rows(4000) == 4000 - 256 and sb.trained_rows(1000) == 900
     task = {"name": "t", "kind": "classify", "labels": ["a"], "test": [],
             "train": [{"prompt": f"p{i}", "completion": " a"} for i in range(1000)]}
     args = argparse.Namespace(work=str(tmp_path), model="m", seed=0, smoke=False, regime="long")
     arms = sb.Arms(args, task, sb.Board(tmp_path / "b.json", task, []), judge=None)
-    assert arms.short == ["--steps", str(3 * 800 // 16)] and arms.length == ["--epochs", "3"]
+    assert arms.short == ["--steps", str(3 * 900 // 16)] and arms.length == ["--epochs", "3"]
     assert "--lora-rank" in arms.common and "--full" not in arms.common
     args.regime = "full"
     full = sb.Arms(args, task, sb.Board(tmp_path / "c.json", task, []), judge=None)
@@ -651,7 +666,8 @@ def test_every_arm_trains_and_is_judged_in_the_precision_the_command_line_trains
 def test_a_cost_ratio_is_quoted_only_where_the_two_arms_were_timed_alike(sb):
     lead, recipe = {"cost": 30.0}, {"cost": 25.0}
     assert sb.cost_ratio({**lead, "timed_alone": True}, {**recipe, "timed_alone": True}) == "1.20x (alone)"
-    assert sb.cost_ratio({**lead, "invocation": 2}, {**recipe, "invocation": 2}) == "1.20x"  # side by side, one call
-    assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"  # two calls' sharing
+    # side by side in one call: each one's seconds measured the sharing, not its run
+    assert sb.cost_ratio({**lead, "invocation": 2}, {**recipe, "invocation": 2}) == "–"
+    assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"
     assert sb.cost_ratio({**lead, "timed_alone": True}, recipe) == "–"
     assert sb.cost_ratio(lead, None) == "–"
