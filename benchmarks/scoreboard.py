@@ -1383,8 +1383,9 @@ def seed_units(units: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:
     """``arm``'s judged units by seed: the plain unit at 0, ``<arm>_seed<k>`` at k (failed ones left out).
 
     Examples:
-        >>> sorted(seed_units({"leadline": {"verdict": {}}, "leadline_seed2": {"verdict": {}},
-        ...                    "leadline_seed1": {"failed": True}, "leadline_quick": {}}, "leadline"))
+        >>> v = {"verdict": {"metric": "accuracy"}}
+        >>> sorted(seed_units({"leadline": v, "leadline_seed2": v, "leadline_seed1": {"failed": True},
+        ...                    "leadline_quick": v}, "leadline"))
         [0, 2]
     """
     out: dict[int, dict[str, Any]] = {}
