@@ -31,7 +31,9 @@ Decision rules, written before any run:
       pooled one favour schedule-free with p < 0.05.
   G3  the same adapter alone and shared: for each seed of ``--alone-seeds``, the sha256 of
       ``adapter_model.safetensors`` written alone equals the one written beside the other
-      processes (where neither run kept an adapter, their outcomes are the same).
+      processes on the same card (where neither run kept an adapter, their outcomes are the same);
+      a seed whose two runs ran on different cards (a call that landed on another machine) is
+      open, not passed: run it alone again on the shared run's card.
   G4  every leadline run's exit status and ``outcome`` recorded, each status 0, or 3 with an
       outcome of ``no_better_than_start`` or ``collapsed``.
 The acceptance passes when G1-G4 hold with every unit finished; the JSON's ``decision`` says
@@ -42,7 +44,7 @@ finishes and copied into ``$OUT`` when that is set. A call that stops at ``--sto
 (no unit starts after it) keeps what finished; the same command again skips it.
 
     PYTHONPATH=src python3 benchmarks/guarded_run.py --model /tmp/smol_hf --data-dir /root/assets/data \\
-        --parallel 4 --alone-seeds 0,1 --stop-after 480
+        --parallel 4 --alone-seeds 0,1 --stop-after 300
     (benchmarks/on_gpu.sh guarded-run; --smoke: two steps a run, for the harness's own check on the CPU)
 """
 
@@ -191,12 +193,16 @@ def decide(data: dict[str, Any], seeds: Sequence[int], alone: Sequence[int]) -> 
         if not a or not s or a.get("failed") or s.get("failed"):
             missing.append(k)
             continue
+        if a.get("device") != s.get("device"):  # another card computes other bits: not this rule's question
+            missing.append(k)
+            continue
         ha, hs = a.get("adapter_sha256"), s.get("adapter_sha256")
         same.append((k, ha == hs if (ha or hs) else a.get("outcome") == s.get("outcome")))
     differ = [k for k, ok in same if not ok]
     out["G3"] = {"holds": False if differ else (None if missing else True), "identical": dict(same),
                  "why": (f"the adapter differs alone at seed {', '.join(map(str, differ))}" if differ else
-                         f"not yet run alone: seed {', '.join(map(str, missing))}" if missing else
+                         f"not yet run alone on the shared run's card: seed {', '.join(map(str, missing))}"
+                         if missing else
                          "identical alone and shared at every seed run alone")}
     runs = {n: u for n, u in units.items() if n.startswith("leadline_")}
     bad = [n for n, u in runs.items() if not (u.get("exit_status") == 0 or (
@@ -239,9 +245,10 @@ class Result:
         tmp.write_text(json.dumps(self.data, indent=1, default=str))
         tmp.replace(self.path)
         if os.environ.get("OUT"):
-            out = Path(os.environ["OUT"])
-            out.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.path, out / self.path.name)
+            copy = Path(os.environ["OUT"]) / self.path.name
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if copy.resolve() != self.path.resolve():
+                shutil.copyfile(self.path, copy)
 
 
 class Units:
@@ -272,6 +279,7 @@ class Units:
                   *steps, "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
         run = sb.run_json(run_dir)
         rec: dict[str, Any] = {"arm": "leadline", "seed": seed, "timed_alone": alone, "wall_seconds": t["seconds"],
+                               "device": self.result.data["machine"].get("device"),
                                "process": t, "run": run, **sb.leadline_exit(t["rc"], run),
                                "train_rows": (run or {}).get("train_rows"), **sb.unseen_fields(run),
                                "adapter_sha256": sha256(run_dir / ADAPTER)}

@@ -1004,6 +1004,23 @@ def drop_units(data: dict[str, Any], arms: str) -> frozenset[str]:
     return frozenset(kept)
 
 
+def drop_stale(data: dict[str, Any], arms: str) -> frozenset[str]:
+    """``--refresh``: the named arms' units that do not record ``train_rows`` (run before every
+    comparison arm trained on every row given) run again, as :func:`drop_units` would, their seeded
+    units (``<arm>_seed<k>``) too; a unit that records it stays, so the same command resumes. A
+    search (the sweep, Optuna) with any such unit is set aside whole."""
+    stale: set[str] = set()
+    for name in filter(None, arms.split(",")):
+        family = [u for u in data["units"] if u.startswith(name + "_") and u[len(name) + 1:].isdigit()]
+        if family:
+            if any("train_rows" not in data["units"][u] for u in family):
+                stale |= drop_units(data, name)
+            continue
+        stale |= {u for u, rec in data["units"].items() if re.fullmatch(re.escape(name) + r"(_seed\d+)?", u)
+                  and "train_rows" not in rec}
+    return frozenset(stale)
+
+
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
     """The rows a pass a recipe-shaped arm runs at: ``micro`` (the most rows up to it that divide
     the step), or None for the whole step at once."""
@@ -2119,6 +2136,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--card-gb, else the whole step at once)")
     ap.add_argument("--rerun", default="", help="arms whose recorded units are dropped and run again (after a "
                     "change to leadline, say), comma-separated; sweep and optuna drop all their units")
+    ap.add_argument("--refresh", default="", help="arms whose units recorded no train_rows (trained on leadline's "
+                    "split, before every comparison arm trained on every row) run again, comma-separated; units "
+                    "that record it stay, so the same command resumes")
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
@@ -2196,7 +2216,7 @@ def main(argv: list[str] | None = None) -> int:
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
-    board.rerun = drop_units(board.data, args.rerun)
+    board.rerun = drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
     board.save()
     judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)

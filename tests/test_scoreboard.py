@@ -306,7 +306,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
         if name in arms:
             assert units[name]["run"]["optimizer"] == name and units[name]["run"]["steps"] == 2
     if "schedulefree_again" in arms:  # the A/A control: on the CPU two runs of one method are one run
-        assert units["schedulefree_again"]["run"]["test_loss_after"] == units["schedulefree"]["run"]["test_loss_after"]
+        assert units["schedulefree_again"]["run"]["final_train_loss"] == units["schedulefree"]["run"]["final_train_loss"]
     text = sb.boards_table([out])
     assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} \|", text)
     if "schedulefree_again" in arms:  # run beside the other arms (--parallel 2): on the CPU the same answers
@@ -371,6 +371,17 @@ def test_rerun_sets_a_several_unit_arm_aside_at_once_and_a_one_unit_arm_when_its
     assert not board.has("leadline_full") and board.has("recipe")  # runs again, though recorded
     board.put("leadline_full", {"b": 3})
     assert board.data["units"]["leadline_full"] == {"b": 3} and board.data["superseded"] == {"leadline_full": {"b": 2}}
+
+
+def test_refresh_reruns_only_the_units_that_trained_on_leadlines_split_so_a_resumed_call_keeps_new_ones(sb):
+    data = {"units": {"recipe": {"a": 1}, "recipe_seed1": {"train_rows": 100}, "leadline": {"train_rows": None},
+                      "schedulefree": {"b": 2}, "sweep_0": {"train_rows": 90}, "sweep_1": {}, "prodigy": {}}}
+    stale = sb.drop_stale(data, "recipe,leadline,schedulefree,sweep")
+    assert stale == {"recipe", "schedulefree"}  # leadline's unit records its rows (None: not in its run.json)
+    assert sorted(data["superseded"]) == ["sweep_0", "sweep_1"]  # a search is set aside whole
+    assert "prodigy" in data["units"] and "recipe_seed1" in data["units"]
+    data["units"].update(recipe={"train_rows": 100}, schedulefree={"train_rows": 100})
+    assert sb.drop_stale(data, "recipe,leadline,schedulefree,sweep") == frozenset()  # the same command resumes
 
 
 def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_path):
