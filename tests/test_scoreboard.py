@@ -242,11 +242,13 @@ def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
     the test's time), all but the first, which stays a real process so that path is run too.
     Returns the argument lists that ran in this process."""
     import contextlib
+    import threading
     import time
 
     from leadline.cli import main
 
     real, here = sb.proc, []
+    one_at_a_time = threading.Lock()  # redirect_stdout is the process's: two runs in threads would swap their logs
 
     def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
         if args[:2] != ["-m", "leadline"] or not getattr(proc, "forked", False):
@@ -254,7 +256,7 @@ def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
             return real(args, log_path, timeout)
         here.append(args)
         t = time.perf_counter()
-        with log_path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        with one_at_a_time, log_path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
             try:
                 rc: Any = main(args[2:])
             except SystemExit as e:
@@ -308,7 +310,8 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     if "schedulefree_again" in arms:  # the A/A control: on the CPU two runs of one method are one run
         assert units["schedulefree_again"]["run"]["final_train_loss"] == units["schedulefree"]["run"]["final_train_loss"]
     text = sb.boards_table([out])
-    assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} \|", text)
+    # the recipe at three seeds: their mean, spread and range
+    assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} ± \d\.\d{4} \(3 seeds, [01]\.\d{4}\.\.[01]\.\d{4}\)", text)
     if "schedulefree_again" in arms:  # run beside the other arms (--parallel 2): on the CPU the same answers
         assert re.search(r"\| identical \(beside other processes\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
     # every comparison arm trained on every row given; a search on all but its 10% to pick by
