@@ -5,8 +5,17 @@
 #   BOARDS="debian_sections:lora gsm_symbolic:full man_sections:short" ARMS=recipe,schedulefree,leadline \
 #       benchmarks/boards_on_gpu.sh
 #
+# Six boards at three seeds: first each board's seed-0 recipe and leadline alone on the GPU (the
+# cost ratio), then the rest side by side (seeds 1 and 2, schedule-free, the A/A control beside the others):
+#   B="debian_sections:lora man_sections:lora gsm_symbolic:lora debian_summary:lora py_modules:lora code_trace:lora"
+#   BOARDS=$B SERIAL=1 ARMS=recipe,leadline benchmarks/boards_on_gpu.sh
+#   BOARDS=$B SEEDS=3 PARALLEL=2 benchmarks/boards_on_gpu.sh
+#
 # Each BOARDS entry is TASK:REGIME (benchmarks/scoreboard.py --regime). Environment:
-#   ARMS       the arms of every board (default: the quick board: recipe, schedulefree, leadline)
+#   ARMS       the arms of every board (default: recipe, schedulefree, schedulefree_again, leadline: the quick
+#              board and its A/A control, which runs beside the board's other processes)
+#   SEEDS      the seeded arms (leadline, schedulefree, the recipe) at seeds 0..SEEDS-1 (scoreboard.py --seeds;
+#              default 1)
 #   PARALLEL   arms side by side within a board (default 3)
 #   STOP       no new unit starts after this many seconds (default 420)
 #   SERIAL     1: the boards one after another, each arm alone on the GPU (PARALLEL is then 1 and every
@@ -23,7 +32,8 @@ set -uo pipefail
 MODEL=${MODEL:-/tmp/smol_hf}
 DATA=${DATA:-/root/assets/data}
 RESULTS=${RESULTS:-benchmarks/results}
-ARMS=${ARMS:-recipe,schedulefree,leadline}
+ARMS=${ARMS:-recipe,schedulefree,schedulefree_again,leadline}
+SEEDS=${SEEDS:-1}
 PARALLEL=${PARALLEL:-3}
 SERIAL=${SERIAL:-0}
 [[ $SERIAL == 1 ]] && PARALLEL=1
@@ -54,7 +64,7 @@ board() {  # one board, its log under /tmp
   [[ $SERIAL == 1 ]] && alone=(--alone)
   (( left > 0 )) || { echo "$1 not started: STOP reached" > "/tmp/board_${task}_${regime}.log"; return; }
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
-      --arms "$ARMS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --work "/tmp/scoreboard_$regime" \
+      --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --work "/tmp/scoreboard_$regime" \
       ${CARD:+--card-gb $CARD} "${alone[@]}" ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1
 }
 if [[ $SERIAL == 1 ]]; then

@@ -1,8 +1,16 @@
 """The scoreboard: leadline against the searches it replaces, side by side, task by task.
 
 "Should I run leadline, or sweep, or just use 2e-4?" Every arm trains SmolLM2-135M-Instruct
-with LoRA r16 (alpha 32, every linear layer) on the same training rows, seed 0 (``--seed``), and
-is judged on the same test rows, which no arm trains or decides on.
+with LoRA r16 (alpha 32, every linear layer) on the same training rows given, seed 0 (``--seed``),
+and is judged on the same test rows, which no arm trains or decides on.
+
+Each arm trains as its users run it. Every comparison arm (the recipe, schedule-free at its
+defaults and at AlgoPerf's settings, Prodigy, lr_find's range test and its run, the A/A control)
+trains on every row given; a search (the sweep, Optuna) keeps 10% of the rows (seeded) to read each
+run's loss and pick by, as a user's search must, and each of its runs trains on the other 90%;
+leadline's arms pay their own split (``leadline run`` holds out 10% of the rows, at most 256, for
+its decisions and takes no test split). Each unit records the rows it trained on (``train_rows``;
+a unit from before the record: "leadline's split") and its ``seed``.
 
 Tasks (``--task``):
   debian_sections  4-class topic of a Debian package from its description; accuracy by the
@@ -26,11 +34,14 @@ Tasks (``--task``):
 
 Arms (``--arms``), each the way its users run it; an arm's cost is the wall seconds of its own
 processes (model loading included, the same for every arm), deciding and training:
-  recipe           AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero, one pass
-                   (``leadline train --recipe``: the same rows, collation and loss as every arm).
-  sweep            the recipe at 8 rates log-spaced over 1e-5..3e-3; the swept optimum is the
-                   rate with the lowest loss on the run's unseen split (rows no arm trains on,
-                   not the test rows); the grid's summed time is the sweep's cost.
+  recipe           AdamW 2e-4 (no weight decay), 16 rows a step, 3% warmup from 0, linear decay
+                   to zero, one pass over every row given (``--worker recipe``: a process of its
+                   own, leadline's tokenization, collation and loss, Hugging Face's ``linear``
+                   schedule).
+  sweep            the recipe at 8 rates log-spaced over 1e-5..3e-3, each run on 90% of the rows
+                   given; the swept optimum is the rate with the lowest loss on the other 10% (the
+                   search's validation rows, not the test rows); the grid's summed time is the
+                   sweep's cost.
   lr_find          Lightning's LR range test (``Tuner.lr_find``: 100 steps, 1e-8..1, its
                    ``suggestion()``), then the recipe at the suggested rate.
   lr_find_log      the same range test (lr_find's, when it recorded one), its suggestion taken
@@ -41,10 +52,19 @@ processes (model loading included, the same for every arm), deciding and trainin
   optuna           TPE (seed 0, 3 random start-up trials so that TPE proposes the other 5;
                    the default 10 would leave all 8 random) over the rate (1e-5..3e-3, log),
                    rows a step (4, 8, 16, 32) and the warmup's share (0..0.1), 8 trials of the
-                   full run; each trial's objective is its loss on the run's unseen split; the
-                   best trial is the arm; the trials' summed time its cost.
+                   full run on 90% of the rows given; each trial's objective is its loss on the
+                   other 10% (the search's validation rows, as the sweep's); the best trial is
+                   the arm; the trials' summed time its cost.
   schedulefree     ``schedulefree.AdamWScheduleFree`` at its documented defaults (lr 0.0025,
-                   no warmup), 16 rows a step, one pass, evaluated at its averaged weights.
+                   no warmup), 16 rows a step, one pass over every row given, evaluated at its
+                   averaged weights. schedulefree_algoperf and prodigy alike (:data:`OPTIMIZERS`).
+  schedulefree_again  schedulefree again in a process of its own at the same seed: the A/A
+                   control (rule AA).
+  leadline         ``leadline run`` with the model, the data and the seed: the command a user
+                   runs. Exit status 3 (its outcome ``no_better_than_start`` or ``collapsed``) is
+                   its own verdict, not a crash: the unit records the status and the outcome, and
+                   is judged by the adapter it wrote (``collapsed``) or, where it wrote none, as
+                   the untrained model (what the user gets).
   leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``, at derive's
                    default step: the least-time step until rule R passed, the step for the rows
@@ -85,7 +105,22 @@ Decision rules, written before any run (``RULES`` below is what the table prints
   C   an arm COLLAPSED when one answer takes over 60% of the test rows on a task whose
       majority class is below 40%;
   $   leadline's cost is reported as a ratio to the sweep's summed cost; "a fraction of a
-      search's cost" means below 0.5.
+      search's cost" means below 0.5. A cost ratio (the boards table's leadline against the
+      recipe) is quoted only between units each timed alone (``--alone``): each arm its own
+      process, nothing else on the GPU, wall seconds from the process's start (imports and the
+      model's load included).
+  P   with ``--seeds K`` (K >= 2) the seeded arms (leadline, schedulefree, the recipe) run at
+      seeds 0..K-1 (units ``<arm>`` and ``<arm>_seed<k>``), and a comparison between two of them
+      is decided on the seeds together, seed k against seed k: per seed the paired test (McNemar
+      on accuracy, paired t over the test rows on cross-entropy), pooled McNemar on the discordant
+      rows of every seed (accuracy) or a paired t over the seeds' mean differences (cross-entropy,
+      df K-1). leadline WINS when every seed's difference favours it and the pooled test gives
+      p < 0.05; it LOSES when every seed's and the pooled difference go the other way with
+      p < 0.05; otherwise the two TIE. A collapse (rule C) at any seed is shown with its seed.
+      Written before any run at several seeds in one board.
+  AA  schedulefree_again is schedulefree at the same seed in another process, run beside the
+      board's other processes (``--parallel``): the table says whether its answers are identical
+      to schedulefree's, and if not, by how much and with which p they differ.
   S   the measured step costs quality in a one-pass run when leadline_full_16rows beats
       leadline_full with p < 0.05 (and the reverse when it loses): the step leadline measures
       minimizes the time to a loss, not the loss a fixed number of rows reaches.
@@ -114,7 +149,8 @@ are. Each test within one seed compares two trained models; ``--seed N`` runs th
 another seed (the split into trained and held-out rows, their order and the adapter's init; the
 rows given and the test rows stay) into ``_seedN``, and the table then lists a task's arms seed
 by seed with each rule's comparison at every seed: an outcome that moves with the seed is the
-training's noise, not the procedure's.
+training's noise, not the procedure's. ``--seeds K`` instead runs the seeded arms at K seeds in
+one board (rule P).
 
 One arm at a time, resumable: each finished unit (an arm, or one rate of the sweep, or one
 optuna trial) is written into ``--out`` at once, and a rerun skips what is there, so a cut
@@ -127,6 +163,8 @@ call loses one unit.
     the recipe-shaped arms then take their 16 rows a step as ``--recipe-micro-batch`` rows a pass,
     4 by default, the rest accumulated, as a user of the recipe on a small card would set it)
     python3 benchmarks/scoreboard.py --table --readme README.md --results docs/results.md
+    (``--seeds 3 --arms recipe,schedulefree,schedulefree_again,leadline --parallel 4``: the quick
+    board at three seeds; ``benchmarks/boards_on_gpu.sh`` runs six boards so, SEEDS=3)
 """
 
 from __future__ import annotations
@@ -171,6 +209,16 @@ RULES = {
     "H": "the raced ending over the run's last half (--ending-share 0.5) replaces the raced ending over two check "
          "intervals as the default when, on the same plan, leadline_full_half_ending beats leadline_full with "
          "p < 0.05 on at least one task and loses on none",
+    "P": "with several seeds, each seed's paired test (McNemar on accuracy, paired t over rows on cross-entropy) "
+         "and a pooled one (McNemar on the seeds' pooled discordant rows; a paired t over the seeds' mean "
+         "differences); a win when every seed's difference favours leadline and the pooled test gives p < 0.05, "
+         "a loss the same the other way, otherwise a tie",
+    "T": "every comparison arm trains on every training row given (the sweep and Optuna on all but the 10% they "
+         "pick by); leadline's arm pays its own held-out split; a unit without the record trained on leadline's split",
+    "AA": "schedule-free's arm run twice at one seed, the second beside the board's other processes: identical "
+          "answers mean the GPU's sharing does not move a run; a difference is what two runs of one method differ by",
+    "$$": "a cost ratio is quoted only between units each timed alone on the GPU (its own process, wall seconds from "
+          "its start, imports and the model's load included)",
     "A": "the weights averaged over the run's last half (--average-ending) join the quick effort's default ending "
          "race when leadline_run_quick_average beats leadline_run_quick with p < 0.05 on at least one task and "
          "loses on none; the ending that costs no step replaces the rerun of the last half when, in addition, "
@@ -315,11 +363,63 @@ def run_json(run_dir: Path) -> dict[str, Any] | None:
     return r
 
 
+UNSEEN_FROM = ("test_loss_after", "validation_loss", "held_out_after")
+"""Where a run records a loss on rows it did not train on, in the order read: its test split
+(``leadline run --test-share``/``--eval``, the earlier runs' default), a search's validation rows
+(:func:`worker_recipe`), ``leadline run``'s held-out rows (what its own decisions read: not unseen
+by its choices, the only such loss a default run records)."""
+
+
+def unseen_of(run: dict[str, Any] | None) -> tuple[float | None, str | None]:
+    """The run's loss on rows it did not train on, and the record it came from (:data:`UNSEEN_FROM`).
+
+    Examples:
+        >>> unseen_of({"test_loss_after": {"mean": 1.5}, "held_out_after": {"mean": 1.2}})
+        (1.5, 'test_loss_after')
+        >>> unseen_of({"held_out_after": {"mean": 1.2, "se": 0.1}})
+        (1.2, 'held_out_after')
+        >>> unseen_of({"test_loss_after": None}), unseen_of(None)
+        ((None, None), (None, None))
+    """
+    for key in UNSEEN_FROM:
+        m = ((run or {}).get(key) or {}).get("mean")
+        if isinstance(m, (int, float)) and math.isfinite(m):
+            return float(m), key
+    return None, None
+
+
 def unseen_loss(run: dict[str, Any] | None) -> float | None:
-    """The run's loss on its unseen split (rows neither trained on nor in the scoreboard's test)."""
-    after = (run or {}).get("test_loss_after") or {}
-    m = after.get("mean")
-    return float(m) if isinstance(m, (int, float)) and math.isfinite(m) else None
+    """The run's loss on rows it did not train on (:func:`unseen_of`)."""
+    return unseen_of(run)[0]
+
+
+def unseen_fields(run: dict[str, Any] | None) -> dict[str, Any]:
+    """A unit's ``unseen_loss`` and ``unseen_loss_from`` (which record it read)."""
+    value, key = unseen_of(run)
+    return {"unseen_loss": value, "unseen_loss_from": key}
+
+
+GUARDED_OUTCOMES = ("no_better_than_start", "collapsed")
+"""``leadline run``'s outcomes other than ``improved``: it exits 3 with either. With
+``no_better_than_start`` it writes no adapter (the user keeps the model they started from), with
+``collapsed`` it writes the adapter and marks it."""
+
+
+def leadline_exit(rc: int | str, run: dict[str, Any] | None) -> dict[str, Any]:
+    """A ``leadline run`` unit's exit status, the outcome its run.json records, and whether the exit
+    is the run's own verdict (status 3 with an outcome of :data:`GUARDED_OUTCOMES`): such a unit is
+    judged, not failed (by its adapter where it wrote one, else as the untrained model).
+
+    Examples:
+        >>> leadline_exit(0, {"outcome": "improved"})
+        {'exit_status': 0, 'outcome': 'improved', 'guarded_exit': False}
+        >>> leadline_exit(3, {"outcome": "no_better_than_start"})["guarded_exit"]
+        True
+        >>> leadline_exit(3, None)["guarded_exit"], leadline_exit(1, {"outcome": "collapsed"})["guarded_exit"]
+        (False, False)
+    """
+    outcome = (run or {}).get("outcome")
+    return {"exit_status": rc, "outcome": outcome, "guarded_exit": rc == 3 and outcome in GUARDED_OUTCOMES}
 
 
 class Board:
@@ -547,8 +647,8 @@ class Arms:
         self.train = self.work / "train.jsonl"
         self.train.write_text("".join(json.dumps({k: r[k] for k in ("prompt", "completion")}) + "\n" for r in task["train"]))
         self.regime = getattr(args, "regime", "lora")
-        trains = ["--full"] if self.regime == "full" else ["--lora-rank", str(REGIME_RANK.get(self.regime, 16))]
-        self.common = ["--model", args.model, "--data", str(self.train), *trains, "--seed", str(args.seed)]
+        self.trains = ["--full"] if self.regime == "full" else ["--lora-rank", str(REGIME_RANK.get(self.regime, 16))]
+        self.common = self.common_at(args.seed)
         self.epochs = REGIME_EPOCHS.get(self.regime, 1)
         self.lock = threading.Lock()  # arms run side by side (--parallel): one verdict and one write at a time
         # --smoke: every arm's run two steps long; a long regime's recipe-shaped arms: its passes in 16-row steps
@@ -556,13 +656,15 @@ class Arms:
                       ["--steps", str(self.epochs * trained_rows(len(task["train"])) // 16)] if self.epochs > 1 else [])
         self.length = (["--steps", "2"] if args.smoke else  # leadline's own arms: the run's length in passes
                        ["--epochs", str(self.epochs)] if self.epochs > 1 else [])
-        self.base_plan = self.work / "base_plan.json"
-        sys.path.insert(0, str(ROOT / "src"))  # the recipe arms' plan: nothing derived, the split's seed only
-        from leadline.plan import Plan
 
-        p = Plan()
-        p.held_out = {"seed": args.seed}
-        p.to_json(self.base_plan)
+    def common_at(self, seed: int) -> list[str]:
+        """The model, the rows, the regime's adapter and ``seed``: what every leadline call of a unit gets."""
+        return ["--model", self.args.model, "--data", str(self.train), *self.trains, "--seed", str(seed)]
+
+    def seed_of(self, unit: str) -> int:
+        """A unit's seed: ``k`` for ``<arm>_seed<k>`` (:func:`seed_units`), the board's ``--seed`` for any other."""
+        m = re.search(r"_seed(\d+)$", unit)
+        return int(m.group(1)) if m else int(self.args.seed)
 
     def out_of_time(self) -> bool:
         return time.perf_counter() - T0 > self.args.stop_after
@@ -581,8 +683,15 @@ class Arms:
             return False
         return True
 
-    def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True) -> None:
+    def finish(self, unit: str, rec: dict[str, Any], adapter: Path | None, em: bool = True,
+               as_untrained: bool = False) -> None:
+        """The unit judged and written: its adapter's verdict where the run left one; the untrained
+        model's where ``as_untrained`` (``leadline run`` exited 3 and kept no adapter: the user gets
+        the model they started from), marked ``judged_as``; else failed."""
+        rec.setdefault("seed", self.seed_of(unit))
+        rec.setdefault("train_rows", (rec.get("run") or {}).get("train_rows"))  # None: leadline's split, not recorded
         rec["regime"] = self.regime
+        rec["parallel"] = int(getattr(self.args, "parallel", 1) or 1)  # processes side by side on the GPU
         rec["timed_alone"] = bool(getattr(self.args, "alone", False))  # its seconds shared the GPU with no process
         rec["invocation"] = len(self.board.data.get("invocations", [])) - 1  # the call that ran it (side by side with?)
         rec["dtype"] = ARM_DTYPE  # the precision it trained and was judged in
@@ -593,6 +702,11 @@ class Arms:
                 rec["judge_seconds"] = time.perf_counter() - t
             m = rec["verdict"]["metric"]
             log(unit, m, f"{rec['verdict'][m]:.4f}", f"cost {rec.get('decide_seconds', 0) + rec.get('train_seconds', 0):.0f}s")
+        elif as_untrained:
+            with self.lock:
+                rec["verdict"] = self.judge.verdict(None)
+            rec["judged_as"] = "untrained"
+            log(unit, "kept no adapter (exit 3):", rec.get("outcome"), "judged as the untrained model")
         else:
             rec["failed"] = True
             log(unit, "FAILED")
@@ -600,13 +714,16 @@ class Arms:
             self.board.put(unit, rec)
 
     def recipe_train(self, unit: str, lr: float, batch: int, warmup: float) -> tuple[dict[str, Any], Path]:
-        """``leadline train --recipe`` at these numbers into the unit's own folder."""
+        """The recipe at these numbers (:func:`worker_recipe`, a process of its own) into the unit's
+        folder: on every row given, or a search's unit on all but its validation share (:func:`validation_of`)."""
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
         micro = recipe_micro(batch, self.args.recipe_micro_batch)
-        t = leadline(["train", *self.common, "--plan", str(self.base_plan), "--recipe", "--lr", f"{lr:.6g}", "--batch", str(batch),
-                      "--warmup-ratio", f"{warmup:.4g}", *(["--micro-batch", str(micro)] if micro else []),
-                      *self.short, "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
+        t = proc([str(HERE / "scoreboard.py"), "--worker", "recipe", "--model", self.args.model, "--train", str(self.train),
+                  "--seed", str(self.seed_of(unit)), "--worker-out", str(run_dir), "--regime", self.regime,
+                  "--lr", f"{lr:.6g}", "--rows-per-step", str(batch), "--warmup-ratio", f"{warmup:.4g}",
+                  "--validation", f"{validation_of(unit):g}", *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  *(["--smoke"] if self.args.smoke else [])], self.work / f"{unit}.log", self.args.timeout)
         return t, run_dir
 
     def recipe_run(self, unit: str, lr: float, batch: int = 16, warmup: float = 0.03, decide: float = 0.0,
@@ -614,7 +731,7 @@ class Arms:
         t, run_dir = self.recipe_train(unit, lr, batch, warmup)
         rec = {"lr": lr, "rows_per_step": batch, "warmup_ratio": warmup, "decide_seconds": decide, "train_seconds": t["seconds"],
                "train": t, "run": run_json(run_dir), **(extra or {})}
-        rec["unseen_loss"] = unseen_loss(rec["run"])
+        rec.update(unseen_fields(rec["run"]))
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=em)
         return rec
 
@@ -654,9 +771,9 @@ class Arms:
         """The recipe's rate: 2e-4 with LoRA, 2e-5 for a full fine-tune (TRL's SFTConfig default)."""
         return 2e-5 if self.regime == "full" else 2e-4
 
-    def recipe(self) -> None:
-        if not self.board.has("recipe"):
-            self.recipe_run("recipe", self.recipe_lr)
+    def recipe(self, unit: str = "recipe") -> None:
+        if not self.board.has(unit):
+            self.recipe_run(unit, self.recipe_lr)
 
     def sweep(self) -> None:
         for k, lr in enumerate(self.board.data["sweep_rates"]):
@@ -705,23 +822,22 @@ class Arms:
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
         micro = recipe_micro(16, self.args.recipe_micro_batch)
-        t = proc([str(HERE / "scoreboard.py"), "--worker", unit, "--model", self.args.model, "--train", str(self.train),
-                  "--seed", str(self.args.seed), "--worker-out", str(run_dir), "--regime", self.regime,
-                  *(["--recipe-micro-batch", str(micro)] if micro else []),
+        t = proc([str(HERE / "scoreboard.py"), "--worker", re.sub(r"_seed\d+$", "", unit), "--model", self.args.model,
+                  "--train", str(self.train), "--seed", str(self.seed_of(unit)), "--worker-out", str(run_dir),
+                  "--regime", self.regime, *(["--recipe-micro-batch", str(micro)] if micro else []),
                   *(["--smoke"] if self.args.smoke else [])],
                  self.work / f"{unit}.log", self.args.timeout)
         rec = {"decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
-        rec["unseen_loss"] = unseen_loss(rec["run"])
+        rec.update(unseen_fields(rec["run"]))
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def schedulefree(self) -> None:
         self.optimizer_arm("schedulefree")
 
-    def leadline_default(self) -> None:
+    def leadline_default(self, unit: str = "leadline") -> None:
         """``leadline run`` with nothing but the model, the data and the regime's length: the
         command a user runs. Its cost is the one process's wall seconds, the model's load
         included; its deciding is the overhead its plan records (steps not kept, held-out reads)."""
-        unit = "leadline"
         if self.board.has(unit):
             return
         self.one_process(unit, [*self.length])
@@ -731,14 +847,17 @@ class Arms:
         derive and load seconds, training the rest of the one process's wall time."""
         run_dir = self.work / f"run_{unit}"
         _rm(run_dir)
-        t = leadline(["run", *self.common, *flags, "--out", str(run_dir)], self.work / f"{unit}.log", self.args.timeout)
+        seed = self.seed_of(unit)
+        t = leadline(["run", *self.common_at(seed), *flags, "--out", str(run_dir)], self.work / f"{unit}.log",
+                     self.args.timeout)
         run = run_json(run_dir)
         decide = float((run or {}).get("derive_seconds") or 0.0) + float((run or {}).get("load_seconds") or 0.0)
         rec: dict[str, Any] = {"decide_seconds": decide, "train_seconds": t["seconds"] - decide, "train": t, "run": run,
-                               "unseen_loss": unseen_loss(run)}
+                               "seed": seed, **leadline_exit(t["rc"], run), **unseen_fields(run)}
         if (run_dir / "plan.json").exists():
             rec["plan"] = json.loads((run_dir / "plan.json").read_text())
-        self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
+        guarded = rec["guarded_exit"]
+        self.finish(unit, rec, run_dir if t["rc"] == 0 or guarded else None, as_untrained=guarded)
 
     def leadline_arm(self, effort: str, rows_per_step: int | None = None, step_for: str = "time") -> None:
         unit = f"leadline_{effort}" + (f"_{rows_per_step}rows" if rows_per_step else "") + (
@@ -763,7 +882,7 @@ class Arms:
         t = leadline(["train", *self.common, "--plan", str(plan), *self.short, "--out", str(run_dir)],
                      self.work / f"train_{name}.log", self.args.timeout)
         rec.update({"train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)})
-        rec["unseen_loss"] = unseen_loss(rec["run"])
+        rec.update(unseen_fields(rec["run"]))
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def to_zero(self, base: str) -> None:
@@ -790,7 +909,7 @@ class Arms:
                      self.work / f"train_{unit}.log", self.args.timeout)
         rec: dict[str, Any] = {"plan_of": base, "decide_seconds": rec_base.get("decide_seconds", 0.0),
                                "train_seconds": t["seconds"], "train": t, "run": run_json(run_dir)}
-        rec["unseen_loss"] = unseen_loss(rec["run"])
+        rec.update(unseen_fields(rec["run"]))
         # rules E, Z and H read the task's metric (test CE on a generation task): no exact match, which is
         # most of a generation task's judging time
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
@@ -819,7 +938,7 @@ class Arms:
         run = run_json(run_dir)
         derive = float((run or {}).get("derive_seconds") or 0.0)
         rec = {"decide_seconds": derive, "train_seconds": t["seconds"] - derive, "train": t, "run": run,
-               "unseen_loss": unseen_loss(run)}
+               **unseen_fields(run)}
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None)
 
     def optuna(self) -> None:
@@ -885,6 +1004,23 @@ def drop_units(data: dict[str, Any], arms: str) -> frozenset[str]:
     return frozenset(kept)
 
 
+def drop_stale(data: dict[str, Any], arms: str) -> frozenset[str]:
+    """``--refresh``: the named arms' units that do not record ``train_rows`` (run before every
+    comparison arm trained on every row given) run again, as :func:`drop_units` would, their seeded
+    units (``<arm>_seed<k>``) too; a unit that records it stays, so the same command resumes. A
+    search (the sweep, Optuna) with any such unit is set aside whole."""
+    stale: set[str] = set()
+    for name in filter(None, arms.split(",")):
+        family = [u for u in data["units"] if u.startswith(name + "_") and u[len(name) + 1:].isdigit()]
+        if family:
+            if any("train_rows" not in data["units"][u] for u in family):
+                stale |= drop_units(data, name)
+            continue
+        stale |= {u for u, rec in data["units"].items() if re.fullmatch(re.escape(name) + r"(_seed\d+)?", u)
+                  and "train_rows" not in rec}
+    return frozenset(stale)
+
+
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
     """The rows a pass a recipe-shaped arm runs at: ``micro`` (the most rows up to it that divide
     the step), or None for the whole step at once."""
@@ -917,12 +1053,33 @@ def _rm(p: Path) -> None:
 
 # ---- the workers: arms that are not leadline's CLI ----------------------------------------
 def trained_rows(given: int) -> int:
-    """The rows an arm trains on of ``given``: leadline's split keeps 10% for the test (the board's
-    unseen split) and 10% (at most 256 rows) held out (:func:`leadline.corpus.splits.split_rows`)."""
-    return given - round(0.1 * given) - min(round(0.1 * given), 256)
+    """The rows ``leadline run`` trains on of ``given``: it holds out what its decisions read, 10%
+    of the rows and at most 256 (:data:`leadline.hf.task.MAX_HELD_OUT_ROWS`), and takes no test split
+    unless asked (``--test-share``, ``--eval``). Every comparison arm trains on all ``given``."""
+    return given - min(round(0.1 * given), 256)
 
 
-def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora") -> tuple[Any, Any, Any, list[Any]]:
+SEARCH_VALIDATION = 0.1
+"""The share of the rows a search (the sweep, Optuna) keeps to read each run's loss and pick by:
+a user's sweep needs one. Its runs train on the rest; every other comparison arm trains on all."""
+
+
+def validation_of(unit: str) -> float:
+    """The validation share a recipe-shaped unit keeps: a search's (``sweep_K``, ``optuna_K``)
+    :data:`SEARCH_VALIDATION`, any other none (it trains on every row).
+
+    Examples:
+        >>> validation_of("sweep_3"), validation_of("optuna_0"), validation_of("recipe"), validation_of("lr_find")
+        (0.1, 0.1, 0.0, 0.0)
+    """
+    return SEARCH_VALIDATION if unit.split("_")[0] in ("sweep", "optuna") else 0.0
+
+
+def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora",
+                 validation: float = 0.0) -> tuple[Any, Any, Any, list[Any]]:
+    """The model with the regime's adapter (or every weight trained), and the rows as leadline
+    tokenizes and collates them: all of them trained on (no held-out rows, no test split), or with
+    ``validation`` (a share) kept aside as the split's ``test`` rows for a search to pick by."""
     sys.path.insert(0, str(ROOT / "src"))
     import torch
     from peft import LoraConfig, get_peft_model
@@ -940,8 +1097,60 @@ def _worker_task(model_path: str, train: str, seed: int = 0, regime: str = "lora
         cfg = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", lora_dropout=0.0,
                          task_type="CAUSAL_LM")
         model = get_peft_model(model, cfg)
-    task, _ = prepare(model, tok, train, seed=seed)
+    task, _ = prepare(model, tok, train, seed=seed, held_out=0, test=validation if validation > 0 else 0)
     return model, tok, task, [p for _, p in trained_named_weights(model)]
+
+
+def _read_unseen(task: Any, model: Any) -> dict[str, float] | None:
+    """The mean and standard error of the loss on the task's validation rows, or None where it keeps none."""
+    from leadline.stats import mean_se
+
+    if not task.split.test:
+        return None
+    m, se = mean_se(task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)())
+    return {"mean": m, "se": se}
+
+
+def worker_recipe(model_path: str, train: str, out: Path, lr: float, rows_per_step: int = 16, warmup: float = 0.03,
+                  micro: int | None = None, max_steps: int | None = None, seed: int = 0, regime: str = "lora",
+                  validation: float = 0.0) -> None:
+    """The recipe as its users run it: AdamW at ``lr`` (no weight decay), ``rows_per_step`` rows a
+    step (``micro`` rows a pass, the rest accumulated), warmup from 0 over ``warmup`` of the steps
+    then linear decay to zero (:func:`leadline.train.linear_lr`, Hugging Face's ``linear``), the
+    regime's passes over every row given (a search's run: all but its ``validation`` share, read
+    after the run as ``validation_loss``), by leadline's own rows, collation and loss."""
+    import torch
+
+    from leadline.train import linear_lr
+
+    model, _, task, params = _worker_task(model_path, train, seed, regime, validation)
+    steps = min(max(1, REGIME_EPOCHS.get(regime, 1) * len(task.order) // rows_per_step), max_steps or 10**9)
+    warm = max(1, math.ceil(warmup * steps)) if warmup > 0 else 0
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    micro = micro or rows_per_step
+    step_of = task.train_step_of(micro, rows_per_step // micro)
+    t0 = time.monotonic()
+    model.train()
+    curve = []
+    for s in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = linear_lr(s, lr, warm, steps)
+        opt.zero_grad(set_to_none=True)
+        loss = step_of(s)
+        if not math.isfinite(loss):
+            raise SystemExit(f"the training loss became {loss} at step {s}; the rate {lr:.3g} is too high for these rows")
+        opt.step()
+        curve.append(loss)
+    model.eval()
+    seconds = time.monotonic() - t0
+    unseen = _read_unseen(task, model)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    (out / "run.json").write_text(json.dumps({
+        "optimizer": "recipe", "lr": lr, "rows_per_step": rows_per_step, "warmup_ratio": warmup, "warmup_steps": warm,
+        "micro_batch": micro, "regime": regime, "steps": steps, "seconds": seconds, "final_train_loss": curve[-1],
+        "train_rows": len(task.order), "validation_rows": len(task.split.test), "seed": seed,
+        "validation_loss": unseen}))
 
 
 ARM_DTYPE = "float32"
@@ -966,12 +1175,9 @@ OPTIMIZERS = {
 def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: int | None = None,
                      max_steps: int | None = None, seed: int = 0, regime: str = "lora") -> None:
     """``kind`` (:data:`OPTIMIZERS`) at 16 rows a step (``micro`` rows a pass, accumulated), the
-    regime's passes over the rows, by leadline's own rows, collation and loss; saved (and read on
-    the unseen split) at the weights its users keep: a schedule-free optimizer's averaged weights
-    (``optimizer.eval()``)."""
+    regime's passes over every row given, by leadline's own rows, collation and loss; saved at the
+    weights its users keep: a schedule-free optimizer's averaged weights (``optimizer.eval()``)."""
     import torch
-
-    from leadline.stats import mean_se
 
     model, _, task, params = _worker_task(model_path, train, seed, regime)
     steps = min(max(1, REGIME_EPOCHS.get(regime, 1) * len(task.order) // 16), max_steps or 10**9)
@@ -991,7 +1197,6 @@ def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: i
         raise SystemExit(f"--worker {kind} is not an optimizer arm; pass one of {', '.join(OPTIMIZERS)}")
     micro = micro or 16
     step_of = task.train_step_of(micro, 16 // micro)
-    test = task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
     averaged = hasattr(opt, "eval")
     t0 = time.monotonic()
     model.train()
@@ -1007,20 +1212,19 @@ def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: i
     if averaged:
         opt.eval()
     model.eval()
-    after = test()
-    m, se = mean_se(after)
+    seconds = time.monotonic() - t0
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     (out / "run.json").write_text(json.dumps({"optimizer": kind, "settings": OPTIMIZERS[kind], "regime": regime,
-                                              "steps": steps, "seconds": time.monotonic() - t0,
-                                              "lr": opt.param_groups[0]["lr"], "final_train_loss": losses[-1],
-                                              "test_loss_after": {"mean": m, "se": se}}))
+                                              "steps": steps, "seconds": seconds, "lr": opt.param_groups[0]["lr"],
+                                              "final_train_loss": losses[-1], "train_rows": len(task.order),
+                                              "seed": seed}))
 
 
 def worker_lr_find(model_path: str, train: str, out: Path, micro: int | None = None,
                    max_steps: int | None = None, seed: int = 0, regime: str = "lora") -> None:
-    """Lightning's LR range test on the run's own rows at the recipe's 16 rows a step (``micro``
-    rows a pass, the rest accumulated by Lightning)."""
+    """Lightning's LR range test on every row given at the recipe's 16 rows a step (``micro`` rows
+    a pass, the rest accumulated by Lightning)."""
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.tuner import Tuner
@@ -1113,6 +1317,134 @@ def compare(task_kind: str, a: dict[str, Any], b: dict[str, Any], gold: list[str
     return {"diff": d.mean, "p": d.p_two_sided}
 
 
+def decide_seeds(per_seed: Sequence[dict[str, float]], pooled: dict[str, float]) -> str:
+    """Rule P: "win" when every seed's difference favours a (``diff`` > 0) and the pooled test
+    does with p < 0.05; "loss" when every seed's and the pooled difference favour b with p < 0.05;
+    else "tie". A seed whose difference is zero agrees with neither.
+
+    Examples:
+        >>> decide_seeds([{"diff": 0.01, "p": 0.2}] * 3, {"diff": 0.01, "p": 0.01})
+        'win'
+        >>> decide_seeds([{"diff": 0.01, "p": 0.2}, {"diff": -0.001, "p": 0.9}], {"diff": 0.01, "p": 0.01})
+        'tie'
+        >>> decide_seeds([{"diff": -0.02, "p": 0.01}] * 3, {"diff": -0.02, "p": 0.001})
+        'loss'
+        >>> decide_seeds([{"diff": 0.02, "p": 0.01}] * 3, {"diff": 0.02, "p": 0.06})
+        'tie'
+    """
+    if not per_seed:
+        return "tie"
+    if all(c["diff"] > 0 for c in per_seed) and pooled["diff"] > 0 and pooled["p"] < 0.05:
+        return "win"
+    if all(c["diff"] < 0 for c in per_seed) and pooled["diff"] < 0 and pooled["p"] < 0.05:
+        return "loss"
+    return "tie"
+
+
+def pooled_accuracy(per_seed: Sequence[tuple[Sequence[bool], Sequence[bool]]]) -> dict[str, Any]:
+    """Rule P on accuracy: each seed's McNemar (a's right/wrong answers against b's of the same
+    seed, on the same test rows), then McNemar on the discordant rows of every seed pooled; the
+    decision by :func:`decide_seeds`. ``diff`` is a's accuracy minus b's (over the pooled rows).
+
+    Examples:
+        >>> one = ([True] * 30 + [False] * 10, [True] * 25 + [False] * 15)  # 5 discordant rows, all a's
+        >>> r = pooled_accuracy([one] * 3)
+        >>> [round(c["p"], 4) for c in r["seeds"]], r["b"], r["c"], round(r["p"], 4), r["word"]
+        ([0.0625, 0.0625, 0.0625], 15, 0, 0.0001, 'win')
+        >>> pooled_accuracy([one, (one[1], one[0])])["word"]  # the second seed goes the other way
+        'tie'
+    """
+    sys.path.insert(0, str(ROOT / "src"))
+    from leadline import stats
+
+    seeds = []
+    for a, b in per_seed:
+        m = stats.mcnemar(list(a), list(b))
+        seeds.append({"diff": m.accuracy_a - m.accuracy_b, "p": m.p_value})
+    m = stats.mcnemar([x for a, _ in per_seed for x in a], [y for _, b in per_seed for y in b])
+    pooled = {"diff": m.accuracy_a - m.accuracy_b, "p": m.p_value}
+    return {"seeds": seeds, **pooled, "b": m.b, "c": m.c, "test": "McNemar on the seeds' pooled discordant rows",
+            "word": decide_seeds(seeds, pooled)}
+
+
+def pooled_ce(per_seed: Sequence[tuple[Sequence[float], Sequence[float]]]) -> dict[str, Any]:
+    """Rule P on cross-entropy (lower is better): each seed's paired t over the test rows (a's
+    row CE against b's), then a paired t over the seeds' mean differences (df = seeds - 1; one
+    seed: its own paired t over rows); the decision by :func:`decide_seeds`. ``diff`` is b's mean
+    CE minus a's: positive when a's is lower.
+
+    Examples:
+        >>> a, b = [1.0, 1.1, 0.9, 1.0], [1.2, 1.3, 1.1, 1.25]
+        >>> r = pooled_ce([(a, b), ([x + 0.01 for x in a], b), ([x - 0.01 for x in a], b)])
+        >>> round(r["diff"], 4), r["p"] < 0.05, r["word"]
+        (0.2125, True, 'win')
+        >>> pooled_ce([(a, b), (b, a)])["word"]
+        'tie'
+    """
+    sys.path.insert(0, str(ROOT / "src"))
+    from leadline import stats
+
+    seeds = []
+    for a, b in per_seed:
+        d = stats.paired_difference(list(b), list(a))
+        seeds.append({"diff": d.mean, "p": d.p_two_sided})
+    if len(per_seed) >= 2:
+        d = stats.paired_difference([sum(b) / len(b) for _, b in per_seed], [sum(a) / len(a) for a, _ in per_seed])
+        pooled, test = {"diff": d.mean, "p": d.p_two_sided}, "paired t over the seeds' mean differences"
+    else:
+        pooled, test = dict(seeds[0]), "paired t over the test rows (one seed)"
+    return {"seeds": seeds, **pooled, "test": test, "word": decide_seeds(seeds, pooled)}
+
+
+def seed_units(units: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:
+    """``arm``'s judged units by seed: the plain unit at 0, ``<arm>_seed<k>`` at k (failed ones left out).
+
+    Examples:
+        >>> v = {"verdict": {"metric": "accuracy"}}
+        >>> sorted(seed_units({"leadline": v, "leadline_seed2": v, "leadline_seed1": {"failed": True},
+        ...                    "leadline_quick": v}, "leadline"))
+        [0, 2]
+    """
+    out: dict[int, dict[str, Any]] = {}
+    for name, rec in units.items():
+        m = re.fullmatch(re.escape(arm) + r"(?:_seed(\d+))?", name)
+        if m and isinstance(rec, dict) and not rec.get("failed") and rec.get("verdict"):
+            out[int(m.group(1) or 0)] = rec
+    return dict(sorted(out.items()))
+
+
+def compare_seeds(kind: str, a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]],
+                  gold: list[str]) -> dict[str, Any] | None:
+    """a against b on the seeds both ran (seed k against seed k), by rule P; None where they share none."""
+    common = [k for k in a if k in b]
+    va = {k: a[k].get("verdict") or {} for k in common}
+    vb = {k: b[k].get("verdict") or {} for k in common}
+    if kind == "classify":
+        common = [k for k in common if "predictions" in va[k] and "predictions" in vb[k]]
+        if not common:
+            return None
+        r = pooled_accuracy([([x == g for x, g in zip(va[k]["predictions"], gold)],
+                              [x == g for x, g in zip(vb[k]["predictions"], gold)]) for k in common])
+    else:
+        common = [k for k in common if "row_ce" in va[k] and "row_ce" in vb[k]]
+        if not common:
+            return None
+        r = pooled_ce([(va[k]["row_ce"], vb[k]["row_ce"]) for k in common])
+    return {**r, "seed_ids": common}
+
+
+def seeds_cell(c: dict[str, Any] | None) -> str:
+    """The table's cell for rule P's outcome: the word, the pooled p, the seeds and each seed's direction."""
+    if c is None:
+        return "–"
+    p = "< 0.0001" if c["p"] < 1e-4 else format(c["p"], ".2g")
+    n = len(c["seeds"])
+    if n == 1:
+        return f"{c['word']} (p {p}, 1 seed)"
+    signs = "".join("+" if x["diff"] > 0 else "-" if x["diff"] < 0 else "0" for x in c["seeds"])
+    return f"{c['word']} (pooled p {p}, {n} seeds {signs})"
+
+
 def vs(kind: str, a: dict[str, Any], b: dict[str, Any] | None, gold: list[str]) -> str:
     """The table's cell for a against b: the metric's outcome, and exact match's where there is one."""
     if b is None:
@@ -1146,17 +1478,71 @@ def board_name(data: dict[str, Any]) -> str:
 
 
 def cost_ratio(lead: dict[str, Any] | None, recipe: dict[str, Any] | None) -> str:
-    """leadline's cost over the recipe's where the two were timed alike: each alone on the GPU
-    (``--alone``, marked so), or side by side in one call; "–" where either ran in another call
-    beside other arms (their seconds measured the GPU's sharing, not the runs)."""
+    """leadline's cost over the recipe's where both were timed alike: each its own process alone on
+    the GPU (``--alone``), its wall seconds from the process's start (imports and the model's load
+    included); "–" where either shared the GPU with another process (its seconds measured the
+    sharing, not the run)."""
     if not lead or not recipe or not recipe.get("cost"):
         return "–"
-    ratio = f"{lead['cost'] / recipe['cost']:.2f}x"
     if lead.get("timed_alone") and recipe.get("timed_alone"):
-        return ratio + " (alone)"
-    if lead.get("invocation") is not None and lead.get("invocation") == recipe.get("invocation"):
-        return ratio
+        return f"{lead['cost'] / recipe['cost']:.2f}x (alone)"
     return "–"
+
+
+def rows_trained(unit: dict[str, Any] | None) -> str:
+    """The rows a unit trained on, as it recorded them; a unit from before the record trained on
+    leadline's split (the rows ``leadline`` trained on, less its held-out and test rows)."""
+    if not unit:
+        return "–"
+    n = unit.get("train_rows")
+    return f"{n:,}" if isinstance(n, int) else "leadline's split"
+
+
+def aa_cell(kind: str, again: dict[str, Any] | None, first: dict[str, Any] | None, gold: list[str]) -> str:
+    """The A/A control's cell: whether schedule-free's second process gave the first's answers
+    (identical predictions, or identical row CE), else the difference and its p; and how it ran
+    (alone on the GPU, or beside other processes).
+
+    Examples:
+        >>> v = {"metric": "accuracy", "predictions": ["a", "b"]}
+        >>> aa_cell("classify", {"verdict": v, "dtype": ARM_DTYPE, "parallel": 3}, {"verdict": v, "dtype": ARM_DTYPE}, ["a", "b"])
+        'identical (beside other processes)'
+    """
+    if not again or not first or not same_precision(again, first):
+        return "–"
+    how = ("alone" if again.get("timed_alone") else "beside other processes" if int(again.get("parallel") or 1) > 1
+           else "one process at a time")
+    va, vb = again.get("verdict") or {}, first.get("verdict") or {}
+    key = "predictions" if kind == "classify" else "row_ce"
+    if key in va and va.get(key) == vb.get(key):
+        return f"identical ({how})"
+    c = compare(kind, again, first, gold)
+    if c is None:
+        return "–"
+    return f"differs: {c['diff']:+.4f} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')}; {how})"
+
+
+def seeds_value(data: dict[str, Any], units: dict[int, dict[str, Any]]) -> str:
+    """An arm's test metric over its seeds: the one value, or the mean ± sd and the seeds' count;
+    a collapse (rule C) at any seed named, and a seed judged as the untrained model (``leadline
+    run`` kept no adapter) named."""
+    vals = {k: (u.get("verdict") or {}).get((u.get("verdict") or {}).get("metric", "")) for k, u in units.items()}
+    got = [x for x in vals.values() if isinstance(x, (int, float))]
+    if not got:
+        return "–"
+    if len(got) == 1:
+        cell = f"{got[0]:.4f}"
+    else:
+        mean = sum(got) / len(got)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in got) / (len(got) - 1))
+        cell = f"{mean:.4f} ± {sd:.4f} ({len(got)} seeds, {min(got):.4f}..{max(got):.4f})"
+    fell = [k for k, u in units.items() if collapsed(data, u.get("verdict") or {})]
+    if fell:
+        cell += " (collapse" + ("" if len(units) == 1 else " at seed " + ", ".join(map(str, fell))) + ")"
+    kept_none = [k for k, u in units.items() if u.get("judged_as") == "untrained"]
+    if kept_none:
+        cell += " (no adapter kept, judged untrained: seed " + ", ".join(map(str, kept_none)) + ")"
+    return cell
 
 
 def same_precision(*units: dict[str, Any]) -> bool:
@@ -1171,13 +1557,15 @@ def same_precision(*units: dict[str, Any]) -> bool:
 
 
 def boards_table(paths: list[Path]) -> str:
-    """One row a board (task x regime): each arm's test metric, then the default arm ``leadline``
-    against the recipe and against schedule-free at its defaults (rules W and L: McNemar on
-    accuracy, paired t on row CE, p < 0.05; C: a collapse), and leadline's cost as a ratio of the
-    recipe's (each arm's processes' wall seconds, the model's loads included, in the same call)."""
+    """One row a board (task x regime): each arm's test metric (over its seeds where it ran
+    several), then the default arm ``leadline`` against the recipe and against schedule-free at its
+    defaults decided on the seeds together (rule P; one seed: rules W and L) and C (a collapse at
+    any seed), the rows each of the three trained on, leadline's cost as a ratio of the recipe's
+    where both were timed alone, and the A/A control."""
     head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
-            "| leadline's cost / recipe's | A/A: schedulefree twice | the board's command |")
-    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 7)]
+            "| rows trained: recipe / schedulefree / leadline | leadline's cost / recipe's "
+            "| A/A: schedulefree twice | the board's command |")
+    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 8)]
     tally = Counter()
     mixed: list[str] = []  # boards whose arms trained or were judged at another precision than float32
     for path in paths:
@@ -1189,32 +1577,21 @@ def boards_table(paths: list[Path]) -> str:
             mixed.append(board_name(data))
         kind, gold = data["kind"], data.get("gold", [])
         metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
-        cells = []
-        for name in BOARD_ARMS:
-            a = arms.get(name)
-            v = (a or {}).get("verdict") or {}
-            if not v:
-                cells.append("–")
-                continue
-            cell = f"{v[v['metric']]:.4f}" + (" (collapse)" if collapsed(data, v) else "")
-            cells.append(cell)
+        cells = [seeds_value(data, seed_units(data["units"], name)) for name in BOARD_ARMS]
         lead = arms.get("leadline")
         words = []
         for other in ("recipe", "schedulefree"):
-            c = compare(kind, lead, arms[other], gold) if lead and other in arms else None
-            word = "–" if c is None else outcome(c).rsplit(", ", 1)[-1].rstrip(")")
-            tally[(other, word)] += 1
-            words.append(word if c is None else f"{word} (p {'< 0.0001' if c['p'] < 1e-4 else format(c['p'], '.2g')})")
+            c = compare_seeds(kind, seed_units(data["units"], "leadline"), seed_units(data["units"], other), gold)
+            tally[(other, c["word"] if c else "–")] += 1
+            words.append(seeds_cell(c))
+        trained = " / ".join(rows_trained(arms.get(n)) for n in ("recipe", "schedulefree", "leadline"))
         ratio = cost_ratio(lead, arms.get("recipe"))
-        aa = compare(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold) if (
-            "schedulefree_again" in arms and "schedulefree" in arms
-            and same_precision(arms["schedulefree_again"], arms["schedulefree"])) else None
-        control = "–" if aa is None else f"{aa['diff']:+.4f} (p {'< 0.0001' if aa['p'] < 1e-4 else format(aa['p'], '.2g')})"
+        control = aa_cell(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold)
         regime = data.get("regime") or "lora"
         made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
             f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
         lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells)
-                     + f" | {words[0]} | {words[1]} | {ratio} | {control} | {made} |")
+                     + f" | {words[0]} | {words[1]} | {trained} | {ratio} | {control} | {made} |")
     lines.append("")
     if mixed:
         which = "every board above" if len(mixed) == len(lines) - 3 else ", ".join(mixed)  # the header, the rule, ""
@@ -1227,6 +1604,9 @@ def boards_table(paths: list[Path]) -> str:
     lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                  + "; against schedule-free at its defaults: "
                  + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")
+    lines.append("")
+    lines.append("A win or loss: " + RULES["P"] + ". Rows trained: " + RULES["T"] + ". The A/A control: "
+                 + RULES["AA"] + ".")
     return "\n".join(lines)
 
 
@@ -1333,7 +1713,8 @@ def table_of(data: dict[str, Any], path: Path) -> str:
     gold = data.get("gold", [])
     on = f", the card held to {data['card_gb']:g} GB" if data.get("card_gb") else ""
     on += f", seed {data['seed']}" if data.get("seed") else ""
-    lines += [f"**{data['task']}**{on} ({data['train_rows']:,} rows given to every arm, of which 80% are trained on; "
+    lines += [f"**{data['task']}**{on} ({data['train_rows']:,} rows given to every arm, each trains on what its unit "
+              "records; "
               f"{data['test_rows']:,} test rows; {metric}"
               f"{', higher is better' if kind == 'classify' else ', lower is better'}; `{_shown(path)}`)", "",
               "| arm | " + metric + " | against the recipe | against the swept optimum | leadline_full against it "
@@ -1639,6 +2020,28 @@ def write_readme(readme: Path, text: str) -> None:
 
 
 # ---- main ---------------------------------------------------------------------------------
+SEEDED_ARMS = ("leadline", "schedulefree", "recipe")
+"""The arms ``--seeds K`` runs at K seeds: the default command, schedule-free at its defaults, and
+the recipe, so that each seed's comparison pairs two runs of that seed (rule P)."""
+
+
+def with_seeds(names: list[str], seeds: int) -> list[str]:
+    """The arms to run with each seeded arm's units at seeds 1..K-1 after it (seed 0 is the plain unit).
+
+    Examples:
+        >>> with_seeds(["recipe", "prodigy", "leadline"], 3)
+        ['recipe', 'recipe_seed1', 'recipe_seed2', 'prodigy', 'leadline', 'leadline_seed1', 'leadline_seed2']
+        >>> with_seeds(["leadline"], 1)
+        ['leadline']
+    """
+    out: list[str] = []
+    for name in names:
+        out.append(name)
+        if name in SEEDED_ARMS:
+            out += [f"{name}_seed{k}" for k in range(1, seeds)]
+    return out
+
+
 def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> None:
     """Each named arm in turn, or ``parallel`` of them side by side (threads that each wait on the
     arm's own processes; the judge and the board's file take one arm at a time). The sweep and
@@ -1661,6 +2064,11 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
              "leadline_full_half_ending": lambda: arms.ending_variant("leadline_full", "leadline_full_half_ending",
                                                                       ["--ending-share", "0.5"]),
              "pichak_full": lambda: arms.pichak("full")}
+    for name in names:  # <arm>_seed<k>: the seeded arm's unit at seed k
+        base = re.sub(r"_seed\d+$", "", name)
+        if base != name and base in SEEDED_ARMS:
+            table[name] = {"leadline": lambda u=name: arms.leadline_default(u), "recipe": lambda u=name: arms.recipe(u),
+                           "schedulefree": lambda u=name: arms.optimizer_arm(u)}[base]
     unknown = [n for n in names if n not in table]
     if unknown:
         raise SystemExit(f"--arms {','.join(unknown)}: not an arm; pass some of {', '.join(table)}")
@@ -1669,7 +2077,7 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
         if arms.out_of_time():
             log(f"{name} not started: --stop-after reached; rerun the same command to go on")
             return
-        if name not in ("sweep", "optuna") and not arms.fits(name):  # those two check each of their runs
+        if name not in ("sweep", "optuna") and not arms.fits(re.sub(r"_seed\d+$", "", name)):  # those two check each run
             return  # a shorter arm after it may still fit
         log("arm", name)
         try:
@@ -1728,6 +2136,9 @@ def main(argv: list[str] | None = None) -> int:
                     "--card-gb, else the whole step at once)")
     ap.add_argument("--rerun", default="", help="arms whose recorded units are dropped and run again (after a "
                     "change to leadline, say), comma-separated; sweep and optuna drop all their units")
+    ap.add_argument("--refresh", default="", help="arms whose units recorded no train_rows (trained on leadline's "
+                    "split, before every comparison arm trained on every row) run again, comma-separated; units "
+                    "that record it stay, so the same command resumes")
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
@@ -1738,7 +2149,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--readme", help="with --table: write the one-row-a-task summary into this file between the "
                     "scoreboard markers")
     ap.add_argument("--results", help="with --table: write the full tables into this file between the markers")
+    ap.add_argument("--seeds", type=int, default=1, metavar="K",
+                    help=f"the seeded arms ({', '.join(SEEDED_ARMS)}) run at seeds 0..K-1: seed 0 is the plain unit, "
+                    "seed k the unit <arm>_seed<k> beside it; the table decides their comparisons on the seeds "
+                    "together (rule P)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--lr", type=float, default=2e-4, help=argparse.SUPPRESS)
+    ap.add_argument("--rows-per-step", type=int, default=16, help=argparse.SUPPRESS)
+    ap.add_argument("--warmup-ratio", type=float, default=0.03, help=argparse.SUPPRESS)
+    ap.add_argument("--validation", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -1746,6 +2165,8 @@ def main(argv: list[str] | None = None) -> int:
         args.arms = ",".join(QUICK_BOARD)
     if args.alone and args.parallel != 1:
         ap.error("--alone times each arm by itself; leave --parallel out or pass --parallel 1")
+    if args.seeds > 1 and args.seed != 0:
+        ap.error("--seeds K runs the seeded arms at seeds 0..K-1 in one board; leave --seed out")
     if args.recipe_micro_batch is None and args.card_gb > 0:
         args.recipe_micro_batch = 4
     if args.worker:
@@ -1754,6 +2175,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.worker == "lr_find":
             worker_lr_find(args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
                            16 if args.smoke else None, args.seed, args.regime)
+        elif args.worker == "recipe":
+            worker_recipe(args.model, args.train, Path(args.worker_out), args.lr, args.rows_per_step, args.warmup_ratio,
+                          args.recipe_micro_batch, 2 if args.smoke else None, args.seed, args.regime, args.validation)
         else:
             worker_optimizer(args.worker, args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
                              2 if args.smoke else None, args.seed, args.regime)
@@ -1792,13 +2216,13 @@ def main(argv: list[str] | None = None) -> int:
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
-    board.rerun = drop_units(board.data, args.rerun)
+    board.rerun = drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
     board.save()
     judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)
     arms.untrained()
     holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card
-    run_arms(arms, board, args.arms.split(","), args.parallel)
+    run_arms(arms, board, with_seeds(args.arms.split(","), args.seeds), args.parallel)
     if holder is not None:
         holder.stdin.close()
         holder.wait(timeout=30)

@@ -242,11 +242,13 @@ def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
     the test's time), all but the first, which stays a real process so that path is run too.
     Returns the argument lists that ran in this process."""
     import contextlib
+    import threading
     import time
 
     from leadline.cli import main
 
     real, here = sb.proc, []
+    one_at_a_time = threading.Lock()  # redirect_stdout is the process's: two runs in threads would swap their logs
 
     def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:
         if args[:2] != ["-m", "leadline"] or not getattr(proc, "forked", False):
@@ -254,7 +256,7 @@ def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
             return real(args, log_path, timeout)
         here.append(args)
         t = time.perf_counter()
-        with log_path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        with one_at_a_time, log_path.open("w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
             try:
                 rc: Any = main(args[2:])
             except SystemExit as e:
@@ -289,7 +291,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     out = tmp_path / "board.json"
     argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
             "--work", str(tmp_path / "work"), "--smoke", "--timeout", "600"]
-    assert sb.main([*argv, "--arms", ",".join(arms), "--parallel", "2"]) == 0
+    assert sb.main([*argv, "--arms", ",".join(arms), "--parallel", "2", "--seeds", "3"]) == 0
     board = json.loads(out.read_text())
     units = board["units"]
     assert board["regime"] == "lora" and board["sweep_rates"] == [sb.SWEEP_RATES[0], sb.SWEEP_RATES[7]]
@@ -306,13 +308,28 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
         if name in arms:
             assert units[name]["run"]["optimizer"] == name and units[name]["run"]["steps"] == 2
     if "schedulefree_again" in arms:  # the A/A control: on the CPU two runs of one method are one run
-        assert units["schedulefree_again"]["run"]["test_loss_after"] == units["schedulefree"]["run"]["test_loss_after"]
+        assert units["schedulefree_again"]["run"]["final_train_loss"] == units["schedulefree"]["run"]["final_train_loss"]
     text = sb.boards_table([out])
-    assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} \|", text)
-    if "schedulefree_again" in arms:
-        assert re.search(r"\| \+0\.0000 \(p 1\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
+    # the recipe at three seeds: their mean, spread and range
+    assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} ± \d\.\d{4} \(3 seeds, [01]\.\d{4}\.\.[01]\.\d{4}\)", text)
+    if "schedulefree_again" in arms:  # run beside the other arms (--parallel 2): on the CPU the same answers
+        assert re.search(r"\| identical \(beside other processes\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
+    # every comparison arm trained on every row given; a search on all but its 10% to pick by
+    assert units["recipe"]["train_rows"] == 48 and units["sweep_0"]["train_rows"] == 48 - 5
+    assert units["sweep_0"]["run"]["validation_rows"] == 5 and units["sweep_0"]["unseen_loss_from"] == "validation_loss"
+    assert units["recipe"]["unseen_loss"] is None and units["recipe"]["run"]["validation_loss"] is None
+    for name in ("schedulefree", "schedulefree_algoperf", "prodigy"):
+        if name in arms:
+            assert units[name]["train_rows"] == 48 and units[name]["seed"] == 0, name
+    assert units["leadline"]["exit_status"] == 0 and units["leadline"]["seed"] == 0
+    for k in (1, 2):  # --seeds 3: the seeded arms at seeds 1 and 2 beside seed 0's plain unit
+        for name in ("recipe", "leadline", *(["schedulefree"] if "schedulefree" in arms else [])):
+            unit = units[f"{name}_seed{k}"]
+            assert unit["seed"] == k and unit["verdict"]["metric"] == "accuracy", (name, k)
+            assert unit["train"]["argv"][unit["train"]["argv"].index("--seed") + 1] == str(k), (name, k)
+    assert "3 seeds" in text.splitlines()[2]
     before = {k: v.get("train_seconds") for k, v in units.items()}
-    assert sb.main([*argv, "--arms", ",".join(arms)]) == 0  # resumes: every unit is there, none runs again
+    assert sb.main([*argv, "--arms", ",".join(arms), "--seeds", "3"]) == 0  # resumes: every unit is there, none runs
     again = json.loads(out.read_text())
     assert {k: v.get("train_seconds") for k, v in again["units"].items()} == before
     assert len(again["invocations"]) == 2
@@ -357,6 +374,17 @@ def test_rerun_sets_a_several_unit_arm_aside_at_once_and_a_one_unit_arm_when_its
     assert not board.has("leadline_full") and board.has("recipe")  # runs again, though recorded
     board.put("leadline_full", {"b": 3})
     assert board.data["units"]["leadline_full"] == {"b": 3} and board.data["superseded"] == {"leadline_full": {"b": 2}}
+
+
+def test_refresh_reruns_only_the_units_that_trained_on_leadlines_split_so_a_resumed_call_keeps_new_ones(sb):
+    data = {"units": {"recipe": {"a": 1}, "recipe_seed1": {"train_rows": 100}, "leadline": {"train_rows": None},
+                      "schedulefree": {"b": 2}, "sweep_0": {"train_rows": 90}, "sweep_1": {}, "prodigy": {}}}
+    stale = sb.drop_stale(data, "recipe,leadline,schedulefree,sweep")
+    assert stale == {"recipe", "schedulefree"}  # leadline's unit records its rows (None: not in its run.json)
+    assert sorted(data["superseded"]) == ["sweep_0", "sweep_1"]  # a search is set aside whole
+    assert "prodigy" in data["units"] and "recipe_seed1" in data["units"]
+    data["units"].update(recipe={"train_rows": 100}, schedulefree={"train_rows": 100})
+    assert sb.drop_stale(data, "recipe,leadline,schedulefree,sweep") == frozenset()  # the same command resumes
 
 
 def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_path):
@@ -591,14 +619,15 @@ def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_thre
     from leadline.corpus.splits import split_rows
     from leadline.hf.task import MAX_HELD_OUT_ROWS
 
-    for n in (1000, 2000, 3001, 5000):
+    for n in (1000, 2000, 3001, 5000):  # leadline run holds out its decisions' rows and takes no test split
         held = min(round(0.1 * n), MAX_HELD_OUT_ROWS)
-        assert sb.trained_rows(n) == len(split_rows(n, held_out=held, test=round(0.1 * n)).train), n
+        assert sb.trained_rows(n) == len(split_rows(n, held_out=held, test=0).train), n
+    assert sb.trained_rows(4000) == 4000 - 256 and sb.trained_rows(1000) == 900
     task = {"name": "t", "kind": "classify", "labels": ["a"], "test": [],
             "train": [{"prompt": f"p{i}", "completion": " a"} for i in range(1000)]}
     args = argparse.Namespace(work=str(tmp_path), model="m", seed=0, smoke=False, regime="long")
     arms = sb.Arms(args, task, sb.Board(tmp_path / "b.json", task, []), judge=None)
-    assert arms.short == ["--steps", str(3 * 800 // 16)] and arms.length == ["--epochs", "3"]
+    assert arms.short == ["--steps", str(3 * 900 // 16)] and arms.length == ["--epochs", "3"]
     assert "--lora-rank" in arms.common and "--full" not in arms.common
     args.regime = "full"
     full = sb.Arms(args, task, sb.Board(tmp_path / "c.json", task, []), judge=None)
@@ -651,7 +680,8 @@ def test_every_arm_trains_and_is_judged_in_the_precision_the_command_line_trains
 def test_a_cost_ratio_is_quoted_only_where_the_two_arms_were_timed_alike(sb):
     lead, recipe = {"cost": 30.0}, {"cost": 25.0}
     assert sb.cost_ratio({**lead, "timed_alone": True}, {**recipe, "timed_alone": True}) == "1.20x (alone)"
-    assert sb.cost_ratio({**lead, "invocation": 2}, {**recipe, "invocation": 2}) == "1.20x"  # side by side, one call
-    assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"  # two calls' sharing
+    # side by side in one call: each one's seconds measured the sharing, not its run
+    assert sb.cost_ratio({**lead, "invocation": 2}, {**recipe, "invocation": 2}) == "–"
+    assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"
     assert sb.cost_ratio({**lead, "timed_alone": True}, recipe) == "–"
     assert sb.cost_ratio(lead, None) == "–"
