@@ -484,6 +484,19 @@ def _check_one_row_fits(args: argparse.Namespace, model: Any, positions: int, le
                      "--quantile 0.99")
 
 
+def data_notes_of(args: argparse.Namespace, model: Any, tok: Any) -> list[str]:
+    """What training changes in ``--data``'s rows (:func:`leadline.corpus.data_notes`): the rows
+    profiled as the run reads them (its tokenizer, ``--field``, ``--seq-len`` or ``--quantile``, the
+    model's positions)."""
+    from leadline.corpus import data_notes, profile_corpus
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    profile = profile_corpus(args.data, tok, seq_len=getattr(args, "seq_len", None),
+                             quantile=getattr(args, "quantile", None), fields=fields_of(args) or None,
+                             positions=positions if isinstance(positions, int) else None)
+    return data_notes(profile)
+
+
 def resolve_html(html: str | bool | None, folder: Path) -> Path | None:
     """``--html``: a path as given, or (given bare) ``report.html`` in the output folder."""
     if html is None or html is False:

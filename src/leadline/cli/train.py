@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
                               schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
                               ending=ending_of(args), ending_share=args.ending_share,
                               average_ending=args.average_ending)
+    print_data_notes("train", res.get("data_notes") or [])
     print_run(res, args.out)
     return 0
 
@@ -224,11 +225,26 @@ def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
         print("\n".join(ending_lines(ending)))  # the losses read, and why the kept one was kept
     elif ending.get("why"):
         print(f"ending: {ending['kept']} ({ending['why']})")
-    if "test_loss_after" in res:
-        b, a = res["test_loss_before"], res["test_loss_after"]
-        print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, "
-              f"{a['mean']:.4f} ± {a['se']:.4f} after")
+    print_test_loss(res)
     print(f"saved to {out}")
+
+
+def print_test_loss(res: dict[str, Any]) -> None:
+    """The test rows' loss before and after the run (after alone where no read before was kept)."""
+    a, b = res.get("test_loss_after"), res.get("test_loss_before")
+    if a is None:
+        return
+    after = f"{a['mean']:.4f} ± {a['se']:.4f} after"
+    before = f"{b['mean']:.4f} ± {b['se']:.4f} before, " if b is not None else ""
+    print(f"test loss on {res['test_rows']} rows no decision used: {before}{after}")
+
+
+def print_data_notes(command: str, notes: list[str]) -> None:
+    """What leadline changed in the user's rows, one ``leadline COMMAND: note: ...`` line each on stderr."""
+    import sys
+
+    for note in notes:
+        print(f"leadline {command}: note: {note}", file=sys.stderr)
 
 
 def _state_of(args: argparse.Namespace) -> str | None:
