@@ -78,6 +78,7 @@ class CorpusProfile:
     length_bins: list[dict[str, int]] = field(default_factory=list)
     scored_bins: list[dict[str, int]] = field(default_factory=list)
     longest_where: str = ""  # the longest row's file and line (or rows[i])
+    positions: int | None = None  # the model's positions, where given
     changes: list[str] = field(default_factory=list)  # what training does to the rows, one sentence each
 
     @property
@@ -379,7 +380,7 @@ def profile_corpus(
     if not lengths:
         raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
     profile = _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0, positions)
-    profile.longest_where = hist.longest[1]
+    profile.longest_where, profile.positions = hist.longest[1], positions
     profile.changes = changes_of(profile)
     return profile
 
@@ -404,8 +405,9 @@ def changes_of(profile: CorpusProfile) -> list[str]:
     p = profile
     if p.truncated_rows:
         where = f" ({p.longest_where})" if p.longest_where else ""
+        at_positions = p.seq_len_rule == "positions" or (p.positions is not None and p.seq_len >= p.positions)
         length = f"seq_len {f(p.seq_len)}"
-        if p.seq_len_rule == "positions":
+        if at_positions:
             length = f"{f(p.seq_len)}, the model's positions"
         elif p.seq_len_rule == "quantile" and p.quantile is not None:
             length += f" (the {p.quantile:g} quantile of row lengths)"
@@ -413,7 +415,7 @@ def changes_of(profile: CorpusProfile) -> list[str]:
                 f"({p.truncated_scored_share:.2%} of the scored tokens) are not trained on")
         them = "it" if p.truncated_rows == 1 else "them"
         fix = (f"the model reads no more, so split or shorten {them} to keep {them} whole"
-               if p.seq_len_rule == "positions" else f"pass --seq-len {f(p.longest)} to keep {them} whole")
+               if at_positions else f"a seq_len of {f(p.longest)} (--seq-len) keeps {them} whole")
         if p.truncated_rows == 1:
             notes.append(f"1 row of {p.source}{where} has {f(p.longest)} tokens and is cut to {length}: {lost}; {fix}")
         else:
