@@ -116,3 +116,54 @@ def test_rows_left_with_nothing_to_score_are_said():
     assert any("1 row of the rows given has nothing left to score at seq_len 8" in n and "left out of training" in n
                for n in notes)
     assert data_notes(profile_corpus(rows[:6])) == []
+
+
+def _readme_block() -> tuple[str, str]:
+    """The README's "Using what the run wrote" block, as its two halves: the folder's line, the GGUF's."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, flags=re.S) if "AutoPeftModelForCausalLM" in b)
+    imports, folder, gguf = block.split("\n\n")
+    return f"{imports}\n{folder}", f"{imports}\n{gguf}"
+
+
+def test_the_readme_loads_an_adapter_on_a_folder_and_on_a_gguf(derived_then_trained, model_dir, tmp_path,
+                                                                monkeypatch):
+    """Both ways the README gives, run as written with only the paths swapped: AutoPeft on a run
+    whose base was a folder; the GGUF loaded with gguf_file= and PeftModel on it for a run whose
+    base was a .gguf (AutoPeft cannot read one)."""
+    pytest.importorskip("gguf")
+    import torch
+
+    from tiny_gguf import save_gguf
+
+    d, _ = derived_then_trained
+    folder_run = d / "readme-run"
+    assert main(["train", *_args(model_dir), "--plan", str(d / "plan"), "--out", str(folder_run)]) == 0
+    (tmp_path / "models").mkdir()
+    gguf = save_gguf(tmp_path / "models" / "smol.gguf")
+    gguf_run = tmp_path / "gguf-run"
+    assert main(["run", *_args(gguf), "--steps", "2", "--out", str(gguf_run)]) == 0
+    assert json.loads((gguf_run / "adapter_config.json").read_text())["base_model_name_or_path"] == str(gguf)
+
+    first, second = _readme_block()
+    monkeypatch.chdir(tmp_path)  # "models/" is here, as the README's line has it
+    scope: dict = {}
+    exec(compile(first.replace('"run/"', repr(str(folder_run))), "README.md (folder)", "exec"), scope)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    assert scope["model"](input_ids=ids).logits.shape[:2] == (1, 4)
+    exec(compile(second.replace('"run/"', repr(str(gguf_run))), "README.md (gguf)", "exec"), scope)
+    model, base = scope["model"], scope["base"]
+    with torch.no_grad():
+        tuned = model(input_ids=ids).logits
+        with model.disable_adapter():
+            plain = model(input_ids=ids).logits
+    assert not torch.allclose(tuned, plain)  # the trained adapter is on the base
+
+    from peft import AutoPeftModelForCausalLM
+
+    with pytest.raises(Exception):  # why the README loads a GGUF's base by hand
+        AutoPeftModelForCausalLM.from_pretrained(gguf_run)
+    assert base is not None
