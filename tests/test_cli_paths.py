@@ -161,9 +161,4 @@ def test_the_readme_loads_an_adapter_on_a_folder_and_on_a_gguf(derived_then_trai
         with model.disable_adapter():
             plain = model(input_ids=ids).logits
     assert not torch.allclose(tuned, plain)  # the trained adapter is on the base
-
-    from peft import AutoPeftModelForCausalLM
-
-    with pytest.raises(Exception):  # why the README loads a GGUF's base by hand
-        AutoPeftModelForCausalLM.from_pretrained(gguf_run)
-    assert base is not None
+    assert base.config.model_type == "llama"

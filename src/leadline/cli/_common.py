@@ -497,6 +497,50 @@ def data_notes_of(args: argparse.Namespace, model: Any, tok: Any) -> list[str]:
     return data_notes(profile)
 
 
+@dataclass
+class OutFolder:
+    """An output folder as it was before a command ran, so a command that fails or is interrupted
+    takes back what it made: the folder (and the parents it made) where it was not there, or what
+    it wrote into a folder that was empty. A folder that held files is left as it is (what the
+    commands write there is written atomically; anything new in it may be another program's)."""
+
+    path: Path | None = None
+    made: Path | None = None  # the highest folder that did not exist: removed whole
+    had: frozenset[str] = frozenset()  # the entries the folder held before
+
+    @classmethod
+    def before(cls, given: str | os.PathLike[str] | None) -> OutFolder:
+        if given is None:
+            return cls()
+        p = Path(given).absolute()
+        if p.suffix.lower() == ".json" and not p.is_dir():  # derive's old spelling: a file, written atomically
+            return cls()
+        if p.is_dir():
+            return cls(p, None, frozenset(e.name for e in p.iterdir()))
+        if p.exists() or p.is_symlink():
+            return cls()
+        made = p
+        while not made.parent.exists() and made.parent != made:
+            made = made.parent
+        return cls(p, made)
+
+    def take_back(self) -> None:
+        """Remove what the command made under the folder; what was there before stays."""
+        import shutil
+
+        if self.made is not None:
+            if self.made.is_dir() and not self.made.is_symlink():
+                shutil.rmtree(self.made, ignore_errors=True)
+            return
+        if self.path is None or self.had or not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
 def resolve_html(html: str | bool | None, folder: Path) -> Path | None:
     """``--html``: a path as given, or (given bare) ``report.html`` in the output folder."""
     if html is None or html is False:
