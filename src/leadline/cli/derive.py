@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
             state.is_dir() and not state.is_symlink() and (state / "state.json").exists()):
         raise InputError(f"--out {args.out}: the folder for its state, {state}, exists and is not one leadline derive "
                          "wrote; move it or pass --no-state")
+    if args.no_state and args.effort != "full":
+        raise InputError(f"--no-state keeps no look-ahead branch beside the plan, and --effort {args.effort} keeps "
+                         "none anyway (only --effort full runs the look-ahead); leave --no-state out")
     check_plan_inputs(args)
     if args.prior is not None:
         read_plan("--prior", args.prior)
