@@ -162,3 +162,38 @@ def test_the_readme_loads_an_adapter_on_a_folder_and_on_a_gguf(derived_then_trai
             plain = model(input_ids=ids).logits
     assert not torch.allclose(tuned, plain)  # the trained adapter is on the base
     assert base.config.model_type == "llama"
+
+
+def test_a_flag_that_would_change_nothing_is_refused_in_one_sentence(derived_then_trained, model_dir, tmp_path,
+                                                                     capsys):
+    """The default (race) plan trains schedule-free AdamW: no recipe, no look-ahead branch, no
+    schedule, no ending; each flag for one of them is one sentence naming it, exit 2, nothing written."""
+    d, _ = derived_then_trained
+    train = ["train", *_args(model_dir), "--plan", str(d / "plan"), "--out", str(tmp_path / "run")]
+    cases = [
+        ([*train, "--lr", "1e-3"], "--lr sets the default recipe's run, and without --recipe"),
+        ([*train, "--batch", "4"], "--batch sets the default recipe's run"),  # the flag as typed
+        ([*train, "--micro-batch", "2"], "--micro-batch sets the default recipe's run"),
+        ([*train, "--no-schedule"], "--no-schedule trains without the LookaheadSchedule, and the plan"),
+        ([*train, "--fresh"], "--fresh chooses whether the run continues from derive's look-ahead branch"),
+        ([*train, "--recipe", "--state", str(d)], "--recipe trains the default recipe from the model's weights"),
+        ([*train, "--ending", "to-zero"], "it has no ending to set; leave --ending out"),
+        ([*train, "--average-ending"], "it has no ending to set; leave --average-ending out"),
+        (["derive", *_args(model_dir), "--no-state", "--out", str(tmp_path / "run")],
+         "--no-state keeps no look-ahead branch beside the plan, and --effort race keeps none"),
+    ]
+    for argv, needle in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = [s for s in capsys.readouterr().err.splitlines() if s.startswith("leadline")]
+        assert len(err) == 1 and needle in err[0], (argv, err)
+        assert not (tmp_path / "run").exists()
+
+
+def test_fit_requires_the_micro_batch_under_either_spelling(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--seq-len", "8"])
+    assert e.value.code == 2 and "--micro-batch" in capsys.readouterr().err
+    from leadline.cli import build_parser
+
+    assert build_parser().parse_args(["fit", "--seq-len", "8", "--batch", "3"]).micro_batch == 3
