@@ -487,14 +487,19 @@ def _check_one_row_fits(args: argparse.Namespace, model: Any, positions: int, le
 def data_notes_of(args: argparse.Namespace, model: Any, tok: Any) -> list[str]:
     """What training changes in ``--data``'s rows (:func:`leadline.corpus.data_notes`): the rows
     profiled as the run reads them (its tokenizer, ``--field``, ``--seq-len`` or ``--quantile``, the
-    model's positions)."""
+    model's positions). The cut to the positions, where :func:`check_length` already said it
+    before the derive, is kept in ``args.notes_said`` (in the plan, not said twice)."""
     from leadline.corpus import data_notes, profile_corpus
 
     positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     profile = profile_corpus(args.data, tok, seq_len=getattr(args, "seq_len", None),
                              quantile=getattr(args, "quantile", None), fields=fields_of(args) or None,
-                             positions=positions if isinstance(positions, int) else None)
-    return data_notes(profile)
+                             positions=positions if isinstance(positions, int) else None,
+                             bad_rows="skip")  # after the derive read the rows: a note, never a refusal
+    notes = data_notes(profile)
+    if getattr(args, "length_said", False) and profile.truncated_rows and profile.seq_len_rule == "positions":
+        args.notes_said = {notes[0]}  # the cut is the first note (leadline.corpus.profile.changes_of)
+    return notes
 
 
 @dataclass

@@ -233,7 +233,7 @@ def note_plan(args: argparse.Namespace, plan: Plan, took: float, loading: float,
     plan.model["name"] = str(args.model)
     for note in [*(data_notes or []), *_warnings(args, plan, rows_noted=data_notes is not None)]:
         plan.notes.append(note)
-        if show:
+        if show and note not in getattr(args, "notes_said", ()):
             print(f"leadline {command}: note: {note}", file=sys.stderr)
 
 
