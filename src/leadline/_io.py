@@ -87,6 +87,7 @@ def save_run(model: object, out: str | os.PathLike[str], record: dict) -> Path:
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
+    absolute_base_paths(model)
     with warnings.catch_warnings(), modes_as_open(folder):  # safetensors writes its file 0600 whatever the umask
         # a base read from a .gguf file has no config.json beside it, and PEFT warns that it cannot check the
         # vocabulary: leadline never resizes it, so the warning only alarms
@@ -94,6 +95,24 @@ def save_run(model: object, out: str | os.PathLike[str], record: dict) -> Path:
         model.save_pretrained(folder)  # type: ignore[attr-defined]
     write_atomic(folder / "run.json", json.dumps(record, indent=1, default=str))
     return folder
+
+
+def absolute_base_paths(model: object) -> None:
+    """A PEFT model's ``base_model_name_or_path`` made absolute where it names a folder or file on
+    this machine given by a relative path, so ``AutoPeftModelForCausalLM.from_pretrained(run_dir)``
+    finds the base from any working directory (a hub id, which names no local path, is left as it is).
+
+    Examples:
+        >>> import types
+        >>> cfg = types.SimpleNamespace(base_model_name_or_path=".")
+        >>> absolute_base_paths(types.SimpleNamespace(peft_config={"default": cfg}))
+        >>> cfg.base_model_name_or_path == os.getcwd()
+        True
+    """
+    for cfg in (getattr(model, "peft_config", None) or {}).values():
+        base = getattr(cfg, "base_model_name_or_path", None)
+        if isinstance(base, str) and base and not os.path.isabs(base) and os.path.exists(base):
+            cfg.base_model_name_or_path = os.path.abspath(base)
 
 
 def file_mode(path: Path) -> int:

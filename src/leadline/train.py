@@ -144,7 +144,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     if average_ending and not races_inside(plan):
         raise InputError("average_ending races the averaged weights inside a quick plan's race(), and this plan runs "
                          "the LookaheadSchedule; derive it with effort='quick', or leave average_ending out")
-    task = _task(model, tokenizer, data, plan)
+    task, profile = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
     betas = tuple(plan.get("betas") or (0.9, 0.999))
@@ -163,10 +163,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                                          schedule=schedule and not racing, linear=linear, racing=racing,
                                          ending=ending, ending_steps=ending_steps)
     taken = (run_state.steps, run_state.lr) if run_state is not None else None
-    test = (task.split.reader(model, task.rows, "test", device=task.device, pad_id=task.pad_id)
-            if task.split.test else None)
-
-    before = test() if test else None
+    before = _test_losses(task)
     model.train()
     sched = (LookaheadSchedule(params, opt, train_step, held,
                                lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps),
@@ -185,13 +182,13 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         curve = _steps(range(start, 0 if racing else steps), opt, train_step, sched, recipe_rate, t0, on_step)
         ending = sched.finish() if sched is not None else None
     opt.zero_grad(set_to_none=True)
-    after = test() if test else None
+    after = _test_losses(task)
     result: dict[str, Any] = {
         "steps": steps, "micro_batch": int(plan.micro_batch), "grad_accum": accum,
         "seconds": time.monotonic() - t0, "curve": curve,
         "schedule": sched.evidence() if sched is not None else None, "ending": ending,
         "race": race_result.evidence() if race_result is not None else None,
-        "continued": continued, "test_rows": len(task.split.test),
+        "continued": continued, "test_rows": len(task.split.test), "data_notes": _data_notes(profile),
     }
     _add_test_verdict(result, before, after)
     if out_dir is not None:
@@ -217,6 +214,20 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
                            rows_per_step=rows, seed=seed, seq_len=plan.get("seq_len"), out_dir=out_dir,
                            on_step=on_step, fields=fields or None, rate=plan["lr"])
     return {**result.as_dict(), "seconds": result.seconds.get("run_seconds", 0.0)}
+
+
+def _test_losses(task: Any) -> list[float] | None:
+    """The test rows' losses on the model as it is now (None where the split has no test rows)."""
+    if not task.split.test:
+        return None
+    return task.split.reader(task.model, task.rows, "test", device=task.device, pad_id=task.pad_id)()
+
+
+def _data_notes(profile: Any) -> list[str]:
+    """What the run changed in the user's rows (:func:`leadline.corpus.data_notes`)."""
+    from leadline.corpus import data_notes
+
+    return data_notes(profile)
 
 
 def races_inside(plan: Plan) -> bool:
@@ -247,20 +258,21 @@ def _checked_steps(plan: Plan, total_steps: int | None) -> int:
     return steps
 
 
-def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> Any:
+def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> tuple[Any, Any]:
     """The rows split as derive() split them (the plan's seed), checked against the plan's held-out
-    rows, and read by the fields the plan names (``plan.data["fields"]``, as ``--field`` set them)."""
+    rows, and read by the fields the plan names (``plan.data["fields"]``, as ``--field`` set them);
+    with the corpus profile."""
     from leadline.hf import prepare
     from leadline.hf.task import split_sizes
 
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
-    task, _ = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed, fields=fields or None,
-                      **split_sizes(plan.held_out))
+    task, profile = prepare(model, tokenizer, data, seq_len=plan.get("seq_len"), seed=seed, fields=fields or None,
+                            **split_sizes(plan.held_out))
     if plan.held_out.get("held_out") and plan.held_out.get("held_out") != task.split.held_out:
         raise InputError("the data's split differs from the plan's held-out rows; pass the same --data the plan was "
                          "derived on")
-    return task
+    return task, profile
 
 
 def _continue(run_state: Any, sched: Any, params: list[Any], opt: Any) -> int:

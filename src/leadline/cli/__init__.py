@@ -9,9 +9,12 @@ on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 from leadline._version import __version__
 from leadline.errors import LeadlineError
@@ -66,15 +69,53 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OUT_FOLDER_COMMANDS = ("derive", "train", "run", "demo")
+"""The commands that write an ``--out`` folder: one that fails or is interrupted takes back what it
+made there."""
+
+EXIT_INTERRUPTED = 130
+"""Ctrl-C (SIGINT): 128 + 2, as a shell reports it."""
+EXIT_TERMINATED = 143
+"""SIGTERM (``timeout``, a scheduler, a container's stop): 128 + 15, as a shell reports a process
+the signal ended; the same path as Ctrl-C, so nothing half-written is left."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) while the command runs; the
+    previous handler is put back after. Outside the main thread (no signals there) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
+    from leadline.cli._common import OutFolder
+
+    out = OutFolder.before(getattr(args, "out", None) if args.command in OUT_FOLDER_COMMANDS else None)
     try:
-        return int(importlib.import_module(args._run).run(args) or 0)
+        with _sigterm_as_interrupt():
+            return int(importlib.import_module(args._run).run(args) or 0)
     except LeadlineError as e:
+        out.take_back()
         print(f"leadline {args.command}: {e}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError, OSError) as e:
@@ -82,13 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not is_oom(e):
             raise
+        out.take_back()
         print(f"leadline {args.command}: the machine ran out of memory ({_first_line(e)}); "
               f"{OUT_OF_MEMORY_FIX.get(args.command, 'free memory or choose a smaller shape')}; "
               "nothing half-written was kept.", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"leadline {args.command}: interrupted; nothing half-written was kept.", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        out.take_back()
+        how = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted"
+        print(f"leadline {args.command}: {how}; nothing half-written was kept.", file=sys.stderr)
+        return EXIT_TERMINATED if isinstance(e, Terminated) else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -484,6 +484,68 @@ def _check_one_row_fits(args: argparse.Namespace, model: Any, positions: int, le
                      "--quantile 0.99")
 
 
+def data_notes_of(args: argparse.Namespace, model: Any, tok: Any) -> list[str]:
+    """What training changes in ``--data``'s rows (:func:`leadline.corpus.data_notes`): the rows
+    profiled as the run reads them (its tokenizer, ``--field``, ``--seq-len`` or ``--quantile``, the
+    model's positions). The cut to the positions, where :func:`check_length` already said it
+    before the derive, is kept in ``args.notes_said`` (in the plan, not said twice)."""
+    from leadline.corpus import data_notes, profile_corpus
+
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    profile = profile_corpus(args.data, tok, seq_len=getattr(args, "seq_len", None),
+                             quantile=getattr(args, "quantile", None), fields=fields_of(args) or None,
+                             positions=positions if isinstance(positions, int) else None,
+                             bad_rows="skip")  # after the derive read the rows: a note, never a refusal
+    notes = data_notes(profile)
+    if getattr(args, "length_said", False) and profile.truncated_rows and profile.seq_len_rule == "positions":
+        args.notes_said = {notes[0]}  # the cut is the first note (leadline.corpus.profile.changes_of)
+    return notes
+
+
+@dataclass
+class OutFolder:
+    """An output folder as it was before a command ran, so a command that fails or is interrupted
+    takes back what it made: the folder (and the parents it made) where it was not there, or what
+    it wrote into a folder that was empty. A folder that held files is left as it is (what the
+    commands write there is written atomically; anything new in it may be another program's)."""
+
+    path: Path | None = None
+    made: Path | None = None  # the highest folder that did not exist: removed whole
+    had: frozenset[str] = frozenset()  # the entries the folder held before
+
+    @classmethod
+    def before(cls, given: str | os.PathLike[str] | None) -> OutFolder:
+        if given is None:
+            return cls()
+        p = Path(given).absolute()
+        if p.suffix.lower() == ".json" and not p.is_dir():  # derive's old spelling: a file, written atomically
+            return cls()
+        if p.is_dir():
+            return cls(p, None, frozenset(e.name for e in p.iterdir()))
+        if p.exists() or p.is_symlink():
+            return cls()
+        made = p
+        while not made.parent.exists() and made.parent != made:
+            made = made.parent
+        return cls(p, made)
+
+    def take_back(self) -> None:
+        """Remove what the command made under the folder; what was there before stays."""
+        import shutil
+
+        if self.made is not None:
+            if self.made.is_dir() and not self.made.is_symlink():
+                shutil.rmtree(self.made, ignore_errors=True)
+            return
+        if self.path is None or self.had or not self.path.is_dir():
+            return
+        for entry in self.path.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
 def resolve_html(html: str | bool | None, folder: Path) -> Path | None:
     """``--html``: a path as given, or (given bare) ``report.html`` in the output folder."""
     if html is None or html is False:

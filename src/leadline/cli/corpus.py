@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(profile.describe())
     sys.stdout.flush()
+    from leadline.corpus import data_notes
+
+    for note in data_notes(profile):  # what a run at this length changes in the rows
+        print(f"leadline corpus: note: {note}", file=sys.stderr)
     return 0
 
 

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_arguments
+from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_arguments, data_notes_of
 from leadline.plan import Plan
 
 if TYPE_CHECKING:
@@ -114,6 +114,9 @@ def run(args: argparse.Namespace) -> int:
             state.is_dir() and not state.is_symlink() and (state / "state.json").exists()):
         raise InputError(f"--out {args.out}: the folder for its state, {state}, exists and is not one leadline derive "
                          "wrote; move it or pass --no-state")
+    if args.no_state and args.effort != "full":
+        raise InputError(f"--no-state keeps no look-ahead branch beside the plan, and --effort {args.effort} keeps "
+                         "none anyway (only --effort full runs the look-ahead); leave --no-state out")
     check_plan_inputs(args)
     if args.prior is not None:
         read_plan("--prior", args.prior)
@@ -197,12 +200,14 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
                                  seq_len=args.seq_len, fields=fields_of(args) or None, train=False)
         else:
             plan = derive_plan(args, model, tok, bar)
-        return _write(args, out, main, plan, time.perf_counter() - t0, t0 - t_load, kept)
+        took = time.perf_counter() - t0
+        notes = data_notes_of(args, model, tok) if main else []
+        return _write(args, out, main, plan, took, t0 - t_load, kept, notes)
 
 
 def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: float, loading: float,
-           kept: StateKeeper | None) -> int:
-    note_plan(args, plan, took, loading, show=main)
+           kept: StateKeeper | None, data_notes: list[str] | None = None) -> int:
+    note_plan(args, plan, took, loading, show=main, data_notes=data_notes)
     if not main:
         return 0  # every rank holds the plan; rank 0 writes and prints it
     out.parent.mkdir(exist_ok=True)
@@ -216,17 +221,19 @@ def _write(args: argparse.Namespace, out: Path, main: bool, plan: Plan, took: fl
 
 
 def note_plan(args: argparse.Namespace, plan: Plan, took: float, loading: float, *, show: bool = True,
-              command: str = "derive") -> None:
+              command: str = "derive", data_notes: list[str] | None = None) -> None:
     """The plan's notes from the command: derive's seconds and the load's, the model's name, and
-    what the user should know (said on stderr as ``leadline COMMAND: note: ...`` where ``show``)."""
+    what the user should know (said on stderr as ``leadline COMMAND: note: ...`` where ``show``):
+    ``data_notes``, what training changes in the rows (:func:`leadline.corpus.data_notes`; None:
+    only the rows' mixed formats, read from the plan), and the plan's own warnings."""
     import sys
 
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
     plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
     plan.model["name"] = str(args.model)
-    for note in _warnings(args, plan):
+    for note in [*(data_notes or []), *_warnings(args, plan, rows_noted=data_notes is not None)]:
         plan.notes.append(note)
-        if show:
+        if show and note not in getattr(args, "notes_said", ()):
             print(f"leadline {command}: note: {note}", file=sys.stderr)
 
 
@@ -310,17 +317,18 @@ def check_trainable_plan(args: argparse.Namespace, plan: Plan) -> None:
                          "leave --average-ending out")
 
 
-def _warnings(args: argparse.Namespace, plan: Plan) -> list[str]:
-    """What the derive accepted but the user should know: rows in mixed formats, a prior
+def _warnings(args: argparse.Namespace, plan: Plan, rows_noted: bool = False) -> list[str]:
+    """What the derive accepted but the user should know: rows in mixed formats and their cut to
+    the model's positions (where the data's notes did not say it: ``rows_noted``), a prior
     derived on other data."""
     notes = []
-    formats = plan["rows"].evidence.get("formats", {}) if "rows" in plan else {}
+    formats = plan["rows"].evidence.get("formats", {}) if "rows" in plan and not rows_noted else {}
     if isinstance(formats, dict) and len(formats) > 1:
         shown = ", ".join(f"{k} {n}" for k, n in formats.items())
         notes.append(f"the rows of --data {args.data} mix formats ({shown}): each row is scored by its own format's "
                      "policy; put one format in a file if that is not what you meant")
     if "seq_len" in plan and (plan["seq_len"].evidence or {}).get("rule") == "positions" and not getattr(
-            args, "length_said", False):  # said once: before the derive where check_length said it
+            args, "length_said", False) and not rows_noted:  # said once: before the derive where check_length said it
         notes.append(f"seq_len: {plan['seq_len'].source}")
     if args.prior is not None:
         prior = Plan.from_json(args.prior)

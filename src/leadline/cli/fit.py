@@ -28,9 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
     g.add_argument("--full", action="store_true", help="a full fine-tune: every weight trained")
     p.add_argument("--seq-len", type=int, required=True, metavar="N", help="tokens per row (required)")
-    p.add_argument("--micro-batch", type=int, metavar="M", action=Spelled,
-                   help="rows a forward pass (required): the micro-batch whose step is measured")
-    add_old_spelling(p, "--batch", "micro_batch")
+    batch = p.add_mutually_exclusive_group(required=True)  # required, under either spelling
+    batch.add_argument("--micro-batch", type=int, metavar="M", action=Spelled,
+                       help="rows a forward pass (required): the micro-batch whose step is measured")
+    add_old_spelling(batch, "--batch", "micro_batch")
     p.add_argument("--data", metavar="FILE",
                    help="the training jsonl: on a GPU the step is also run through its length mix "
                    "(longest first, the full length after each), as derive's ramp confirms a batch (default: none, "

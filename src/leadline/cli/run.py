@@ -183,6 +183,9 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
 
             write_html(plan, args.html, run=res.as_dict())
     print(plan.report(long=False, path=str(out / PLAN)))
+    from leadline.cli.train import print_data_notes
+
+    print_data_notes("run", res.data_notes)
     _print_run(plan, res)
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
     if not res.improved:

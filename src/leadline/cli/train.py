@@ -11,6 +11,10 @@ if TYPE_CHECKING:
     import os
 
 
+RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
+"""The default recipe ``--recipe`` trains (its flags' defaults)."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--plan", required=True, metavar="PLAN",
@@ -30,12 +34,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="ignore --plan's numbers and train the default recipe by the same path: "
                    "AdamW at --lr, --rows-per-step rows a step, --warmup-ratio warmup, linear decay to zero (for "
                    "comparisons)")
-    p.add_argument("--lr", type=float, default=2e-4, help="with --recipe: the rate (default %(default)g)")
-    p.add_argument("--rows-per-step", type=int, default=16, metavar="N", action=Spelled,
-                   help="with --recipe: rows an optimizer step (default %(default)s)")
+    p.add_argument("--lr", type=float, help=f"with --recipe: the rate (default {RECIPE['lr']:g})")
+    p.add_argument("--rows-per-step", type=int, metavar="N", action=Spelled,
+                   help=f"with --recipe: rows an optimizer step (default {RECIPE['rows_per_step']})")
     add_old_spelling(p, "--batch", "rows_per_step")
-    p.add_argument("--warmup-ratio", type=float, default=0.03,
-                   help="with --recipe: the warmup's share of the steps (default %(default)g)")
+    p.add_argument("--warmup-ratio", type=float,
+                   help=f"with --recipe: the warmup's share of the steps (default {RECIPE['warmup_ratio']:g})")
     p.add_argument("--micro-batch", type=int, metavar="M",
                    help="with --recipe: rows a forward pass, dividing --rows-per-step (the rest accumulated; default: "
                    "the most rows, dividing --rows-per-step, that the plan's ramp measured the card holds, else "
@@ -103,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
     check_ending_share(args)
+    check_flags_have_effect(args, plan)
     missing = [n for n in ("micro_batch", "lr") if plan.get(n) is None]
     if missing and not args.recipe:  # what train_with_plan would refuse after the load
         cut = [s for s in plan.skipped if s.out_of_time]
@@ -160,8 +165,44 @@ def run(args: argparse.Namespace) -> int:
                               schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
                               ending=ending_of(args), ending_share=args.ending_share,
                               average_ending=args.average_ending)
+    print_data_notes("train", res.get("data_notes") or [])
     print_run(res, args.out)
     return 0
+
+
+def check_flags_have_effect(args: argparse.Namespace, plan: Any) -> None:
+    """A flag that would change nothing with this plan and these flags is refused, naming it and
+    the fix; with ``--recipe`` the recipe's flags left out take the recipe's defaults."""
+    from leadline.cli._common import flag_of
+    from leadline.errors import InputError
+
+    recipe_flags = [(flag_of(args, d, "--" + d.replace("_", "-")), d) for d in
+                    ("lr", "rows_per_step", "warmup_ratio", "micro_batch") if getattr(args, d, None) is not None]
+    if recipe_flags and not args.recipe:
+        flag = recipe_flags[0][0]
+        raise InputError(f"{flag} sets the default recipe's run, and without --recipe the plan's own numbers train; "
+                         f"add --recipe, or leave {flag} out")
+    if args.recipe:
+        for dest, value in RECIPE.items():
+            if getattr(args, dest, None) is None:
+                setattr(args, dest, value)
+    state_flag = "--fresh" if args.fresh else f"--state {args.state}" if args.state is not None else None
+    race_plan = plan.get("optimizer") == "schedule_free_adamw"
+    if state_flag and (args.recipe or "lookahead_horizon_steps" not in plan):
+        why = ("--recipe trains the default recipe from the model's weights" if args.recipe else
+               f"the plan {args.plan} is of the {'race' if race_plan else 'quick'} effort, which keeps no look-ahead "
+               "branch")
+        raise InputError(f"{state_flag} chooses whether the run continues from derive's look-ahead branch, and "
+                         f"{why}; leave {state_flag.split()[0]} out")
+    if args.no_schedule and (args.recipe or race_plan):
+        why = ("--recipe trains without the LookaheadSchedule already" if args.recipe else
+               f"the plan {args.plan} trains schedule-free AdamW (the race effort), which has no schedule")
+        raise InputError(f"--no-schedule trains without the LookaheadSchedule, and {why}; leave --no-schedule out")
+    ending = ending_flag(args) or ("--average-ending" if args.average_ending else None)
+    if ending and race_plan and not args.recipe:
+        raise InputError(f"{ending} sets the run's ending, and the plan {args.plan} trains schedule-free AdamW (the "
+                         "race effort), whose averaged weights are the model at every step: it has no ending to set; "
+                         f"leave {ending.split()[0]} out, or derive the plan with --effort full")
 
 
 def check_schedule_flags(args: argparse.Namespace, plan: Any) -> None:
@@ -224,11 +265,31 @@ def print_run(res: dict[str, Any], out: str | os.PathLike[str]) -> None:
         print("\n".join(ending_lines(ending)))  # the losses read, and why the kept one was kept
     elif ending.get("why"):
         print(f"ending: {ending['kept']} ({ending['why']})")
-    if "test_loss_after" in res:
-        b, a = res["test_loss_before"], res["test_loss_after"]
-        print(f"test loss on {res['test_rows']} rows no decision used: {b['mean']:.4f} ± {b['se']:.4f} before, "
-              f"{a['mean']:.4f} ± {a['se']:.4f} after")
+    print_test_loss(res)
     print(f"saved to {out}")
+
+
+def print_test_loss(res: dict[str, Any]) -> None:
+    """The test rows' loss before and after the run (after alone where no read before was kept)."""
+    a, b = res.get("test_loss_after"), res.get("test_loss_before")
+    if a is None and res.get("held_out_after"):  # no test rows: the guard's verdict on the rows it read
+        a, b = res["held_out_after"], res.get("held_out_before")
+        print(f"held-out loss on {a.get('rows', '?')} rows the decisions read: "
+              + (f"{b['mean']:.4f} ± {b['se']:.4f} before, " if b else "") + f"{a['mean']:.4f} ± {a['se']:.4f} after")
+        return
+    if a is None:
+        return
+    after = f"{a['mean']:.4f} ± {a['se']:.4f} after"
+    before = f"{b['mean']:.4f} ± {b['se']:.4f} before, " if b is not None else ""
+    print(f"test loss on {res['test_rows']} rows no decision used: {before}{after}")
+
+
+def print_data_notes(command: str, notes: list[str]) -> None:
+    """What leadline changed in the user's rows, one ``leadline COMMAND: note: ...`` line each on stderr."""
+    import sys
+
+    for note in notes:
+        print(f"leadline {command}: note: {note}", file=sys.stderr)
 
 
 def _state_of(args: argparse.Namespace) -> str | None:

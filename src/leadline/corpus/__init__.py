@@ -18,7 +18,7 @@ import them when called.
 from leadline.corpus.collate import MicroBatch, collate
 from leadline.corpus.losses import row_losses
 from leadline.corpus.packing import Packing, pack_steps
-from leadline.corpus.profile import CorpusProfile, profile_corpus
+from leadline.corpus.profile import CorpusProfile, data_notes, profile_corpus
 from leadline.corpus.rows import Example, read_rows
 from leadline.corpus.splits import Split, split_rows
 from leadline.corpus.tokenize import TokenizedRow, tokenize_rows
@@ -31,6 +31,7 @@ __all__ = [
     "Split",
     "TokenizedRow",
     "collate",
+    "data_notes",
     "pack_steps",
     "profile_corpus",
     "read_rows",

@@ -77,6 +77,9 @@ class CorpusProfile:
     seconds: float
     length_bins: list[dict[str, int]] = field(default_factory=list)
     scored_bins: list[dict[str, int]] = field(default_factory=list)
+    longest_where: str = ""  # the longest row's file and line (or rows[i])
+    positions: int | None = None  # the model's positions, where given
+    changes: list[str] = field(default_factory=list)  # what training does to the rows, one sentence each
 
     @property
     def rows_per_second(self) -> float:
@@ -255,6 +258,7 @@ class _Histograms:
         self.np = np
         z = np.zeros(0, dtype=np.int64)
         self.lengths, self.scored_at, self.first_scored, self.scored_per_row = z, z, z.copy(), z.copy()
+        self.longest: tuple[int, str] = (0, "")  # the longest row's tokens and where it came from
 
     def _add(self, acc: Any, values: Any) -> Any:
         counts = self.np.bincount(values)
@@ -286,6 +290,9 @@ class _Histograms:
             if keep:
                 self.add(keep, seq_len, problems)
             return
+        top = int(lens.argmax())
+        if int(lens[top]) > self.longest[0]:
+            self.longest = (int(lens[top]), rows[top].where)
         self.lengths = self._add(self.lengths, lens)
         self.scored_at = self._add(self.scored_at, pos[idx])
         self.first_scored = self._add(self.first_scored, first)
@@ -372,7 +379,71 @@ def profile_corpus(
     lengths = hist.as_dict(hist.lengths)
     if not lengths:
         raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
-    return _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0, positions)
+    profile = _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0, positions)
+    profile.longest_where, profile.positions = hist.longest[1], positions
+    profile.changes = changes_of(profile)
+    return profile
+
+
+def changes_of(profile: CorpusProfile) -> list[str]:
+    """What training at the profile's length does to the rows as given, one sentence each: rows
+    cut to the length, rows left with nothing to score (left out of training), rows in mixed
+    formats, bad rows skipped.
+
+    Examples:
+        >>> rows = [{"input_ids": list(range(1, 41))}] + [{"input_ids": [1, 2, 3, 4]}] * 3
+        >>> note = changes_of(profile_corpus(rows, positions=8))[0]
+        >>> print(note.split(": ")[0])
+        1 row of the rows given (rows[0]) has 40 tokens and is cut to 8, the model's positions
+        >>> print(note.split("; ")[1])
+        the model reads no more, so split or shorten it to keep it whole
+        >>> changes_of(profile_corpus(rows))
+        []
+    """
+    f = format_number
+    notes = []
+    p = profile
+    if p.truncated_rows:
+        where = f" ({p.longest_where})" if p.longest_where else ""
+        at_positions = p.seq_len_rule == "positions" or (p.positions is not None and p.seq_len >= p.positions)
+        length = f"seq_len {f(p.seq_len)}"
+        if at_positions:
+            length = f"{f(p.seq_len)}, the model's positions"
+        elif p.seq_len_rule == "quantile" and p.quantile is not None:
+            length += f" (the {p.quantile:g} quantile of row lengths)"
+        lost = (f"{f(p.truncated_scored_tokens)} of {'its' if p.truncated_rows == 1 else 'their'} scored tokens "
+                f"({p.truncated_scored_share:.2%} of the scored tokens) are not trained on")
+        them = "it" if p.truncated_rows == 1 else "them"
+        fix = (f"the model reads no more, so split or shorten {them} to keep {them} whole"
+               if at_positions else f"a seq_len of {f(p.longest)} (--seq-len) keeps {them} whole")
+        if p.truncated_rows == 1:
+            notes.append(f"1 row of {p.source}{where} has {f(p.longest)} tokens and is cut to {length}: {lost}; {fix}")
+        else:
+            at = f", {p.longest_where}," if p.longest_where else ""
+            notes.append(f"{f(p.truncated_rows)} rows of {p.source} are longer than {length} and are cut to it (the "
+                         f"longest{at} has {f(p.longest)} tokens): {lost}; {fix}")
+    if p.unscored_rows:
+        n = p.unscored_rows
+        notes.append(f"{f(n)} {'row' if n == 1 else 'rows'} of {p.source} {'has' if n == 1 else 'have'} nothing left "
+                     f"to score at seq_len {f(p.seq_len)} (the prompt fills it) and {'is' if n == 1 else 'are'} left "
+                     "out of training; raise --seq-len or shorten the prompts")
+    if p.mixed_formats:
+        notes.append(p.mixed_formats)
+    if p.skipped_rows:
+        notes.append(f"{f(p.skipped_rows)} bad {'row' if p.skipped_rows == 1 else 'rows'} of {p.source} skipped and "
+                     "left out of training: " + "; ".join(p.skipped[:3]))
+    return notes
+
+
+def data_notes(profile: CorpusProfile) -> list[str]:
+    """What leadline changes in the user's rows, one sentence each (the profile's ``changes``):
+    the notes every command that trains on the rows prints and adds to the plan.
+
+    Examples:
+        >>> data_notes(profile_corpus([{"input_ids": [1, 2, 3]}, {"input_ids": [4]}], bad_rows="skip"))
+        ['1 bad row of the rows given skipped and left out of training: rows[1] has one token and no labels ...']
+    """
+    return list(profile.changes)
 
 
 def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, lengths: dict[int, int],

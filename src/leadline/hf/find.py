@@ -49,20 +49,25 @@ class _Found:
         """The evidence drawn as an SVG (the report's figure), written to ``path`` when given;
         None when the evidence has no drawing or matplotlib is missing (``pip install
         'leadline[hf]'``)."""
-        from leadline.report.plots import render_svg
-
         for name in self.plots:
             if name in self.plan:
-                v = self.plan[name]
-                svg = render_svg(v.evidence, chosen=v.value)
+                svg = _draw(self.plan[name].evidence, self.plan[name].value, path)
                 if svg is not None:
-                    if path is not None:
-                        Path(path).write_text(svg)
                     return svg
         return None
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name}={self.suggestion()!r})"
+
+
+def _draw(evidence: Any, chosen: Any, path: str | os.PathLike[str] | None) -> str | None:
+    """``evidence``'s figure with ``chosen`` marked, written to ``path`` when given."""
+    from leadline.report.plots import render_svg
+
+    svg = render_svg(evidence, chosen=chosen)
+    if svg is not None and path is not None:
+        Path(path).write_text(svg)
+    return svg
 
 
 @dataclass(repr=False)
@@ -72,7 +77,15 @@ class FoundBatchSize(_Found):
     training run fits; ``grad_accum`` makes up the step, ``rows_fit`` is the most rows that fit.
 
     ``why()`` gives each number's line, cost and evidence (:meth:`Plan.why`); ``plot(path)`` the
-    ramp's figure as SVG, None where the evidence has no drawing or matplotlib is missing.
+    ramp's figure as SVG with ``suggestion()`` marked as the one chosen (the ramp measured
+    ``rows_fit``; the suggestion is the measured step's rows, at most it), None where the evidence
+    has no drawing or matplotlib is missing.
+
+    ``leadline run`` (:func:`leadline.run.one.run_in_one`) does not take the measured step: it
+    keeps the recipe's 16 rows a step and its micro-batch is the most of them a forward and
+    backward runs, halved to a divisor of the step at each out-of-memory error (off a CUDA card,
+    the whole step). :meth:`run_micro_batch` applies that rule to this ramp's ``rows_fit``: the
+    micro-batch the run would train at on this card, from the same measurement.
 
     Examples:
         >>> from leadline.plan import Plan, Value
@@ -87,7 +100,34 @@ class FoundBatchSize(_Found):
         micro_batch = 8 rows  [derived] the rows the step needs, at most rows_fit
         >>> found.plot() is None  # no ramp's rungs recorded to draw
         True
+        >>> found.run_micro_batch(), found.run_micro_batch(12)  # 16 rows a step: 16 > 12, halved to 8
+        (8, 12)
     """
+
+    def plot(self, path: str | os.PathLike[str] | None = None) -> str | None:
+        """The ramp's figure with ``suggestion()`` marked, written to ``path`` when given; None
+        when the plan has no ramp to draw or matplotlib is missing."""
+        if "rows_fit" not in self.plan:
+            return None
+        return _draw(self.plan["rows_fit"].evidence, self.suggestion(), path)
+
+    def run_micro_batch(self, rows_per_step: int = 16) -> int:
+        """The micro-batch ``leadline run`` trains a step of ``rows_per_step`` rows at (its default
+        16) by its rule, read from the ramp's ``rows_fit``: the whole step where it fits (or the
+        ramp ran off a CUDA card, where the run takes the whole step), else the step halved to a
+        divisor of it until it is at most ``rows_fit``, as the run halves at each out-of-memory error.
+        """
+        rows_per_step = int(rows_per_step)
+        if rows_per_step < 1:
+            raise InputError(f"rows_per_step must be a whole number of rows >= 1, got {rows_per_step}")
+        ramp = self.plan["rows_fit"].evidence if "rows_fit" in self.plan else None
+        device = ramp.get("device") if isinstance(ramp, dict) else None
+        if device is not None and not str(device).startswith("cuda"):
+            return rows_per_step
+        mb, fit = rows_per_step, max(1, self.rows_fit)
+        while mb > fit:
+            mb = max(d for d in range(1, mb) if rows_per_step % d == 0 and d <= mb // 2)
+        return mb
 
     @property
     def grad_accum(self) -> int:

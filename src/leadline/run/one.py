@@ -132,6 +132,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                                len(job.task.split.train), seed, trained=False)
     result = _guarded(job, opened, on_step)
     result.seed, result.test_before, result.cost.budget_share = seed, test_before, decide_share
+    result.data_notes = _data_notes(job)
     result.test_after = _read_test(job)
     result.test_source = "eval rows" if eval_data is not None else ("test share" if job.task.split.test else None)
     _values(plan, job, opened, decide_share, rows_per_step is not None)
@@ -158,6 +159,7 @@ def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epo
 
 
 def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) -> Plan:
+    from leadline.corpus import data_notes
     from leadline.hf.precision import precision_of
     from leadline.provenance import describe_data
 
@@ -165,7 +167,14 @@ def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) ->
                 held_out=job.task.split.as_dict())
     plan.model = {"trained_as": job.trained_as, "trained_parameters": int(sum(p.numel() for p in job.params))}
     plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
+    plan.notes.extend(data_notes(job.profile))  # what leadline changed in the rows: cut, dropped, mixed formats
     return plan
+
+
+def _data_notes(job: _Job) -> list[str]:
+    from leadline.corpus import data_notes
+
+    return data_notes(job.profile)
 
 
 def _fit(job: _Job) -> None:

@@ -89,6 +89,7 @@ class RunResult:
     outcome: str = "improved"
     kept_step: int | None = None
     trained: bool = True
+    data_notes: list[str] = field(default_factory=list)  # what leadline changed in the rows: cut, dropped, mixed
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -107,7 +108,7 @@ class RunResult:
         """``run.json``."""
         out: dict[str, Any] = {k: getattr(self, k) for k in (
             "steps", "micro_batch", "grad_accum", "lr", "train_rows", "seed", "optimizer", "curve", "checks",
-            "outcome", "kept_step", "trained", "test_source")}
+            "outcome", "kept_step", "trained", "test_source", "data_notes")}
         out["cost"] = self.cost.as_dict()
         for name in ("held_out_before", "held_out_after"):
             r = getattr(self, name)
