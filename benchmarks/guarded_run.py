@@ -34,8 +34,8 @@ Decision rules, written before any run:
       processes on the same card (where neither run kept an adapter, their outcomes are the same);
       a seed whose two runs ran on different cards (a call that landed on another machine) is
       open, not passed: run it alone again on the shared run's card.
-  G4  every leadline run's exit status and ``outcome`` recorded, each status 0, or 3 with an
-      outcome of ``no_better_than_start`` or ``collapsed``.
+  G4  every leadline run's exit status and ``outcome`` recorded: status 0 with an outcome in its
+      run.json, or 3 with an outcome of ``no_better_than_start`` or ``collapsed``.
 The acceptance passes when G1-G4 hold with every unit finished; the JSON's ``decision`` says
 which held, and why not.
 
@@ -207,12 +207,13 @@ def decide(data: dict[str, Any], seeds: Sequence[int], alone: Sequence[int]) -> 
     runs = {n: u for n, u in units.items() if n.startswith("leadline_")}
     bad = [n for n, u in runs.items() if not (u.get("exit_status") == 0 or (
         u.get("exit_status") == 3 and u.get("outcome") in sb.GUARDED_OUTCOMES))]
-    unrecorded = [n for n, u in runs.items() if "exit_status" not in u or "outcome" not in u]
+    unrecorded = [n for n, u in runs.items() if n not in bad and u.get("outcome") not in ("improved", *sb.GUARDED_OUTCOMES)]
     every = all(f"leadline_seed{k}" in units for k in seeds) and all(f"leadline_alone_seed{k}" in units for k in alone)
     out["G4"] = {"holds": False if bad or unrecorded else (True if every else None),
                  "exits": {n: [u.get("exit_status"), u.get("outcome")] for n, u in runs.items()},
                  "why": (f"unexpected exit: {', '.join(bad)}" if bad else
-                         f"not recorded: {', '.join(unrecorded)}" if unrecorded else "every exit 0 or 3 with its outcome")}
+                         f"no outcome in run.json: {', '.join(unrecorded)}" if unrecorded else
+                         "every exit 0 or 3, each with its outcome")}
     out["passed"] = all(out[g]["holds"] is True for g in ("G1", "G2", "G3", "G4"))
     return out
 

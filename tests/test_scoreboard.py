@@ -359,8 +359,9 @@ def test_a_full_fine_tune_board_trains_every_weight_and_judges_the_saved_weights
     for name in ("recipe", "leadline"):
         unit = board["units"][name]
         assert not unit.get("failed") and unit["verdict"]["metric"] == "accuracy", name
-        assert "--full" in unit["train"]["argv"], name
-    assert board["units"]["recipe"]["lr"] == 2e-5
+        argv = unit["train"]["argv"]
+        assert "--full" in argv if name == "leadline" else argv[argv.index("--regime") + 1] == "full", name
+    assert board["units"]["recipe"]["lr"] == 2e-5 and board["units"]["recipe"]["run"]["regime"] == "full"
 
 
 def test_rerun_sets_a_several_unit_arm_aside_at_once_and_a_one_unit_arm_when_its_new_run_lands(sb, tmp_path):
