@@ -144,6 +144,8 @@ class Guard:
     """The rules' state: the kept checks (the start and the latest bests), the rate, the record.
 
     ``incumbent``: the run's default rate where a race promoted another (None: no promotion).
+    ``max_rollbacks``: rollbacks before a worsening stops the run (None: never stop, for a loop
+    the guard cannot end, such as a caller's own loop under the LookaheadSchedule).
 
     Examples:
         A run that improves, then collapses at step 75; the best (step 50) is put back at half
@@ -173,6 +175,7 @@ class Guard:
     incumbent: float | None = None
     alpha: float = ALPHA
     keep: int = 3
+    max_rollbacks: int | None = MAX_ROLLBACKS
     chain: list[tuple[int, list[float]]] = field(default_factory=list)
     best_step: int = 0
     kept_step: int | None = None
@@ -214,7 +217,7 @@ class Guard:
         return self._worse(step, [math.inf], {"worse": True, "non_finite_step_loss": True}, "non-finite step loss")
 
     def _worse(self, step: int, losses: Sequence[float], versus: dict[str, Any], why: str) -> Step:
-        if self.rollbacks >= MAX_ROLLBACKS:
+        if self.max_rollbacks is not None and self.rollbacks >= self.max_rollbacks:
             self.kept_step = self.best_step
             self._record(step, losses, "stop", to_step=self.best_step, versus_best=versus, why=why)
             return Step("stop", to_step=self.best_step, lr=self.rate)
