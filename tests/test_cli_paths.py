@@ -41,9 +41,9 @@ def test_derive_then_train_on_the_default_plan_prints_the_loss_before_and_after(
     said = capsys.readouterr().out
     assert rc == 0
     res = json.loads((d / "run2" / "run.json").read_text())
-    before, after = res["test_loss_before"], res["test_loss_after"]
+    before, after = res["held_out_before"], res["held_out_after"]  # no test split: the rows the decisions read
     assert res["steps"] == 4 and len(res["curve"]) == 4
-    line = next(s for s in said.splitlines() if s.startswith("test loss on"))
+    line = next(s for s in said.splitlines() if s.startswith("held-out loss on"))
     assert f"{before['mean']:.4f} ± {before['se']:.4f} before" in line
     assert f"{after['mean']:.4f} ± {after['se']:.4f} after" in line
     assert before["mean"] != after["mean"]  # four steps at the plan's rate moved the adapter

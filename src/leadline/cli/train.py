@@ -167,6 +167,15 @@ def run(args: argparse.Namespace) -> int:
                               average_ending=args.average_ending)
     print_data_notes("train", res.get("data_notes") or [])
     print_run(res, args.out)
+    if res.get("outcome", "improved") != "improved":  # a race plan's guarded run that did not improve
+        import textwrap
+
+        from leadline.run.guard import outcome_sentence
+        from leadline.run.result import EXIT_NOT_IMPROVED
+
+        b, a = res.get("held_out_before") or {}, res.get("held_out_after") or {}
+        print(textwrap.fill(outcome_sentence(res["outcome"], b.get("mean", 0.0), a.get("mean", 0.0)), width=99))
+        return EXIT_NOT_IMPROVED
     return 0
 
 
