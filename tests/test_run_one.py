@@ -35,7 +35,7 @@ def test_a_challenger_that_learns_the_format_fast_but_collapses_the_answers_is_d
     test = challenge(default, high)
     assert test["better"] and not test["replaces"]  # lower loss, still dropped
     table = {2.5e-3: default, 1e-2: high, 6.25e-4: Reading(6.25e-4, [x + 0.2 for x in default.losses])}
-    decision, ran = climb(table.__getitem__, opening_rates("factors"))
+    decision, ran = climb(table.__getitem__, [2.5e-3, 1e-2, 6.25e-4])  # the rule, given a higher rate too
     assert decision.lr == 2.5e-3 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
     assert "collapsed" in decision.sentence()
 
@@ -44,9 +44,17 @@ def test_no_rate_reaches_the_run_without_beating_the_default_by_a_paired_test():
     base = [1.0, 1.2, 0.9, 1.1, 1.05, 0.95, 1.0, 1.1]
     noisy_lower = [x - d for x, d in zip(base, [0.3, -0.3, 0.2, -0.25, 0.1, -0.05, 0.0, 0.05])]  # lower mean, no t
     table = {2.5e-4: Reading(2.5e-4, base), 1e-3: Reading(1e-3, noisy_lower), 6.25e-5: Reading(6.25e-5, noisy_lower)}
-    decision, _ = climb(table.__getitem__, opening_rates("weights"))
+    decision, _ = climb(table.__getitem__, [2.5e-4, 1e-3, 6.25e-5])
     assert decision.lr == 2.5e-4
     assert [t["replaces"] for t in decision.tests] == [False, False]
+
+
+def test_the_default_run_races_no_rate_above_the_default():
+    """An opening horizon favours fast rates: the default run's candidates are the default and a
+    quarter of it, and a higher rate reaches the run only where the user gives it (--lr)."""
+    for trained_as in ("factors", "weights"):
+        c, *others = opening_rates(trained_as)
+        assert others == [c / 4]
 
 
 def test_the_losers_steps_fit_the_share_of_the_run():
@@ -95,7 +103,7 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     model = make_model(vocab_size=len(tok))
     plan, res = run_in_one(model, tok, str(data), total_steps=20, decide_share=0.2, out_dir=tmp_path / "run")
     cost = res.cost.as_dict()
-    assert plan.opening_steps == 2 and cost["overhead_steps"] in (2, 4) and cost["budget_held"]
+    assert plan.opening_steps == 2 and cost["overhead_steps"] in (0, 2) and cost["budget_held"]
     assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
     assert res.rollbacks == 0 and res.kept_step == 20 and res.outcome == "improved"
     assert len(res.curve) == 18 and res.curve[0]["step"] == 2 and cost["steps_not_run"] == 0
@@ -159,12 +167,14 @@ def test_a_default_that_learned_is_not_challenged_from_below():
     too_high = Reading(1e-2, [x + 0.5 for x in start])
     below = Reading(6.25e-4, [x - 1.5 for x in start])  # would read lower: it never runs
     table = {r.lr: r for r in (learned, too_high, below)}
-    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    decision, ran = climb(table.__getitem__, [2.5e-3, 1e-2, 6.25e-4], start=start)
     assert decision.lr == 2.5e-3 and sorted(ran) == [2.5e-3, 1e-2]
     stuck = Reading(2.5e-3, [x + 0.01 for x in start])  # the default made no headway: the lower rate runs
     table[2.5e-3] = stuck
-    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)
+    decision, ran = climb(table.__getitem__, [2.5e-3, 1e-2, 6.25e-4], start=start)
     assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3, 1e-2]
+    decision, ran = climb(table.__getitem__, opening_rates("factors"), start=start)  # the default run's race
+    assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3]
 
 
 def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch):
@@ -242,12 +252,14 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     """The collapse check can only stop a challenger that would replace the default; one that does
     not read lower by the paired test costs no read of its answers (on the CPU the answers of 64
     rows took most of the race's reads)."""
+    import leadline.rate.opening as rule
     import leadline.run.one as one_run
     import leadline.run.opening as opening
     from helpers import make_model, make_tokenizer
     from leadline.rate.compare import Verdict
 
     asked: list[int] = []
+    monkeypatch.setattr(rule, "stalled", lambda start, reading: True)  # the default stalled: c/4 challenges
     monkeypatch.setattr(opening, "compare", lambda a, b, alpha: Verdict(worse=not lower, better=lower, bar=1.0,
                                                                           diff=None))
     monkeypatch.setattr(opening, "answers_chosen", lambda *a, **k: asked.append(1) or [0] * len(a[2]))
@@ -255,5 +267,5 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     plan, _ = one_run.run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")),
                                  total_steps=20, train=False)
     assert plan["lr"].kind == "measured"
-    ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # 4c, and c/4 where c stalled
+    ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # c/4, where c stalled
     assert len(asked) == (len(ran) if lower else 0) and ran
