@@ -73,6 +73,45 @@ def test_failing_again_from_the_same_check_goes_back_further_to_step_zero():
     assert toy.opt.param_groups[0]["lr"] == pytest.approx(0.002)  # warming up from alpha1 again
 
 
+def test_the_checks_are_the_guards_decisions_and_each_kept_check_has_one_copy():
+    """The schedule decides through :class:`leadline.run.guard.Guard`: its checks are the guard's
+    readings (its start a best, its restore a final rollback) at the rate the run takes, and it
+    holds a copy for each check the guard keeps: the suspect check it went back past is freed."""
+    toy = Regression(seed=0, dim=32)
+    toy.spike = set(range(20, 24))
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out,
+                              config(0.01, warmup=4, alpha1=0.002), total_steps=64, keep_checks=2)
+    run(toy, sched, 40)
+    sched.before(40)
+    assert [s for s, _ in sched.guard.chain] == sorted(sched.snapshots) == [0]
+    run_on = {"start": "best"}
+    assert [(c["step"], c["action"], c.get("to_step"), c["loss"], c["se"], c.get("versus_best"))
+            for c in sched.checks] == [(r["step"], run_on.get(r["action"], r["action"]), r.get("to_step"), r["loss"],
+                                        r["se"], r.get("versus_best")) for r in sched.guard.records]
+    assert sched.rate == sched.guard.rate == 0.0025
+    assert sched.checks[-1]["lr"] == pytest.approx(0.002) != sched.guard.records[-1]["lr"]  # the warmup's rate
+
+
+def test_an_end_significantly_worse_than_the_best_check_puts_the_best_back_bit_exactly():
+    """The guard's final check restores the best check; the schedule records it as a final rollback."""
+    toy = Regression(seed=0, dim=32)
+    toy.spike = set(range(56, 64))  # the last eight steps pull the weights far away
+    cfg = lookahead_from({"lr": 0.01, "alpha1": 0.01, "lookahead_horizon_steps": 8}, ending="to_zero")
+    sched = LookaheadSchedule(toy.params, toy.opt, toy.train_step, toy.held_out, cfg, total_steps=64)
+    states: dict[int, tuple] = {}
+    run(toy, sched, 64, at_checks=states)
+    sched.finish()
+    last = sched.checks[-1]
+    assert (last["step"], last["action"], last["final"]) == (64, "rollback", True)
+    assert sched.guard.records[-1]["action"] == "restore" and last["to_step"] == sched.guard.best_step == 56
+    assert last["versus_best"]["t"] > last["versus_best"]["bar"]
+    w, opt_state = states[56]
+    assert torch.equal(toy.w, w)
+    for k, v in opt_state.items():
+        assert torch.equal(toy.opt.state[toy.w][k], v)
+    assert sched.rollbacks == 1 and sched.snapshots == {}  # the copies go once the run is finished
+
+
 def test_finish_keeps_the_decayed_ending_when_it_is_significantly_better():
     """One length raced (``ending_steps``): the last 16 steps rerun with the rate decaying."""
     toy = Regression(seed=0, dim=32)

@@ -21,7 +21,10 @@ Used inside the caller's loop::
   the rate. When the run fails again from that same check without ever improving on it, the
   check itself is suspect — a state already collapsed — and the schedule goes one check
   further back (as far as step 0, where the warmup restarts). It keeps step 0 and the last
-  ``keep_checks - 1`` best checks.
+  ``keep_checks - 1`` best checks. These rules are :class:`leadline.run.guard.Guard`'s (the default
+  run's guard, with no stop: the caller's loop is not the schedule's to end); the schedule reads
+  the checks, feeds them to it and carries out what it says, each kept check's snapshot
+  under its step.
 - Copies at T/2 and at T - 2h; ``finish()`` reruns the last half and the last 2h steps from
   them with the rate falling linearly to zero, ranks the two decayed endings by their mean
   held-out loss, and keeps the better one unless the constant ending's held-out loss is lower
@@ -55,11 +58,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from leadline import stats
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
-from leadline.rate.compare import compare, mean_or_inf
 from leadline.rate.warmup import linear_decay_lr, warmup_lr
+from leadline.run.guard import Guard, Step
 
 ENDINGS = ("raced", "to_zero")
 
@@ -230,13 +232,6 @@ def ending_copy_step(config: ScheduleConfig, total_steps: int) -> int | None:
     return max(1, total_steps - ending_length(config, total_steps))
 
 
-@dataclass
-class _Check:
-    step: int
-    losses: list[float]
-    snapshot: Any
-
-
 class LookaheadSchedule:
     """The run's rate, checked every horizon h on held-out rows (see the module docstring).
 
@@ -298,19 +293,22 @@ class LookaheadSchedule:
         self.ending_lens = ending_lengths(config, total_steps)
         self.ending_len = self.ending_lens[0]
         self.max_looks = max(1, total_steps // self.h)
-        self.rate = config.lr
+        # the decision rule: the guard's; the schedule carries out what it says
+        self.guard = Guard(rate=config.lr, looks=self.max_looks, keep=keep_checks, max_rollbacks=None, alpha=alpha)
+        self.snapshots: dict[int, Any] = {}  # each kept check's step: its Snapshot
         self.warm_from = 0
         self.ratios = group_ratios(opt)
-        self.chain: list[_Check] = []
-        self.best: _Check | None = None
-        self.failures = 0
-        self.looks = 0
         self.rows: int | None = None
         self.checks: list[dict[str, Any]] = []
         self.copies: list[Any] = []  # EndingCopy, one per raced ending, longest first
         self.ending: dict[str, Any] = {}
         self.last_step = -1
         self.finished = False
+
+    @property
+    def rate(self) -> float:
+        """The rate after the warmup: the plan's, times the guard's factor for each rollback."""
+        return self.guard.rate
 
     # ---- the rate --------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -364,54 +362,43 @@ class LookaheadSchedule:
         self.rows = len(losses)
         return losses
 
-    def _record(self, step: int, losses: list[float], action: str, **extra: Any) -> None:
-        mean, se = stats.mean_se(losses) if math.isfinite(mean_or_inf(losses)) else (math.inf, math.inf)
-        row = {"step": step, "loss": mean, "se": se, "lr": self.lr_at(step), "action": action, **extra}
+    def _record(self, step: int, action: str, **extra: Any) -> None:
+        """The check's row: the guard's reading (loss, se, versus_best) at the rate the run takes at ``step``."""
+        said = self.guard.records[-1]
+        row = {"step": step, "loss": said["loss"], "se": said["se"], "lr": self.lr_at(step), "action": action, **extra}
+        if "versus_best" in said:
+            row["versus_best"] = said["versus_best"]
         self.checks.append(row)
         if self.on_check is not None:
             self.on_check(row)
 
-    def _new_best(self, step: int, losses: list[float]) -> _Check:
+    def _check(self, step: int) -> None:
+        """The guard reads the check; the schedule keeps a copy (a best) or puts one back (a rollback)."""
         from leadline.rate.state import Snapshot
 
-        if len(self.chain) >= self.keep_checks:
-            snap = self.chain.pop(1).snapshot
-            snap.save(self.params, self.opt)
-        else:
-            snap = Snapshot.take(self.params, self.opt, place=self.place)
-        chk = _Check(step, losses, snap)
-        self.chain.append(chk)
-        self.best, self.failures = chk, 0
-        return chk
-
-    def _check(self, step: int) -> None:
         losses = self._read()
-        if self.best is None:
-            self._new_best(step, losses)
-            self._record(step, losses, "best")
-            return
-        self.looks += 1
-        v = compare(losses, self.best.losses, alpha=self.alpha, look=self.looks, max_looks=self.max_looks)
-        if v.worse:
-            self._rollback(step, losses, v.as_dict())
-        elif mean_or_inf(losses) < mean_or_inf(self.best.losses):
-            self._new_best(step, losses)
-            self._record(step, losses, "best", versus_best=v.as_dict())
+        said = self.guard.check(step, losses) if self.snapshots else self.guard.start(step, losses)
+        if said.action in ("start", "best"):
+            if said.dropped is not None:  # the dropped check's copy holds this one
+                snap = self.snapshots.pop(said.dropped)
+                snap.save(self.params, self.opt)
+            else:
+                snap = Snapshot.take(self.params, self.opt, place=self.place)
+            self.snapshots[step] = snap
+            self._record(step, "best")
+        elif said.action == "rollback":
+            self._put_back(said)
+            if not any(self.snapshots[said.to_step].opt_state):  # the start: a fresh optimizer
+                self.warm_from = step
+            self._record(step, "rollback", to_step=said.to_step, further_back=said.further_back)
         else:
-            self._record(step, losses, "keep", versus_best=v.as_dict())
+            self._record(step, "keep")
 
-    def _rollback(self, step: int, losses: list[float], versus: dict[str, Any]) -> None:
-        self.failures += 1
-        further = self.failures >= 2 and len(self.chain) > 1
-        if further:
-            self.chain.pop()
-        target = self.chain[-1]
-        target.snapshot.load(self.params, self.opt, rng=False)
-        self.rate /= 2.0
-        if not any(target.snapshot.opt_state):
-            self.warm_from = step
-        self.best = target
-        self._record(step, losses, "rollback", to_step=target.step, further_back=further, versus_best=versus)
+    def _put_back(self, said: Step) -> None:
+        """The guard's target check back in the run; the copies of the checks it dropped freed."""
+        kept = {s for s, _ in self.guard.chain}
+        self.snapshots = {s: snap for s, snap in self.snapshots.items() if s in kept}
+        self.snapshots[said.to_step].load(self.params, self.opt, rng=False)
 
     # ---- the end ---------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
@@ -437,18 +424,15 @@ class LookaheadSchedule:
             self.ending = {"kept": "constant",
                            "why": f"no copy: the run ({self.total_steps} steps) is not longer than its raced ending "
                                   f"({self.ending_len} steps)"}
-        if self.best is not None:
-            v = compare(losses, self.best.losses, alpha=self.alpha, look=self.max_looks, max_looks=self.max_looks)
-            if v.worse:
-                self.best.snapshot.load(self.params, self.opt, rng=False)
-                self._record(self.total_steps, losses, "rollback", to_step=self.best.step, final=True,
-                             versus_best=v.as_dict())
+        if self.snapshots:  # the guard's final check: the end kept unless significantly worse than the best
+            said = self.guard.finish(self.total_steps, losses)
+            if said.action == "restore":
+                self._put_back(said)
+                self._record(self.total_steps, "rollback", to_step=said.to_step, final=True)
             else:
-                self._record(self.total_steps, losses, "final", versus_best=v.as_dict())
+                self._record(self.total_steps, "final")
         self.finished = True
-        self.chain, self.copies = [], []  # the snapshots go; the checks' record stays
-        if self.best is not None:
-            self.best = _Check(self.best.step, self.best.losses, None)
+        self.snapshots, self.copies = {}, []  # the snapshots go; the checks' record stays
         return self.ending
 
     def _rows(self) -> int:
