@@ -341,8 +341,9 @@ class LeadlineCallback(TrainerCallback):
             self.schedule.before(int(state.global_step))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the averaged
-        weights into the model before a save or an evaluation (Trainer's, which follow this event)."""
+        """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the guard's check,
+        rollback or stop, and at the last step (or the stop) its end; then the averaged weights into the
+        model before a save or an evaluation (Trainer's, which follow this event)."""
         if self._guard is not None:
             step = int(state.global_step)
             self._guard.after_step(step, control)  # a check, a rollback or a stop; a stop decides the end

@@ -45,9 +45,9 @@ from leadline.plan import Value
 from leadline.run.guard import MAX_ROLLBACKS, SPIKE_WINDOW, Guard, Step, check_plan, check_steps, outcome, spiked
 from leadline.run.loop import StateCopy, read_averaged
 
-COPIES = 6
-"""Copies of the trained tensors the guard may hold at once: its kept checks (3), the start and the
-read's spare, each with the optimizer state (up to twice the tensors for schedule-free AdamW)."""
+STATE_FACTOR = 3
+"""A copy with its optimizer state, in copies of the trained tensors: the tensors, and schedule-free
+AdamW's ``z`` and second moment."""
 
 
 class TrainerGuard:
@@ -273,10 +273,11 @@ def _reading(losses: Sequence[float] | None) -> dict[str, Any] | None:
 
 
 def guard_copies_refused(params: Sequence[Any]) -> str | None:
-    """Why the guard cannot run, or None: its copies (:data:`COPIES` of the trained tensors with their
-    optimizer state) go on the card where it has room for them twice, else in host memory, and a run
-    whose copies would take over half the available host memory trains without the guard rather than
-    risk the host's out-of-memory killer.
+    """Why the guard cannot run, or None: at most the start's copy (the tensors alone: its optimizer
+    is fresh) and, with their optimizer state (:data:`STATE_FACTOR`), the kept checks after the start
+    and the reads' spare; they go on the card where it has room for them twice, else in host memory,
+    and a run whose copies would take over half the available host memory trains without the guard
+    rather than risk the host's out-of-memory killer.
 
     Examples:
         >>> import torch
@@ -286,7 +287,7 @@ def guard_copies_refused(params: Sequence[Any]) -> str | None:
     from leadline.memory.readings import host_memory_bytes
 
     tensors = sum(p.numel() * p.element_size() for p in params)
-    need = COPIES * 3 * tensors  # each copy: the tensors and schedule-free's two state tensors
+    need = tensors * (1 + STATE_FACTOR * Guard(rate=0.0, looks=1).keep)  # the start, keep - 1 bests, the spare
     if params and params[0].device.type == "cuda":
         from leadline.rate.state import card_room_bytes
 
