@@ -200,3 +200,167 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
     assert next(t for t in plan.phases if t.phase == "step").status == "done"
     assert any(n.startswith("first_step: not reached within max_seconds") for n in plan.notes), plan.notes
     assert any(n.startswith("step: max_seconds=6 was spent before it") for n in plan.notes), plan.notes
+
+
+# ---- a race plan: the guard of leadline run inside Trainer ---------------------------------
+RACE_STEPS = 60  # 2 rows a step on 4 held-out rows: checks at 15, 30 and 45, and the end at 60
+
+
+def _race_plan():
+    """A race plan (schedule-free AdamW) as derive_for writes one, without its race."""
+    from leadline.plan import Plan, Value
+
+    plan = Plan()
+    plan.set("optimizer", Value("schedule_free_adamw", "constant", "schedule-free AdamW"))
+    plan.set("lr", Value(2.5e-3, "constant", "the default"))
+    plan.set("warmup_steps", Value(1, "constant", "2% of the run"))
+    plan.set("weight_decay", Value(0.0, "constant", "0"))
+    plan.set("micro_batch", Value(2, "derived", "the step's rows"))
+    plan.set("grad_accum", Value(1, "derived", "one micro-batch a step"))
+    plan.set("total_steps", Value(RACE_STEPS, "derived", "the run's length"))
+    return plan
+
+
+def _race_trainer(tmp_path, tok, plan, callbacks, start, **kw):
+    """A Trainer over the 40 rows at 2 a step, from the LoRA tensors ``start``, running ``plan``."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from leadline.hf import training_arguments
+
+    model = _lora(make_model(vocab_size=len(tok)))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n in start:
+                p.copy_(start[n])
+    ds, collator, _ = _trainer_pieces(tok, plan, tmp_path)
+    base = {"output_dir": str(tmp_path), "report_to": [], "logging_steps": 100, "save_strategy": "no",
+            "use_cpu": True, "remove_unused_columns": False, "seed": 0}
+    args = training_arguments(plan, TrainingArguments(**{**base, **kw}))
+    return Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=callbacks)
+
+
+@pytest.fixture(scope="module")
+def race_start():
+    tok = make_tokenizer()
+    model = _lora(make_model(vocab_size=len(tok)))
+    return tok, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _readings(values):
+    """A held-out reader returning ``values``' readings in turn, four rows each (a little spread)."""
+    it = iter(values)
+
+    def read():
+        value = next(it)
+        return [value + j / 100 for j in range(4)]
+
+    return read
+
+
+def test_the_guard_checks_inside_trainer_and_leaves_a_run_without_rollback_as_it_was(race_start, tmp_path):
+    """Every check better than the last: the checks are leadline run's, none rolls back, and the final
+    weights are those of the same run without the guard, bit for bit."""
+    import torch
+
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, start = race_start
+    plain = _race_trainer(tmp_path / "plain", tok, _race_plan(), [LeadlineCallback(_race_plan())], start)
+    plain.train()
+    plan = _race_plan()
+    cb = LeadlineCallback(plan, held_out_losses=_readings([2.0, 1.5, 1.4, 1.3, 1.2]))
+    guarded = _race_trainer(tmp_path / "guarded", tok, plan, [cb], start)
+    with cb:
+        guarded.train()
+    assert [(c["step"], c["action"]) for c in cb.checks] == [(0, "start"), (15, "best"), (30, "best"),
+                                                              (45, "best"), (60, "final")]
+    ev = plan["guard"].evidence
+    assert ev["plot"] == "checks" and ev["checks"] == cb.checks and ev["kept_step"] == 60 and ev["rows"] == 4
+    assert ev["outcome"] == "improved" and ev["held_out_before"]["rows"] == 4 and plan["guard"].value == 0
+    assert cb.evidence()["guard"]["outcome"] == "improved"
+    a = dict(plain.model.named_parameters())
+    trained = [(n, p) for n, p in guarded.model.named_parameters() if p.requires_grad]
+    assert trained and all(torch.equal(p, a[n]) for n, p in trained)
+
+
+def test_a_fault_is_rolled_back_and_trainer_logs_the_lowered_rate(race_start, tmp_path):
+    """One step at 10^4 times the rate: the guard reads the damage on the held-out rows (the plan's real
+    reader), puts step 15's check back, halves the rate; Trainer's log shows the rate each step used."""
+    import math
+
+    from transformers import TrainerCallback
+
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, start = race_start
+    plan = _race_plan()
+    used: dict[int, float] = {}
+
+    class Fault(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            used[int(state.global_step)] = float(optimizer.param_groups[0]["lr"])
+            if state.global_step == 20:
+                for g in optimizer.param_groups:
+                    g["lr"] *= 1e4
+
+        def on_optimizer_step(self, args, state, control, optimizer=None, **kw):
+            if state.global_step == 20:
+                for g in optimizer.param_groups:
+                    g["lr"] /= 1e4
+
+    trainer = _race_trainer(tmp_path, tok, plan, [Fault()], start, logging_steps=1)
+    cb = LeadlineCallback.for_plan(plan, trainer.model, tok, str(DATA / "prompt_completion.jsonl"))
+    trainer.add_callback(cb)
+    with cb:
+        trainer.train()
+    rolled = [c for c in cb.checks if c["action"] == "rollback"]
+    assert len(rolled) == 1 and rolled[0]["to_step"] == 15 and 20 < rolled[0]["step"] <= 30, cb.checks
+    assert rolled[0]["lr"] == pytest.approx(plan.lr / 2, rel=1e-12)
+    logged = {int(r["step"]) - 1: r["learning_rate"] for r in trainer.state.log_history if "learning_rate" in r}
+    assert sorted(logged) == list(range(RACE_STEPS))
+    for step in range(RACE_STEPS):
+        assert logged[step] == pytest.approx(used[step], rel=1e-12), step  # the rate logged is the rate used
+    after = rolled[0]["step"]  # the rollback came at this step's end: every later step ran at half the rate
+    assert all(logged[s] == pytest.approx(plan.lr / 2, rel=1e-12) for s in range(after, RACE_STEPS))
+    assert all(logged[s] == pytest.approx(plan.lr, rel=1e-12) for s in range(after))
+    assert all(math.isfinite(p.detach().abs().max().item()) for p in trainer.model.parameters())
+    assert plan["guard"].value == 1 and plan["guard"].evidence["outcome"] in ("improved", "no_better_than_start")
+
+
+def test_a_stop_puts_the_best_check_back_before_trainer_saves(race_start, tmp_path):
+    """Step 30 reads worse than step 15 (a rollback), step 45 again: with one rollback allowed the run
+    stops at 45 with step 15's averaged weights in the model, in the checkpoint Trainer saves there
+    and in ``save_model``."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import TrainerCallback
+
+    from leadline.hf.callback import LeadlineCallback
+
+    tok, start = race_start
+    plan = _race_plan()
+    cb = LeadlineCallback(plan, held_out_losses=_readings([2.0, 1.0, 3.0, 3.0, 1.1]), max_rollbacks=1)
+    at_15: dict[str, torch.Tensor] = {}
+
+    class Averaged(TrainerCallback):  # after leadline's: step 15's averaged weights, read as eval() sets them
+        def on_step_end(self, args, state, control, model=None, optimizer=None, **kw):
+            if state.global_step == 15:
+                optimizer.eval()
+                at_15.update({n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n})
+                optimizer.train()
+
+    trainer = _race_trainer(tmp_path, tok, plan, [cb, Averaged()], start, save_strategy="steps", save_steps=45)
+    with cb:
+        trainer.train()
+    assert [(c["step"], c["action"]) for c in cb.checks] == [(0, "start"), (15, "best"), (30, "rollback"),
+                                                              (45, "stop")]
+    assert trainer.state.global_step == 45 and plan["guard"].evidence["kept_step"] == 15
+    assert plan["guard"].evidence["outcome"] == "improved"
+    live = {n: p.detach() for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert len(at_15) == len(live) > 0 and all(torch.equal(live[n], w) for n, w in at_15.items())
+    trainer.save_model(str(tmp_path / "final"))
+    for folder in (tmp_path / "checkpoint-45", tmp_path / "final"):
+        saved = load_file(str(folder / "adapter_model.safetensors"))
+        named = {n.replace(".default", ""): w for n, w in at_15.items()}
+        assert len(saved) == len(named) and all(torch.equal(saved[n], named[n]) for n in saved), folder

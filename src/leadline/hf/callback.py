@@ -43,13 +43,20 @@ averaged ones. The callback adds what is missing (``LeadlineCallback(plan)``, no
 - ``on_step_begin``: ``optimizer.train()`` (Trainer's ``training_step`` does it too).
 - ``on_train_end``: ``optimizer.eval()``: the model in memory, and what ``trainer.save_model()``
   writes, are the averaged weights.
-- With a held-out reader (``for_plan(plan, trainer)`` builds one) and more than one epoch, the
-  pass rule of ``leadline run`` (:mod:`leadline.rate.passes`): ``on_epoch_end`` reads the averaged
-  weights on the plan's held-out rows (the training weights put back after, bit for bit), stops
-  the run (``control.should_training_stop``) with the best epoch's averaged weights in the model
-  where an epoch reads significantly worse than the best, and the last step's ``on_step_end``
-  puts the best earlier epoch back where the run's end reads significantly worse; both before
-  Trainer's save. ``evidence()["passes"]`` holds the readings.
+- With a held-out reader (``for_plan(plan, trainer)`` builds one), the guard of ``leadline run``
+  (:mod:`leadline.run.guard`, carried out by :mod:`leadline.hf.guarded`): ``on_train_begin`` reads
+  the start on every held-out row and plans the same checks at the same spacing as ``leadline run``
+  from the run's steps and rows a step; ``on_step_end`` of a check step reads the averaged weights
+  on the checks' held-out rows (the training weights put back after, bit for bit) and rolls back
+  (the best check's weights and optimizer state, the rate lowered in the optimizer and in Trainer's
+  ``lr_scheduler``: the rate Trainer logs is the rate used) or stops the run
+  (``control.should_training_stop``) at the best check; ``on_log`` watches the loss Trainer logs
+  (a spike calls a check at the next step's end; Trainer logs no per-step loss unless
+  ``logging_steps=1``, and otherwise the checks alone watch the run); the last step's
+  ``on_step_end`` keeps the end or puts the best check back, and reads the kept model on every
+  held-out row against the start (the start's weights put back where it is no better), before
+  Trainer's save. ``callback.checks`` holds the guard's records; ``evidence()["guard"]`` and the
+  plan's ``guard`` value hold them with the verdict, as ``leadline run`` writes them.
 """
 
 from __future__ import annotations
@@ -62,6 +69,7 @@ from transformers import TrainerCallback
 from leadline.errors import InputError
 from leadline.hf.args import SCHEDULE_FREE
 from leadline.plan import Plan
+from leadline.run.guard import MAX_ROLLBACKS
 
 
 class LeadlineCallback(TrainerCallback):
@@ -84,6 +92,11 @@ class LeadlineCallback(TrainerCallback):
             or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
         ending_share: the share of the run the raced ending reruns, one length alone (default: the
             last half and the last 2h, both raced).
+        held_out_subset: a race plan's guard: ``held_out_subset(rows)`` returns a reader of the first
+            ``rows`` held-out rows, what a check reads (``for_plan`` builds it; default: the first
+            ``rows`` of ``held_out_losses``' reading).
+        max_rollbacks: a race plan's guard: rollbacks before a further worsening stops the run
+            (:data:`~leadline.run.guard.MAX_ROLLBACKS`; None: never stop).
 
     Examples:
         Inside the run, Trainer's scheduler keeps the schedule's rate and logs it (a torch
@@ -121,7 +134,9 @@ class LeadlineCallback(TrainerCallback):
                  train_step: Callable[[int], Any] | None = None, *,
                  params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
                  race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced",
-                 ending_share: float | None = None) -> None:
+                 ending_share: float | None = None,
+                 held_out_subset: Callable[[int], Callable[[], Sequence[float]]] | None = None,
+                 max_rollbacks: int | None = MAX_ROLLBACKS) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
         self.schedule_free = plan.get("optimizer") == SCHEDULE_FREE
@@ -161,12 +176,10 @@ class LeadlineCallback(TrainerCallback):
         self._cap_handle: Any = None
         self._driven: Any = None
         self._averaging: Any = None  # a race plan's schedule-free optimizer, from on_train_begin
-        self._passes: Any = None  # a race plan's pass rule, where there is a held-out reader
-        self._trained: list[Any] = []
-        self._model: Any = None
-        self._best: list[Any] | None = None
-        self._pass_steps: int | None = None  # the steps of one epoch, read at the first epoch's end
-        self.passes_refused: str | None = None  # why the pass rule did not run, where host memory refused it
+        self.held_out_subset = held_out_subset
+        self.max_rollbacks = max_rollbacks
+        self._guard: Any = None  # a race plan's TrainerGuard, where there is a held-out reader
+        self.guard_refused: str | None = None  # why the guard did not run, where memory refused its copies
 
     @classmethod
     def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
@@ -190,6 +203,7 @@ class LeadlineCallback(TrainerCallback):
             ...     print(e)
             LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and ...
         """
+        from leadline.hf.guarded import subset_reader
         from leadline.hf.task import prepare, split_sizes
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
 
@@ -209,9 +223,17 @@ class LeadlineCallback(TrainerCallback):
             raise InputError("the data's split differs from the plan's held-out rows; pass the train_dataset the plan "
                              "was derived on")
         if schedule_free:
-            return cls(plan, task.held_out_losses(), **kw)
+            return cls(plan, task.held_out_losses(), held_out_subset=subset_reader(task), **kw)
         step = task.train_step_of(int(plan.get("micro_batch", 1)), int(plan.get("grad_accum", 1)))
         return cls(plan, task.held_out_losses(), step, **kw)
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        """The checks of the run: a race plan's guard's records (the start, each check, rollback or
+        stop, and the end), or the LookaheadSchedule's; empty before the run or without either."""
+        if self._guard is not None:
+            return self._guard.checks
+        return list(self.schedule.checks) if self.schedule is not None else []
 
     # ---- Trainer's events ---------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
@@ -226,7 +248,7 @@ class LeadlineCallback(TrainerCallback):
                              "transformers >= 4.45")
         check_policy(self.plan, args)
         if self.schedule_free:
-            self._begin_schedule_free(args, model, optimizer)
+            self._begin_schedule_free(args, state, model, optimizer, lr_scheduler)
             return
         optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
         params = self.params or [p for p in model.parameters() if p.requires_grad]
@@ -249,8 +271,9 @@ class LeadlineCallback(TrainerCallback):
                                           total_steps=total)
         self._driven = _DrivenScheduler(lr_scheduler, optimizer)
 
-    def _begin_schedule_free(self, args: Any, model: Any, optimizer: Any) -> None:
-        """A race plan's run: the args checked against the plan, the card capped, the optimizer kept."""
+    def _begin_schedule_free(self, args: Any, state: Any, model: Any, optimizer: Any, lr_scheduler: Any) -> None:
+        """A race plan's run: the args checked against the plan, the card capped, the optimizer kept, the
+        guard started where there is a held-out reader."""
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
         if not (callable(getattr(inner, "train", None)) and callable(getattr(inner, "eval", None))):
             raise InputError(f"this plan trains with schedule-free AdamW and Trainer built {type(inner).__name__}; "
@@ -267,71 +290,29 @@ class LeadlineCallback(TrainerCallback):
 
             self._cap_handle = forbid_spill(params[0].device)
         self._averaging = inner
-        if self.held_out_losses is not None:
-            from leadline.rate.passes import PassRule
-            from leadline.run.one import pass_copies_refused
-
-            self.passes_refused = pass_copies_refused(params)
-            if self.passes_refused is None:
-                self._passes, self._trained, self._model = PassRule(), params, model
-
-    def _read_averaged(self) -> tuple[list[float], list[Any]]:
-        """The held-out losses at the averaged weights, the optimizer left in eval mode; with the
-        training weights (copied off the card) where it was in train mode, to put back."""
-        going = ([p.detach().to("cpu", copy=True) for p in self._trained]
-                 if self._averaging.param_groups[0].get("train_mode", True) else [])
-        self._averaging.eval()
-        was = self._model.training
-        self._model.eval()
-        try:
-            losses = list(self.held_out_losses())
-        except BaseException:  # a read that fails leaves Trainer's model and optimizer as it found them
-            self._model.train(was)
-            if going:
-                self._averaging.train()
-                self._put(going)
-            raise
-        self._model.train(was)
-        return losses, going
-
-    def _put(self, weights: Sequence[Any]) -> None:
-        import torch
-
-        with torch.no_grad():
-            for p, w in zip(self._trained, weights):
-                p.copy_(w)
-
-    def _pass_end(self, state: Any, control: Any) -> None:
-        """An epoch's end: read, keep a copy of the best epoch, stop where one reads significantly
-        worse than the best (its weights in the model); the training weights back otherwise."""
-        if self._passes is None or self._passes.kept_step is not None:
+        if self.held_out_losses is None:
             return
-        step, last = int(state.global_step), int(state.max_steps or 0)
-        self._pass_steps = self._pass_steps or step
-        if step >= last - self._pass_steps / 2:
-            return  # the run's end, or too near it: read at the last step
-        losses, going = self._read_averaged()
-        verdict = self._passes.after_pass(step, losses)
-        if verdict == "best":
-            self._best = [p.detach().to("cpu", copy=True) for p in self._trained]
-        if verdict == "stop":
-            self._put(self._best or [])
-            control.should_training_stop = True
-            return  # the model holds the best epoch's averaged weights; no step follows
-        if going:
-            self._averaging.train()
-            self._put(going)  # eval() and train() are not exact inverses: the training weights, bit for bit
+        from leadline.hf.guarded import TrainerGuard, guard_copies_refused, rows_per_step_of
 
-    def _run_end(self, state: Any) -> None:
-        """The last step: the run's end read against the best epoch, the best put back if the end is
-        significantly worse."""
-        if self._passes is None or not self._passes.readings or self._passes.kept_step is not None:
+        self.guard_refused = guard_copies_refused(params)
+        if self.guard_refused is not None:
             return
-        if not (bool(state.max_steps) and int(state.global_step) >= int(state.max_steps)):
+        total = int(self.total_steps or getattr(state, "max_steps", 0) or args.max_steps)
+        if total < 1:
+            raise InputError("LeadlineCallback needs the run's length for the guard's checks: set "
+                             "TrainingArguments.max_steps or pass total_steps")
+        self._guard = TrainerGuard(self.held_out_losses, self.held_out_subset, max_rollbacks=self.max_rollbacks)
+        self._guard.begin(model, params, inner, lr_scheduler, total=total,
+                          rows_per_step=rows_per_step_of(args, self.plan.get("rows_per_step")))
+
+    def _guard_end(self, step: int) -> None:
+        """The guard's end decided (the best put back where the end reads significantly worse), and its
+        checks written into the plan as ``leadline run`` writes them."""
+        if self._guard is None or self._guard.guard is None:
             return
-        losses, _ = self._read_averaged()
-        if self._passes.at_end(int(state.global_step), losses) == "best":
-            self._put(self._best or [])
+        if not self._guard.finished:
+            self._guard.end(step)
+        self.plan.set("guard", self._guard.value())
 
     def _average_if_read(self, state: Any, control: Any) -> None:
         """The averaged weights into the model when Trainer is about to save or evaluate, or the run is done."""
@@ -360,9 +341,14 @@ class LeadlineCallback(TrainerCallback):
             self.schedule.before(int(state.global_step))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the averaged
-        weights into the model before a save or an evaluation (Trainer's, which follow this event)."""
-        self._run_end(state)  # before the save of the last step, as the ending below
+        """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the guard's check,
+        rollback or stop, and at the last step (or the stop) its end; then the averaged weights into the
+        model before a save or an evaluation (Trainer's, which follow this event)."""
+        if self._guard is not None:
+            step = int(state.global_step)
+            self._guard.after_step(step, control)  # a check, a rollback or a stop; a stop decides the end
+            if self._guard.finished or step >= self._guard.total:
+                self._guard_end(step)  # before Trainer's save of this step
         self._average_if_read(state, control)
         # the ending is decided here, before Trainer's save of the last step reads the weights
         if (self.schedule is not None and not self.schedule.finished
@@ -370,14 +356,19 @@ class LeadlineCallback(TrainerCallback):
             self.ending = self.schedule.finish()
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        """A race plan: the pass rule at the epoch's end, then the averaged weights into the model
-        before an epoch's save or evaluation."""
-        self._pass_end(state, control)
+        """A race plan: the averaged weights into the model before an epoch's save or evaluation."""
         self._average_if_read(state, control)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        """A race plan with the guard: the loss Trainer logged, watched for a spike (the module docstring)."""
+        if self._guard is not None and logs and isinstance(logs.get("loss"), (int, float)):
+            self._guard.watch(float(logs["loss"]))
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """Finish a run that stopped early, then :meth:`close`; a race plan's model left holding
         the averaged weights."""
+        if self._guard is not None:  # a run Trainer ended before its last step: its end decided now
+            self._guard_end(int(state.global_step))
         if self._averaging is not None:
             self._averaging.eval()
         try:
@@ -414,8 +405,8 @@ class LeadlineCallback(TrainerCallback):
             >>> LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0).evidence() is None
             True
         """
-        if self._passes is not None:
-            return {"passes": self._passes.as_dict()}
+        if self._guard is not None:
+            return {"guard": self._guard.evidence()}
         if self.schedule is None:
             return None
         return {**self.schedule.evidence(), "ending": self.ending,
