@@ -114,7 +114,7 @@ def build(shape: str, base: str, seq: int, device: str, work: Path, checkpointin
     cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=max(seq, 2048), pad_token_id=0, eos_token_id=0)
     if base == "4bit":
         if not device.startswith("cuda"):  # what leadline says of a 4-bit base off CUDA, recorded as the case
-            from leadline.hf.precision import check_trainable
+            from leadline.run.precision import check_trainable
 
             model = LlamaForCausalLM(cfg)
             model.config.quantization_config = _bnb()

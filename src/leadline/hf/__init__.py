@@ -19,7 +19,7 @@ from leadline.hf.args import training_arguments
 from leadline.hf.deriving import derive_for, derive_parts
 from leadline.hf.find import FoundBatchSize, FoundRate, find_batch_size, find_lr
 from leadline.hf.loading import load_model, load_tokenizer
-from leadline.hf.task import Task, prepare, tokens_to_steps, trained_as_of, trained_named_weights
+from leadline.run.task import Task, prepare, tokens_to_steps, trained_as_of, trained_named_weights
 
 __all__ = ["FoundBatchSize", "FoundRate", "LeadlineCallback", "Task", "derive_for", "derive_parts", "find_batch_size",
            "find_lr", "load_model", "load_tokenizer", "prepare", "tokens_to_steps", "trained_as_of",

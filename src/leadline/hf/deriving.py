@@ -2,7 +2,7 @@
 ``Trainer`` / TRL ``SFTTrainer``) and a data set.
 
 What was given is unpacked (a trainer's model, rows, length and loss policy), the torchrun job
-joined, the :class:`~leadline.hf.task.Task` prepared and derive() run on its pieces; the values
+joined, the :class:`~leadline.run.task.Task` prepared and derive() run on its pieces; the values
 the model and the trainer say go on the plan, and the model is put back as it was.
 """
 
@@ -16,20 +16,20 @@ from typing import Any
 
 from leadline.derive.strategy import strategy_for
 from leadline.errors import InputError
-from leadline.hf.precision import check_trainable, checkpointing, precision_of
-from leadline.hf.task import (
-    Task,
-    _loss_resolution,
-    _probe,
-    _rows_of,
-    prepare,
-    trained_as_of,
-    trained_named_weights,
-)
-from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_checkpointing, trainer_rows
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 from leadline.run.one import run_in_one
+from leadline.run.precision import check_trainable, checkpointing, precision_of
+from leadline.run.task import (
+    Task,
+    loss_resolution,
+    prepare,
+    probe_of,
+    rows_of,
+    trained_as_of,
+    trained_named_weights,
+)
 from leadline.strategy import Strategy
 
 __all__ = ["EFFORTS", "PARTS", "derive_for", "derive_parts"]
@@ -171,13 +171,13 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
         sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
         rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
         path = isinstance(given.train_dataset, (str, os.PathLike))
-        corpus = Corpus(given.train_dataset if path else _rows_of(given.train_dataset), tokenizer=given.tokenizer,
+        corpus = Corpus(given.train_dataset if path else rows_of(given.train_dataset), tokenizer=given.tokenizer,
                         seq_len=p.task.seq_len, lengths=p.lengths, profile=p.prof, held_out=p.task.split.as_dict())
         pieces = Pieces(step=p.step_fn if sizes else None,
-                        gradients=(p.grad_fn or _probe(p.model, p.task, [w for _, w in p.named])) if sizes else None,
+                        gradients=(p.grad_fn or probe_of(p.model, p.task, [w for _, w in p.named])) if sizes else None,
                         weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer, train_step_of=p.train_step_of,
                         held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
-                        loss_resolution=_loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
+                        loss_resolution=loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
         plan = derive(corpus, pieces, effort=effort, total_steps=given.total_steps, epochs=given.epochs,
                       rows_per_step=rows_per_step, step_for=step_for, max_seconds=max_seconds, started=started,
                       on_progress=on_progress, resume=resume, prior=prior)
@@ -254,7 +254,7 @@ def _rows_read(data: Any, fields: dict[str, str] | None) -> Value:
     loss policy from), as derive's corpus profile records them."""
     from leadline.corpus.rows import RowReader
 
-    reader = RowReader(_rows_of(data), fields=fields)
+    reader = RowReader(rows_of(data), fields=fields)
     for _ in reader:
         pass
     return Value(reader.rows, "measured", f"rows read from {reader.source}",
@@ -303,8 +303,6 @@ def _given(model: Any, tokenizer: Any, train_dataset: Any, total_steps: int | No
     one epoch where no length is."""
     given = _Given(model, tokenizer, train_dataset, total_steps, epochs)
     if is_trainer(model):
-        from leadline.hf.precision import trainer_checkpointing
-
         trainer = model
         given.model = trainer.model
         given.checkpointed = trainer_checkpointing(trainer)
@@ -431,7 +429,7 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
     from leadline.memory.model_step import adapter_dtype_note
 
     if sizes and p.world.size == 1:  # every rank would ramp its own card
-        from leadline.hf.precision import rows_fit_unchecked
+        from leadline.run.precision import rows_fit_unchecked
 
         left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
         unchecked = rows_fit_unchecked(p.inner, p.step_fn, plan, lengths=p.lengths, seconds_left=left)

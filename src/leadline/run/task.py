@@ -1,8 +1,8 @@
 """The task a Hugging Face model trains on: its rows split, tokenized and collated, the loss
 of a batch, the train step and the held-out reader, and the noise probe over its rows.
 
-:func:`prepare` builds the :class:`Task`; :func:`~leadline.hf.deriving.derive_for` prepares one
-and runs derive() on its pieces.
+:func:`prepare` builds the :class:`Task`; the run (:func:`leadline.run.run_in_one`) prepares one
+and trains on it, :func:`leadline.hf.derive_for` prepares one and runs derive() on its pieces.
 """
 
 from __future__ import annotations
@@ -14,24 +14,25 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.hf.precision import precision_of
 from leadline.noise.gradfn import ModelGradFn
+from leadline.run.precision import precision_of
 
-__all__ = ["Task", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"]
+__all__ = ["MAX_HELD_OUT_ROWS", "Task", "loss_resolution", "prepare", "probe_of", "rows_of", "split_sizes",
+           "tokens_to_steps", "trained_as_of", "trained_named_weights"]
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
 comparison reads all of them, so their count bounds the rate phases' time (measured: docs/hf.md)."""
 
 
-def _rows_of(train_dataset: Any) -> Any:
+def rows_of(train_dataset: Any) -> Any:
     """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list.
 
     Examples:
-        >>> _rows_of("train.jsonl"), _rows_of(iter([{"text": "a"}]))
+        >>> rows_of("train.jsonl"), rows_of(iter([{"text": "a"}]))
         ('train.jsonl', [{'text': 'a'}])
         >>> try:
-        ...     _rows_of(3)
+        ...     rows_of(3)
         ... except InputError as e:
         ...     print(e)
         train_dataset must be a jsonl path, a datasets.Dataset or a list of rows, got int
@@ -222,7 +223,7 @@ def _with_eval(model: Any, tokenizer: Any, eval_dataset: Any, seq_len: int, fiel
 
     if test:
         raise InputError(f"test={test!r} asks for a test share and eval rows were given too; pass one of them")
-    extra = [r.truncated(seq_len) for r in tokenize_rows(_rows_of(eval_dataset), tokenizer, fields=fields)]
+    extra = [r.truncated(seq_len) for r in tokenize_rows(rows_of(eval_dataset), tokenizer, fields=fields)]
     extra = [r for r in extra if r.scored_tokens > 0]
     if not extra:
         raise InputError("the eval rows have nothing to score; give rows in the training data's format")
@@ -277,7 +278,7 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
 
     from leadline.corpus import split_rows
 
-    prof, rows = _scored_rows(model, tokenizer, _rows_of(train_dataset), seq_len, quantile, fields)
+    prof, rows = _scored_rows(model, tokenizer, rows_of(train_dataset), seq_len, quantile, fields)
     if isinstance(held_out, float):  # a share, capped: each check reads every held-out row
         held_out = min(round(held_out * len(rows)), MAX_HELD_OUT_ROWS)
     split = split_rows(len(rows), held_out=held_out, test=test, seed=seed)
@@ -293,7 +294,7 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     return task, prof
 
 
-def _probe(model: Any, task: Task, params: list[Any]) -> Any:
+def probe_of(model: Any, task: Task, params: list[Any]) -> Any:
     """The probe's grad_fn over the task's rows, telling derive how many rows a draw reads."""
     return _TaskProbe(model, task, params)
 
@@ -319,7 +320,7 @@ class _TaskProbe(_CountedProbe):
         return _CountedProbe(self.model, self._task.draws_of(rows), self._given_params, rows)
 
 
-def _loss_resolution(model: Any) -> float:
+def loss_resolution(model: Any) -> float:
     """The grain of the held-out loss: bf16/fp16 forwards (a 4-bit base computing in bf16
     included) round it at ~1e-3 of its size."""
     from leadline.rate.first_step import BF16_RESOLUTION, RESOLUTION
