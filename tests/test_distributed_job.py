@@ -170,7 +170,7 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
     clock rank 0 would skip phases rank 1 runs, and the job would hang. The budget left is the
     least on any rank, so both skip the same phases."""
     import leadline.derive.recipe as d
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     real = d.describe_data
 
@@ -181,7 +181,8 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
 
     d.describe_data = late
     try:
-        plan = derive_for(_lora_model(tok), tok, str(DATA / "text.jsonl"), total_steps=12, effort="full", max_seconds=1.5)
+        plan = derive_for(_lora_model(tok), tok, str(DATA / "text.jsonl"), total_steps=12, effort="full",
+                          options=DeriveOptions(max_seconds=1.5))
     finally:
         d.describe_data = real
     return {"plan": plan.to_json(), "notes": plan.notes}
@@ -303,7 +304,9 @@ def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, An
 
     params = [p for p in model.parameters() if p.requires_grad]
     before = tensors_digest([_local(p.detach()) for p in params])
-    plan = _derive(model, tok, held_out=held_out)
+    from leadline.hf import DeriveOptions
+
+    plan = _derive(model, tok, options=DeriveOptions(held_out=held_out))
     return {"plan": plan.to_json(), "digest": plan_digest(plan),
             "weights_kept": tensors_digest([_local(p.detach()) for p in params]) == before,
             "grads_none": all(p.grad is None for p in params),
