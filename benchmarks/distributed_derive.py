@@ -136,7 +136,7 @@ def device_of(world: Any, args: argparse.Namespace) -> str:
 # ---- derive -------------------------------------------------------------------------------
 def cmd_derive(args: argparse.Namespace) -> dict[str, Any]:
     from leadline.distributed import job_from_env, scale_out
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     with job_from_env(args.device) as world:
         dev = device_of(world, args)
@@ -151,7 +151,8 @@ def cmd_derive(args: argparse.Namespace) -> dict[str, Any]:
         if world is not None:
             world.barrier()
         t = time.perf_counter()
-        plan = derive_for(model, tok, str(train), epochs=1.0, effort=args.effort, max_seconds=args.max_seconds, seed=args.seed)
+        plan = derive_for(model, tok, str(train), epochs=1.0, effort=args.effort, seed=args.seed,
+                          options=DeriveOptions(max_seconds=args.max_seconds))
         seconds = time.perf_counter() - t
         so = scale_out(plan)
         log(plan.report())

@@ -114,7 +114,7 @@ def build(shape: str, base: str, seq: int, device: str, work: Path, checkpointin
     cfg = LlamaConfig(**SHAPES[shape], max_position_embeddings=max(seq, 2048), pad_token_id=0, eos_token_id=0)
     if base == "4bit":
         if not device.startswith("cuda"):  # what leadline says of a 4-bit base off CUDA, recorded as the case
-            from leadline.hf.precision import check_trainable
+            from leadline.run.precision import check_trainable
 
             model = LlamaForCausalLM(cfg)
             model.config.quantization_config = _bnb()
@@ -303,14 +303,14 @@ def run_case(shape: str, base: str, card_gb: float, args: argparse.Namespace, to
 def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card_gb: float,
                     args: argparse.Namespace, case: dict[str, Any], save: Any) -> tuple[Any, int]:
     """derive_for bounded by --derive-seconds, then derive's ramp alone up to --max-rows."""
-    from leadline.hf import derive_for, prepare
+    from leadline.hf import DeriveOptions, derive_for, prepare
     from leadline.memory import TrainingStep, ramp
 
     t = time.perf_counter()
     if args.effort == "race":
         return race_micro_batch(model, tok, rows, shape, base, card_gb, args, case, save)
     plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="quick", seq_len=args.seq,
-                      max_seconds=args.derive_seconds, progress=False)
+                      progress=False, options=DeriveOptions(max_seconds=args.derive_seconds))
     case["derive"] = {
         "wall_seconds": time.perf_counter() - t, "derive_seconds": plan.derive_seconds,
         "phases": [{"phase": p.phase, "seconds": p.seconds, "status": p.status} for p in plan.phases],

@@ -1054,7 +1054,7 @@ def _rm(p: Path) -> None:
 # ---- the workers: arms that are not leadline's CLI ----------------------------------------
 def trained_rows(given: int) -> int:
     """The rows ``leadline run`` trains on of ``given``: it holds out what its decisions read, 10%
-    of the rows and at most 256 (:data:`leadline.hf.task.MAX_HELD_OUT_ROWS`), and takes no test split
+    of the rows and at most 256 (:data:`leadline.run.task.MAX_HELD_OUT_ROWS`), and takes no test split
     unless asked (``--test-share``, ``--eval``). Every comparison arm trains on all ``given``."""
     return given - min(round(0.1 * given), 256)
 

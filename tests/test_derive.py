@@ -34,7 +34,7 @@ def derived(tmp_path_factory):
     import torch
 
     from helpers import make_model, make_tokenizer
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
@@ -52,7 +52,8 @@ def derived(tmp_path_factory):
     lines = (DATA / "prompt_completion.jsonl").read_text().splitlines()
     data = tmp_path_factory.mktemp("rows") / "rows.jsonl"
     data.write_text("\n".join((lines * (1 + 400 // len(lines)))[:400]) + "\n")
-    plan = derive_for(model, tok, str(data), total_steps=12, effort="quick", on_progress=events.append)
+    plan = derive_for(model, tok, str(data), total_steps=12, effort="quick",
+                      options=DeriveOptions(on_progress=events.append))
     after = {
         "digest": tensors_digest(list(model.parameters())),
         "rng": torch.random.get_rng_state().clone(),

@@ -88,20 +88,20 @@ def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
     """B: rank 1's card refuses 2 rows in the ramp (an injected OOM): a measurement on both."""
     import torch
 
-    import leadline.hf.task as hf
+    import leadline.run.task as task_module
 
-    real = hf.Task.loss_of
+    real = task_module.Task.loss_of
 
     def loss_of(self: Any, b: int, length: int) -> Any:
         if rank == 1 and b >= 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected on rank 1)")
         return real(self, b, length)
 
-    hf.Task.loss_of = loss_of  # type: ignore[method-assign]
+    task_module.Task.loss_of = loss_of  # type: ignore[method-assign]
     try:
         plan = _derive(_lora_model(tok), tok)
     finally:
-        hf.Task.loss_of = real  # type: ignore[method-assign]
+        task_module.Task.loss_of = real  # type: ignore[method-assign]
     return {"plan": plan.to_json(), "rows_fit": plan.rows_fit, "ranks": plan["rows_fit"].evidence["ranks"]}
 
 
@@ -170,7 +170,7 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
     clock rank 0 would skip phases rank 1 runs, and the job would hang. The budget left is the
     least on any rank, so both skip the same phases."""
     import leadline.derive.recipe as d
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     real = d.describe_data
 
@@ -181,7 +181,8 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
 
     d.describe_data = late
     try:
-        plan = derive_for(_lora_model(tok), tok, str(DATA / "text.jsonl"), total_steps=12, effort="full", max_seconds=1.5)
+        plan = derive_for(_lora_model(tok), tok, str(DATA / "text.jsonl"), total_steps=12, effort="full",
+                          options=DeriveOptions(max_seconds=1.5))
     finally:
         d.describe_data = real
     return {"plan": plan.to_json(), "notes": plan.notes}
@@ -303,7 +304,9 @@ def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, An
 
     params = [p for p in model.parameters() if p.requires_grad]
     before = tensors_digest([_local(p.detach()) for p in params])
-    plan = _derive(model, tok, held_out=held_out)
+    from leadline.hf import DeriveOptions
+
+    plan = _derive(model, tok, options=DeriveOptions(held_out=held_out))
     return {"plan": plan.to_json(), "digest": plan_digest(plan),
             "weights_kept": tensors_digest([_local(p.detach()) for p in params]) == before,
             "grads_none": all(p.grad is None for p in params),
@@ -357,9 +360,9 @@ def _scenario_fsdp_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
     identical cards would): rows_fit 1 on both, a measurement, under either kind of FSDP."""
     import torch
 
-    import leadline.hf.task as hf
+    import leadline.run.task as task_module
 
-    real = hf.Task.loss_of
+    real = task_module.Task.loss_of
     out: dict[str, Any] = {}
     for kind, shard in (("fsdp1", _fsdp1), ("fsdp2", _fsdp2)):
         model = shard(tok)
@@ -376,11 +379,11 @@ def _scenario_fsdp_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
             finally:
                 hook.remove()
 
-        hf.Task.loss_of = loss_of  # type: ignore[method-assign]
+        task_module.Task.loss_of = loss_of  # type: ignore[method-assign]
         try:
             plan = _derive(model, tok)
         finally:
-            hf.Task.loss_of = real  # type: ignore[method-assign]
+            task_module.Task.loss_of = real  # type: ignore[method-assign]
         out[kind] = {"plan": plan.to_json(), "rows_fit": plan.rows_fit, "alpha1": plan.alpha1,
                      "ranks": plan["rows_fit"].evidence["ranks"]}
     return out
@@ -487,10 +490,10 @@ def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
     with rank 1's sentence through the store: rank 1 at once, rank 0 when its collective ends."""
     import torch
 
-    import leadline.hf.task as hf
+    import leadline.run.task as task_module
 
     _short_group_timeout()
-    real = hf.Task.loss_of
+    real = task_module.Task.loss_of
     model = _fsdp1(tok)
     layer = next(m for n, m in model.named_modules() if n.endswith("layers.1"))
 
@@ -505,8 +508,8 @@ def _scenario_fsdp_one_rank_oom(rank: int, tok: Any) -> dict[str, Any]:
         finally:
             hook.remove()
 
-    hf.Task.loss_of = loss_of  # type: ignore[method-assign]
-    return _until_stopped(lambda: _derive(model, tok), lambda: setattr(hf.Task, "loss_of", real))
+    task_module.Task.loss_of = loss_of  # type: ignore[method-assign]
+    return _until_stopped(lambda: _derive(model, tok), lambda: setattr(task_module.Task, "loss_of", real))
 
 
 def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:

@@ -170,7 +170,8 @@ def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(hf, "prepare", slow_prepare)
-    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick", max_seconds=1.0)
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+                         options=hf.DeriveOptions(max_seconds=1.0))
     assert any("not reached within max_seconds" in n for n in plan.notes), plan.notes
 
 
@@ -194,7 +195,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
 
     monkeypatch.setattr(phases, "memory", slow_memory)
     plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
-                         max_seconds=budget)
+                         options=hf.DeriveOptions(max_seconds=budget))
     assert plan.rows_fit >= 1 and 1 <= plan.micro_batch <= plan.rows_fit and plan.grad_accum >= 1
     assert plan["tokens_per_step"].kind != "constant" and "timed_in_turn" not in plan["tokens_per_step"].evidence
     assert next(t for t in plan.phases if t.phase == "step").status == "done"

@@ -57,7 +57,7 @@ def test_find_batch_size_runs_the_batch_phases_alone(trainer, tmp_path):
 
 def test_find_lr_runs_the_rate_phases_at_the_trainers_batch(trainer, monkeypatch):
     from leadline.hf import FoundRate, find_lr
-    from leadline.hf.task import Task
+    from leadline.run.task import Task
 
     asked: list[tuple[int, int]] = []
     real = Task.train_step_of

@@ -126,14 +126,14 @@ def test_one_default_effort_across_the_entry_points():
 
 
 def test_what_the_race_does_not_take_is_refused_before_any_work():
-    from leadline.hf import derive_for, derive_parts
+    from leadline.hf import DeriveOptions, derive_for, derive_parts
 
     tok = make_tokenizer()
     model = _lora_model(tok)
     with pytest.raises(InputError, match=r"^max_seconds, step_for shape derive\(\)'s phases, .*effort='quick'"):
-        derive_for(model, tok, ROWS, max_seconds=30, step_for="time")
+        derive_for(model, tok, ROWS, options=DeriveOptions(max_seconds=30, step_for="time"))
     with pytest.raises(InputError, match=r"^held_out shapes derive\(\)'s phases"):
-        derive_for(model, tok, ROWS, held_out=8)
+        derive_for(model, tok, ROWS, options=DeriveOptions(held_out=8))
     with pytest.raises(InputError, match=r"effort='fast' is not one of race, quick, full"):
         derive_for(model, tok, ROWS, effort="fast")
     with pytest.raises(InputError, match=r"derive_for\(\.\.\., effort='race'\)"):

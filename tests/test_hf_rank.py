@@ -1,5 +1,5 @@
-"""derive_for(fit_rank=True): the largest LoRA rank whose real step fits at the plan's shape,
-measured on a probe adapter beside the model's own, which is left exactly as it was."""
+"""derive_for(..., options=DeriveOptions(fit_rank=True)): the largest LoRA rank whose real step fits
+at the plan's shape, measured on a probe adapter beside the model's own, which is left exactly as it was."""
 
 from __future__ import annotations
 
@@ -24,14 +24,15 @@ def _state(model):
 
 
 def test_derive_for_measures_the_rank_at_the_plans_shape_and_leaves_the_adapter_as_it_was():
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
     from leadline.hf.rank import RANKS
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
     model.eval()
     before = _state(model)
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick", fit_rank=True)
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+                      options=DeriveOptions(fit_rank=True))
     v = plan["lora_rank_fit"]
     assert v.kind == "measured" and v.value in RANKS
     tried = v.evidence["tried"]
@@ -56,12 +57,12 @@ def test_a_card_nothing_fits_on_says_so_and_still_puts_everything_back():
 
 
 def test_fit_rank_is_refused_for_a_model_without_lora_before_anything_runs():
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     tok = make_tokenizer()
     with pytest.raises(InputError, match="fit_rank needs a PEFT model with a LoRA adapter"):
         derive_for(make_model(vocab_size=len(tok)), tok, str(DATA / "missing.jsonl"), effort="quick",
-                   fit_rank=True)
+                   options=DeriveOptions(fit_rank=True))
 
 
 def test_too_little_time_left_is_a_note_not_a_measurement():

@@ -1,5 +1,6 @@
-"""The package's layers: no import cycle among leadline's modules (imports inside functions
-count), no private name imported across packages, and plan.py at the bottom."""
+"""The package's layers: no import cycle among leadline's modules nor among its packages (imports
+inside functions count), no private name imported across packages, plan.py at the bottom, and the
+run (``leadline.run``) below the Hugging Face layer and the command line."""
 
 from __future__ import annotations
 
@@ -35,10 +36,11 @@ def _type_checking_lines(tree: ast.AST) -> set[int]:
     return lines
 
 
-def _imports(name: str) -> list[tuple[str, str | None]]:
-    """``(module, imported name or None)`` for every import in module ``name``, anywhere in it."""
+def _imports(name: str, type_checking: bool = False) -> list[tuple[str, str | None]]:
+    """``(module, imported name or None)`` for every import in module ``name``, anywhere in it;
+    those of ``if TYPE_CHECKING:`` blocks only when ``type_checking``."""
     tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
-    skip = _type_checking_lines(tree)
+    skip = set() if type_checking else _type_checking_lines(tree)
     package = name if _is_package(name) else name.rpartition(".")[0]
     out: list[tuple[str, str | None]] = []
     for node in ast.walk(tree):
@@ -119,6 +121,51 @@ def _home(module: str) -> str:
     directly under leadline is its own home."""
     parts = module.split(".")
     return ".".join(parts[:2])
+
+
+def _package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages: ``leadline.hf`` imports ``leadline.run`` when one of
+    its modules imports one of run's."""
+    out: dict[str, set[str]] = {_home(m): set() for m in graph}
+    for module, targets in graph.items():
+        for target in targets:
+            out.setdefault(_home(target), set())
+            if _home(target) != _home(module):
+                out[_home(module)].add(_home(target))
+    return out
+
+
+KNOWN_PACKAGE_CYCLES: list[list[str]] = []
+"""Package cycles that exist and are tracked elsewhere, each sorted as :func:`_cycles` returns it.
+None today: a new one fails the test below."""
+
+
+def test_no_import_cycle_among_the_packages():
+    cycles = [c for c in _cycles(_package_edges(_edges())) if c not in KNOWN_PACKAGE_CYCLES]
+    crossings = {
+        " <-> ".join(c): sorted(f"{m} -> {t}" for m in MODULES if _home(m) in c for t in _edges()[m]
+                                if _home(t) in c and _home(t) != _home(m))
+        for c in cycles
+    }
+    assert not cycles, f"package cycles (imports inside functions count): {crossings}"
+
+
+def test_the_package_cycle_check_folds_modules_onto_their_packages():
+    modules = {"leadline.hf.deriving": {"leadline.run.one"}, "leadline.run.one": {"leadline.hf.task"},
+               "leadline.hf.task": set(), "leadline.plan": set()}
+    assert _cycles(_package_edges(modules)) == [["leadline.hf", "leadline.run"]]
+    assert _cycles(_package_edges({**modules, "leadline.run.one": {"leadline.plan"}})) == []
+
+
+def test_the_run_imports_neither_the_hugging_face_layer_nor_the_command_line():
+    above = ("leadline.hf", "leadline.cli")
+    run_modules = [m for m in MODULES if _home(m) == "leadline.run"]
+    assert "leadline.run.one" in run_modules and "leadline.run.task" in run_modules
+    reached = sorted(f"{name} imports {module}" + (f".{what}" if what else "")
+                     for name in run_modules for module, what in _imports(name, type_checking=True)
+                     if any(module == a or module.startswith(a + ".") for a in above)
+                     or (module == "leadline" and what in ("hf", "cli")))
+    assert not reached, "leadline.run reaches above itself: " + "; ".join(reached)
 
 
 def test_no_private_name_is_imported_across_packages():

@@ -71,7 +71,7 @@ def test_without_a_terminal_one_line_a_finished_phase():
 
 def test_derive_for_shows_the_bar_when_asked_and_is_silent_when_not(tiny_model, tokenizer, capsys):
     from helpers import DATA
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     events: list[dict] = []
     derive_for(
@@ -81,7 +81,7 @@ def test_derive_for_shows_the_bar_when_asked_and_is_silent_when_not(tiny_model, 
         total_steps=4,
         effort="quick",
         progress=True,
-        on_progress=events.append,
+        options=DeriveOptions(on_progress=events.append),
     )
     err = capsys.readouterr().err
     assert "corpus: done" in err and "warmup: done" in err

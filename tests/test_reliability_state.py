@@ -88,7 +88,7 @@ def test_derive_for_with_fit_rank_leaves_the_global_rng_as_it_found_it():
     import numpy as np
     import torch
 
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
@@ -96,7 +96,8 @@ def test_derive_for_with_fit_rank_leaves_the_global_rng_as_it_found_it():
     random.seed(5)
     np.random.seed(6)
     before = (torch.get_rng_state().clone(), random.getstate(), np.random.get_state()[1].copy())
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=6, effort="quick", fit_rank=True)
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=6, effort="quick",
+                      options=DeriveOptions(fit_rank=True))
     assert "lora_rank_fit" in plan  # the probe adapters were made (their init draws from torch's generator)
     assert torch.equal(torch.get_rng_state(), before[0])
     assert random.getstate() == before[1] and (np.random.get_state()[1] == before[2]).all()
@@ -104,7 +105,7 @@ def test_derive_for_with_fit_rank_leaves_the_global_rng_as_it_found_it():
 
 def test_a_resume_file_from_another_seed_is_refused(tmp_path):
     pytest.importorskip("peft")
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     tok = make_tokenizer()
     data, resume, kept = str(DATA / "prompt_completion.jsonl"), tmp_path / "derive.json", tmp_path / "cut.json"
@@ -114,10 +115,11 @@ def test_a_resume_file_from_another_seed_is_refused(tmp_path):
             shutil.copy(resume, kept)
 
     plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="quick", seed=0,
-                      resume=resume, on_progress=keep)
+                      options=DeriveOptions(resume=resume, on_progress=keep))
     assert kept.exists() and plan.held_out["seed"] == 0
     with pytest.raises(InputError, match=r"different run \(.*seed.*differ"):
-        derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="quick", seed=1, resume=kept)
+        derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="quick", seed=1,
+                   options=DeriveOptions(resume=kept))
 
 
 def _enormous(tmp_path, words: int = 20000):
@@ -145,13 +147,14 @@ def test_the_length_is_cut_to_the_models_positions_with_the_share_it_costs(tmp_p
 
 def test_one_enormous_row_ends_in_a_plan_within_max_seconds(tmp_path, monkeypatch):
     pytest.importorskip("peft")
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same cut on every machine
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok), positions=128))  # the other rows' longest is 113 tokens
     t0 = clock()
-    plan = derive_for(model, tok, str(_enormous(tmp_path)), total_steps=6, effort="quick", max_seconds=60)
+    plan = derive_for(model, tok, str(_enormous(tmp_path)), total_steps=6, effort="quick",
+                      options=DeriveOptions(max_seconds=60))
     assert clock() - t0 <= 60
     assert plan.seq_len == 128 and plan["seq_len"].evidence["rule"] == "positions"
 

@@ -618,7 +618,7 @@ def test_a_long_board_runs_the_recipe_shaped_arms_three_passes_and_leadline_thre
     import argparse
 
     from leadline.corpus.splits import split_rows
-    from leadline.hf.task import MAX_HELD_OUT_ROWS
+    from leadline.run.task import MAX_HELD_OUT_ROWS
 
     for n in (1000, 2000, 3001, 5000):  # leadline run holds out its decisions' rows and takes no test split
         held = min(round(0.1 * n), MAX_HELD_OUT_ROWS)

@@ -1,16 +1,20 @@
-"""The shape of derive/, hf/ and rate/: no function longer than a screen, and derive and distributed
-apart (neither package imports the other, imports inside functions included; distributed reaches
-no module of derive through any other)."""
+"""The shape of derive/, hf/, rate/ and run/: no function longer than a screen; derive_for's
+parameters fit a screen's signature (the rest in DeriveOptions); the run's public functions
+answer in types, not ``dict[str, Any]``; and derive and distributed apart (neither package
+imports the other, imports inside functions included; distributed reaches no module of derive
+through any other)."""
 
 from __future__ import annotations
 
 import ast
+import inspect
+import re
 from pathlib import Path
 
 from test_layers import MODULES, _edges, _imports
 
 SRC = Path(__file__).resolve().parent.parent / "src" / "leadline"
-PACKAGES = ("derive", "hf", "rate")
+PACKAGES = ("derive", "hf", "rate", "run")
 MOST_LINES = 60
 """A function's lines, from its ``def`` to its last line, docstring included."""
 
@@ -55,9 +59,10 @@ def _functions() -> dict[str, tuple[int, int]]:
     return out
 
 
-def test_no_function_in_derive_hf_or_rate_is_longer_than_a_screen():
+def test_no_function_in_derive_hf_rate_or_run_is_longer_than_a_screen():
     functions = _functions()
     assert len(functions) > 100  # the packages were found
+    assert any(name.startswith("leadline.run.one.") for name in functions)
     long = {name: lines for name, (lines, _) in functions.items() if lines > MOST_LINES and name not in DOCSTRING_APART}
     assert not long, f"functions longer than {MOST_LINES} lines (split them): {long}"
 
@@ -107,3 +112,60 @@ def test_distributed_reaches_no_module_of_derive():
 def test_the_package_of_a_module():
     assert _package("leadline.derive.recipe") == "derive" and _package("leadline.derive") == "derive"
     assert _package("leadline.runner") is None and _package("leadline") is None
+
+
+MOST_PARAMETERS = 12
+"""derive_for's parameters at most: the common ones as keywords, what shapes derive()'s phases in
+:class:`~leadline.hf.DeriveOptions` (as derive() takes ``Corpus`` and ``Pieces``)."""
+
+
+def test_derive_for_takes_at_most_twelve_parameters_the_rest_in_its_options():
+    import dataclasses
+
+    from leadline.hf import DeriveOptions, derive_for
+
+    parameters = inspect.signature(derive_for).parameters
+    assert len(parameters) <= MOST_PARAMETERS, list(parameters)
+    assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values())  # none hidden in **kw
+    assert parameters["options"].default is None
+    assert dataclasses.is_dataclass(DeriveOptions) and DeriveOptions.__dataclass_params__.frozen
+    assert not set(parameters) & {f.name for f in dataclasses.fields(DeriveOptions)}  # each in one place
+
+
+UNTYPED = re.compile(r"^(typing\.)?(dict|Dict)(\[str, *(typing\.)?Any\])?( *\| *None)?$")
+"""A return annotation that says only "a dict": ``dict``, ``dict[str, Any]``, optionally ``| None``."""
+
+AS_DICT = "as_dict"
+"""The one method of the run's results that answers a dict: their JSON form (run.json)."""
+
+
+def _public_returns(path: Path) -> dict[str, str]:
+    """``qualified name -> return annotation`` of the public functions of a module and the public
+    methods of its public classes."""
+    out: dict[str, str] = {}
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:
+        defs = [(node.name, node)] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+            defs = [(f"{node.name}.{d.name}", d) for d in node.body
+                    if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d.name != AS_DICT]
+        for name, d in defs:
+            if not name.rpartition(".")[2].startswith("_"):
+                out[name] = ast.unparse(d.returns) if d.returns is not None else ""
+    return out
+
+
+def test_no_public_function_of_the_run_returns_an_untyped_dict():
+    returns = {f"{path.stem}.{name}": ann for path in sorted((SRC / "run").glob("*.py"))
+               if not path.stem.startswith("_") or path.stem == "__init__"
+               for name, ann in _public_returns(path).items()}
+    assert "one.run_in_one" in returns and "one.run_steps_of" in returns  # the modules were read
+    untyped = {name: ann for name, ann in returns.items() if UNTYPED.match(ann)}
+    assert not untyped, f"public functions of leadline.run answering an untyped dict: {untyped}"
+    unsaid = sorted(name for name, ann in returns.items() if not ann)
+    assert not unsaid, f"public functions of leadline.run without a return annotation: {unsaid}"
+
+
+def test_the_untyped_dict_check_tells_a_dict_from_a_type():
+    assert all(UNTYPED.match(a) for a in ("dict[str, Any]", "dict", "dict[str, Any] | None", "Dict[str, Any]"))
+    assert not any(UNTYPED.match(a) for a in ("RunResult", "dict[str, int | float]", "tuple[Plan, RunResult]"))

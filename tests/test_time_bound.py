@@ -151,7 +151,7 @@ def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_c
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, target_modules="all-linear",
                                                                         task_type="CAUSAL_LM"))
     plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
-                         max_seconds=60.0)
+                         options=hf.DeriveOptions(max_seconds=60.0))
     first = next(t for t in plan.phases if t.phase == "first_step")
     assert first.status == "cut" and first.reads == 0 and first.seconds < 5.0
     assert any(n.startswith("first_step: cut by max_seconds=60") for n in plan.notes), plan.notes

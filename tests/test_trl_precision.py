@@ -28,7 +28,7 @@ def _four_bit(model):
 def test_reads_float32_bf16_and_checkpointing():
     import torch
 
-    from leadline.hf.precision import precision_of
+    from leadline.run.precision import precision_of
 
     tok = make_tokenizer()
     p = precision_of(_lora(make_model(vocab_size=len(tok))))
@@ -42,14 +42,14 @@ def test_reads_float32_bf16_and_checkpointing():
 
 
 def test_a_four_bit_base_is_read_with_its_compute_dtype():
-    from leadline.hf.precision import precision_of
-    from leadline.hf.task import _loss_resolution
     from leadline.rate.first_step import BF16_RESOLUTION
+    from leadline.run.precision import precision_of
+    from leadline.run.task import loss_resolution
 
     model = _lora(_four_bit(make_model()))
     p = precision_of(model)
     assert p.quantization == "4-bit nf4" and p.compute_dtype == "bfloat16" and p.adapter
-    assert _loss_resolution(model) == BF16_RESOLUTION  # the rate phases read the loss at bf16's grain
+    assert loss_resolution(model) == BF16_RESOLUTION  # the rate phases read the loss at bf16's grain
     assert "4-bit nf4" in p.as_value().source
 
 
@@ -66,7 +66,7 @@ def test_a_quantized_base_without_adapter_or_off_cuda_is_one_sentence():
 
 def test_checkpointing_on_a_model_without_it_is_one_sentence():
     from leadline.errors import InputError
-    from leadline.hf.precision import checkpointing
+    from leadline.run.precision import checkpointing
 
     model = make_model()
     model.supports_gradient_checkpointing = False
@@ -175,8 +175,8 @@ def test_rows_fit_with_and_without_checkpointing_side_by_side(tmp_path, monkeypa
     from trl import SFTConfig, SFTTrainer
 
     from leadline.hf import find_batch_size
-    from leadline.hf.precision import precision_of
-    from leadline.hf.task import Task
+    from leadline.run.precision import precision_of
+    from leadline.run.task import Task
 
     seen: list[bool] = []
     real = Task.loss_of
@@ -220,8 +220,8 @@ def test_rows_fit_without_checkpointing_is_zero_when_nothing_fits_without_it(tmp
     from trl import SFTConfig, SFTTrainer
 
     from leadline.hf import find_batch_size
-    from leadline.hf.precision import precision_of
-    from leadline.hf.task import Task
+    from leadline.run.precision import precision_of
+    from leadline.run.task import Task
 
     real = Task.loss_of
 

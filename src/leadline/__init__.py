@@ -1,7 +1,9 @@
 """leadline: fine-tuning hyperparameters sounded from your machine and your task.
 
-Every number comes back as a :class:`Value` with its kind, its source sentence and its
-evidence. ``import leadline`` loads no torch: the heavy parts load when first used.
+The default run is :func:`run_in_one` (``leadline run``): one load of the model, the rate raced
+on the run's opening steps, one guarded loop, and a :class:`RunResult`. Every number comes back
+as a :class:`Value` with its kind, its source sentence and its evidence. ``import leadline``
+loads no torch: the heavy parts load when first used.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from leadline.plan import KINDS, Plan, Value
 
 # The public surface, name -> module. Loaded on first use so `import leadline` stays light.
 _LAZY: dict[str, str] = {
+    # the default run: one load, the opening race, the guarded loop
+    "run_in_one": "leadline.run",
+    "RunResult": "leadline.run.result",
     # the statistics
     "stats": "leadline.stats",
     # the corpus
@@ -40,7 +45,7 @@ _LAZY: dict[str, str] = {
     "tokens_per_step": "leadline.noise",
     "NoiseMonitor": "leadline.noise",
     "Controller": "leadline.noise",
-    # the rate and the run
+    # the rate
     "measure_first_step": "leadline.rate",
     "lookahead_lr": "leadline.rate",
     "race": "leadline.rate",

@@ -121,10 +121,10 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     """
     import torch
 
-    from leadline.hf import trained_named_weights
     from leadline.memory import forbid_spill
     from leadline.rate import LookaheadSchedule, lookahead_from
     from leadline.rate.schedule import ending_steps_for
+    from leadline.run.task import trained_named_weights
 
     if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
         return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
@@ -262,8 +262,7 @@ def _task(model: Any, tokenizer: Any, data: Any, plan: Plan) -> tuple[Any, Any]:
     """The rows split as derive() split them (the plan's seed), checked against the plan's held-out
     rows, and read by the fields the plan names (``plan.data["fields"]``, as ``--field`` set them);
     with the corpus profile."""
-    from leadline.hf import prepare
-    from leadline.hf.task import split_sizes
+    from leadline.run.task import prepare, split_sizes
 
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None

@@ -21,7 +21,7 @@ PLAN_NAME = "plan.json"  # the plan in an output folder (derive --out DIR, run -
 RAM_SHARE = 0.9  # of the RAM available when the command starts, the most its allocations may add
 MAX_EPOCHS = 1000  # a run of more passes over its training rows than this is a typo, not a plan
 HELD_OUT_SHARE = TEST_SHARE = 0.1  # the shares of the rows derive holds out and tests on (derive_for's defaults)
-MAX_HELD_OUT_ROWS = 256  # as leadline.hf.task caps the held-out share
+MAX_HELD_OUT_ROWS = 256  # as leadline.run.task caps the held-out share
 LONGEST_ROWS = 4  # the longest rows by characters, tokenized before the derive to find the length it trains at
 
 
@@ -227,7 +227,7 @@ def check_lora_rank(model: Any, rank: int) -> None:
 def check_full(model: Any, path: str) -> None:
     """``--full`` on a base that loads quantized: one sentence in the shell's words (the library's
     own sentence speaks of peft and SFTTrainer)."""
-    from leadline.hf.precision import precision_of
+    from leadline.run.precision import precision_of
 
     quantization = precision_of(model).quantization
     if quantization:

@@ -301,7 +301,7 @@ def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) ->
 def recipe_steps(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seed: int = 0) -> int:
     """The optimizer steps of one pass at 16 rows a step over what the run's split leaves to
     train on (what the recipe and schedule-free take), computed without training."""
-    from leadline.hf import prepare
+    from leadline.run.task import prepare
 
     task, _ = prepare(model, tokenizer, rows, seed=seed)
     return max(1, len(task.order) // RECIPE["rows_per_step"])
@@ -317,7 +317,7 @@ def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tup
         return None, (f"the package schedulefree is not importable ({e}); pip install schedulefree, or "
                       "pip install 'leadline[hf]'")
     from leadline.cli.train import recipe_micro_batch
-    from leadline.hf import prepare, trained_named_weights
+    from leadline.run.task import prepare, trained_named_weights
 
     task, _ = prepare(model, tokenizer, str(data), seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
     per_step = SCHEDULE_FREE["rows_per_step"]

@@ -270,17 +270,18 @@ def write_plan(plan: Plan, out: Path, kept: StateKeeper | None, *, html: str | P
 def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
     """derive_for on the loaded model with the command's options; the progress bar closed after."""
     from leadline.cli._common import check_length, fields_of, plan_file
-    from leadline.hf import derive_for
+    from leadline.hf import DeriveOptions, derive_for
 
     fields = fields_of(args)
     try:
         check_length(args, model, tok, getattr(args, "data_rows", None),
                      command=getattr(args, "command", None) or "derive")
         prior = None if args.prior is None else str(plan_file("--prior", args.prior))
+        options = DeriveOptions(quantile=args.quantile, max_seconds=args.max_seconds, on_progress=bar,
+                                resume=args.resume, prior=prior, fit_rank=args.fit_rank, step_for=args.step_for)
         plan = derive_for(model, tok, args.data, total_steps=args.steps, epochs=args.epochs, effort=args.effort,
-                          seq_len=args.seq_len, quantile=args.quantile, max_seconds=args.max_seconds,
-                          on_progress=bar, resume=args.resume, prior=prior, seed=args.seed, fit_rank=args.fit_rank,
-                          rows_per_step=args.rows_per_step, step_for=args.step_for, fields=fields or None)
+                          seq_len=args.seq_len, seed=args.seed, rows_per_step=args.rows_per_step,
+                          fields=fields or None, options=options)
     finally:
         if bar is not None:
             bar.close()

@@ -7,6 +7,9 @@ schedule and the memory watch inside ``Trainer``.
     args = training_arguments(plan, TrainingArguments(output_dir="out"))
     trainer = Trainer(model=model, args=args, ..., callbacks=[LeadlineCallback.for_plan(plan, ...)])
 
+What shapes derive()'s phases (``effort="quick"`` or ``"full"``: ``max_seconds``, ``held_out``,
+``fit_rank``, ...) goes in ``derive_for(..., options=DeriveOptions(...))``.
+
 One answer each (:mod:`leadline.hf.find`): ``find_batch_size(trainer).suggestion()``,
 ``find_lr(trainer).suggestion()``.
 """
@@ -16,13 +19,13 @@ from __future__ import annotations
 from typing import Any
 
 from leadline.hf.args import training_arguments
-from leadline.hf.deriving import derive_for, derive_parts
+from leadline.hf.deriving import DeriveOptions, derive_for, derive_parts
 from leadline.hf.find import FoundBatchSize, FoundRate, find_batch_size, find_lr
 from leadline.hf.loading import load_model, load_tokenizer
-from leadline.hf.task import Task, prepare, tokens_to_steps, trained_as_of, trained_named_weights
+from leadline.run.task import Task, prepare, tokens_to_steps, trained_as_of, trained_named_weights
 
-__all__ = ["FoundBatchSize", "FoundRate", "LeadlineCallback", "Task", "derive_for", "derive_parts", "find_batch_size",
-           "find_lr", "load_model", "load_tokenizer", "prepare", "tokens_to_steps", "trained_as_of",
+__all__ = ["DeriveOptions", "FoundBatchSize", "FoundRate", "LeadlineCallback", "Task", "derive_for", "derive_parts",
+           "find_batch_size", "find_lr", "load_model", "load_tokenizer", "prepare", "tokens_to_steps", "trained_as_of",
            "trained_named_weights", "training_arguments"]
 
 

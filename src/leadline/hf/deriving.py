@@ -2,12 +2,13 @@
 ``Trainer`` / TRL ``SFTTrainer``) and a data set.
 
 What was given is unpacked (a trainer's model, rows, length and loss policy), the torchrun job
-joined, the :class:`~leadline.hf.task.Task` prepared and derive() run on its pieces; the values
+joined, the :class:`~leadline.run.task.Task` prepared and derive() run on its pieces; the values
 the model and the trainer say go on the plan, and the model is put back as it was.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
@@ -16,43 +17,77 @@ from typing import Any
 
 from leadline.derive.strategy import strategy_for
 from leadline.errors import InputError
-from leadline.hf.precision import check_trainable, checkpointing, precision_of
-from leadline.hf.task import (
-    Task,
-    _loss_resolution,
-    _probe,
-    _rows_of,
-    prepare,
-    trained_as_of,
-    trained_named_weights,
-)
-from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_rows
+from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_checkpointing, trainer_rows
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 from leadline.run.one import run_in_one
+from leadline.run.precision import check_trainable, checkpointing, precision_of
+from leadline.run.task import (
+    Task,
+    loss_resolution,
+    prepare,
+    probe_of,
+    rows_of,
+    trained_as_of,
+    trained_named_weights,
+)
 from leadline.strategy import Strategy
 
-__all__ = ["EFFORTS", "PARTS", "derive_for", "derive_parts"]
+__all__ = ["EFFORTS", "PARTS", "DeriveOptions", "derive_for", "derive_parts"]
 
 PARTS = ("batch", "rate")
 """The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
 EFFORTS = ("race", "quick", "full")
 """derive_for's efforts, the default first: ``race`` (schedule-free AdamW, its rate raced on the
 run's opening steps, :func:`leadline.run.one.run_in_one`), ``quick`` and ``full`` (derive())."""
-_NOT_RACED: dict[str, Any] = {"quantile": None, "max_seconds": None, "on_progress": None, "resume": None,
-                              "prior": None, "trained_as": None, "held_out": 0.1, "test": 0.1, "probe_rows": 2,
-                              "fit_rank": False, "step_for": None}
-"""derive_for's arguments that shape derive()'s phases, which the race does not run, at their defaults."""
+
+
+@dataclass(frozen=True)
+class DeriveOptions:
+    """What shapes derive()'s phases (``effort="quick"`` and ``"full"``), as :func:`derive_for`'s
+    ``options``. The race (the default effort) runs none of these phases: an option set away
+    from its default is refused with it, in one sentence naming it.
+
+    Attributes:
+        quantile: the length as a quantile of the rows' lengths (instead of ``seq_len``).
+        max_seconds: a bound on the whole derive, its set-up included.
+        on_progress: called with each phase's progress event.
+        resume: the resume file of a derive cut short, to go on from.
+        prior: an earlier plan (or its path) whose measurements derive may reuse.
+        trained_as: ``"factors"`` or ``"weights"``, where the model's own answer is not the run's.
+        held_out / test: the held-out and test rows, a share or a count.
+        probe_rows: the rows of one noise-probe draw.
+        fit_rank: also the largest LoRA rank whose real step fits (a PEFT LoRA model).
+        step_for: ``"rows"`` (the default) or ``"time"``: what the step is chosen for.
+
+    Examples:
+        >>> DeriveOptions().changed()
+        []
+        >>> DeriveOptions(max_seconds=60, held_out=8).changed()
+        ['max_seconds', 'held_out']
+    """
+
+    quantile: float | None = None
+    max_seconds: float | None = None
+    on_progress: Callable[[dict[str, Any]], None] | None = None
+    resume: str | os.PathLike[str] | None = None
+    prior: Plan | str | None = None
+    trained_as: str | None = None
+    held_out: int | float = 0.1
+    test: int | float = 0.1
+    probe_rows: int = 2
+    fit_rank: bool = False
+    step_for: str | None = None
+
+    def changed(self) -> list[str]:
+        """The options set away from their defaults, in the order the class lists them."""
+        return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
 
 
 def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
-               epochs: float | None = None,
-               effort: str = "race", seq_len: int | None = None, quantile: float | None = None,
-               max_seconds: float | None = None, on_progress: Callable[[dict[str, Any]], None] | None = None,
-               resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
-               trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
-               probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
-               progress: bool | None = None, rows_per_step: int | None = None, step_for: str | None = None) -> Plan:
+               epochs: float | None = None, effort: str = "race", seq_len: int | None = None, seed: int = 0,
+               fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
+               options: DeriveOptions | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
@@ -62,6 +97,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     ``Trainer`` or TRL ``SFTTrainer`` in place of the model, derived on the rows it trains on.
     The model is measured as it trains (a bf16 or 4-bit base, an adapter or every weight,
     checkpointing) and left as it was. Under torchrun every rank calls it and gets rank 0's plan.
+    ``options``: what shapes derive()'s phases (:class:`DeriveOptions`), refused with the race.
     Every argument, what each effort takes and refuses: ``docs/hf.md``, "derive_for's arguments".
 
     Examples:
@@ -75,12 +111,13 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         ...     print(e)
         derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone
         >>> try:
-        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], effort="quick", fit_rank=True)  # full
+        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], effort="quick",
+        ...                options=DeriveOptions(fit_rank=True))  # a full fine-tune
         ... except InputError as e:
         ...     print(e)
         fit_rank needs a PEFT model with a LoRA adapter (peft.get_peft_model); for a full fine-tune there is no ...
         >>> try:
-        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], max_seconds=60)
+        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], options=DeriveOptions(max_seconds=60))
         ... except InputError as e:
         ...     print(e)
         max_seconds shapes derive()'s phases, which effort='race' (the default) does not run; leave it out, or pass ...
@@ -99,7 +136,8 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
     scale, the memory ramp and the step: ``rows_fit``, ``micro_batch``, ``grad_accum``) and
     ``"rate"`` (alpha1 and the rate). ``batch=(micro_batch, grad_accum)`` runs the rate phases
     at that step, given, instead of the one the batch phases decide (the batch a trainer's
-    arguments already hold). The one-liners of :mod:`leadline.hf.find` are these calls.
+    arguments already hold). ``kw``: :func:`derive_for`'s keywords, ``options`` included. The
+    one-liners of :mod:`leadline.hf.find` are these calls.
 
     Examples:
         The rate phases alone at a given batch, on a tiny Llama and 20 rows (about a second on
@@ -143,26 +181,22 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
 
 
 def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None,
-            epochs: float | None = None, effort: str = "quick", seq_len: int | None = None,
-            quantile: float | None = None, max_seconds: float | None = None,
-            on_progress: Callable[[dict[str, Any]], None] | None = None,
-            resume: str | os.PathLike[str] | None = None, prior: Plan | str | None = None,
-            trained_as: str | None = None, held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0,
-            probe_rows: int = 2, fields: dict[str, str] | None = None, fit_rank: bool = False,
-            progress: bool | None = None, measure: tuple[str, ...] = ("batch", "rate"),
-            batch: tuple[int, int] | None = None, rows_per_step: int | None = None,
-            step_for: str | None = None) -> Plan:
+            epochs: float | None = None, effort: str = "quick", seq_len: int | None = None, seed: int = 0,
+            fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
+            options: DeriveOptions | None = None, measure: tuple[str, ...] = ("batch", "rate"),
+            batch: tuple[int, int] | None = None) -> Plan:
     import time
 
     from leadline.derive import derive
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
+    o = _options(options)
     if batch is not None and rows_per_step is not None:
         raise InputError("pass batch=(micro_batch, grad_accum) or rows_per_step, not both: each fixes the step")
-    given = _given(model, tokenizer, train_dataset, total_steps, epochs, fit_rank)
-    p = _pieces(given, seq_len=seq_len, quantile=quantile, held_out=held_out, test=test, seed=seed,
-                probe_rows=probe_rows, fields=fields, trained_as=trained_as, batch=batch)
-    bar, on_progress = _bar(progress, on_progress)
+    given = _given(model, tokenizer, train_dataset, total_steps, epochs, o.fit_rank)
+    p = _pieces(given, seq_len=seq_len, quantile=o.quantile, held_out=o.held_out, test=o.test, seed=seed,
+                probe_rows=o.probe_rows, fields=fields, trained_as=o.trained_as, batch=batch)
+    bar, on_progress = _bar(progress, o.on_progress)
     scoped = ExitStack()
     try:
         if given.checkpointed is not None:
@@ -171,20 +205,20 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
         sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
         rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
         path = isinstance(given.train_dataset, (str, os.PathLike))
-        corpus = Corpus(given.train_dataset if path else _rows_of(given.train_dataset), tokenizer=given.tokenizer,
+        corpus = Corpus(given.train_dataset if path else rows_of(given.train_dataset), tokenizer=given.tokenizer,
                         seq_len=p.task.seq_len, lengths=p.lengths, profile=p.prof, held_out=p.task.split.as_dict())
         pieces = Pieces(step=p.step_fn if sizes else None,
-                        gradients=(p.grad_fn or _probe(p.model, p.task, [w for _, w in p.named])) if sizes else None,
+                        gradients=(p.grad_fn or probe_of(p.model, p.task, [w for _, w in p.named])) if sizes else None,
                         weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer, train_step_of=p.train_step_of,
                         held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
-                        loss_resolution=_loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
+                        loss_resolution=loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
         plan = derive(corpus, pieces, effort=effort, total_steps=given.total_steps, epochs=given.epochs,
-                      rows_per_step=rows_per_step, step_for=step_for, max_seconds=max_seconds, started=started,
-                      on_progress=on_progress, resume=resume, prior=prior)
+                      rows_per_step=rows_per_step, step_for=o.step_for, max_seconds=o.max_seconds, started=started,
+                      on_progress=on_progress, resume=o.resume, prior=o.prior)
         _given_values(plan, p, batch, given.policy)
-        if trained_as is None and full_fine_tune(p.kind, p.model_info):
+        if o.trained_as is None and full_fine_tune(p.kind, p.model_info):
             plan.notes.append(FULL_NOTE)
-        _measured_after(plan, p, sizes=sizes, fit_rank=fit_rank, max_seconds=max_seconds, started=started)
+        _measured_after(plan, p, sizes=sizes, fit_rank=o.fit_rank, max_seconds=o.max_seconds, started=started)
     finally:
         if bar is not None:
             bar.close()
@@ -200,14 +234,14 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
 
 def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, total_steps: int | None,
               epochs: float | None, seq_len: int | None, seed: int, fields: dict[str, str] | None,
-              rows_per_step: int | None, progress: bool | None, **rest: Any) -> Plan:
+              rows_per_step: int | None, progress: bool | None, options: DeriveOptions | None) -> Plan:
     """derive_for's race: :func:`~leadline.run.one.run_in_one` with ``train=False`` on what was
     given (a trainer unpacked, measured with its gradient checkpointing), the model left as it was;
     the plan gets the values the model and the trainer say (precision, loss policy or the rows'
     formats, the full fine-tune's note)."""
     from leadline.distributed.world import launched_by_torchrun
 
-    _refuse_for_race(rest, progress, rows_per_step)
+    _refuse_for_race(_options(options), progress, rows_per_step)
     if launched_by_torchrun():
         raise InputError("effort='race' races in one process, and this is one of several under torchrun; pass "
                          "effort='quick' or 'full' (docs/distributed.md), or derive outside torchrun")
@@ -234,9 +268,19 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
     return plan
 
 
-def _refuse_for_race(rest: dict[str, Any], progress: bool | None, rows_per_step: int | None) -> None:
-    """One sentence naming derive_for's arguments given that the race does not take."""
-    given = [k for k, v in rest.items() if not (v is _NOT_RACED[k] or v == _NOT_RACED[k])]
+def _options(options: DeriveOptions | None) -> DeriveOptions:
+    """``options`` as given, the defaults where none is; anything else is refused in one sentence."""
+    if options is None:
+        return DeriveOptions()
+    if not isinstance(options, DeriveOptions):
+        raise InputError(f"options must be a DeriveOptions (from leadline.hf import DeriveOptions), got "
+                         f"{type(options).__name__}")
+    return options
+
+
+def _refuse_for_race(options: DeriveOptions, progress: bool | None, rows_per_step: int | None) -> None:
+    """One sentence naming the options given that the race does not take."""
+    given = options.changed()
     if progress:
         given.append("progress")
     if given:
@@ -254,7 +298,7 @@ def _rows_read(data: Any, fields: dict[str, str] | None) -> Value:
     loss policy from), as derive's corpus profile records them."""
     from leadline.corpus.rows import RowReader
 
-    reader = RowReader(_rows_of(data), fields=fields)
+    reader = RowReader(rows_of(data), fields=fields)
     for _ in reader:
         pass
     return Value(reader.rows, "measured", f"rows read from {reader.source}",
@@ -303,8 +347,6 @@ def _given(model: Any, tokenizer: Any, train_dataset: Any, total_steps: int | No
     one epoch where no length is."""
     given = _Given(model, tokenizer, train_dataset, total_steps, epochs)
     if is_trainer(model):
-        from leadline.hf.precision import trainer_checkpointing
-
         trainer = model
         given.model = trainer.model
         given.checkpointed = trainer_checkpointing(trainer)
@@ -431,7 +473,7 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
     from leadline.memory.model_step import adapter_dtype_note
 
     if sizes and p.world.size == 1:  # every rank would ramp its own card
-        from leadline.hf.precision import rows_fit_unchecked
+        from leadline.run.precision import rows_fit_unchecked
 
         left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
         unchecked = rows_fit_unchecked(p.inner, p.step_fn, plan, lengths=p.lengths, seconds_left=left)

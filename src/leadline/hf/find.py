@@ -208,10 +208,10 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
         ...     print(e)
         derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone
     """
-    from leadline.hf.deriving import derive_parts
+    from leadline.hf.deriving import DeriveOptions, derive_parts
 
-    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("batch",), max_seconds=max_seconds,
-                        progress=progress, seed=seed, **_length_of(trainer))
+    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("batch",), progress=progress, seed=seed,
+                        options=DeriveOptions(max_seconds=max_seconds), **_length_of(trainer))
     if "micro_batch" not in plan:
         raise InputError(_unfinished("find_batch_size", "micro_batch", plan, max_seconds))
     return FoundBatchSize(plan, "micro_batch", ("rows_fit", "micro_batch"))
@@ -282,7 +282,7 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
 def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, micro_batch: int | None, grad_accum: int | None,
                 effort: str, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
     """find_lr's search: the opening race's rate, or derive's rate phases at the trainer's batch."""
-    from leadline.hf.deriving import derive_parts
+    from leadline.hf.deriving import DeriveOptions, derive_parts
     from leadline.hf.trainer import is_trainer
 
     args = trainer.args if is_trainer(trainer) else None
@@ -291,7 +291,8 @@ def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, micro_batch: i
     batch = _step_batch(args, micro_batch, grad_accum)
     length = _length_of(trainer, batch[0] * batch[1])
     plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=batch,
-                        effort=effort, max_seconds=max_seconds, progress=progress, seed=seed, **length)
+                        effort=effort, progress=progress, seed=seed, options=DeriveOptions(max_seconds=max_seconds),
+                        **length)
     if "lr" not in plan:
         raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
     return FoundRate(plan, "lr", ("lr", "alpha1"))
@@ -312,7 +313,7 @@ def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micr
                grad_accum: int | None, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
     """find_lr's race: derive_for's, at the trainer's rows a step, for a trainer that runs
     schedule-free AdamW."""
-    from leadline.hf.deriving import derive_for
+    from leadline.hf.deriving import DeriveOptions, derive_for
 
     optim = str(getattr(getattr(args, "optim", None), "value", getattr(args, "optim", None)))
     if args is not None and optim != "schedule_free_adamw":
@@ -322,8 +323,9 @@ def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micr
     micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
     grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
     rows_per_step = micro_batch * grad_accum if micro_batch else None
-    plan = derive_for(trainer, tokenizer, train_dataset, effort="race", max_seconds=max_seconds, progress=progress,
-                      seed=seed, rows_per_step=rows_per_step, **_length_of(trainer, rows_per_step))
+    plan = derive_for(trainer, tokenizer, train_dataset, effort="race", progress=progress, seed=seed,
+                      rows_per_step=rows_per_step, options=DeriveOptions(max_seconds=max_seconds),
+                      **_length_of(trainer, rows_per_step))
     return FoundRate(plan, "lr", ("lr",))
 
 

@@ -1,5 +1,5 @@
-"""The LoRA rank the memory holds at the plan's shape, for a PEFT model (``derive_for(fit_rank=True)``,
-``leadline derive --fit-rank``).
+"""The LoRA rank the memory holds at the plan's shape, for a PEFT model
+(``derive_for(..., options=DeriveOptions(fit_rank=True))``, ``leadline derive --fit-rank``).
 
 The rank is what the memory holds. After derive() has the plan's micro-batch and
 length, :func:`rank_fit_for` bisects over LoRA ranks with :func:`~leadline.memory.rank.rank_to_fit`:

@@ -1,4 +1,5 @@
-"""What a built ``Trainer`` / TRL ``SFTTrainer`` will train on: its rows, labels and loss policy.
+"""What a built ``Trainer`` / TRL ``SFTTrainer`` will train on: its rows, labels and loss policy,
+and whether its run turns gradient checkpointing on.
 
 ``derive_for(trainer)`` derives on these rows, so the plan is measured on exactly the
 tokenization, truncation, packing and labels the trainer trains with (TRL's
@@ -209,3 +210,26 @@ def check_policy(plan: Plan, args: Any) -> None:
         if bool(have) != bool(value):
             raise InputError(f"the plan was derived with {name}={value!r} but the trainer's args have {name}={have!r}; "
                              "build the args with training_arguments(plan, args) or derive again on this trainer")
+
+
+def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
+    """Whether the trainer's run turns gradient checkpointing on (Trainer does it in train()),
+    and the kwargs it passes, less the ones Trainer takes for itself (``every_n_layers``,
+    ``offload``, ``selective``).
+
+    Examples:
+        >>> from types import SimpleNamespace
+        >>> args = SimpleNamespace(gradient_checkpointing=True,
+        ...                        gradient_checkpointing_kwargs={"use_reentrant": False, "offload": True})
+        >>> trainer_checkpointing(SimpleNamespace(args=args))
+        (True, {'use_reentrant': False})
+        >>> trainer_checkpointing(SimpleNamespace(args=SimpleNamespace()))
+        (False, None)
+    """
+    args = trainer.args
+    on = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
+    kw = dict(getattr(args, "activation_checkpointing_kwargs", None)
+              or getattr(args, "gradient_checkpointing_kwargs", None) or {})
+    for k in ("every_n_layers", "offload", "selective"):
+        kw.pop(k, None)
+    return on, kw or None

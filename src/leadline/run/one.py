@@ -146,7 +146,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
 def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epochs: float | None,
              rows_per_step: int | None, seed: int, seq_len: int | None, fields: dict[str, str] | None,
              test_share: float, eval_data: Any) -> _Job:
-    from leadline.hf.task import prepare, trained_as_of, trained_named_weights
+    from leadline.run.task import prepare, trained_as_of, trained_named_weights
 
     if not 0 <= test_share < 0.5:
         raise InputError(f"test_share={test_share!r} must be a share in [0, 0.5); pass 0 (the default) or e.g. 0.1")
@@ -160,8 +160,8 @@ def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epo
 
 def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) -> Plan:
     from leadline.corpus import data_notes
-    from leadline.hf.precision import precision_of
     from leadline.provenance import describe_data
+    from leadline.run.precision import precision_of
 
     plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})},
                 held_out=job.task.split.as_dict())

@@ -1,9 +1,9 @@
 """How a Hugging Face model will train: its base's dtype, a bitsandbytes 4-bit/8-bit base
 (QLoRA), the dtype its forward computes in, and gradient checkpointing.
 
-derive_for() measures the model as it is — the ramp's peak, the step timings, the noise probe
-and the rate phases all run through the same forward and backward the run will — so what
-matters is that the model is set up as the run will use it (gradient checkpointing on when the
+The run and derive_for() measure the model as it is — the ramp's peak, the step timings, the
+noise probe and the rate phases all run through the same forward and backward the run will — so
+what matters is that the model is set up as the run will use it (gradient checkpointing on when the
 run turns it on) and that the plan says how it was measured (``precision`` in the plan).
 The held-out loss of a bf16/fp16 forward is rounded at about 1e-3 of its size; the rate phases
 read it with that resolution.
@@ -238,29 +238,6 @@ def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) ->
             enable()
         elif disable is not None:
             disable()
-
-
-def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
-    """Whether the trainer's run turns gradient checkpointing on (Trainer does it in train()),
-    and the kwargs it passes, less the ones Trainer takes for itself (``every_n_layers``,
-    ``offload``, ``selective``).
-
-    Examples:
-        >>> from types import SimpleNamespace
-        >>> args = SimpleNamespace(gradient_checkpointing=True,
-        ...                        gradient_checkpointing_kwargs={"use_reentrant": False, "offload": True})
-        >>> trainer_checkpointing(SimpleNamespace(args=args))
-        (True, {'use_reentrant': False})
-        >>> trainer_checkpointing(SimpleNamespace(args=SimpleNamespace()))
-        (False, None)
-    """
-    args = trainer.args
-    on = bool(getattr(args, "activation_checkpointing", False) or getattr(args, "gradient_checkpointing", False))
-    kw = dict(getattr(args, "activation_checkpointing_kwargs", None)
-              or getattr(args, "gradient_checkpointing_kwargs", None) or {})
-    for k in ("every_n_layers", "offload", "selective"):
-        kw.pop(k, None)
-    return on, kw or None
 
 
 def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
