@@ -204,8 +204,8 @@ class LeadlineCallback(TrainerCallback):
             LeadlineCallback.for_plan needs the trainer the plan was derived on, or the model, tokenizer and ...
         """
         from leadline.hf.guarded import subset_reader
-        from leadline.hf.task import prepare, split_sizes
         from leadline.hf.trainer import is_trainer, tokenizer_of, trainer_rows
+        from leadline.run.task import prepare, split_sizes
 
         schedule_free = plan.get("optimizer") == SCHEDULE_FREE
         if schedule_free and not is_trainer(model) and train_dataset is None:
