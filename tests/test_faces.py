@@ -34,7 +34,7 @@ def test_the_rate_package_names_the_opening_race_and_the_guard_first():
 
     doc = leadline.rate.__doc__ or ""
     first = doc.split("\n- ")[0]  # what it says before listing derive()'s phases
-    for name in ("leadline.run.run_in_one", "leadline.rate.opening", "leadline.run.guard", "default"):
+    for name in ("leadline.run.run_in_one", "leadline.rate.opening", "leadline.rate.guard", "default"):
         assert name in first, f"leadline.rate's docstring does not name {name} before derive()'s phases"
 
 

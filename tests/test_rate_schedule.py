@@ -74,7 +74,7 @@ def test_failing_again_from_the_same_check_goes_back_further_to_step_zero():
 
 
 def test_the_checks_are_the_guards_decisions_and_each_kept_check_has_one_copy():
-    """The schedule decides through :class:`leadline.run.guard.Guard`: its checks are the guard's
+    """The schedule decides through :class:`leadline.rate.guard.Guard`: its checks are the guard's
     readings (its start a best, its restore a final rollback) at the rate the run takes, and it
     holds a copy for each check the guard keeps: the suspect check it went back past is freed."""
     toy = Regression(seed=0, dim=32)

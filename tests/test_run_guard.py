@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from leadline.run.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps
+from leadline.rate.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps
 
 pytest.importorskip("schedulefree")
 

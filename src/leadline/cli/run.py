@@ -189,7 +189,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     _print_run(plan, res)
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
     if not res.improved:
-        from leadline.run.guard import outcome_sentence
+        from leadline.rate.guard import outcome_sentence
         from leadline.run.result import EXIT_NOT_IMPROVED
 
         b, a = res.held_out_before, res.held_out_after

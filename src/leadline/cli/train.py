@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if res.get("outcome", "improved") != "improved":  # a race plan's guarded run that did not improve
         import textwrap
 
-        from leadline.run.guard import outcome_sentence
+        from leadline.rate.guard import outcome_sentence
         from leadline.run.result import EXIT_NOT_IMPROVED
 
         b, a = res.get("held_out_before") or {}, res.get("held_out_after") or {}

@@ -44,7 +44,7 @@ averaged ones. The callback adds what is missing (``LeadlineCallback(plan)``, no
 - ``on_train_end``: ``optimizer.eval()``: the model in memory, and what ``trainer.save_model()``
   writes, are the averaged weights.
 - With a held-out reader (``for_plan(plan, trainer)`` builds one), the guard of ``leadline run``
-  (:mod:`leadline.run.guard`, carried out by :mod:`leadline.hf.guarded`): ``on_train_begin`` reads
+  (:mod:`leadline.rate.guard`, carried out by :mod:`leadline.hf.guarded`): ``on_train_begin`` reads
   the start on every held-out row and plans the same checks at the same spacing as ``leadline run``
   from the run's steps and rows a step; ``on_step_end`` of a check step reads the averaged weights
   on the checks' held-out rows (the training weights put back after, bit for bit) and rolls back
@@ -69,7 +69,7 @@ from transformers import TrainerCallback
 from leadline.errors import InputError
 from leadline.hf.args import SCHEDULE_FREE
 from leadline.plan import Plan
-from leadline.run.guard import MAX_ROLLBACKS
+from leadline.rate.guard import MAX_ROLLBACKS
 
 
 class LeadlineCallback(TrainerCallback):
@@ -96,7 +96,7 @@ class LeadlineCallback(TrainerCallback):
             ``rows`` held-out rows, what a check reads (``for_plan`` builds it; default: the first
             ``rows`` of ``held_out_losses``' reading).
         max_rollbacks: a race plan's guard: rollbacks before a further worsening stops the run
-            (:data:`~leadline.run.guard.MAX_ROLLBACKS`; None: never stop).
+            (:data:`~leadline.rate.guard.MAX_ROLLBACKS`; None: never stop).
 
     Examples:
         Inside the run, Trainer's scheduler keeps the schedule's rate and logs it (a torch

@@ -1,13 +1,13 @@
 """The guard of ``leadline run`` inside Hugging Face ``Trainer``, over schedule-free AdamW.
 
-:class:`TrainerGuard` carries out :mod:`leadline.run.guard`'s rules at the events
+:class:`TrainerGuard` carries out :mod:`leadline.rate.guard`'s rules at the events
 :class:`~leadline.hf.callback.LeadlineCallback` hands it, with the pieces of ``leadline run``'s own
 loop (:mod:`leadline.run.loop`):
 
 - **the start** (``begin``, at ``on_train_begin``): every held-out row read at Trainer's starting
   weights, the start's copy taken (its weights and the fresh optimizer), and the checks planned
-  from the run's steps and rows a step (:func:`~leadline.run.guard.check_plan`,
-  :func:`~leadline.run.guard.check_steps`): the same checks at the same spacing as ``leadline run``;
+  from the run's steps and rows a step (:func:`~leadline.rate.guard.check_plan`,
+  :func:`~leadline.rate.guard.check_steps`): the same checks at the same spacing as ``leadline run``;
 - **a check** (``after_step``, at ``on_step_end`` of a check step): the first ``rows`` held-out
   rows read at the averaged weights (``optimizer.eval()``), the training weights put back bit for
   bit (:func:`~leadline.run.loop.read_averaged`), then what the guard says: a new best's copy
@@ -17,7 +17,7 @@ loop (:mod:`leadline.run.loop`):
   (``control.should_training_stop``, the best check put back and the end decided at once);
 - **the watch** (``watch``, at ``on_log``): Trainer hands callbacks no per-step loss, only the
   loss it logs every ``logging_steps`` (the mean over those steps). A logged loss far above the
-  recent ones (:func:`~leadline.run.guard.spiked`) calls a check at the next step's end; a
+  recent ones (:func:`~leadline.rate.guard.spiked`) calls a check at the next step's end; a
   non-finite one is a rollback there without a read. At ``logging_steps=1`` this is ``leadline
   run``'s per-step watch one step later; at larger spacings it watches the window means; Trainer's
   ``logging_nan_inf_filter`` (on by default) logs no non-finite loss, and a run that diverges is
@@ -25,7 +25,7 @@ loop (:mod:`leadline.run.loop`):
 - **the end** (``end``, at the last step's ``on_step_end``, before Trainer's save, or at
   ``on_train_end`` where the run ended early): the end kept unless significantly worse than the
   best check (then put back), the kept model read on every held-out row against the start's
-  reading (:func:`~leadline.run.guard.outcome`); a model no better than its start is replaced by
+  reading (:func:`~leadline.rate.guard.outcome`); a model no better than its start is replaced by
   the start's weights.
 
 The copies (the kept checks, the start and a spare for the reads) go on the card where it has
@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from leadline.plan import Value
-from leadline.run.guard import MAX_ROLLBACKS, SPIKE_WINDOW, Guard, Step, check_plan, check_steps, outcome, spiked
+from leadline.rate.guard import MAX_ROLLBACKS, SPIKE_WINDOW, Guard, Step, check_plan, check_steps, outcome, spiked
 from leadline.run.loop import StateCopy, read_averaged
 
 STATE_FACTOR = 3

@@ -4,7 +4,7 @@ The default way to decide the rate is the opening race (``leadline run``, ``deri
 default effort): :func:`leadline.run.run_in_one` races schedule-free AdamW's rate on the run's
 own opening steps and keeps the winner's steps, by the pure rules of :mod:`leadline.rate.opening`
 (the candidates, the horizon, the climb, collapse); the run then goes on under the guard
-(:mod:`leadline.run.guard`: checks on held-out rows, the best check put back and the rate halved
+(:mod:`leadline.rate.guard`: checks on held-out rows, the best check put back and the rate halved
 on a worsening). What follows is derive()'s ``quick`` and ``full`` efforts and what they share:
 
 - :func:`measure_first_step` -> :class:`FirstStep`: alpha1, the first safe step along Adam's

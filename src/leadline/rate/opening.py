@@ -20,7 +20,7 @@ to the user, the rate, is decided on the run's first ``h`` optimizer steps:
    by the same test and its held-out answers did not collapse. A rate never reaches the run
    without beating the rate the user would have typed, on rows no step trained on;
 4. the winner's ``h`` steps are the run's first: the run continues from its weights and optimizer
-   state (and under the guard, :mod:`leadline.run.guard`). The loser's steps are the decision's
+   state (and under the guard, :mod:`leadline.rate.guard`). The loser's steps are the decision's
    overhead: none where ``c`` learns, ``h`` where it stalled, with ``2h`` at most the decision's
    share of the run (``decide_share``, 20% by default).
 

@@ -21,7 +21,7 @@ Used inside the caller's loop::
   the rate. When the run fails again from that same check without ever improving on it, the
   check itself is suspect — a state already collapsed — and the schedule goes one check
   further back (as far as step 0, where the warmup restarts). It keeps step 0 and the last
-  ``keep_checks - 1`` best checks. These rules are :class:`leadline.run.guard.Guard`'s (the default
+  ``keep_checks - 1`` best checks. These rules are :class:`leadline.rate.guard.Guard`'s (the default
   run's guard, with no stop: the caller's loop is not the schedule's to end); the schedule reads
   the checks, feeds them to it and carries out what it says, each kept check's snapshot
   under its step.
@@ -60,8 +60,8 @@ from typing import Any, Literal
 
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
+from leadline.rate.guard import Guard, Step
 from leadline.rate.warmup import linear_decay_lr, warmup_lr
-from leadline.run.guard import Guard, Step
 
 ENDINGS = ("raced", "to_zero")
 

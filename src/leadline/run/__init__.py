@@ -1,7 +1,7 @@
 """The run: ``leadline run``'s default job, one load and one loop.
 
 The task prepared once, the rate decided on the run's opening steps (the race, :mod:`leadline.rate.opening`),
-one loop with the guard (:mod:`leadline.run.guard`), and typed results. The CLI, ``derive_for`` and
+one loop with the guard (:mod:`leadline.rate.guard`), and typed results. The CLI, ``derive_for`` and
 ``train_with_plan`` all go through it.
 """
 

@@ -1,9 +1,9 @@
 """The run's one loop: optimizer steps, the guard's checks between them, rollbacks carried out.
 
-The loop takes the steps ``todo``; after each it watches the step loss (:func:`leadline.run.guard.spiked`),
+The loop takes the steps ``todo``; after each it watches the step loss (:func:`leadline.rate.guard.spiked`),
 and at the guard's check steps it reads the held-out subset at the optimizer's averaged weights
 (schedule-free's ``eval()``), puts the training weights back bit for bit (``eval()`` and ``train()``
-are not exact inverses in floating point), and does what :class:`leadline.run.guard.Guard` says:
+are not exact inverses in floating point), and does what :class:`leadline.rate.guard.Guard` says:
 keep a copy of a new best, put a best back at a lower rate, or stop. Copies hold the trained
 tensors, their optimizer state and the optimizer's per-group counters (schedule-free's step count
 and weight sum), on the card where it has room.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from leadline.run.guard import Guard, Step, spiked
+from leadline.rate.guard import Guard, Step, spiked
 
 
 class StateCopy:

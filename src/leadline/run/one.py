@@ -5,7 +5,7 @@ what the decisions read, at most 10% and 256 rows; no test split unless asked), 
 (the most of the step's rows a forward and backward runs: an out-of-memory error halves it, a
 measurement), the start read on every held-out row, the rate (raced on the run's opening steps,
 :mod:`leadline.run.opening`, or given), the run's steps under the guard
-(:mod:`leadline.run.guard`, :mod:`leadline.run.loop`), the kept model read again on every
+(:mod:`leadline.rate.guard`, :mod:`leadline.run.loop`), the kept model read again on every
 held-out row against the start, and the result written once. The optimizer is schedule-free
 AdamW, whose averaged weights are the model at every step: nothing is rerun at the end.
 
@@ -24,8 +24,8 @@ from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
+from leadline.rate.guard import Guard, check_plan, check_steps, outcome
 from leadline.rate.opening import DECIDE_SHARE, climb, collapsed, horizon, opening_rates
-from leadline.run.guard import Guard, check_plan, check_steps, outcome
 from leadline.run.loop import StateCopy, guarded_steps, read_averaged
 from leadline.run.opening import Opening, optimizer
 from leadline.run.result import Reading, RunCost, RunResult
@@ -350,7 +350,7 @@ def _opening_phases(job: _Job, opened: _Opened) -> list[PhaseTime]:
 
 
 def _phases(plan: Plan, job: _Job, opened: _Opened, result: RunResult) -> None:
-    from leadline.run.guard import READ_SHARE
+    from leadline.rate.guard import READ_SHARE
 
     s = result.seconds
     plan.phases = [*_opening_phases(job, opened),
