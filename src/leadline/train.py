@@ -156,7 +156,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     linear = plan.get("ending") == "linear"
     schedule = schedule and not linear
     recipe_rate = _recipe_rate(plan, steps) if linear else None
-    held = task.held_out_losses()
+    held = task.held_out_losses() if task.split.held_out else None  # a recipe on every row reads none
     racing = schedule and not linear and races_inside(plan)
     ending_steps = ending_steps_for(ending_share, steps)
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps,

@@ -63,9 +63,9 @@ class Cut:
         return ", ".join(parts)
 
 
-# 400 rows: the run's split keeps 10% held-out and 10% test, so one pass of the recipe over the
-# other 320 at 16 rows a step is 20 optimizer steps (tests/test_demo.py checks it).
-CPU_CUT = Cut(train_rows=400, test_rows=64, description_chars=80)
+# 320 rows: the recipe and schedule-free train every row, as their users do, so one pass at 16 rows
+# a step is 20 optimizer steps (tests/test_demo.py checks it); leadline pays its own held-out rows.
+CPU_CUT = Cut(train_rows=320, test_rows=64, description_chars=80)
 GPU_CUT = Cut(train_rows=None, test_rows=None, description_chars=None)
 
 
@@ -283,8 +283,8 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
 
 
 def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) -> dict[str, Any]:
-    """The default recipe trained by the same path as the plan, on the same split, at the plan's
-    length; the micro-batch the most rows the plan measured fit."""
+    """The default recipe trained by the same path as the plan, on every row given (as its users
+    train it); the micro-batch the most rows the plan measured fit."""
     from leadline.cli.train import recipe_micro_batch
     from leadline.train import recipe_plan, train_with_plan
 
@@ -292,6 +292,7 @@ def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) ->
                          micro_batch=recipe_micro_batch(RECIPE["rows_per_step"],
                                                         plan.get("rows_fit", plan.get("micro_batch"))),
                          seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
+    recipe.held_out = {**recipe.held_out, "held_out": [], "test": []}  # every row trains
     t0 = time.perf_counter()
     res = train_with_plan(model, tokenizer, str(data), recipe, out_dir=out)
     return {"steps": res["steps"], "rows_per_step": RECIPE["rows_per_step"],
@@ -299,17 +300,17 @@ def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) ->
 
 
 def recipe_steps(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seed: int = 0) -> int:
-    """The optimizer steps of one pass at 16 rows a step over what the run's split leaves to
-    train on (what the recipe and schedule-free take), computed without training."""
+    """The optimizer steps of one pass at 16 rows a step over every row given (what the recipe and
+    schedule-free take), computed without training."""
     from leadline.run.task import prepare
 
-    task, _ = prepare(model, tokenizer, rows, seed=seed)
+    task, _ = prepare(model, tokenizer, rows, seed=seed, held_out=0, test=0)
     return max(1, len(task.order) // RECIPE["rows_per_step"])
 
 
 def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tuple[dict[str, Any] | None, str | None]:
-    """Schedule-free AdamW at its defaults, one pass over the split's training rows in their order
-    (the recipe's), 16 rows a step; the model left at the averaged weights (``optimizer.eval()``).
+    """Schedule-free AdamW at its defaults, one pass over every row given in the recipe's order, 16
+    rows a step; the model left at the averaged weights (``optimizer.eval()``).
     Returns the run, or None and why it was skipped."""
     try:
         import schedulefree
@@ -319,7 +320,8 @@ def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tup
     from leadline.cli.train import recipe_micro_batch
     from leadline.run.task import prepare, trained_named_weights
 
-    task, _ = prepare(model, tokenizer, str(data), seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)))
+    task, _ = prepare(model, tokenizer, str(data), seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0)),
+                      held_out=0, test=0)
     per_step = SCHEDULE_FREE["rows_per_step"]
     micro = recipe_micro_batch(per_step, plan.get("rows_fit", plan.get("micro_batch")))
     steps = max(1, len(task.order) // per_step)

@@ -201,16 +201,19 @@ def _scored_rows(model: Any, tokenizer: Any, source: Any, seq_len: int | None, q
 
 def split_sizes(held_out: Any) -> dict[str, int | float]:
     """``prepare``'s ``held_out`` and ``test`` for the split a plan records (``plan.held_out``): its
-    parts' row counts where it lists them, else the defaults (a tenth each).
+    parts' row counts where it lists them (none held out: every row trains, a comparison's baseline),
+    else the defaults (a tenth each).
 
     Examples:
         >>> split_sizes({"train": [0, 2], "held_out": [1], "test": [], "seed": 3})
         {'held_out': 1, 'test': 0}
+        >>> split_sizes({"held_out": [], "test": [], "seed": 0})
+        {'held_out': 0, 'test': 0}
         >>> split_sizes({"seed": 0})
         {'held_out': 0.1, 'test': 0.1}
     """
     parts = held_out if isinstance(held_out, dict) else {}
-    if isinstance(parts.get("held_out"), list) and isinstance(parts.get("test"), list) and parts["held_out"]:
+    if isinstance(parts.get("held_out"), list) and isinstance(parts.get("test"), list):
         return {"held_out": len(parts["held_out"]), "test": len(parts["test"])}
     return {"held_out": 0.1, "test": 0.1}
 
