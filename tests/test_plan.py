@@ -176,3 +176,17 @@ def test_html_is_self_contained_and_shows_every_value(tmp_path):
     assert "<script" not in page and "<link" not in page
     assert 'src="http' not in page and "href=\"http" not in page and "href='http" not in page
     assert "<svg" in page  # matplotlib is in the dev extra: the ramp is drawn inline
+
+
+def test_the_guards_reads_are_the_runs_work_not_derives():
+    """The guard's checks and verdict belong to the run: derive's line counts the race's reads alone,
+    and the run's line names the guard's."""
+    from leadline.plan import PhaseTime
+
+    plan = Plan(phases=[PhaseTime("rate", 15.4, 2, (), step_seconds=8.9, reads=2, read_seconds=6.5),
+                        PhaseTime("run", 72.7, 20, step_seconds=72.7),
+                        PhaseTime("guard", 25.5, 0, ("guard",), reads=3, read_seconds=25.5)])
+    plan.derive_seconds = 15.4
+    table = plan.phase_table()
+    assert "2 held-out reads (6.5 s)" in table.split("derive:")[1].split("\n")[1]
+    assert "the guard's checks and verdict 25.5 s (3 held-out reads)" in table

@@ -306,6 +306,10 @@ PhaseStatus = Literal["done", "resumed", "needs", "not_reached", "cut"]
 :data:`SkipReason` stopped it."""
 
 
+RUN_PHASES = ("run", "guard")
+"""The phases that are the run's own work (its steps; the guard's checks and verdict), not derive's."""
+
+
 @dataclass(frozen=True)
 class PhaseTime:
     """Where derive()'s seconds went: one phase, its seconds, the optimizer steps it took on the
@@ -546,7 +550,7 @@ class Plan:
         the training numbers it moved), then derive's wall time and the share the phases hold,
         then the run's own steps, apart from derive's."""
         rows = [p.row() for p in self.phases]
-        deciding = [p for p in self.phases if p.phase != "run"]  # the run's own steps are no part of derive
+        deciding = [p for p in self.phases if p.phase not in RUN_PHASES]  # the run's own work is no part of derive
         inside = sum(p.seconds for p in deciding)
         steps = sum(p.steps for p in deciding)
         reads = sum(p.reads for p in deciding)
@@ -585,6 +589,10 @@ class Plan:
             line += f", {run.reads} held-out read{'s' if run.reads != 1 else ''} ({run.read_seconds:.1f} s)"
         if kept:
             line += f" after the race's {kept} it kept ({run.steps + kept} steps of training in all)"
+        guard = next((p for p in self.phases if p.phase == "guard"), None)
+        if guard is not None:
+            line += (f"; the guard's checks and verdict {guard.seconds:.1f} s ({guard.reads} held-out "
+                     f"read{'s' if guard.reads != 1 else ''})")
         return line
 
     def cost(self, name: str) -> str:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from leadline.plan import Plan, Value, readable
+from leadline.plan import RUN_PHASES, Plan, Value, readable
 from leadline.report.plots import matplotlib_available, plot_names, render_svg
 
 # The numbers a run is trained with, in the order a person reads them.
@@ -184,7 +184,7 @@ def _digest(ev: Any) -> str | None:
 def _spent(plan: Plan) -> str:
     """What derive spent: its wall time, the training steps it took on the run's rows, and the
     phases that took the most of it; then the run's own steps and seconds, apart from derive's."""
-    deciding = [t for t in plan.phases if t.phase != "run"]
+    deciding = [t for t in plan.phases if t.phase not in RUN_PHASES]
     took = [t for t in deciding if t.seconds >= 0.05]
     steps = sum(t.steps for t in deciding)
     run = plan.run_phase()

@@ -469,6 +469,6 @@ def _values(plan: Plan, job: _Job, opened: _Opened, decide_share: float, rows_gi
     plan.set("weight_decay", Value(0.0, "constant", "0: a fine-tune starts from weights worth keeping"))
     plan.set("total_steps", Value(steps, "derived", f"the run's length: its passes over the training rows at "
                                   f"{rows_per_step} rows a step", unit="steps"))
-    plan.set("opening_steps", Value(h, "derived", "each candidate's steps in the opening race: the two losers' "
-                                    "steps fit the decision's share of the run", unit="steps"))
+    plan.set("opening_steps", Value(h, "derived", "each candidate's steps in the opening race: the loser's steps, "
+                                    "where the lower rate runs, fit the decision's share of the run", unit="steps"))
     plan.set("seq_len", Value(int(profile.seq_len), "measured", "the corpus's longest row", unit="tokens"))
