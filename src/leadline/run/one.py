@@ -400,30 +400,6 @@ def _save(plan: Plan, result: RunResult | None, model: Any, out_dir: Any) -> Non
     plan.to_json(out / "plan.json")
 
 
-def pass_copies_refused(params: list[Any]) -> str | None:
-    """Why the pass rule cannot run, or None: it keeps two copies of the trained tensors in host
-    memory (the best pass's, and the training weights across a read), and a run whose copies
-    would take over half the available host memory keeps its last pass instead of risking the
-    host's out-of-memory killer.
-
-    Examples:
-        >>> import torch
-        >>> pass_copies_refused([torch.zeros(4)]) is None
-        True
-    """
-    from leadline.memory.readings import host_memory_bytes
-
-    need = 2 * sum(p.numel() * p.element_size() for p in params)
-    try:
-        available, _ = host_memory_bytes()
-    except OSError:
-        return None
-    if need <= available / 2:
-        return None
-    return (f"the pass rule did not run: its two copies of the trained tensors ({need / 2**30:.1f} GiB) would take "
-            f"over half the host memory available ({available / 2**30:.1f} GiB); the run keeps its last pass")
-
-
 def _micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
     """The most rows of a step (a divisor of it) whose forward and backward at the corpus's longest
     rows runs: each out-of-memory error halves it. Off a CUDA card the whole step runs at once."""
