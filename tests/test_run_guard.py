@@ -203,3 +203,22 @@ def test_leadline_run_prints_the_loss_before_and_after_and_each_rollback(tmp_pat
     for c in record["checks"]:
         if c["action"] == "rollback":
             assert f"step {c['step']}: held-out loss" in said
+
+
+def test_your_own_eval_rows_are_read_before_and_after_and_never_train(tmp_path, capsys):
+    """--eval FILE: the verdict is on the user's rows (tokenized as the training rows), none of which
+    trains or decides; the training rows keep only the decisions' held-out share out."""
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    train, dev = _rows(tmp_path / "t.jsonl"), _rows(tmp_path / "dev.jsonl", n=24, seed=1)
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(save_model_dir(tmp_path / "m")), "--data", str(train), "--lora-rank", "4",
+               "--steps", "8", "--eval", str(dev), "--device", "cpu", "--out", str(out)])
+    said = capsys.readouterr().out
+    record = json.loads((out / "run.json").read_text())
+    plan = json.loads((out / "plan.json").read_text())
+    assert rc in (0, 3) and record["test_source"] == "eval rows" and record["test_rows"] == 24
+    assert record["test_loss_before"]["mean"] != record["test_loss_after"]["mean"]
+    assert plan["held_out"]["test"] == list(range(400, 424)) and len(plan["held_out"]["train"]) == 360
+    assert "eval rows loss" in said
