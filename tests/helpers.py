@@ -135,3 +135,19 @@ def load_benchmark(name: str) -> Any:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def section_rows(path: Path, n: int = 96, seed: int = 0, numbers: int = 99) -> Path:
+    """``n`` prompt/completion rows of a four-section task (the demo's shape) written to ``path``:
+    a tool's words and a number in the prompt, the section as the completion."""
+    import random
+
+    rng = random.Random(seed)
+    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
+             "sound": "audio music volume"}
+    with path.open("w") as f:
+        for _ in range(n):
+            label = rng.choice(sorted(words))
+            f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, numbers)}\nSection:",
+                                "completion": " " + label}) + "\n")
+    return path

@@ -54,15 +54,9 @@ def test_after_the_last_allowed_rollback_a_worsening_stops_the_run_at_its_best()
 
 # ---- the run, on the tiny model --------------------------------------------------------------
 def _rows(path, n=400, seed=0, numbers=99):
-    rng = random.Random(seed)
-    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
-             "sound": "audio music volume"}
-    with path.open("w") as f:
-        for _ in range(n):
-            label = rng.choice(sorted(words))
-            f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, numbers)}\nSection:",
-                                "completion": " " + label}) + "\n")
-    return path
+    from helpers import section_rows
+
+    return section_rows(path, n, seed, numbers)
 
 
 def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):

@@ -74,16 +74,10 @@ def test_the_answer_set_is_read_from_the_scored_tokens_and_free_text_has_none():
     assert answer_set(free, range(40)) is None
 
 
-def _rows(path, n=96, seed=0):
-    rng = random.Random(seed)
-    words = {"games": "play level score", "net": "network socket http", "science": "math data model",
-             "sound": "audio music volume"}
-    with path.open("w") as f:
-        for _ in range(n):
-            label = rng.choice(sorted(words))
-            f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, 99)}\nSection:",
-                                "completion": " " + label}) + "\n")
-    return path
+def _rows(path, n=96, seed=0, numbers=99):
+    from helpers import section_rows
+
+    return section_rows(path, n, seed, numbers)
 
 
 def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itself(tmp_path):
@@ -269,3 +263,26 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     assert plan["lr"].kind == "measured"
     ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # c/4, where c stalled
     assert len(asked) == (len(ran) if lower else 0) and ran
+
+
+def test_a_start_read_that_fails_leaves_the_model_in_the_mode_it_was_given(tmp_path, monkeypatch):
+    import torch
+
+    from helpers import make_model, make_tokenizer
+    from leadline.run.one import run_in_one
+    from leadline.run.task import Task
+
+    def broken(self):
+        def read():
+            raise RuntimeError("the card went away")
+        return read
+
+    monkeypatch.setattr(Task, "held_out_losses", broken)
+    tok = make_tokenizer()
+    model = make_model(vocab_size=len(tok))
+    model.eval()
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.raises(RuntimeError, match="went away"):
+        run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20)
+    assert model.training is False
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

@@ -8,9 +8,9 @@ to the user, the rate, is decided on the run's first ``h`` optimizer steps:
    2.5e-4 for every weight, a tenth, the ratio of TRL's defaults 2e-4 / 2e-5 and of published LoRA
    guidance) and the lower ``c/4``. No rate above ``c`` is raced: an opening horizon favours fast
    rates (the seed measured LoRA's best rate at 2 and 4 steps at twice the one that won at 90
-   steps), so a higher rate that reads lower there says little about the run; on the scoreboard's
-   boards ``4c`` never replaced ``c``, and where it did on a task the boards had not seen it lost
-   over the run every time. A rate the user wants higher is given (``--lr``) and guarded;
+   steps), so a higher rate that reads lower there says little about the run, and on the
+   scoreboard's boards ``4c`` never replaced ``c`` (docs/results.md). A rate the user wants higher
+   is given (``--lr``) and guarded;
 2. ``c`` runs the run's first ``h`` steps and is read on the held-out rows at its averaged
    weights;
 3. ``c/4`` runs the same ``h`` steps from the same start only when ``c`` *stalled*: its held-out

@@ -113,7 +113,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     (Trainer trains): the model, its mode and the RNG states put back bit for bit.
     ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
     """
-    from leadline.rate.state import capture_rng
+    from leadline.rate.state import capture_rng, restore_rng
 
     t_all = time.perf_counter()
     rng_before, was_training = capture_rng(), model.training
@@ -123,7 +123,10 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     _fit(job)
     test_before = _read_test(job) if train else None
     opened = _open(job, rate, decide_share, train, rng_before, was_training)
-    if not train:
+    if not train:  # the race alone: the model's mode, grads and RNG as they were before it
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+        restore_rng(rng_before)
         _values(plan, job, opened, decide_share, rows_per_step is not None)
         plan.phases = _opening_phases(job, opened)
         plan.derive_seconds = job.fit_seconds + opened.seconds
@@ -206,9 +209,11 @@ def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_b
     start_copy = StateCopy.take(job.params, fresh)  # the start: its weights and a fresh optimizer
     task.model.eval()
     t = time.perf_counter()
-    start_losses = task.held_out_losses()()
+    try:
+        start_losses = task.held_out_losses()()
+    finally:  # the mode the caller gave, on every exit path (the run sets its own below)
+        task.model.train(was_training)
     read_seconds = time.perf_counter() - t
-    task.model.train()
     h = 0 if rate is not None else min(horizon(job.steps, decide_share), job.steps)
     if not h:
         lr = float(rate.value) if rate is not None else rates[0]
