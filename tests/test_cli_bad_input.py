@@ -165,7 +165,7 @@ def test_a_quick_run_with_average_ending_whose_first_step_was_cut_names_the_cut(
 def test_full_on_a_quantized_base_is_a_sentence_for_the_shell():
     import torch
 
-    from leadline.cli._common import check_full
+    from leadline.hf.loading import check_full
 
     model = torch.nn.Linear(4, 2)
     model.config = SimpleNamespace(quantization_config={"quant_method": "gguf"})

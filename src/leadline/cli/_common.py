@@ -215,70 +215,21 @@ def _major(version: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def check_lora_rank(model: Any, rank: int) -> None:
-    """A LoRA rank above the model's width trains nothing a smaller one would not: refused."""
-    cfg = getattr(model, "config", None)
-    width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
-    if isinstance(width, int) and rank > width:
-        raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds "
-                         f"nothing, pass --lora-rank {min(width, 16)} or less, or --full")
-
-
-def check_full(model: Any, path: str) -> None:
-    """``--full`` on a base that loads quantized: one sentence in the shell's words (the library's
-    own sentence speaks of peft and SFTTrainer)."""
-    from leadline.run.precision import precision_of
-
-    quantization = precision_of(model).quantization
-    if quantization:
-        raise InputError(f"--full trains every weight, and --model {path} loads quantized ({quantization}), which "
-                         "trains only through a LoRA adapter; leave --full out (LoRA of rank 16 by default, "
-                         "--lora-rank R to choose) or pass the model unquantized (a Hugging Face folder)")
-
-
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The model (with LoRA unless --full) and tokenizer the command trains."""
-    from leadline.hf.loading import load_model, load_tokenizer
+    """The model (with LoRA unless --full) and tokenizer the command trains
+    (:func:`leadline.hf.loading.load_trainable`), the flags checked first."""
+    from leadline.hf.loading import load_trainable
 
     if not args.full and args.lora_rank is not None and args.lora_rank < 1:
         raise InputError(f"--lora-rank {args.lora_rank} must be >= 1; or pass --full")
-    import torch
-
     check_device(args.device)
     bits = 4 if getattr(args, "load_in_4bit", False) else 8 if getattr(args, "load_in_8bit", False) else None
     if bits is not None and args.full:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass "
                          "--lora-rank R) or load the base unquantized")
-    tok = load_tokenizer(args.model)
-    model = load_model(args.model, device=args.device, dtype=getattr(torch, args.dtype), bits=bits)
-    if not args.full:
-        check_lora_rank(model, args.lora_rank)
-    else:
-        check_full(model, args.model)
-    if getattr(args, "gradient_checkpointing", False):
-        if not getattr(model, "supports_gradient_checkpointing", False):
-            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
-                             "checkpointing; leave the flag out")
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    torch.manual_seed(args.seed)  # the adapter's init: the same command gives the same plan
-    if args.full:
-        for p in model.parameters():
-            p.requires_grad_(True)
-        return model, tok
-    try:
-        from peft import LoraConfig, get_peft_model
-    except ImportError:
-        raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
-    cfg = LoraConfig(r=args.lora_rank, lora_alpha=2 * args.lora_rank, target_modules="all-linear", lora_dropout=0.0,
-                     task_type="CAUSAL_LM")
-    import warnings
-
-    with warnings.catch_warnings():  # PEFT reads a property transformers 5 renamed: its warning is not the user's
-        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
-        return get_peft_model(model, cfg), tok
+    return load_trainable(args.model, device=args.device, dtype=args.dtype, bits=bits,
+                          lora_rank=None if args.full else args.lora_rank, seed=args.seed,
+                          gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
 
 
 def Progress() -> Any:

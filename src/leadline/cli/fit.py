@@ -60,9 +60,9 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, check_lora_rank, flag_of
+    from leadline.cli._common import check_device, flag_of
     from leadline.errors import InputError
-    from leadline.hf.loading import default_model_path, load_model
+    from leadline.hf.loading import check_lora_rank, default_model_path, load_model
     from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
     from leadline.memory.model_step import (
         ModelStep,

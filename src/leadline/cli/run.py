@@ -12,7 +12,7 @@ answers collapsed (the sentence says which and what to try), 2 on bad input. ``-
 from __future__ import annotations
 
 import argparse
-import textwrap
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,9 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     from leadline.plan import Value
     from leadline.progress import StepBar
     from leadline.run import run_in_one
+    from leadline.run.result import EXIT_NOT_IMPROVED
 
+    fields = fields_of(args) or None
     t_load = time.perf_counter()
     with ram_bound(args.device):
         model, tok = load_for_training(args)
@@ -172,7 +174,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
             plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
                                    rows_per_step=args.rows_per_step, decide_share=args.decide_share,
                                    seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
-                                   fields=fields_of(args) or None, rate=rate, test_share=args.test_share,
+                                   fields=fields, rate=rate, test_share=args.test_share,
                                    eval_data=args.eval, load_seconds=load)
         finally:
             bar.close()
@@ -183,44 +185,11 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
 
             write_html(plan, args.html, run=res.as_dict())
     print(plan.report(long=False, path=str(out / PLAN)))
-    from leadline.cli.train import print_data_notes
-
-    print_data_notes("run", res.data_notes)
-    _print_run(plan, res)
+    for note in res.data_notes:  # what leadline changed in the rows, on stderr as every command says it
+        print(f"leadline run: note: {note}", file=sys.stderr)
+    print("\n".join(res.lines(plan)))
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
-    if not res.improved:
-        from leadline.rate.guard import outcome_sentence
-        from leadline.run.result import EXIT_NOT_IMPROVED
-
-        b, a = res.held_out_before, res.held_out_after
-        print(textwrap.fill(outcome_sentence(res.outcome, b.mean if b else 0.0, a.mean if a else 0.0), width=99))
-        return EXIT_NOT_IMPROVED
-    return 0
-
-
-def _print_run(plan: Any, res: Any) -> None:
-    """The rate, the run's length, the decision's and the guard's costs, each rollback, the verdicts."""
-    cost = res.cost
-    print(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
-    ran = res.steps_run
-    print(f"lr {plan['lr'].value:.3g}, schedule-free AdamW, {res.steps} steps of {res.micro_batch * res.grad_accum} "
-          "rows" + (f" planned, {ran} run (the guard stopped it at its best check)" if ran < res.steps else ""))
-    print(f"the decision's overhead: {cost.overhead_steps} steps not kept ({cost.overhead_share:.0%} of the run), "
-          f"{cost.held_out_reads} held-out reads")
-    print(textwrap.fill(f"the guard: {plan['guard'].source}", width=99, subsequent_indent="  "))
-    for c in res.checks:
-        if c["action"] in ("rollback", "stop", "restore"):
-            print(f"  step {c['step']}: held-out loss {c['loss']:.4g} ({c.get('why', 'scheduled')}), significantly "
-                  f"worse than step {c['to_step']}'s: put back" + (f", the rate now {c['lr']:.3g}"
-                                                                    if c["action"] == "rollback" else ""))
-    b, a = res.held_out_before, res.held_out_after
-    if b is not None and a is not None:
-        print(f"held-out loss {b.mean:.4f} ± {b.se:.4f} before, {a.mean:.4f} ± {a.se:.4f} after on {b.rows} rows "
-              "(the rows the decisions read)")
-    if res.test_after is not None and res.test_before is not None:
-        t0, t1 = res.test_before, res.test_after
-        print(f"{res.test_source} loss {t0.mean:.4f} ± {t0.se:.4f} before, {t1.mean:.4f} ± {t1.se:.4f} after on "
-              f"{t1.rows} rows no decision read")
+    return 0 if res.improved else EXIT_NOT_IMPROVED
 
 
 def _add_seconds(run_json: Path, seconds: dict[str, Any]) -> None:

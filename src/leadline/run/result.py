@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -103,6 +104,38 @@ class RunResult:
     @property
     def steps_run(self) -> int:
         return self.steps - self.cost.steps_not_run
+
+    def lines(self, plan: Any) -> list[str]:
+        """What the terminal shows of the run after the plan: the rate and where it came from, the
+        run's length, the decision's overhead, the guard and each rollback, the losses before and
+        after, and where the run did not improve, the one sentence that says so and what to try."""
+        from leadline.rate.guard import outcome_sentence
+
+        cost, ran, out = self.cost, self.steps_run, []
+        out.append(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
+        out.append(f"lr {plan['lr'].value:.3g}, schedule-free AdamW, {self.steps} steps of "
+                   f"{self.micro_batch * self.grad_accum} rows"
+                   + (f" planned, {ran} run (the guard stopped it at its best check)" if ran < self.steps else ""))
+        out.append(f"the decision's overhead: {cost.overhead_steps} steps not kept ({cost.overhead_share:.0%} of the "
+                   f"run), {cost.held_out_reads} held-out reads")
+        out.append(textwrap.fill(f"the guard: {plan['guard'].source}", width=99, subsequent_indent="  "))
+        for c in self.checks:
+            if c["action"] in ("rollback", "stop", "restore"):
+                out.append(f"  step {c['step']}: held-out loss {c['loss']:.4g} ({c.get('why', 'scheduled')}), "
+                           f"significantly worse than step {c['to_step']}'s: put back"
+                           + (f", the rate now {c['lr']:.3g}" if c["action"] == "rollback" else ""))
+        b, a = self.held_out_before, self.held_out_after
+        if b is not None and a is not None:
+            out.append(f"held-out loss {b.mean:.4f} ± {b.se:.4f} before, {a.mean:.4f} ± {a.se:.4f} after on {b.rows} "
+                       "rows (the rows the decisions read)")
+        if self.test_after is not None and self.test_before is not None:
+            t0, t1 = self.test_before, self.test_after
+            out.append(f"{self.test_source} loss {t0.mean:.4f} ± {t0.se:.4f} before, {t1.mean:.4f} ± {t1.se:.4f} "
+                       f"after on {t1.rows} rows no decision read")
+        if not self.improved:
+            out.append(textwrap.fill(outcome_sentence(self.outcome, b.mean if b else 0.0, a.mean if a else 0.0),
+                                     width=99))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         """``run.json``."""
