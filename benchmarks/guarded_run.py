@@ -41,7 +41,9 @@ which held, and why not.
 
 One JSON (``--out``): the commit, the command, the machine, every unit, written as each unit
 finishes and copied into ``$OUT`` when that is set. A call that stops at ``--stop-after`` seconds
-(no unit starts after it) keeps what finished; the same command again skips it.
+(no unit starts after it) keeps what finished; the same command again skips it. On the device tool,
+whose every call starts from a fresh copy of the working tree, copy the JSON that came back in
+``$OUT`` over ``--out`` here before the next call, or the next call runs every unit again.
 
     PYTHONPATH=src python3 benchmarks/guarded_run.py --model /tmp/smol_hf --data-dir /root/assets/data \\
         --parallel 4 --alone-seeds 0,1 --stop-after 300
