@@ -151,3 +151,16 @@ def section_rows(path: Path, n: int = 96, seed: int = 0, numbers: int = 99) -> P
             f.write(json.dumps({"prompt": f"a tool for {words[label]} {rng.randint(0, numbers)}\nSection:",
                                 "completion": " " + label}) + "\n")
     return path
+
+
+def disk_refusal(path: Path) -> str | None:
+    """Why the disk sweep cannot measure ``path`` here (a file on memory, a filesystem that refuses
+    the page-cache bypass), in the sweep's own sentence; None where it can."""
+    from leadline.errors import InputError
+    from leadline.measure.disk import _check_bypass
+
+    try:
+        _check_bypass([Path(path)], 1 << 20)
+    except InputError as e:
+        return str(e)
+    return None

@@ -181,6 +181,8 @@ def test_a_flag_that_would_change_nothing_is_refused_in_one_sentence(derived_the
         ([*train, "--average-ending"], "it has no ending to set; leave --average-ending out"),
         (["derive", *_args(model_dir), "--no-state", "--out", str(tmp_path / "run")],
          "--no-state keeps no look-ahead branch beside the plan, and --effort race keeps none"),
+        (["derive", *_args(model_dir), "--scale-out", "--out", str(tmp_path / "run")],
+         "--scale-out reads the plan's noise scale, and the race (the default effort) measures none"),
     ]
     for argv, needle in cases:
         capsys.readouterr()

@@ -127,6 +127,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--max-seconds, --quantile, --step-for, --resume, --prior and --fit-rank shape the quick "
                          "and full efforts' derive; the race (the default) takes none of them: leave them out or "
                          "pass --effort quick or full")
+    if args.effort == "race" and args.scale_out:
+        raise InputError("--scale-out reads the plan's noise scale, and the race (the default effort) measures none; "
+                         "pass --effort full with it")
     check_device(args.device)
     from leadline.distributed.world import job_from_env, launched_by_torchrun
 
