@@ -49,6 +49,8 @@ def test_uv_installs_only_where_it_is_beside_the_python_and_not_switched_off(ins
     assert install.command(["x"], {})[:3] == [str(python.parent / "uv"), "pip", "install"]
     assert install.command(["x"], {"UV": "0"})[:3] == [str(python), "-m", "pip"]
     assert install.command(["-e", ".[hf]"], {"UV": "0"})[-2:] == ["-e", ".[hf]"]
+    given = install.command(["--index-url", "https://t/cpu", "torch"], {"PIP_INDEX_URL": "https://pip/simple"})
+    assert given.count("--index-url") == 1 and "https://pip/simple" not in given  # the caller's index alone
 
 
 def test_every_install_in_the_makefile_goes_through_the_installer():

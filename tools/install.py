@@ -63,8 +63,10 @@ def command(args: list[str], environ: dict[str, str]) -> list[str]:
     if environ.get("UV", "1") == "1" and uv.is_file():
         listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True,
                                 text=True).stdout
-        return [str(uv), "pip", "install", "-q", "--python", sys.executable,
-                *uv_args(pip_options(listed, environ)), *args]
+        options = pip_options(listed, environ)
+        if "--index-url" in args:  # the caller's index (make's TORCH_FLAGS) replaces pip's: uv takes one
+            options.pop("index-url", None)
+        return [str(uv), "pip", "install", "-q", "--python", sys.executable, *uv_args(options), *args]
     # --no-compile: no .pyc for every file of torch and transformers at install (over half pip's
     # time on 2 cores); Python compiles the modules the demo imports as it imports them.
     return [sys.executable, "-m", "pip", "install", "-q", "--no-compile", *args]
