@@ -221,8 +221,7 @@ def _lookahead(ev: dict[str, Any], ax: Any) -> None:
     _rate_axis(ax, [c["lr"] for h in ev.get("horizons", []) for c in h.get("candidates", [])])
     ax.set_xlabel("learning rate")
     ax.set_ylabel("held-out loss")
-    ax.set_title("the race inside the run: loss per rate per round" if "decided_by" in ev
-                 else "look-ahead: loss per rate per horizon")
+    ax.set_title("look-ahead: loss per rate per horizon")
     ax.legend(fontsize=8)
 
 
