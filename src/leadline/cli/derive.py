@@ -13,6 +13,7 @@ from leadline.plan import Plan
 if TYPE_CHECKING:
     from leadline.derive.state import StateKeeper
 
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     add_plan_arguments(p, effort="race", efforts=("race", "full"),

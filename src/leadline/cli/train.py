@@ -102,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     check_out_folder("--out", args.out)
     args.plan = str(plan_file("--plan", args.plan))  # the folder derive wrote, or its plan.json
     plan = read_plan("--plan", args.plan)
-    refuse_quick_plan(plan, f"the plan {args.plan}")
+    if not args.recipe:  # the recipe reads only the plan's length, seed and rows that fit
+        refuse_quick_plan(plan, f"the plan {args.plan}")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
     check_ending_share(args)
