@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="/root/assets/smol.gguf")
     ap.add_argument("--data-dir", default="/root/assets/data")
     ap.add_argument("--tasks", default="debian_sections,gsm_symbolic")
-    ap.add_argument("--effort", default="quick", choices=("quick", "full"))
+    ap.add_argument("--effort", default="full", choices=("full",))
     ap.add_argument("--max-seconds", type=float, default=110.0)
     ap.add_argument("--max-chars", type=int, default=600)
     ap.add_argument("--limit", type=int, default=None, help="the first N rows only (smoke runs)")

@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-chars", type=int, default=600)
     ap.add_argument("--lora-rank", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--effort", default="full", choices=("quick", "full"))
+    ap.add_argument("--effort", default="full", choices=("full",))
     ap.add_argument("--shard", default="none", choices=("none", "fsdp2"), help="derive: the model sharded by fully_shard (under torchrun)")
     ap.add_argument("--max-seconds", type=float, default=None)
     ap.add_argument("--plan", help="a derive JSON this script wrote (train, scaleout)")

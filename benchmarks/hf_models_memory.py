@@ -6,7 +6,7 @@ card held to 24 GB by a second process and on the whole card.
 Each case is (shape in {1b, 8b}, base in {bf16, 4bit}, card in {24, whole}). Rows are tokenized
 ``{"input_ids", "labels"}`` rows of random ids, lengths log-normal around seq/4 clipped to
 [16, seq], one row at seq (so the plan's length is seq). Per case:
-  derive   derive_for(model, tokenizer, rows, total_steps=--run-steps, effort=quick): its wall
+  derive   derive_for(model, tokenizer, rows, total_steps=--run-steps, effort=full): its wall
            time per phase (plan.phases), the memory phase's share, rows_fit (with and without
            checkpointing), micro_batch, grad_accum, lr, precision.
   ramp     derive's ramp alone without the step's upper limit (max_rows=--max-rows): the kept
@@ -25,7 +25,7 @@ cap is not judged), takes 5 truth steps, stops the run at ``--deadline 540`` and
 ``--resume``: the same command again keeps the stages the file records and continues the run's
 300 steps, so a case spreads over 10-minute calls. R2 is judged once all 300 ran.
 
-``--effort race`` (the default run's): derive_for's race instead of the quick derive, and its
+``--effort race`` (the default run's): derive_for's race instead of the full derive, and its
 micro-batch (the most of the step's 16 rows, halved on each out-of-memory error to a divisor of
 16) stands for the ramp's b: no ramp runs.
 
@@ -309,7 +309,7 @@ def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card
     t = time.perf_counter()
     if args.effort == "race":
         return race_micro_batch(model, tok, rows, shape, base, card_gb, args, case, save)
-    plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="quick", seq_len=args.seq,
+    plan = derive_for(model, tok, rows, total_steps=args.run_steps, effort="full", seq_len=args.seq,
                       progress=False, options=DeriveOptions(max_seconds=args.derive_seconds))
     case["derive"] = {
         "wall_seconds": time.perf_counter() - t, "derive_seconds": plan.derive_seconds,
@@ -355,7 +355,7 @@ def race_micro_batch(model: Any, tok: Any, rows: Any, shape: str, base: str, car
 
 
 def r1(b: int, truth_b: int, rows_per_step: int | None) -> str:
-    """The rule R1: the quick ramp's b within one rung under the truth; the race's b the largest
+    """The rule R1: the full derive's ramp b within one rung under the truth; the race's b the largest
     divisor of the step's rows at or under it.
 
     Examples:
@@ -425,8 +425,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-steps", type=int, default=300)
     ap.add_argument("--no-checkpointing", action="store_true")
     ap.add_argument("--derive-seconds", type=float, default=None, help="derive's max_seconds (default: unbounded)")
-    ap.add_argument("--effort", choices=["quick", "race"], default="quick",
-                    help="quick: derive_for's quick derive and the ramp; race: the default run's micro-batch")
+    ap.add_argument("--effort", choices=["full", "race"], default="full",
+                    help="full: derive_for's full derive and the ramp; race: the default run's micro-batch")
     ap.add_argument("--device", default=None)
     ap.add_argument("--work", default="/tmp/hf_models_memory")
     ap.add_argument("--smoke", action="store_true", help="a tiny config on the CPU, a few steps: the script runs")

@@ -4,7 +4,7 @@ Noisy linear regression (64 inputs, 4 outputs, targets with unit noise, 8 rows a
 w from zero): a higher rate learns faster and settles on a higher noise floor, so the best
 constant rate for T steps falls as T grows — the effect the look-ahead's trend carry exists
 for. Per T: a sweep of 12 constant rates 2^-k (k = 0..11), each run T steps, judged by the mean
-held-out loss on 256 rows; then measure_first_step + lookahead_lr(total_steps=T, effort="full")
+held-out loss on 256 rows; then measure_first_step + lookahead_lr(total_steps=T)
 from the same start, and a T-step run at its rate.
 
 Decision rule, written before this file's first recorded run (an exploratory run of the same
@@ -84,7 +84,7 @@ def main() -> int:
         best = min(sweep, key=lambda r: r["loss"])
         w, opt, train_step, held = setup()
         fs = measure_first_step([w], opt, train_step, held)
-        la = lookahead_lr([w], opt, train_step, held, fs, total_steps=steps, effort="full")
+        la = lookahead_lr([w], opt, train_step, held, fs, total_steps=steps)
         at = run(la.lr, steps)
         ratio = la.lr / best["lr"]
         result["runs"].append({

@@ -29,7 +29,6 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
     gpu-verdict)        echo "$PY benchmarks/gpu_verdict.py --out $OUT/gpu_h200.json" ;;
     e2e-full)           echo "$PY benchmarks/e2e_debian.py $m $d --timeout 230 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_full.json" ;;
     e2e-6gb)            echo "$PY benchmarks/e2e_debian.py $m $d --timeout 200 --card-gb 6 --arms full,train_full,recipe --out $OUT/e2e_debian_h200_6gb.json" ;;
-    e2e-quick)          echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms quick,train_quick,recipe --out $OUT/e2e_debian_h200_quick.json" ;;
     e2e-bound40)        echo "$PY benchmarks/e2e_debian.py $m $d --timeout 150 --arms bound --bound-seconds 40 --out $OUT/e2e_debian_h200_bound40.json" ;;
     scoreboard-*-6gb)   local t=${name#scoreboard-}; t=${t%-6gb}
                         echo "$PY benchmarks/scoreboard.py --task $t --card-gb 6 $m $d --out $OUT/scoreboard_${t}_6gb.json --stop-after 480 --deadline 570" ;;
@@ -57,7 +56,6 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
     sweep-lora)         echo "$PY benchmarks/rate_lookahead.py $m $d --experiment sweep --modes lora --out $OUT/rate_lookahead/sweep_gsm_lora.json" ;;
     schedule-plan)      echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms plan_schedule --cap-gb 0 --max-seconds 400 --schedule-baselines $OUT/rate_lookahead/schedule_debian_baselines.json --out $OUT/rate_lookahead/schedule_debian_plan.json" ;;
     schedule-plan-6gb)  echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms untrained,plan_schedule_cap --max-seconds 200 --out $OUT/rate_lookahead/schedule_debian_plan_6gb.json" ;;
-    schedule-race)      echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --schedule-arms quick_race --max-seconds 200 --schedule-baselines $OUT/rate_lookahead/schedule_debian_baselines.json --out $OUT/rate_lookahead/schedule_debian_race.json" ;;
     schedule-all)       echo "$PY benchmarks/rate_lookahead.py $m $d --experiment schedule --max-seconds 420 --out $OUT/rate_lookahead/schedule_debian_all_arms.json" ;;
     warmup-tf32)        echo "$PY benchmarks/warmup_cost.py $m $d --judge 256 --out $OUT/warmup_cost/gsm_full_tf32.json" ;;
     warmup-fp32)        echo "$PY benchmarks/warmup_cost.py $m $d --judge 256 --no-tf32 --out $OUT/warmup_cost/gsm_full_fp32.json" ;;
@@ -70,11 +68,11 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
   esac
 }
 
-NAMES="gpu-tests demo gpu-verdict e2e-full e2e-6gb e2e-quick e2e-bound40 scoreboard-debian_sections
+NAMES="gpu-tests demo gpu-verdict e2e-full e2e-6gb e2e-bound40 scoreboard-debian_sections
 scoreboard-debian_sections-6gb scoreboard-man_sections scoreboard-gsm_symbolic scoreboard-debian_summary
 scoreboard-debian_sections-seed1 scoreboard-gsm_symbolic-seed1
 guarded-run determinism hf-memory-1b-bf16-24 hf-memory-1b-4bit-24 hf-memory-8b-4bit-24 hf-memory-8b-bf16-0 sft-vs-train memory-lora16-6gb-seq512
-memory-verdicts sweep-full sweep-lora schedule-plan schedule-plan-6gb schedule-race schedule-all
+memory-verdicts sweep-full sweep-lora schedule-plan schedule-plan-6gb schedule-all
 warmup-tf32 warmup-fp32 noise-debian noise-gsm no-trace derive-tasks derive-stability distributed-1gpu"
 
 if [[ $# -lt 1 || $1 == -h || $1 == --help ]]; then

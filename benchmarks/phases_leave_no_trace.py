@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
     t1 = time.perf_counter()
     fs = measure_first_step(params, opt, train_step, held)
-    la = lookahead_lr(params, opt, train_step, held, fs, total_steps=args.lookahead_steps, effort="full", grid=(-1, 0, 1))
+    la = lookahead_lr(params, opt, train_step, held, fs, total_steps=args.lookahead_steps, grid=(-1, 0, 1))
     phases_s = time.perf_counter() - t1
     state = {"weights_equal_start": all(torch.equal(p, s) for p, s in zip(params, start)),
              "optimizer_state_entries": len(opt.state), "grads_none": all(p.grad is None for p in params)}

@@ -14,7 +14,7 @@ projections). The sweep: six constant rates, fixed before the run —
     full: 2.5e-5 5e-5 1e-4 2e-4 4e-4 8e-4        LoRA r32: 2.5e-4 5e-4 1e-3 2e-3 4e-3 8e-3
 each 90 steps, judged by the mean held-out loss (per-row mean over completion tokens) on 256
 rows of gsm_symbolic_test (mean ± SE). The look-ahead: measure_first_step -> alpha1, then
-lookahead_lr(total_steps=90, effort="full") on the decision rows, then 90 steps at its rate
+lookahead_lr(total_steps=90) on the decision rows, then 90 steps at its rate
 (warmup from alpha1 over 10 steps, then constant), judged on the same 256 rows.
 Decision rules (per mode), written before the run:
   R1  the look-ahead's rate is within 2x of the sweep's best rate;
@@ -34,10 +34,7 @@ The plan with its schedule on classification (``--experiment schedule``; debian_
 3,104 training rows, T = 194).
 Arms: (a) untrained; (b) the default recipe: AdamW 2e-4, 3% warmup, linear decay to zero;
 (c) the plan alone: alpha1 + the full look-ahead (T = 194), its rate constant after the warmup;
-(d) the same plan + LookaheadSchedule(lookahead_from(look-ahead)) with finish(); (e) quick
-effort: alpha1 + race() inside the run over the quick plan's own grid (derive's: the anchor x 2^j
-from half the anchor up to alpha1 where the anchor is below alpha1 — a grid of alpha1 x 2^j,
-j = -1..3, spiked past 50 steps at every rate, and its arm was cut by its time limit); (f) arm (d) again, whole
+(d) the same plan + LookaheadSchedule(lookahead_from(look-ahead)) with finish(); (e) arm (d) again, whole
 (alpha1 and the look-ahead measured again, then the schedule), with the process held to a 6 GB
 card (torch.cuda.set_per_process_memory_fraction), unless --cap-gb 0. The batch is the
 recipe's 16 rows in every arm, so the arms differ in the rate and the run only.
@@ -303,7 +300,7 @@ def sweep_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step:
     start = [p.detach().clone() for p in params]
     opt = s.opt(params)
     fs = measure_first_step(params, opt, ts, held)
-    la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="full",
+    la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps,
                       on_progress=lambda h: log(f"sweep {mode} horizon {h['steps']}: best {h.get('best_lr')}"))
     t2 = time.perf_counter()
     import torch
@@ -375,13 +372,10 @@ def schedule(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: C
 
     from leadline.rate import (
         LookaheadSchedule,
-        anchor_rate,
         lookahead_from,
         lookahead_lr,
         measure_first_step,
-        race,
     )
-    from leadline.rate.race import quick_race_rates
     from leadline.rate.warmup import warmup_lr
     from leadline.stats import mcnemar
 
@@ -416,7 +410,7 @@ def schedule(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: C
         opt = s.opt(params)
         ts = make_train_step(s.model, train_rows, per_step, s.pad, s.device)
         fs = measure_first_step(params, opt, ts, held)
-        la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="full",
+        la = lookahead_lr(params, opt, ts, held, fs, total_steps=steps,
                           on_progress=lambda h: log(f"schedule {tag} horizon {h['steps']}: best {h.get('best_lr')} estimate {h.get('estimate')}"))
         log(f"schedule {tag}: alpha1 {fs.alpha1:.3g}, look-ahead {la.lr:.3g} ({la.stopped_because}, {la.steps_used} steps)")
         return params, opt, ts, (fs, la), time.perf_counter() - t1
@@ -461,27 +455,12 @@ def schedule(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: C
         train(opt, ts, steps, lambda t: 2e-4 * min((t + 1) / warm, (steps - t) / (steps - warm)))
         return {"lr": 2e-4, "warmup_steps": warm, "schedule": "linear warmup 3%, linear decay to 0"}
 
-    def quick_race() -> dict[str, Any]:
-        params = s.lora(16, 32)
-        opt = s.opt(params)
-        ts = make_train_step(s.model, train_rows, per_step, s.pad, s.device)
-        fs = measure_first_step(params, opt, ts, held)
-        # the quick plan's own race (derive's _quick_rate): the anchor x 2^j from half the anchor
-        # up to alpha1, where the anchor is below alpha1; else alpha1 x 2^j (the quick grid)
-        named = [(n, p) for n, p in s.model.named_parameters() if p.requires_grad]
-        anchor = anchor_rate(named, trained_as="factors").lr
-        rates = quick_race_rates(anchor, fs.alpha1) if anchor < fs.alpha1 else lookahead_lr(params, opt, ts, held, fs, total_steps=steps, effort="quick").rates
-        r = race(params, opt, ts, held, rates, steps, alpha1=fs.alpha1,
-                 on_progress=lambda rd: log(f"schedule race round {rd['steps']}: {[round(c['loss'], 4) for c in rd['candidates']]}"))
-        return {"alpha1": fs.alpha1, "anchor": anchor, "rates": rates, "lr": r.lr, "decided_by": r.decided_by, "steps_used": r.steps_used,
-                "ending": r.ending.get("kept"), "race": r.evidence()}
-
     def untrained() -> dict[str, Any]:
         s.lora(16, 32)
         return {}
 
     plan = [("untrained", untrained), ("default_recipe", recipe), ("plan_alone", plan_alone),
-            ("plan_schedule", lambda: scheduled("schedule", False)), ("quick_race", quick_race)]
+            ("plan_schedule", lambda: scheduled("schedule", False))]
     if args.cap_gb > 0 and s.device.type == "cuda":
         plan.append((f"plan_schedule_cap{args.cap_gb:g}gb", lambda: capped(lambda: scheduled("capped", True))))
 
@@ -561,10 +540,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-prompt", type=int, default=256, help="prompt tokens kept (the start of the prompt)")
     ap.add_argument("--cap-gb", type=float, default=6.0,
-                    help="schedule arm (f): the plan + schedule under this cap; 0 skips it")
+                    help="schedule arm (e): the plan + schedule under this cap; 0 skips it")
     ap.add_argument("--schedule-arms", default="",
                     help="schedule: only these arms, by name prefix (untrained, default_recipe, plan_alone, "
-                         "plan_schedule, quick_race, plan_schedule_cap); default all")
+                         "plan_schedule, plan_schedule_cap); default all")
     ap.add_argument("--sweep-extra", default="replay_best,lookahead_constant,lookahead_warmup_fresh",
                     help="the sweep's arms beside the rules, by name (comma-separated; empty: none)")
     ap.add_argument("--schedule-baselines", default="",

@@ -65,7 +65,6 @@ processes (model loading included, the same for every arm), deciding and trainin
                    its own verdict, not a crash: the unit records the status and the outcome, and
                    is judged by the adapter it wrote (``collapsed``) or, where it wrote none, as
                    the untrained model (what the user gets).
-  leadline_quick   ``leadline derive`` (the default effort) then ``leadline train --plan``.
   leadline_full    ``leadline derive --effort full`` then ``leadline train --plan``, at derive's
                    default step: the least-time step until rule R passed, the step for the rows
                    since (the unit's commit says which it ran).
@@ -73,11 +72,6 @@ processes (model loading included, the same for every arm), deciding and trainin
                    the raced ending over the run's last half (rule H).
   leadline_run     ``leadline run`` (the full effort): the same derive and run in one process,
                    the model loaded once; its cost is that one process's wall seconds.
-  leadline_run_quick  ``leadline run --effort quick``: the default effort in one process, the
-                   rate raced inside the run: leadline's cheapest whole job.
-  leadline_run_quick_average  the same with ``--average-ending``: the race's ending also reads
-                   the weights averaged over the run's last half at the constant rate (no step
-                   rerun): rule A below.
   leadline_full_16rows  ``leadline derive --effort full --rows-per-step 16`` then ``leadline
                    train``: the recipe's batch, everything else measured. Beside leadline_full
                    it isolates the step: rule S below.
@@ -219,11 +213,6 @@ RULES = {
           "answers mean the GPU's sharing does not move a run; a difference is what two runs of one method differ by",
     "$$": "a cost ratio is quoted only between units each timed alone on the GPU (its own process, wall seconds from "
           "its start, imports and the model's load included)",
-    "A": "the weights averaged over the run's last half (--average-ending) join the quick effort's default ending "
-         "race when leadline_run_quick_average beats leadline_run_quick with p < 0.05 on at least one task and "
-         "loses on none; the ending that costs no step replaces the rerun of the last half when, in addition, "
-         "leadline_run_quick_average's held-out rows kept the average on every task where leadline_run_quick kept "
-         "the last half",
 }
 REGIMES = {
     "lora": "LoRA r16 (alpha 32, every linear layer), one pass over the rows given",
@@ -241,7 +230,7 @@ TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_fu
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
 BASELINES = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy"]
 """The defaults a user would otherwise type: the board's bar (each runs with no deciding)."""
-ARMS = ["recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
+ARMS = ["recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_full", "leadline_run",
         "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find", "lr_find_log",
         "sweep", "optuna", "pichak_quick", "pichak_full"]
@@ -914,15 +903,14 @@ class Arms:
         # most of a generation task's judging time
         self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
 
-    def leadline_run(self, effort: str = "full", average: bool = False) -> None:
-        """``leadline run``: derive (``effort``) and train in one process; deciding is the derive's
-        seconds and the model's one load, training the rest of the process's wall time.
-        ``average``: with ``--average-ending``."""
-        unit = "leadline_run" + ("_quick" if effort == "quick" else "") + ("_average" if average else "")
+    def leadline_run(self) -> None:
+        """``leadline run --effort full``: derive and train in one process; deciding is the derive's
+        seconds and the model's one load, training the rest of the process's wall time."""
+        unit = "leadline_run"
         if self.board.has(unit):
             return
         # no time bound: what an arm measures must not depend on the load
-        self.one_process(unit, ["--effort", effort, *self.short, *(["--average-ending"] if average else [])])
+        self.one_process(unit, ["--effort", "full", *self.short])
 
     def pichak(self, effort: str) -> None:
         """pichak 0.4.1 as its README prescribes (benchmarks/pichak_arm.py): quick + race(), full +
@@ -1275,8 +1263,8 @@ def arms_of(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm as the table reads it: the sweep's and optuna's units folded into their arms."""
     units = data["units"]
     arms: dict[str, dict[str, Any]] = {}
-    for name in ("untrained", "recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
-                 "leadline_run_quick_average", "leadline_full_16rows",
+    for name in ("untrained", "recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_full", "leadline_run",
+                 "leadline_full_16rows",
                  "leadline_full_rows", *RETRAINED,
                  "schedulefree", "schedulefree_again", "lr_find", "lr_find_log", "pichak_quick", "pichak_full"):
         if name in units and not units[name].get("failed"):
@@ -1402,7 +1390,7 @@ def seed_units(units: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:
     Examples:
         >>> v = {"verdict": {"metric": "accuracy"}}
         >>> sorted(seed_units({"leadline": v, "leadline_seed2": v, "leadline_seed1": {"failed": True},
-        ...                    "leadline_quick": v}, "leadline"))
+        ...                    "leadline_full": v}, "leadline"))
         [0, 2]
     """
     out: dict[int, dict[str, Any]] = {}
@@ -1680,8 +1668,7 @@ def seeds_table(boards: list[tuple[dict[str, Any], Path]]) -> list[str]:
                   "| arm | " + " | ".join(f"seed {k}" for k in seeds) + " | mean ± sd |", "|---|" + "---|" * (len(seeds) + 1)]
         names = [n for n in ("recipe", "sweep", "schedulefree", "lr_find", "lr_find_log", "optuna", "pichak_quick",
                              "pichak_full",
-                             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick",
-                             "leadline_run_quick_average", "leadline_full_16rows",
+                             "leadline_full", "leadline_run", "leadline_full_16rows",
                              "leadline_full_rows", *RETRAINED)
                  if sum(isinstance(metric(arms[k].get(n) or {}), (int, float)) for k in seeds) >= 2]
         for n in names:
@@ -1722,8 +1709,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
               "|---|---|---|---|---|---|---|"]
     order = ["untrained", "recipe", "sweep", "lr_find", "lr_find_log", "optuna", "schedulefree", "pichak_quick",
              "pichak_full",
-             "leadline_quick", "leadline_full", "leadline_run", "leadline_run_quick", "leadline_run_quick_average",
-             "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
+             "leadline_full", "leadline_run", "leadline_full_16rows", "leadline_full_rows", *RETRAINED]
     full = arms.get("leadline_full")
     for name in order:
         if name not in arms:
@@ -1755,7 +1741,7 @@ def table_of(data: dict[str, Any], path: Path) -> str:
                      + (f" ({load:.0f} s in leadline derive's own note)" if load is not None else "")
                      + ", counted in every arm's seconds: leadline's two processes pay it twice.")
     lines += [f"- {line}" for line in bar_of(data, arms)]
-    lines += [f"- {line}" for line in cost_of(arms) + quick_cost_of(arms)]
+    lines += [f"- {line}" for line in cost_of(arms)]
     lines += [f"- {line}" for line in paired_rules(data, arms)]
     lines.append("")
     return "\n".join(lines)
@@ -1806,30 +1792,6 @@ def phase_seconds(plan: dict[str, Any]) -> list[str]:
     return out
 
 
-def quick_cost_of(arms: dict[str, dict[str, Any]]) -> list[str]:
-    """Where the quick effort's whole job in one process (leadline_run_quick) spent its seconds:
-    the model's load (derive's own note), derive's phases, and the run's optimizer steps split into
-    the run's own, the race's other rates and the raced endings' reruns."""
-    quick = arms.get("leadline_run_quick")
-    plan, run = (quick or {}).get("plan"), (quick or {}).get("run")
-    if not isinstance(plan, dict) or not isinstance(run, dict) or not isinstance(run.get("race"), dict):
-        return []
-    race = run["race"]
-    used, total = int(race.get("steps_used") or 0), int(run.get("steps") or race.get("total_steps") or 0)
-    decays = [int(d.get("steps") or 0) for d in ((race.get("ending") or {}).get("decays") or [])]
-    load = next((float(m.group(1)) for n in plan.get("notes") or []
-                 for m in [re.search(r"loading the model and tokenizer before it ([\d.]+) s", n)] if m), None)
-    line = f"Where leadline_run_quick's {quick['cost']:.0f} s went, in one process: "
-    line += f"the model's load {load:.0f} s, " if load is not None else ""
-    line += (f"derive {plan.get('derive_seconds', 0):.0f} s (" + ", ".join(phase_seconds(plan)) + "), the run "
-             f"{run.get('seconds', 0):.0f} s over {used} optimizer steps: the run's own {total}, the race's other "
-             f"rates {used - total - sum(decays)}")
-    if decays:
-        line += (f" and the raced endings' reruns {sum(decays)} (the last "
-                 + " and the last ".join(str(d) for d in decays) + " steps)")
-    return [line + "."]
-
-
 def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
     """Rules S, R, E and Z on this task: each pair's paired test, where both of its arms ran."""
     kind, gold = data["kind"], data.get("gold", [])
@@ -1841,9 +1803,7 @@ def paired_rules(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[
              ("Z", "leadline_full_rows_to_zero", "leadline_full_rows",
               "the ending to zero against the raced ending, at the step for the rows"),
              ("H", "leadline_full_half_ending", "leadline_full",
-              "the raced ending over the last half against the raced ending over two check intervals"),
-             ("A", "leadline_run_quick_average", "leadline_run_quick",
-              "the averaged weights raced with the endings against the endings alone")]
+              "the raced ending over the last half against the raced ending over two check intervals")]
     out = []
     for _rule, a, b, what in pairs:
         if a in arms and b in arms:
@@ -1880,7 +1840,7 @@ def ending_pick(arms: dict[str, dict[str, Any]]) -> tuple[str, str, float, float
 def load_seconds(data: dict[str, Any]) -> float | None:
     """The model's load as leadline derive printed it ("loading the model and tokenizer before it
     N s"), from the first leadline arm that recorded its output."""
-    for name in ("leadline_quick", "leadline_full"):
+    for name in ("leadline_full",):
         tail = ((data["units"].get(name) or {}).get("derive") or {}).get("output_tail", "")
         m = re.search(r"loading the model and tokenizer before it ([\d.]+) s", tail)
         if m:
@@ -1963,9 +1923,6 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
                      "(the bar: at most 1.5x)")
         if "leadline_run" in arms:
             parts.append(f"in one process (`leadline run`) {arms['leadline_run']['cost'] / arms['recipe']['cost']:.2f}x")
-        if "leadline_run_quick" in arms:
-            parts.append(f"the quick effort in one process (`leadline run --effort quick`) "
-                         f"{arms['leadline_run_quick']['cost'] / arms['recipe']['cost']:.2f}x")
     if "sweep" in arms:
         parts.append(f"{full['cost'] / arms['sweep']['cost']:.2f}x the sweep's {arms['sweep']['cost']:.0f} s")
     return ["leadline_full against the bar: " + "; ".join(parts) + "."]
@@ -1974,7 +1931,7 @@ def bar_of(data: dict[str, Any], arms: dict[str, dict[str, Any]]) -> list[str]:
 def summary(paths: list[Path]) -> str:
     """One row a task and card: each arm's test metric, and leadline_full's outcome against the
     recipe and the swept optimum with its cost; the full tables are ``table``'s."""
-    names = ["recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_full", "leadline_quick", "leadline_full"]
+    names = ["recipe", "sweep", "schedulefree", "lr_find", "optuna", "pichak_full", "leadline_full"]
     lines = ["| task (metric) | " + " | ".join(names) + " | leadline_full against the recipe / the sweep "
              "| leadline_full's cost (x the recipe) | file |", "|" + "---|" * (len(names) + 4)]
     for path in paths:
@@ -2052,10 +2009,7 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
              "schedulefree_algoperf": lambda: arms.optimizer_arm("schedulefree_algoperf"),
              "prodigy": lambda: arms.optimizer_arm("prodigy"),
              "schedulefree_again": lambda: arms.optimizer_arm("schedulefree_again"),
-             "leadline_quick": lambda: arms.leadline_arm("quick"),
              "leadline_full": lambda: arms.leadline_arm("full"), "leadline_run": arms.leadline_run,
-             "leadline_run_quick": lambda: arms.leadline_run("quick"),
-             "leadline_run_quick_average": lambda: arms.leadline_run("quick", average=True),
              "leadline_full_16rows": lambda: arms.leadline_arm("full", 16), "pichak_quick": lambda: arms.pichak("quick"),
              "leadline_full_rows": lambda: arms.leadline_arm("full", step_for="rows"),
              "leadline_full_to_zero": lambda: arms.to_zero("leadline_full"),

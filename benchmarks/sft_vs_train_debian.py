@@ -4,10 +4,10 @@ SmolLM2-135M-Instruct with LoRA r16 over a bf16 base, on debian_sections.
 Rows as benchmarks/e2e_debian.py makes them: prompt = the package description + "\\nSection:",
 completion = " " + the label; accuracy on every row of debian_sections_test, each of the four
 labels scored by the log-likelihood of its completion under the trained adapter (e2e_debian's
-``predictions``). Both arms derive at the default (quick) effort for one epoch; bf16 base.
+``predictions``). Both arms derive at the full effort for one epoch; bf16 base.
 
 Arms:
-  train    leadline derive --dtype bfloat16 --gradient-checkpointing --effort quick --epochs 1, then
+  train    leadline derive --dtype bfloat16 --gradient-checkpointing --effort full --epochs 1, then
            leadline train --plan (checkpointing on, as SFTConfig's default has it)
   sft      the README's SFTTrainer snippet: SFTTrainer(model in bf16, SFTConfig(bf16=True,
            num_train_epochs=1), peft_config=LoRA r16); derive_for(probe); a second SFTTrainer with
@@ -79,7 +79,7 @@ def sft_arm(model_path: str, train: Path, out: Path, smoke: bool) -> dict[str, A
     lora = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM")
     t = time.perf_counter()
     probe = SFTTrainer(model=model, args=config, train_dataset=data, processing_class=tok, peft_config=lora)
-    plan = derive_for(probe, effort="quick", progress=False)  # the run this benchmark measured
+    plan = derive_for(probe, effort="full", progress=False)  # the run this benchmark measured
     derive_s = time.perf_counter() - t
     callback = LeadlineCallback.for_plan(plan, probe)
     trainer = SFTTrainer(model=probe.model, args=training_arguments(plan, config), train_dataset=data,
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         common += ["--device", "cpu"]
     if "train" in arms:
         plan = work / "train_plan.json"
-        r = cli(["derive", *common, "--effort", "quick", "--epochs", "1", "--out", str(plan)], work / "derive.log",
+        r = cli(["derive", *common, "--effort", "full", "--epochs", "1", "--out", str(plan)], work / "derive.log",
                 args.timeout)
         result["arms"]["derive"] = r
         if r["rc"] == 0:

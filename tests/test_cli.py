@@ -62,7 +62,7 @@ def test_derive_prints_the_table_first_and_where_the_sentences_are(tmp_path, cap
 
     monkeypatch.chdir(tmp_path)
     p = Plan()
-    p.set("lr", Value(0.000445, "constant", "the anchor, not measured: the quick effort ran no look-ahead; " * 8,
+    p.set("lr", Value(0.000445, "constant", "the anchor, not measured: nothing could be run for the rate; " * 8,
                       unit="per step"))
     p.set("rows", Value(32, "measured", "rows read from train.jsonl"))
     write_plan(p, Path("my plan.json"), None)

@@ -60,9 +60,9 @@ def files(tmp_path):
     (tmp_path / "fields.jsonl").write_text('{"body": "x", "tag": "y"}\n')
     (tmp_path / "afile").write_text("x")
     (tmp_path / "adir").mkdir()
-    quick_cut = _plan()
-    quick_cut.skipped.append(Skipped("first_step", "cut", max_seconds=5.0, seconds=4.5))
-    quick_cut.to_json(tmp_path / "quick_cut.json")
+    quick = _plan()  # a plan of the removed quick effort: its rates raced inside the run, no look-ahead
+    quick.set("race_rates", Value([5e-4, 1e-3, 2e-3], "derived", "the anchor x 2^j"))
+    quick.to_json(tmp_path / "quick.json")
     _plan().to_json(tmp_path / "plan.json")
     no_lr = Plan()
     no_lr.set("micro_batch", Value(2, "measured", "the ramp kept 2 rows", unit="rows"))
@@ -104,14 +104,15 @@ def test_refused_before_the_model_loads_in_one_sentence_and_nothing_written(file
         ([*derive, "--field", "body"], "--field names 'body', and no row of", "its rows have completion, prompt"),
         ([*run, "--field", "bogus=prompt"], "'bogus' is not a role leadline reads"),
         ([*train, "--field", "text=body"], "--field names 'body', and no row of"),
-        # --average-ending on a quick plan whose first step was cut: the cut named, not the effort
-        (["train", *m, "--data", str(GOOD), "--plan", str(d / "quick_cut.json"), "--out", str(d / "run"),
-          "--average-ending"], "ended before it measured the rates to race (first_step: cut by max_seconds=5",
-         "--max-seconds S` and a larger S"),
+        # the removed quick effort: named, with what to use instead
+        ([*derive, "--effort", "quick"], "leadline derive: --effort quick was removed: use race (the default) or full"),
+        ([*run, "--effort", "quick"], "leadline run: --effort quick was removed: use race (the default) or full"),
+        ([*derive, "--effort", "fast"], "--effort fast is not one of race, full"),
+        (["train", *m, "--data", str(GOOD), "--plan", str(d / "quick.json"), "--out", str(d / "run")],
+         "quick.json is of the quick effort, which was removed; derive it again with the race effort (the default) "
+         "or full"),
         (["train", *m, "--data", str(GOOD), "--plan", str(d / "no_lr.json"), "--out", str(d / "run")],
          "has no lr, so it cannot train", "its derive ran out of time (rate: not reached within max_seconds=5)"),
-        (["train", *m, "--data", str(GOOD), "--plan", str(d / "plan.json"), "--out", str(d / "run"),
-          "--average-ending"], "has no rates to race"),
         # --out is a folder
         (["derive", *m, "--data", str(GOOD), "--out", str(d / "afile")], "is a file, not a folder"),
         (["train", *m, "--data", str(GOOD), "--plan", str(d / "adir"), "--out", str(d / "run")], "is a folder without a",
@@ -120,9 +121,6 @@ def test_refused_before_the_model_loads_in_one_sentence_and_nothing_written(file
     for argv, *needles in cases:
         said = _refused(capsys, argv, *needles)
         assert "does not exist" not in said or "model" not in said  # the model was never reached
-    for argv, *needles in cases:
-        if "--average-ending" in argv:
-            assert "full effort" not in _refused(capsys, argv, *needles)
     assert _listing(d) == before
 
 
@@ -139,26 +137,12 @@ def test_a_derive_cut_before_the_micro_batch_is_refused_and_writes_nothing(model
     cut.skipped.append(Skipped("memory", "not_reached", max_seconds=2.0))
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(cut, {}))
     args = ["--model", str(model_dir), "--data", str(GOOD), "--lora-rank", "4", "--device", "cpu",
-            "--effort", "quick", "--max-seconds", "2"]
+            "--effort", "full", "--max-seconds", "2"]
     said = _refused(capsys, ["derive", *args, "--out", str(tmp_path / "plan")],
                     "--max-seconds ended the derive before it measured micro_batch",
                     "(memory: not reached within max_seconds=2)", "none was written", "raise --max-seconds")
     assert said.startswith("leadline derive: ")
     _refused(capsys, ["run", *args, "--out", str(tmp_path / "run")], "before it measured micro_batch")
-    assert _listing(tmp_path) == []
-
-
-def test_a_quick_run_with_average_ending_whose_first_step_was_cut_names_the_cut(model_dir, tmp_path, capsys,
-                                                                                 monkeypatch):
-    plan = _plan()
-    plan.skipped.append(Skipped("first_step", "cut", max_seconds=3.0, seconds=2.9))
-    monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(plan, {}))
-    said = _refused(capsys, ["run", "--model", str(model_dir), "--data", str(GOOD), "--lora-rank", "4", "--device",
-                             "cpu", "--effort", "quick", "--average-ending", "--max-seconds", "3",
-                             "--out", str(tmp_path / "run")],
-                    "--max-seconds ended the derive before it measured the rates to race (first_step: cut",
-                    "or leave --average-ending out")
-    assert "--effort" not in said
     assert _listing(tmp_path) == []
 
 
@@ -201,7 +185,7 @@ def test_a_row_past_the_models_positions_is_said_once_and_refused_where_one_row_
                               evidence={"rule": "positions"}))
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(plan, {}))
     argv = ["derive", "--model", str(model_dir), "--data", str(data), "--lora-rank", "4", "--device", "cpu",
-            "--effort", "quick", "--steps", "4"]
+            "--effort", "full", "--steps", "4"]
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "ok")]) == 0
     err = capsys.readouterr().err
@@ -224,7 +208,7 @@ def test_out_is_a_folder_html_a_path_and_the_field_reaches_the_plan(model_dir, t
     seen: dict = {}
     monkeypatch.setattr("leadline.hf.derive_for", _fake_derive(_plan(), seen))
     base = ["derive", "--model", str(model_dir), "--data", str(data), "--lora-rank", "4", "--device", "cpu",
-            "--effort", "quick", "--field", "body"]
+            "--effort", "full", "--field", "body"]
     capsys.readouterr()
     assert main([*base, "--out", str(tmp_path / "plan"), "--html"]) == 0
     assert seen["fields"] == {"text": "body"}

@@ -178,7 +178,6 @@ def test_a_flag_that_would_change_nothing_is_refused_in_one_sentence(derived_the
         ([*train, "--fresh"], "--fresh chooses whether the run continues from derive's look-ahead branch"),
         ([*train, "--recipe", "--state", str(d)], "--recipe trains the default recipe from the model's weights"),
         ([*train, "--ending", "to-zero"], "it has no ending to set; leave --ending out"),
-        ([*train, "--average-ending"], "it has no ending to set; leave --average-ending out"),
         (["derive", *_args(model_dir), "--no-state", "--out", str(tmp_path / "run")],
          "--no-state keeps no look-ahead branch beside the plan, and --effort race keeps none"),
         (["derive", *_args(model_dir), "--scale-out", "--out", str(tmp_path / "run")],

@@ -90,8 +90,6 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
           str(tmp_path / "r3"), "--state", str(tmp_path)], "is not a state leadline derive wrote"),
         (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
           str(tmp_path / "r4"), "--state", str(tmp_path), "--fresh"], "drop one of them"),
-        (["train", *args, "--data", str(DATA / "prompt_completion.jsonl"), "--plan", str(plan_path), "--out",
-          str(tmp_path / "r5"), "--average-ending"], "is of the full effort, which runs the LookaheadSchedule"),
     ]
     for argv, needle in cases:
         capsys.readouterr()
@@ -99,7 +97,7 @@ def test_bad_input_is_one_sentence_exit_2(derived, model_dir, tmp_path, capsys):
         err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("leadline")]
         assert len(err) == 1 and needle in err[0], err  # one sentence (a loader's progress bar may precede it)
     assert not (tmp_path / "p.json").exists() and not (tmp_path / "r").exists() and not (tmp_path / "r2").exists()
-    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists() and not (tmp_path / "r5").exists()
+    assert not (tmp_path / "r3").exists() and not (tmp_path / "r4").exists()
 
 
 def test_derive_keeps_a_step_the_user_fixes(model_dir, tmp_path):
@@ -107,34 +105,11 @@ def test_derive_keeps_a_step_the_user_fixes(model_dir, tmp_path):
 
     out = tmp_path / "plan.json"
     assert main(["derive", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank",
-                 "4", "--steps", "6", "--rows-per-step", "3", "--effort", "quick", "--out", str(out), "--device",
+                 "4", "--steps", "6", "--rows-per-step", "3", "--effort", "full", "--out", str(out), "--device",
                  "cpu"]) == 0
     values = json.loads(out.read_text())["values"]
     assert values["micro_batch"]["value"] * values["grad_accum"]["value"] == 3
     assert values["tokens_per_step"]["kind"] == "given" and values["tokens_per_step"]["evidence"]["given_rows"] == 3
-
-
-def test_a_quick_plan_races_its_rates_inside_the_run(model_dir, tmp_path):
-    from peft import LoraConfig, get_peft_model
-
-    from leadline.hf import derive_for
-    from leadline.hf.loading import load_model, load_tokenizer
-    from leadline.train import train_with_plan
-
-    tok = load_tokenizer(model_dir)
-    model = get_peft_model(load_model(model_dir, device="cpu"),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"))
-    data = str(DATA / "prompt_completion.jsonl")
-    plan = derive_for(model, tok, data, total_steps=8, effort="quick")
-    assert plan.race_rates and "lookahead_horizon_steps" not in plan
-    out = tmp_path / "run"
-    res = train_with_plan(model, tok, data, plan, out_dir=out)
-    assert res["race"]["horizons"] and res["race"]["chosen_lr"] in plan.race_rates
-    assert res["schedule"] is None
-    import json
-
-    written = json.loads((out / "run.json").read_text())  # the race as data, not its repr (the H200 run wrote a string)
-    assert isinstance(written["race"], dict) and written["race"]["chosen_lr"] == res["race"]["chosen_lr"]
 
 
 def test_the_recipe_trains_at_the_rows_the_card_fits_not_the_plans_cut_micro_batch():
@@ -236,8 +211,6 @@ def test_run_refuses_bad_input_in_one_sentence_and_writes_nothing(model_dir, tmp
         (["run", *_run_args(model_dir)[:2], "--data", str(tmp_path / "missing.jsonl"), "--device", "cpu",
           "--out", str(tmp_path / "new")], "missing.jsonl does not exist"),
         (["run", *_run_args(model_dir)[:4], "--steps", "0", "--out", str(tmp_path / "new")], "--steps 0"),
-        (["run", *_run_args(model_dir), "--effort", "full", "--average-ending", "--out", str(tmp_path / "new")],
-         "--average-ending races the averaged weights inside the quick effort's race"),
     ]
     for argv, needle in cases:
         capsys.readouterr()
@@ -263,21 +236,6 @@ def test_train_races_the_ending_over_the_share_it_is_given(two_commands, model_d
     copy = steps - round(0.5 * steps)
     assert res["ending"]["from_step"] == copy and f"the last {steps - copy} steps rerun" in res["ending"]["why"]
     assert (res["continued"]["from_step"] == n) == (n < copy), res["continued"]
-
-
-def test_a_quick_run_races_the_averaged_weights_at_no_step_more(model_dir, tmp_path):
-    """--average-ending: the race's ending also reads the weights averaged over the run's last
-    half, with no optimizer step more than the same run without it."""
-    runs = {}
-    for name, extra in (("plain", []), ("average", ["--average-ending"])):
-        with ticking():
-            assert main(["run", *_run_args(model_dir), "--effort", "quick", *extra, "--out", str(tmp_path / name)]) == 0
-        runs[name] = json.loads((tmp_path / name / "run.json").read_text())["race"]
-    avg = runs["average"]["ending"]["average"]
-    steps = int(RUN_STEPS)
-    assert avg["from_step"] == steps // 2 and avg["iterates"] == steps - steps // 2
-    assert runs["average"]["steps_used"] == runs["plain"]["steps_used"] and "average" not in runs["plain"]["ending"]
-    assert runs["average"]["ending"]["kept"] in ("constant", "decay", "average")
 
 
 def test_a_run_of_several_passes_is_read_by_the_guard_and_says_which_check_it_kept(model_dir, tmp_path):

@@ -52,7 +52,7 @@ def derived(tmp_path_factory):
     lines = (DATA / "prompt_completion.jsonl").read_text().splitlines()
     data = tmp_path_factory.mktemp("rows") / "rows.jsonl"
     data.write_text("\n".join((lines * (1 + 400 // len(lines)))[:400]) + "\n")
-    plan = derive_for(model, tok, str(data), total_steps=12, effort="quick",
+    plan = derive_for(model, tok, str(data), total_steps=12, effort="full",
                       options=DeriveOptions(on_progress=events.append))
     after = {
         "digest": tensors_digest(list(model.parameters())),
@@ -71,13 +71,12 @@ def test_plan_has_every_phase(derived):
                  "tokens_per_step", "micro_batch", "grad_accum", "alpha1", "lr", "warmup_steps", "weight_decay", "total_steps"):
         assert name in plan, f"{name} missing from the plan: {list(plan)}"
     assert plan.micro_batch <= plan.rows_fit
-    # quick effort: the anchor where it is below alpha1 (a constant, and listed as one), raced inside the run
-    alpha1 = plan.alpha1
-    if plan.lr < alpha1:
+    # full effort: the look-ahead's rate, or the anchor (a constant, and listed as one) where it was cut short
+    assert "lookahead_horizon_steps" in plan and "race_rates" not in plan
+    if plan["lr"].kind == "constant":
         assert plan.lr == plan.lr_anchor and plan["lr"].source.startswith("the anchor") and "lr" in plan.constants()
-        assert min(plan.race_rates) < plan.lr < max(plan.race_rates) <= alpha1 * (1 + 1e-9)
     else:
-        assert plan["lr"].kind in ("measured", "derived")
+        assert plan["lr"].kind == "measured" and plan["lr"].source.startswith("look-ahead")
     assert plan["rate_divisor"].kind == "constant" and "rate_divisor" in plan.constants()
     done = [e["phase"] for e in events if e["status"] == "done"]
     assert done[:3] == ["corpus", "noise", "memory"]
@@ -261,6 +260,8 @@ def test_bad_arguments_are_one_sentence():
 
     with pytest.raises(InputError, match="effort"):
         derive(effort="fast")
+    with pytest.raises(InputError, match=r"^effort='quick' was removed: derive\(\) runs the full effort"):
+        derive(effort="quick")
     with pytest.raises(InputError, match="trained_as"):
         derive(pieces=Pieces(trained_as="adapters"))
     with pytest.raises(InputError, match="total_steps or epochs"):

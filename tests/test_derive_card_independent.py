@@ -72,12 +72,11 @@ def _pieces(clock, fits: int) -> dict:  # noqa: F811
                              train_step_of=train_step_of, held_out_losses=held_out)}
 
 
-@pytest.mark.parametrize("effort", ["quick", "full"])
-def test_a_card_that_holds_fewer_rows_gets_the_same_plan_up_to_the_split(clock, effort):  # noqa: F811
+def test_a_card_that_holds_fewer_rows_gets_the_same_plan_up_to_the_split(clock):  # noqa: F811
     from leadline.derive import derive
 
-    big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort=effort)
-    small = derive(**_pieces(clock, fits=2), total_steps=40, effort=effort)
+    big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full")
+    small = derive(**_pieces(clock, fits=2), total_steps=40, effort="full")
     assert small.rows_fit < big.rows_fit, (small.rows_fit, big.rows_fit)  # the room did force fewer rows
     assert small.grad_accum > big.grad_accum  # and the small card accumulates to the same step
     assert small.micro_batch * small.grad_accum == big.micro_batch * big.grad_accum

@@ -164,9 +164,9 @@ def test_an_uncommitted_state_leaves_nothing_on_disk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_quick_plan_refuses_the_ending_to_zero_before_any_work(derived):
-    """A quick plan races its rates with race(), which the schedule's ending does not reach: the
-    ending asked for is refused in one sentence, not silently dropped."""
+def test_a_plan_of_the_removed_quick_effort_is_refused_before_any_work(derived):
+    """A plan with ``race_rates`` and no look-ahead horizon is of the removed quick effort: refused
+    in one sentence naming the fix, the model untouched."""
     from leadline.errors import InputError
     from leadline.plan import Value
     from leadline.train import train_with_plan
@@ -177,6 +177,6 @@ def test_a_quick_plan_refuses_the_ending_to_zero_before_any_work(derived):
     quick.set("race_rates", Value([1e-3, 2e-3], "derived", "the quick effort's grid"))
     model = _lora(tok)
     before = _trained(model)
-    with pytest.raises(InputError, match="quick plan races its rates"):
-        train_with_plan(model, tok, DATA_FILE, quick, ending="to_zero")
+    with pytest.raises(InputError, match=r"^the plan is of the quick effort, which was removed; derive it again"):
+        train_with_plan(model, tok, DATA_FILE, quick)
     assert all(a.equal(b) for a, b in zip(_trained(model), before))

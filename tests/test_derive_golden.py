@@ -109,18 +109,13 @@ def _scenarios(clock: Clock, tmp_path: Path) -> dict:
     from leadline.derive import derive
 
     out = {}
-    out["quick"] = derive(**_pieces(clock), total_steps=20, effort="quick")
     out["full"] = derive(**_pieces(clock), total_steps=40, effort="full")
     out["full_epochs"] = derive(**_pieces(clock), epochs=2.0, effort="full")
     out["full_max_seconds"] = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=10.0,
                                      started=clock())
-    out["quick_max_seconds"] = derive(**_pieces(clock), total_steps=20, effort="quick", max_seconds=1.5,
-                                      started=clock())
     for seconds in (0.5, 3.8, 6.0):  # the cut inside the first step, the burn-in past the format, the rate
         out[f"full_cut_{seconds:g}"] = derive(**_pieces(clock), total_steps=400, effort="full",
                                               max_seconds=seconds, started=clock())
-    out["quick_cut_3.8"] = derive(**_pieces(clock), total_steps=400, effort="quick", max_seconds=3.8,
-                                    started=clock())
     out["not_started"] = derive(**_pieces(clock), total_steps=20, max_seconds=5.0, started=clock() - 6.0)
     resume = tmp_path / "derive.json"
     with pytest.raises(KeyboardInterrupt):
@@ -159,15 +154,14 @@ def test_derive_gives_the_golden_plans(clock, tmp_path):
 def test_the_scenarios_reach_what_they_are_for(clock, tmp_path):
     """The golden file is worth keeping only while its scenarios exercise what they name."""
     want = json.loads(GOLDEN.read_text(encoding="utf-8"))
-    for name in ("quick", "full", "full_epochs", "full_resumed", "prior"):
+    for name in ("full", "full_epochs", "full_resumed", "prior"):
         assert {"noise_scale_tokens", "rows_fit", "tokens_per_step", "alpha1", "lr", "lr_anchor",
                 "warmup_steps", "noise_scale_past_format_tokens"} <= set(want[name]["values"]), name
-    assert "race_rates" in want["quick"]["values"] and "lookahead_horizon_steps" in want["full"]["values"]
+    assert "lookahead_horizon_steps" in want["full"]["values"]
     assert want["full_resumed"]["values"] == want["full"]["values"]
     assert "prior plan's rate, kept" in want["prior"]["values"]["lr"]["source"]
     assert "max_seconds cut the look-ahead" in want["full_max_seconds"]["values"]["lr"]["source"]
-    for name, phase in (("full_cut_0.5", "first_step"), ("full_cut_3.8", "past_format"), ("full_cut_6", "rate"),
-                        ("quick_cut_3.8", "past_format")):
+    for name, phase in (("full_cut_0.5", "first_step"), ("full_cut_3.8", "past_format"), ("full_cut_6", "rate")):
         assert any(n.startswith(f"{phase}: cut by max_seconds") for n in want[name]["notes"]), name
     assert "alpha1" not in want["not_started"]["values"]
 
@@ -184,13 +178,14 @@ def test_derive_for_gives_the_golden_plan_on_the_tiny_model(monkeypatch):
     torch.manual_seed(0)
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                                        lora_dropout=0.0, task_type="CAUSAL_LM"))
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="quick")
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=12, effort="full")
     got = _portable(_record(plan))
     path = GOLDEN.with_name("derive_for_golden.json")
     if os.environ.get("LEADLINE_WRITE_GOLDEN") == "1":
         path.write_text(json.dumps(got, indent=1, sort_keys=True, allow_nan=True) + "\n", encoding="utf-8")
     want = json.loads(path.read_text(encoding="utf-8"))
-    assert {"noise_scale_tokens", "rows_fit", "alpha1", "lr", "noise_scale_past_format_tokens"} <= set(want["values"])
+    assert {"noise_scale_tokens", "rows_fit", "alpha1", "lr", "lookahead_horizon_steps",
+            "noise_scale_past_format_tokens"} <= set(want["values"])
     # derive_for may add values of its own beside derive's (the precision it trains at): every
     # stored value is still there and the same
     got["values"] = {n: v for n, v in got["values"].items() if n in want["values"]}

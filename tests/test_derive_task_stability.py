@@ -11,14 +11,14 @@ def _bench():
 
 
 def test_the_three_gsm_plans_of_one_card_fail_the_step_rule_and_pass_the_rate_rule():
-    # leadline_full, leadline_run and leadline_quick of scoreboard_gsm_symbolic.json: 19, 30 and 27 rows a step
+    # three recorded plans of one card (scoreboard_gsm_symbolic.json): 19, 30 and 27 rows a step
     runs = [{"values": {"tokens_per_step": 1821.2, "lr": 2.96e-3}},
             {"values": {"tokens_per_step": 2875.6, "lr": 3.66e-3}},
             {"values": {"tokens_per_step": 2588.1, "lr": 4.57e-4}}]
     got = _bench().stability(runs[:2])
     assert got["S4"] is False and got["S5"] is True
     assert got["tokens_per_step_max_over_min"] == 2875.6 / 1821.2
-    assert _bench().stability(runs)["S5"] is False  # the quick effort's anchor, 6.5x below
+    assert _bench().stability(runs)["S5"] is False  # the third plan's rate, 6.5x below
 
 
 def test_plans_within_the_bounds_pass_and_a_missing_plan_is_not_judged():

@@ -22,7 +22,7 @@ def test_derive_under_torchrun_writes_once_and_prints_the_scale_out(tmp_path):
     out = tmp_path / "plan.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "leadline", "derive", "--model", str(model), "--data", str(DATA / "prompt_completion.jsonl"),
-           "--steps", "12", "--effort", "quick", "--device", "cpu", "--out", str(out), "--scale-out"]
+           "--steps", "12", "--effort", "full", "--device", "cpu", "--out", str(out), "--scale-out"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp_path)
@@ -51,7 +51,7 @@ out = sys.argv[1]
 tok = make_tokenizer()
 model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                        lora_dropout=0.0, task_type="CAUSAL_LM"))
-plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=3, effort="quick")  # joins torchrun's job itself
+plan = derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=3, effort="full")  # joins torchrun's job itself
 rank = torch.distributed.get_rank()
 args = training_arguments(plan, TrainingArguments(output_dir=os.path.join(out, "run"), use_cpu=True, report_to=[],
                                                   save_strategy="no", ddp_backend="gloo", disable_tqdm=True))

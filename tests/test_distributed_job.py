@@ -44,7 +44,7 @@ def _lora_model(tok: Any, adapter_seed: int = 0) -> Any:
 def _derive(model: Any, tok: Any, **kw: Any) -> Any:
     from leadline.hf import derive_for
 
-    return derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=12, effort="quick", **kw)
+    return derive_for(model, tok, str(DATA / "text.jsonl"), total_steps=12, effort="full", **kw)
 
 
 def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
@@ -194,7 +194,7 @@ def _scenario_data_differs(rank: int, tok: Any) -> dict[str, Any]:
 
     data = DATA / ("text.jsonl" if rank == 0 else "prompt_completion.jsonl")
     try:
-        derive_for(_lora_model(tok), tok, str(data), total_steps=12, effort="quick")
+        derive_for(_lora_model(tok), tok, str(data), total_steps=12, effort="full")
         return {"raised": None}
     except Exception as e:
         return {"raised": type(e).__name__, "sentence": str(e)}

@@ -125,7 +125,7 @@ def test_full_from_the_shell_trains_a_gguf(gguf_file, rows_file, tmp_path):
     from leadline.cli import main
 
     out = tmp_path / "run"
-    assert main(["run", "--model", str(gguf_file), "--data", str(rows_file), "--full", "--effort", "quick",
+    assert main(["run", "--model", str(gguf_file), "--data", str(rows_file), "--full", "--effort", "full",
                  "--steps", "4", "--device", "cpu", "--out", str(out)]) == 0
     assert json.loads((out / "run.json").read_text())["steps"] == 4
     assert (out / "model.safetensors").exists() and not (out / "adapter_config.json").exists()

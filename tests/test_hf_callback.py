@@ -19,7 +19,7 @@ def setup():
     model = _lora(make_model(vocab_size=len(tok)))
     from leadline.hf import derive_for
 
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full")
     return tok, model, plan
 
 
@@ -94,7 +94,7 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
 
     tok, model, plan = setup
     ds, collator, args = _trainer_pieces(tok, plan, tmp_path)
-    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
+    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"),
                                    ending="to_zero")
     calls: list[int] = []
     step_of = cb.train_step
@@ -124,7 +124,7 @@ def test_a_longer_raced_ending_inside_trainer_reruns_its_share_of_the_run(setup,
 
     tok, model, plan = setup
     ds, collator, args = _trainer_pieces(tok, plan, tmp_path)
-    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"), race=False,
+    cb = LeadlineCallback.for_plan(plan, model, tok, str(DATA / "prompt_completion.jsonl"),
                                    ending_share=0.5)
     calls: list[int] = []
     step_of = cb.train_step
@@ -132,10 +132,22 @@ def test_a_longer_raced_ending_inside_trainer_reruns_its_share_of_the_run(setup,
     Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb]).train()
     assert calls == [4, 5, 6, 7] and len(cb.ending["decays"]) == 1  # the last half alone rerun (2h would be 2 steps)
     assert cb.ending["from_step"] == 4 and cb.ending["kept"] in ("decay", "constant")
-    for kw in ({"ending_share": 1.2, "race": False}, {"ending_share": 0.5, "race": False, "ending": "to_zero"},
-               {"ending_share": 0.5}):  # the last: a quick plan races its rates, the schedule's ending is not run
+    for kw in ({"ending_share": 1.2}, {"ending_share": 0.5, "ending": "to_zero"}):
         with pytest.raises(InputError, match="ending_share"):
             LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0, **kw)
+
+
+def test_a_plan_of_the_removed_quick_effort_is_one_sentence():
+    from leadline.errors import InputError
+    from leadline.hf.callback import LeadlineCallback
+    from leadline.plan import Plan, Value
+
+    plan = Plan()
+    plan.set("lr", Value(1e-3, "constant", "the anchor"))
+    plan.set("race_rates", Value([5e-4, 1e-3, 2e-3], "derived", "the anchor x 2^j"))
+    with pytest.raises(InputError, match=r"^the plan is of the quick effort, which was removed; derive it again with "
+                                         r"the race effort \(the default\) or full$"):
+        LeadlineCallback(plan, lambda: [1.0], lambda step: 0.0)
 
 
 def test_the_cap_is_lifted_when_training_raises(setup):
@@ -170,7 +182,7 @@ def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
         return real(*a, **k)
 
     monkeypatch.setattr(hf, "prepare", slow_prepare)
-    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full",
                          options=hf.DeriveOptions(max_seconds=1.0))
     assert any("not reached within max_seconds" in n for n in plan.notes), plan.notes
 
@@ -194,7 +206,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
         return out
 
     monkeypatch.setattr(phases, "memory", slow_memory)
-    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full",
                          options=hf.DeriveOptions(max_seconds=budget))
     assert plan.rows_fit >= 1 and 1 <= plan.micro_batch <= plan.rows_fit and plan.grad_accum >= 1
     assert plan["tokens_per_step"].kind != "constant" and "timed_in_turn" not in plan["tokens_per_step"].evidence

@@ -68,7 +68,7 @@ def test_find_lr_runs_the_rate_phases_at_the_trainers_batch(trainer, monkeypatch
 
     monkeypatch.setattr(Task, "train_step_of", spy)
     before = _weights(trainer.model)
-    found = find_lr(trainer, effort="quick", progress=False)
+    found = find_lr(trainer, effort="full", progress=False)
     assert isinstance(found, FoundRate)
     plan = found.plan
     assert asked and set(asked) == {(3, 2)}  # every step the rate phases ran was the trainer's

@@ -126,16 +126,20 @@ def test_one_default_effort_across_the_entry_points():
 
 
 def test_what_the_race_does_not_take_is_refused_before_any_work():
-    from leadline.hf import DeriveOptions, derive_for, derive_parts
+    from leadline.hf import DeriveOptions, derive_for, derive_parts, find_lr
 
     tok = make_tokenizer()
     model = _lora_model(tok)
-    with pytest.raises(InputError, match=r"^max_seconds, step_for shape derive\(\)'s phases, .*effort='quick'"):
+    with pytest.raises(InputError, match=r"^max_seconds, step_for shape derive\(\)'s phases, .*effort='full'"):
         derive_for(model, tok, ROWS, options=DeriveOptions(max_seconds=30, step_for="time"))
     with pytest.raises(InputError, match=r"^held_out shapes derive\(\)'s phases"):
         derive_for(model, tok, ROWS, options=DeriveOptions(held_out=8))
-    with pytest.raises(InputError, match=r"effort='fast' is not one of race, quick, full"):
+    with pytest.raises(InputError, match=r"effort='fast' is not one of race, full"):
         derive_for(model, tok, ROWS, effort="fast")
+    for call in (derive_for, find_lr, derive_parts):  # the removed effort: one sentence naming it and the fix
+        with pytest.raises(InputError, match=r"^effort='quick' was removed: pass effort='race' \(the default\) or "
+                                             r"'full'$"):
+            call(model, tok, ROWS, effort="quick")
     with pytest.raises(InputError, match=r"derive_for\(\.\.\., effort='race'\)"):
         derive_parts(model, tok, ROWS, effort="race")
     with pytest.raises(InputError, match="rows_per_step=0 must be"):

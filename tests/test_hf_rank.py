@@ -31,7 +31,7 @@ def test_derive_for_measures_the_rank_at_the_plans_shape_and_leaves_the_adapter_
     model = _lora(make_model(vocab_size=len(tok)))
     model.eval()
     before = _state(model)
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full",
                       options=DeriveOptions(fit_rank=True))
     v = plan["lora_rank_fit"]
     assert v.kind == "measured" and v.value in RANKS
@@ -61,7 +61,7 @@ def test_fit_rank_is_refused_for_a_model_without_lora_before_anything_runs():
 
     tok = make_tokenizer()
     with pytest.raises(InputError, match="fit_rank needs a PEFT model with a LoRA adapter"):
-        derive_for(make_model(vocab_size=len(tok)), tok, str(DATA / "missing.jsonl"), effort="quick",
+        derive_for(make_model(vocab_size=len(tok)), tok, str(DATA / "missing.jsonl"), effort="full",
                    options=DeriveOptions(fit_rank=True))
 
 
@@ -86,8 +86,8 @@ def test_a_plan_for_float32_adapters_on_a_bfloat16_model_names_the_gap_and_a_flo
     tok = make_tokenizer()
     bf16 = _lora(make_model(vocab_size=len(tok)).to(torch.bfloat16))
     assert next(p for n, p in bf16.named_parameters() if "lora_" in n).dtype == torch.float32  # PEFT's default
-    plan = derive_for(bf16, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    plan = derive_for(bf16, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full")
     notes = [n for n in plan.notes if "LoRA adapters are float32 on a bfloat16 model" in n]
     assert len(notes) == 1 and "lora_adapter_dtype_cpu.py" in notes[0]
-    plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick")
+    plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full")
     assert not [n for n in plan.notes if "adapters are float32" in n]

@@ -58,13 +58,13 @@ def test_report_why_constants():
 
 
 def _demo_like_plan():
-    """A plan shaped as the quick effort leaves one: long sentences, a dict value, a long list, a
-    name of 30 characters and a value nobody resolved."""
+    """A plan with long sentences, a dict value, a long list, a name of 30 characters and a value
+    nobody resolved."""
     p = Plan()
-    long_source = "the anchor, not measured: the quick effort ran no look-ahead; " * 6
+    long_source = "the anchor, not measured: nothing could be run for the rate; " * 6
     p.set("rows", Value(32, "measured", "rows read from the rows given"))
     p.set("noise_scale_past_format_tokens", Value(None, "derived", "not read: too few rows", unit="scored tokens"))
-    p.set("race_rates", Value([0.000227, 0.000455, 0.00091, 0.00182, 0.003639], "derived", long_source))
+    p.set("rates_read", Value([0.000227, 0.000455, 0.00091, 0.00182, 0.003639], "derived", long_source))
     p.set("precision", Value({"dtype": "float32", "quantization": "gguf", "compute_dtype": "float32",
                               "checkpointing": False, "adapter": True}, "given", long_source))
     p.set("lr", Value(0.000445, "constant", long_source, unit="per step"))
@@ -86,7 +86,7 @@ def test_table_opens_with_the_numbers_to_train_with_each_line_under_100_columns(
         "and the numbers behind them:",
         "  rows                            32                                    measured",
         "  noise_scale_past_format_tokens  not resolved                          derived",
-        "  race_rates                      (0.000227, 0.000455, 0.00091, …       derived",  # cut after a whole item
+        "  rates_read                      (0.000227, 0.000455, 0.00091, …       derived",  # cut after a whole item
         "  precision                       dtype float32, quantization gguf, …   given",
         "leadline report run/plan.json --why NAME prints the sentence and evidence behind a value",
     ]

@@ -79,7 +79,7 @@ def test_derive_for_shows_the_bar_when_asked_and_is_silent_when_not(tiny_model, 
         tokenizer,
         str(DATA / "prompt_completion.jsonl"),
         total_steps=4,
-        effort="quick",
+        effort="full",
         progress=True,
         options=DeriveOptions(on_progress=events.append),
     )
@@ -92,6 +92,6 @@ def test_derive_for_shows_the_bar_when_asked_and_is_silent_when_not(tiny_model, 
     lines = err.strip().splitlines()
     assert len(lines) == n and lines[0].split("]")[1].strip().startswith(f"1/{n} corpus")
     assert lines[-1].split("]")[1].strip().startswith(f"{n}/{n} warmup")
-    derive_for(tiny_model, tokenizer, str(DATA / "prompt_completion.jsonl"), total_steps=4, effort="quick",
+    derive_for(tiny_model, tokenizer, str(DATA / "prompt_completion.jsonl"), total_steps=4, effort="full",
                progress=False)
     assert "corpus: done" not in capsys.readouterr().err

@@ -114,7 +114,7 @@ def test_warmup_from_alpha1_and_the_linear_ending():
 
 
 def test_import_leadline_rate_loads_no_torch():
-    code = "import sys, leadline.rate as r; r.race; r.LookaheadSchedule; print('torch' in sys.modules)"
+    code = "import sys, leadline.rate as r; r.lookahead_lr; r.LookaheadSchedule; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

@@ -111,16 +111,6 @@ def test_evidence_has_the_plot_shape_and_the_values_their_kinds():
     assert la.steps_used == len(toy.calls)
 
 
-def test_quick_effort_runs_nothing_and_returns_a_grid():
-    from leadline.rate import lookahead_lr
-
-    toy = Regression(seed=1)
-    la = lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=64, effort="quick")
-    assert toy.calls == [] and la.lr == 0.01 and la.steps_used == 0
-    assert la.rates == pytest.approx([0.005, 0.01, 0.02, 0.04, 0.08])
-    assert la.as_values()["race_rates"].value == pytest.approx(la.rates)
-
-
 def test_a_diverging_rate_is_out_and_the_answer_stays_below_it():
     from leadline.rate import lookahead_lr
 
@@ -163,8 +153,6 @@ def test_bad_arguments_say_what_to_pass():
     toy = Regression()
     with pytest.raises(InputError, match="alpha1"):
         lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, -1.0, total_steps=10)
-    with pytest.raises(InputError, match="effort"):
-        lookahead_lr(toy.params, toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=10, effort="max")
     other = torch.nn.Parameter(torch.zeros(3))
     with pytest.raises(InputError, match="not in the optimizer"):
         lookahead_lr([other], toy.opt, toy.train_step, toy.held_out, 0.01, total_steps=10)

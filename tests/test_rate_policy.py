@@ -60,16 +60,6 @@ def test_a_lookahead_past_its_minimum_horizon_or_below_the_anchor_keeps_its_answ
     assert policy.cut_rate(_plan(), _la(4.82e-3, 10), 37) == {}  # no anchor
 
 
-def test_the_quick_effort_takes_the_anchor_below_alpha1_and_races_around_it():
-    out = policy.quick_rate(_plan(lr_anchor=1e-3), 4e-3)
-    assert out["lr"].value == 1e-3 and out["lr"].kind == "constant"
-    assert out["lr"].source.startswith("the anchor, not measured: the quick effort ran no look-ahead; the rate is "
-                                       "measured inside the run") and "4x below alpha1 0.004" in out["lr"].source
-    assert out["race_rates"].value == [5e-4, 1e-3, 2e-3, 4e-3] and out["race_rates"].kind == "derived"
-    assert policy.quick_rate(_plan(lr_anchor=1e-3), 1e-3) == {}  # not below alpha1
-    assert policy.quick_rate(_plan(lr_anchor=float("nan")), 1e-3) == {}
-
-
 @pytest.mark.parametrize(("numbers", "value", "kind", "starts"), [
     ({"alpha1": 4e-4, "lr_anchor": 1e-3}, 4e-4, "measured", "alpha1, the first safe step"),
     ({"alpha1": 4e-3, "lr_anchor": 1e-3}, 1e-3, "constant", "the anchor, below alpha1 0.004"),

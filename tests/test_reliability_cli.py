@@ -54,7 +54,7 @@ def inputs(tmp_path_factory, model_dir):
         "plan": {}, "abc": {"micro_batch": "abc"}, "neg": {"micro_batch": -3}, "v99": {"version": "99.0.0"},
         "lr_text": {"lr": "fast"},
     }.items()}
-    quick = Plan.from_json(plans["plan"])  # a quick plan: its rates raced inside the run
+    quick = Plan.from_json(plans["plan"])  # a plan of the removed quick effort: its rates raced inside the run
     quick.set("race_rates", Value([1e-3, 2e-3], "derived", "the quick effort's grid"))
     quick.to_json(d / "quick.json")
     plans["quick"] = d / "quick.json"
@@ -67,10 +67,10 @@ def _cases(model_dir, inputs):
     d, good, plans = inputs
     m = ["--model", str(model_dir), "--device", "cpu", "--lora-rank", "4"]
     out = ["--out", str(d / "new" / "p.json")]
-    derive = ["derive", *m, "--steps", "4", "--effort", "quick", "--max-seconds", "60"]
+    derive = ["derive", *m, "--steps", "4", "--effort", "full", "--max-seconds", "60"]
     train = ["train", *m, "--data", str(good), "--plan", str(plans["plan"]), "--out", str(d / "run")]
     fit = ["fit", "--model", str(model_dir), "--device", "cpu", "--lora-rank", "4"]
-    run = ["run", *m, "--steps", "4", "--effort", "quick", "--max-seconds", "60"]
+    run = ["run", *m, "--steps", "4", "--effort", "full", "--max-seconds", "60"]
     cases = [
         # derive: the data
         ([*derive, "--data", str(d / "missing.jsonl"), "--out", str(d / "p.json")], "--data", "does not exist"),
@@ -111,13 +111,11 @@ def _cases(model_dir, inputs):
         ([*train, "--recipe", "--warmup-ratio", "2"], "--warmup-ratio 2", "share of the steps"),
         ([*train, "--recipe", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
         ([*train, "--no-schedule", "--ending", "to-zero"], "--ending to-zero", "drop one of the two"),
-        (["train", *m, "--data", str(good), "--plan", str(plans["quick"]), "--out", str(d / "run"), "--ending",
-          "to-zero"], "--ending to-zero", "leave --ending out"),
+        (["train", *m, "--data", str(good), "--plan", str(plans["quick"]), "--out", str(d / "run")],
+         "is of the quick effort, which was removed", "derive it again with the race effort (the default) or full"),
         ([*train, "--ending-share", "1.5"], "--ending-share 1.5", "between 0 and 1"),
         ([*train, "--ending", "to-zero", "--ending-share", "0.5"], "--ending to-zero races none", "drop one"),
         ([*train, "--recipe", "--ending-share", "0.5"], "--ending-share 0.5", "drop one of the two"),
-        (["train", *m, "--data", str(good), "--plan", str(plans["quick"]), "--out", str(d / "run"), "--ending-share",
-          "0.5"], "--ending-share 0.5", "leave --ending-share out"),
         (["train", *m, "--data", str(good), "--plan", str(plans["abc"]), "--out", str(d / "run")], "micro_batch is 'abc'", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["neg"]), "--out", str(d / "run")], "micro_batch is -3", "whole number"),
         (["train", *m, "--data", str(good), "--plan", str(plans["lr_text"]), "--out", str(d / "run")], "lr is 'fast'", "rate above 0"),
@@ -141,10 +139,12 @@ def _cases(model_dir, inputs):
         ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "-3"], "--rows-per-step -3", ">= 1"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--rows-per-step", "16", "--step-for", "rows"],
          "--rows-per-step fixes the step", "pass one of the two"),
-        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "quick", "--ending", "to-zero"],
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "race", "--ending", "to-zero"],
          "--ending to-zero", "--effort full"),
-        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "quick", "--ending-share", "0.5"],
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "race", "--ending-share", "0.5"],
          "--ending-share 0.5", "--effort full"),
+        ([*run, "--data", str(good), "--out", str(d / "run"), "--effort", "quick"], "--effort quick was removed",
+         "use race (the default) or full"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "1"], "--seq-len 1", "at least 2"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--quantile", "2"], "--quantile 2", "at most 1"),
         ([*run, "--data", str(good), "--out", str(d / "run"), "--seq-len", "100000"], "seq_len 100000", "positions"),

@@ -99,7 +99,7 @@ def test_three_derives_with_jittered_timings_give_the_same_plan(clock):  # noqa:
 
 
 def test_a_tie_within_the_spread_keeps_the_smaller_batch_and_says_so(clock):  # noqa: F811
-    plan = _derives(clock, (3,), effort="quick")[0]
+    plan = _derives(clock, (3,))[0]
     why = plan["rows_fit"].evidence.get("stopped_because", "") + plan["rows_fit"].source
     assert plan.rows_fit == 4, why
     assert "spread" in why or "less than 5%" in why
@@ -110,7 +110,7 @@ def test_without_jitter_a_clear_gain_is_still_taken(clock, monkeypatch):  # noqa
     rows, with ±5% jitter, 8 rows are kept."""
     monkeypatch.setitem(RPS, 8, 16.8 * 1.25)
     monkeypatch.setitem(RPS, 16, 16.8 * 1.2)
-    plans = _derives(clock, (0, 1, 2), effort="quick")
+    plans = _derives(clock, (0, 1, 2))
     assert {p.rows_fit for p in plans} == {8}
 
 

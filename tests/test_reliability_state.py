@@ -96,7 +96,7 @@ def test_derive_for_with_fit_rank_leaves_the_global_rng_as_it_found_it():
     random.seed(5)
     np.random.seed(6)
     before = (torch.get_rng_state().clone(), random.getstate(), np.random.get_state()[1].copy())
-    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=6, effort="quick",
+    plan = derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=6, effort="full",
                       options=DeriveOptions(fit_rank=True))
     assert "lora_rank_fit" in plan  # the probe adapters were made (their init draws from torch's generator)
     assert torch.equal(torch.get_rng_state(), before[0])
@@ -114,11 +114,11 @@ def test_a_resume_file_from_another_seed_is_refused(tmp_path):
         if ev.get("status") == "done" and resume.exists() and not kept.exists():
             shutil.copy(resume, kept)
 
-    plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="quick", seed=0,
+    plan = derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="full", seed=0,
                       options=DeriveOptions(resume=resume, on_progress=keep))
     assert kept.exists() and plan.held_out["seed"] == 0
     with pytest.raises(InputError, match=r"different run \(.*seed.*differ"):
-        derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="quick", seed=1,
+        derive_for(_lora(make_model(vocab_size=len(tok))), tok, data, total_steps=6, effort="full", seed=1,
                    options=DeriveOptions(resume=kept))
 
 
@@ -153,7 +153,7 @@ def test_one_enormous_row_ends_in_a_plan_within_max_seconds(tmp_path, monkeypatc
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok), positions=128))  # the other rows' longest is 113 tokens
     t0 = clock()
-    plan = derive_for(model, tok, str(_enormous(tmp_path)), total_steps=6, effort="quick",
+    plan = derive_for(model, tok, str(_enormous(tmp_path)), total_steps=6, effort="full",
                       options=DeriveOptions(max_seconds=60))
     assert clock() - t0 <= 60
     assert plan.seq_len == 128 and plan["seq_len"].evidence["rule"] == "positions"

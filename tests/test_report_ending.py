@@ -6,11 +6,10 @@ from leadline import stats
 from leadline.report.ending import ending_lines
 
 
-def _ending(kept, constant, decays, *, t, n=23, better=False, bar=1.72, **extra):
+def _ending(kept, constant, decays, *, t, n=23, better=False, bar=1.72):
     return {"kept": kept, "from_step": 20, "to_step": 26, "alpha": 0.05, "constant": {"loss": constant},
             "decays": [{"steps": s, "loss": loss} for s, loss in decays],
-            "constant_versus_decay": {"worse": False, "better": better, "bar": bar, "mean": 0.0, "t": t, "n": n},
-            **extra}
+            "constant_versus_decay": {"worse": False, "better": better, "bar": bar, "mean": 0.0, "t": t, "n": n}}
 
 
 def test_a_decay_kept_above_the_constant_says_the_constant_was_not_significantly_better():
@@ -46,16 +45,13 @@ def test_a_lower_constant_past_the_bar_but_under_the_least_effect_is_a_tie():
     assert "read lower by under 0.1% of the loss, which counts as a tie" in text
 
 
-def test_a_diverged_decay_and_an_average():
+def test_a_diverged_decay_is_named():
     diverged = {"kept": "constant", "from_step": 20, "to_step": 26, "alpha": 0.05, "constant": {"loss": 0.5},
                 "decays": [{"steps": 6, "loss": math.inf}],
                 "constant_versus_decay": {"worse": False, "better": True, "bar": math.inf}}
     text = " ".join(ln.strip() for ln in ending_lines(diverged))
     assert "decayed over the last 6 steps not finite" in text
     assert "the held-out losses of the decay over the last 6 steps are not finite (it diverged)" in text
-    averaged = _ending("average", 0.30, [(6, 0.32)], t=1.5, average={"from_step": 16, "loss": 0.25})
-    text = " ".join(ln.strip() for ln in ending_lines(averaged))
-    assert "averaged over the last 10 steps 0.2500" in text and "why: the averaged weights read lowest" in text
 
 
 def test_the_record_race_ending_writes_is_read_as_it_is():

@@ -211,13 +211,3 @@ def test_the_probe_sees_a_table_wider_than_the_page(tmp_path):
     page = report.render_plan(_plan()).replace("</body>", "<table style='width:3000px'><tr><td>x</td></tr></table></body>")
     _, scroll, client, wide = _in_chromium(page, tmp_path, 1300, 900)
     assert wide >= 1 and scroll > client
-
-
-def test_an_averaged_ending_raced_has_its_own_bar():
-    pytest.importorskip("matplotlib")
-    p = _plan()
-    ev = dict(p["ending"].evidence)
-    ev.update(kept="average", average={"from_step": 13, "iterates": 13, "loss": 0.61, "se": 0.2})
-    p.set("ending", Value("average", "measured", "the weights averaged over the last 13 steps", evidence=ev))
-    figs = re.findall(r"<figure[^>]*>(.*?)</figure>", report.render_plan(p), flags=re.S)
-    assert "average of the last 13" in figs[2] and "decay over 6" in figs[2]

@@ -151,24 +151,6 @@ def test_a_failed_run_names_its_own_error_and_the_bar_says_both_pichak_arms_fail
             "horizon 16 done, 52 steps run) |") in sb.table_of(board, Path("x.json"))
 
 
-def test_the_quick_whole_jobs_cost_line_splits_its_steps_into_the_runs_the_races_and_the_endings(sb):
-    board = _board(sb, [])
-    quick = _unit(["a"] * 40, cost=124.0)
-    quick["plan"] = {"derive_seconds": 28.0, "notes": ["derive took 28.7 s; loading the model and tokenizer before it "
-                                                       "38.1 s"],
-                     "phases": [{"phase": "past_format", "seconds": 13.9, "steps": 25}]}
-    quick["run"] = {"steps": 107, "seconds": 54.6, "race": {"steps_used": 242, "ending": {
-        "decays": [{"steps": 26}, {"steps": 53}]}}}
-    board["units"]["leadline_run_quick"] = quick
-    assert sb.quick_cost_of(sb.arms_of(board)) == [
-        "Where leadline_run_quick's 124 s went, in one process: the model's load 38 s, derive 28 s (the burn-in 13.9 s "
-        "over 25 optimizer steps), the run 55 s over 242 optimizer steps: the run's own 107, the race's other rates 56 "
-        "and the raced endings' reruns 79 (the last 26 and the last 53 steps)."]
-    assert "Where leadline_run_quick's" in sb.table_of(board, Path("x.json"))
-    del quick["run"]["race"]
-    assert sb.quick_cost_of(sb.arms_of(board)) == []
-
-
 def test_the_cost_line_says_where_leadlines_seconds_went_and_why_the_run_started_over(sb):
     board = _board(sb, [])
     board["units"]["recipe"]["run"] = {"steps": 66, "seconds": 11.2}
@@ -283,7 +265,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "sweep", "leadline", "leadline_quick"]
+    arms = ["recipe", "sweep", "leadline"]  # leadline_full: the second seed's board below
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("schedulefree_again", "schedulefree"),
                               ("schedulefree_algoperf", "schedulefree"),
                               ("prodigy", "prodigyopt"), ("optuna", "optuna"), ("lr_find", "lightning"))
@@ -299,7 +281,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
               if v.get("failed")}
     assert not failed, failed
     assert not board.get("failures"), board.get("failures")
-    for name in ("recipe", "sweep_0", "sweep_1", "leadline", "leadline_quick"):
+    for name in ("recipe", "sweep_0", "sweep_1", "leadline"):
         assert units[name]["verdict"]["metric"] == "accuracy", name
         assert units[name]["run"]["steps"] == 2, name
     assert units["leadline"]["plan"]["values"]["optimizer"]["value"] == "schedule_free_adamw"
@@ -402,7 +384,7 @@ def test_the_summary_has_one_row_a_task_with_leadlines_outcome_and_cost(sb, tmp_
 def test_the_model_load_is_read_from_derives_own_note(sb):
     board = _board(sb, [])
     assert sb.load_seconds(board) is None
-    board["units"]["leadline_quick"] = {"derive": {"output_tail": "note: derive took 41.7 s; loading the model and "
+    board["units"]["leadline_full"] = {"derive": {"output_tail": "note: derive took 41.7 s; loading the model and "
                                                                   "tokenizer before it 41.6 s\n"}}
     assert sb.load_seconds(board) == 41.6
 
@@ -529,7 +511,7 @@ def test_a_second_seed_runs_every_arm_at_it_into_its_own_file(sb, tmp_path, monk
     data = tmp_path / "data"
     data.mkdir()
     _tiny_task(data, 48, 0)
-    arms = ["recipe", "leadline_quick"] + (["schedulefree"] if iu.find_spec("schedulefree") else [])
+    arms = ["recipe", "leadline_full"] + (["schedulefree"] if iu.find_spec("schedulefree") else [])
     argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--work", str(tmp_path / "work"),
             "--smoke", "--timeout", "240", "--arms", ",".join(arms)]
     monkeypatch.setattr(sb, "RESULTS", tmp_path / "results")
@@ -540,7 +522,7 @@ def test_a_second_seed_runs_every_arm_at_it_into_its_own_file(sb, tmp_path, monk
     assert all(not u.get("failed") for u in board["units"].values()), board["units"].keys()
     seeds = [a[a.index("--seed") + 1] for a in in_process if "--seed" in a]
     assert seeds and set(seeds) == {"1"}  # every leadline call ran at the seed
-    assert board["units"]["leadline_quick"]["plan"]["held_out"]["seed"] == 1
+    assert board["units"]["leadline_full"]["plan"]["held_out"]["seed"] == 1
     if "schedulefree" in arms:
         assert board["units"]["schedulefree"]["train"]["argv"][board["units"]["schedulefree"]["train"]["argv"].index("--seed") + 1] == "1"
 

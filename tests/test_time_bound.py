@@ -150,7 +150,7 @@ def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_c
     tok = make_tokenizer()
     model = get_peft_model(make_model(vocab_size=len(tok)), LoraConfig(r=4, target_modules="all-linear",
                                                                         task_type="CAUSAL_LM"))
-    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="quick",
+    plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full",
                          options=hf.DeriveOptions(max_seconds=60.0))
     first = next(t for t in plan.phases if t.phase == "first_step")
     assert first.status == "cut" and first.reads == 0 and first.seconds < 5.0

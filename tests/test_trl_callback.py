@@ -1,5 +1,5 @@
 """The plan inside SFTTrainer: the logged rate is the rate used, the last checkpoint is the
-model leadline kept, a quick plan races its rates, and a plan for another loss is refused."""
+model leadline kept, and a plan for another loss is refused."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def derived(tmp_path_factory):
     ds = datasets.load_dataset("json", data_files=str(DATA / "prompt_completion.jsonl"), split="train")
     probe = SFTTrainer(model=make_model(vocab_size=len(tok)), args=_config(tmp_path_factory.mktemp("probe")),
                        train_dataset=ds, processing_class=tok, peft_config=_lora())
-    plan = derive_for(probe, effort="quick")
+    plan = derive_for(probe, effort="full")
     start = {k: v.detach().clone() for k, v in probe.model.named_parameters() if v.requires_grad}
     return probe, plan, ds, start
 
@@ -113,7 +113,7 @@ def run(derived, tmp_path_factory):
 
     probe, plan, _, _ = derived
     out = tmp_path_factory.mktemp("run")
-    cb = LeadlineCallback.for_plan(plan, probe, race=False)
+    cb = LeadlineCallback.for_plan(plan, probe)
     real, reads = cb.held_out_losses, []
 
     def held_out():
@@ -161,31 +161,12 @@ def test_the_last_checkpoint_is_the_model_kept(run):
     assert any(not (before[n] == v).all() for n, v in live.items())
 
 
-def test_a_quick_plan_races_its_rates_inside_trainer(derived, tmp_path):
-    from leadline.hf import LeadlineCallback
-
-    probe, plan, _, start = derived
-    assert plan.get("race_rates") and "lookahead_horizon_steps" not in plan
-    cb = LeadlineCallback.for_plan(plan, probe)
-    spy = _Rates()
-    trainer = _trainer(derived, tmp_path, [cb, spy])
-    with cb:
-        trainer.train()
-    assert cb.raced is not None and cb.raced.rounds
-    assert cb.raced.lr in plan.race_rates
-    assert cb.schedule.config.lr == cb.raced.lr
-    # the race's steps are put back: Trainer's run starts from the weights it was given
-    for n, p in spy.weights_at_start.items():
-        assert (p == start[n]).all(), n
-    assert cb.evidence()["race"]["chosen_lr"] == cb.raced.lr
-
-
 def test_a_plan_for_another_loss_is_refused(derived, tmp_path):
     from leadline.errors import InputError
     from leadline.hf import LeadlineCallback
 
     probe, plan, _, _ = derived
-    cb = LeadlineCallback.for_plan(plan, probe, race=False)
+    cb = LeadlineCallback.for_plan(plan, probe)
     trainer = _trainer(derived, tmp_path, [cb], completion_only_loss=False)
     trainer.args.completion_only_loss = False
     with pytest.raises(InputError, match="completion_only_loss"), cb:

@@ -102,7 +102,7 @@ def test_a_trainer_with_checkpointing_is_measured_with_it_on_in_bf16(tmp_path, m
                          processing_class=tok, peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM"))
     on_before = bool(trainer.model.is_gradient_checkpointing)
     assert not on_before  # Trainer turns it on in train(), not before
-    plan = derive_for(trainer, effort="quick")
+    plan = derive_for(trainer, effort="full")
     prec = plan["precision"].value
     assert prec["dtype"] == "bfloat16" and prec["checkpointing"] is True and prec["adapter"] is True
     assert calls, "derive never ran a checkpointed forward"
@@ -157,7 +157,7 @@ def test_cli_gradient_checkpointing_is_measured_and_recorded(tmp_path):
     folder = save_model_dir(tmp_path / "tiny")
     out = tmp_path / "plan.json"
     assert main(["derive", "--model", str(folder), "--data", str(DATA / "prompt_completion.jsonl"), "--steps", "8",
-                 "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--effort", "quick",
+                 "--device", "cpu", "--lora-rank", "4", "--gradient-checkpointing", "--effort", "full",
                  "--out", str(out)]) == 0
     plan = Plan.from_json(out)
     prec = plan["precision"].value

@@ -69,7 +69,7 @@ def test_derive_for_a_trainer_records_its_policy(tmp_path):
     from leadline.hf import derive_for
 
     trainer = _trainer("messages", tmp_path, assistant_only_loss=True)
-    plan = derive_for(trainer, effort="quick")
+    plan = derive_for(trainer, effort="full")
     assert plan["loss_policy"].kind == "given"
     assert plan["loss_policy"].value["assistant_only_loss"] is True
     assert plan["loss_policy"].value["trainer"] == "SFTTrainer"

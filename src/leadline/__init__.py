@@ -48,7 +48,6 @@ _LAZY: dict[str, str] = {
     # the rate
     "measure_first_step": "leadline.rate",
     "lookahead_lr": "leadline.rate",
-    "race": "leadline.rate",
     "LookaheadSchedule": "leadline.rate",
     "lookahead_from": "leadline.rate",
     # derive

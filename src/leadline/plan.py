@@ -739,3 +739,20 @@ class Plan:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+
+def refuse_quick_plan(plan: Plan, name: str = "the plan") -> None:
+    """A plan of the removed quick effort (``race_rates`` and no look-ahead horizon) refused in one
+    sentence naming it and the fix.
+
+    Examples:
+        >>> plan = Plan()
+        >>> plan.set("race_rates", Value([5e-4, 1e-3], "derived", "the anchor x 2^j"))
+        >>> refuse_quick_plan(plan)
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: the plan is of the quick effort, which was removed; derive it again with ...
+    """
+    if plan.get("race_rates") and "lookahead_horizon_steps" not in plan:
+        raise InputError(f"{name} is of the quick effort, which was removed; derive it again with the race effort "
+                         "(the default) or full")

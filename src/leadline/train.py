@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from leadline.errors import InputError
-from leadline.plan import Plan
+from leadline.plan import Plan, refuse_quick_plan
 from leadline.stats import mean_se
 
 
@@ -54,7 +54,7 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
 
 
 def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any], accum: int, steps: int, *,
-                  schedule: bool, linear: bool, racing: bool,
+                  schedule: bool, linear: bool,
                   ending: Literal["raced", "to_zero"] = "raced",
                   ending_steps: int | None = None) -> tuple[Any, dict[str, Any] | None]:
     """The saved branch when this run can continue from it, and the record of the decision."""
@@ -67,9 +67,8 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
 
     rs = load_run_state(state)
     where = {"state": str(state), "steps": rs.steps, "lr": rs.lr}
-    if linear or racing:
-        why = "the recipe's run does not use it" if linear else "the plan races its rates inside the run"
-        return None, {**where, "from_step": 0, "why": why}
+    if linear:
+        return None, {**where, "from_step": 0, "why": "the recipe's run does not use it"}
     facts = {"data_sha256": describe_data(data).get("sha256"), "seed": plan.held_out.get("seed", 0),
              "seq_len": task.seq_len, "rows_per_step": int(plan.micro_batch) * accum,
              "trained_parameters": int(sum(p.numel() for p in params))}
@@ -94,16 +93,14 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,
                     ending: Literal["raced", "to_zero"] = "raced",
-                    ending_share: float | None = None, average_ending: bool = False) -> dict[str, Any]:
+                    ending_share: float | None = None) -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
     held-out rows; the test rows are read before and after, never during. With ``out_dir``,
     the adapter (PEFT) or the weights are saved there and ``run.json`` beside them.
     A plan whose ``ending`` is ``linear`` (:func:`recipe_plan`) runs without the schedule:
-    warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero. A quick plan
-    (alpha1 and ``race_rates``, no look-ahead) races its rates inside the run with
-    :func:`~leadline.rate.race` instead of the schedule.
+    warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero.
 
     ``state``: the folder ``leadline derive`` kept beside the plan (:mod:`leadline.derive.state`):
     the look-ahead's winning branch. Where it is valid for this run (the same data, seed, length,
@@ -116,8 +113,6 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     decaying and keeps the best ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
     under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
     share of the run's steps the raced ending reruns, one length alone (default: the last half and 2h).
-    ``average_ending``: a quick plan's race also races the winner's weights averaged over the
-    run's last half at the constant rate (no step rerun; :func:`~leadline.rate.race`).
     """
     import torch
 
@@ -126,24 +121,16 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.rate.schedule import ending_steps_for
     from leadline.run.task import trained_named_weights
 
+    refuse_quick_plan(plan)
     if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
         return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
-                                on_step=on_step, ending=ending, ending_share=ending_share,
-                                average_ending=average_ending)
+                                on_step=on_step, ending=ending, ending_share=ending_share)
     steps = _checked_steps(plan, total_steps)
-    if ending != "raced" and races_inside(plan):
-        raise InputError(f"ending={ending!r} sets the LookaheadSchedule's ending, and this quick plan races its rates "
-                         "with race() instead; derive it with effort='full', or leave ending out")
     if ending_share is not None:
         ending_steps_for(ending_share, 1)  # the share checked before any work
-        if ending != "raced" or races_inside(plan):
-            raise InputError("ending_share sets the length of the LookaheadSchedule's raced ending, and "
-                             + (f"ending={ending!r} races none" if ending != "raced" else
-                                "this quick plan races its rates with race() instead")
-                             + "; leave ending_share out")
-    if average_ending and not races_inside(plan):
-        raise InputError("average_ending races the averaged weights inside a quick plan's race(), and this plan runs "
-                         "the LookaheadSchedule; derive it with effort='quick', or leave average_ending out")
+        if ending != "raced":
+            raise InputError(f"ending_share sets the length of the LookaheadSchedule's raced ending, and "
+                             f"ending={ending!r} races none; leave ending_share out")
     task, profile = _task(model, tokenizer, data, plan)
     named = trained_named_weights(model)
     params = [p for _, p in named]
@@ -157,29 +144,20 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     schedule = schedule and not linear
     recipe_rate = _recipe_rate(plan, steps) if linear else None
     held = task.held_out_losses() if task.split.held_out else None  # a recipe on every row reads none
-    racing = schedule and not linear and races_inside(plan)
     ending_steps = ending_steps_for(ending_share, steps)
-    run_state, continued = _continuation(state, plan, data, task, params, accum, steps,
-                                         schedule=schedule and not racing, linear=linear, racing=racing,
-                                         ending=ending, ending_steps=ending_steps)
+    run_state, continued = _continuation(state, plan, data, task, params, accum, steps, schedule=schedule,
+                                         linear=linear, ending=ending, ending_steps=ending_steps)
     taken = (run_state.steps, run_state.lr) if run_state is not None else None
     before = _test_losses(task)
     model.train()
     sched = (LookaheadSchedule(params, opt, train_step, held,
                                lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps),
                                total_steps=steps)
-             if schedule and not racing else None)
+             if schedule else None)
     t0 = time.monotonic()
-    race_result = None
     with forbid_spill(task.device):
-        if racing:  # a quick plan: its grid raced inside the run (race() is the run)
-            from leadline.rate import race
-
-            race_result = race(params, opt, train_step, held, list(plan.race_rates), steps,
-                               alpha1=plan.get("alpha1"), warmup_steps=plan.get("warmup_steps"),
-                               average=average_ending)
         start = _continue(run_state, sched, params, opt)
-        curve = _steps(range(start, 0 if racing else steps), opt, train_step, sched, recipe_rate, t0, on_step)
+        curve = _steps(range(start, steps), opt, train_step, sched, recipe_rate, t0, on_step)
         ending = sched.finish() if sched is not None else None
     opt.zero_grad(set_to_none=True)
     after = _test_losses(task)
@@ -187,7 +165,6 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         "steps": steps, "micro_batch": int(plan.micro_batch), "grad_accum": accum,
         "seconds": time.monotonic() - t0, "curve": curve,
         "schedule": sched.evidence() if sched is not None else None, "ending": ending,
-        "race": race_result.evidence() if race_result is not None else None,
         "continued": continued, "test_rows": len(task.split.test), "data_notes": _data_notes(profile),
     }
     _add_test_verdict(result, before, after)
@@ -197,15 +174,15 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
 
 def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: Any, total_steps: int | None,
-                     on_step: Callable[[dict[str, Any]], None] | None, ending: str, ending_share: float | None,
-                     average_ending: bool) -> dict[str, Any]:
+                     on_step: Callable[[dict[str, Any]], None] | None, ending: str,
+                     ending_share: float | None) -> dict[str, Any]:
     """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
     AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
     from leadline.run.one import run_in_one
 
-    if ending != "raced" or ending_share is not None or average_ending:
+    if ending != "raced" or ending_share is not None:
         raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
-                         "ending to set; leave ending, ending_share and average_ending out")
+                         "ending to set; leave ending and ending_share out")
     _need(plan, "micro_batch", "lr")
     rows = int(plan.get("rows_per_step") or int(plan.micro_batch) * int(plan.get("grad_accum", 1)))
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
@@ -228,11 +205,6 @@ def _data_notes(profile: Any) -> list[str]:
     from leadline.corpus import data_notes
 
     return data_notes(profile)
-
-
-def races_inside(plan: Plan) -> bool:
-    """A quick plan: its ``race_rates`` are raced inside the run (no look-ahead measured the rate)."""
-    return bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
 
 
 def _recipe_rate(plan: Plan, steps: int) -> Callable[[int], float]:

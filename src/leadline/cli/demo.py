@@ -273,8 +273,7 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
         state = kept.commit() if kept is not None else None
         t0 = time.perf_counter()
         res = train_with_plan(model, tokenizer, args.data, plan, out_dir=out, on_step=show_step if progress else None,
-                              state=state, ending=ending_of(args), ending_share=args.ending_share,
-                              average_ending=args.average_ending)
+                              state=state, ending=ending_of(args), ending_share=args.ending_share)
         train_seconds = time.perf_counter() - t0
     _measured_in_run(plan, res)
     return plan, {"steps": res["steps"], "rows_per_step": res["micro_batch"] * res["grad_accum"],
@@ -340,16 +339,10 @@ def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tup
 
 
 def _measured_in_run(plan: Any, res: dict[str, Any]) -> None:
-    """What the plan's run measured (its race, its ending, the schedule's checks) put on the plan,
-    for the report."""
+    """What the plan's run measured (its ending, the schedule's checks) put on the plan, for the report."""
     from leadline.plan import Value
 
-    if res.get("race"):
-        race = res["race"]
-        plan.set("lr", Value(float(race["chosen_lr"]), "measured",
-                             f"won a race of {len(race['rates'])} rates inside the run on {race['held_out_rows']} "
-                             f"held-out rows ({race['decided_by']})", evidence=race, unit="per step"))
-    ending = res.get("ending") or (res.get("race") or {}).get("ending")
+    ending = res.get("ending")
     if isinstance(ending, dict):
         plan.set("ending", Value(ending.get("kept", "constant"), "measured",
                                  ending.get("why") or "raced at the end of the run", evidence=ending))

@@ -13,16 +13,12 @@ from leadline.plan import Plan
 if TYPE_CHECKING:
     from leadline.derive.state import StateKeeper
 
-NO_RACE = ("the plan has no rates to race (alpha1 read at or below the anchor, so the run trains at the anchor under "
-           "the LookaheadSchedule)")
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    add_plan_arguments(p, effort="race", efforts=("race", "quick", "full"),
+    add_plan_arguments(p, effort="race", efforts=("race", "full"),
                        effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps (the plan "
-                       "alone: `leadline run` keeps the race's steps); quick: alpha1 and an AdamW rate grid; full: the "
-                       "look-ahead")
+                       "alone: `leadline run` keeps the race's steps); full: the look-ahead")
     p.add_argument("--resume", metavar="FILE",
                    help="continue a cut-off derive from this file (written after each phase; default: none, start "
                    "afresh)")
@@ -49,10 +45,13 @@ def add_html_argument(p: argparse.ArgumentParser) -> None:
 
 
 def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str,
-                       efforts: tuple[str, ...] = ("quick", "full")) -> None:
+                       efforts: tuple[str, ...] = ("race", "full")) -> None:
     """The options that shape the plan (``leadline derive`` and ``leadline run``): the effort,
-    the run's length, the training length and the bound on the derive."""
-    p.add_argument("--effort", choices=efforts, default=effort, help=f"{effort_help} (default %(default)s)")
+    the run's length, the training length and the bound on the derive. ``--effort`` is checked by
+    :func:`check_effort` (a removed effort is named in one sentence, not argparse's list)."""
+    p.add_argument("--effort", default=effort, metavar="{" + ",".join(efforts) + "}",
+                   help=f"{effort_help} (default %(default)s)")
+    p.set_defaults(efforts=efforts)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N",
                    help="the run's length in optimizer steps (default: one pass over the training rows, as --epochs 1; "
@@ -104,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import check_device, check_out_file, read_plan, resolve_html
     from leadline.errors import InputError
 
+    check_effort(args)
     folder, out = out_paths("--out", args.out)  # every output is checked before the derive: a refusal costs nothing
     args.html = resolve_html(args.html, folder)
     if args.html is not None and (args.html.parent != folder or folder.is_dir()):
@@ -124,9 +124,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--fit-rank measures a LoRA rank, and --full trains every weight; drop one of them")
     if args.effort == "race" and (args.max_seconds is not None or args.quantile is not None
                                   or args.step_for is not None or args.resume or args.prior or args.fit_rank):
-        raise InputError("--max-seconds, --quantile, --step-for, --resume, --prior and --fit-rank shape the quick "
-                         "and full efforts' derive; the race (the default) takes none of them: leave them out or "
-                         "pass --effort quick or full")
+        raise InputError("--max-seconds, --quantile, --step-for, --resume, --prior and --fit-rank shape the full "
+                         "effort's derive; the race (the default) takes none of them: leave them out or pass "
+                         "--effort full")
     if args.effort == "race" and args.scale_out:
         raise InputError("--scale-out reads the plan's noise scale, and the race (the default effort) measures none; "
                          "pass --effort full with it")
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.effort == "race" and launched_by_torchrun():
         raise InputError("the race (the default effort) runs in one process, and this is one of several under "
-                         "torchrun; pass --effort quick or full for a plan derived across the job")
+                         "torchrun; pass --effort full for a plan derived across the job")
 
     made = not folder.exists()
     try:
@@ -150,6 +150,19 @@ def run(args: argparse.Namespace) -> int:
         if made and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()  # the folder this command made, before anything was written in it
         raise
+
+
+def check_effort(args: argparse.Namespace) -> None:
+    """``--effort`` one of the command's efforts; the removed ``quick`` refused in one sentence
+    naming what to use instead."""
+    from leadline.errors import InputError
+
+    efforts = getattr(args, "efforts", ("race", "full"))
+    if args.effort == "quick":
+        raise InputError("--effort quick was removed: use race (the default) or full")
+    if args.effort not in efforts:
+        raise InputError(f"--effort {args.effort} is not one of {', '.join(efforts)}; pass one of them or leave "
+                         "--effort out")
 
 
 def check_plan_inputs(args: argparse.Namespace) -> None:
@@ -296,10 +309,8 @@ def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: objec
 
 def check_trainable_plan(args: argparse.Namespace, plan: Plan) -> None:
     """A plan ``leadline train`` would refuse after another load is not written: a derive that
-    ``--max-seconds`` ended before the micro-batch or the rate, or (``--average-ending``) before
-    the rates the run races, is one sentence saying what to raise."""
+    ``--max-seconds`` ended before the micro-batch or the rate is one sentence saying what to raise."""
     from leadline.errors import InputError
-    from leadline.train import races_inside
 
     cut = [s for s in plan.skipped if s.out_of_time]
     why = f" ({cut[0].sentence()})" if cut else ""
@@ -312,13 +323,6 @@ def check_trainable_plan(args: argparse.Namespace, plan: Plan) -> None:
         ended = "--max-seconds ended the derive" if cut else "the derive ended"
         raise InputError(f"{ended} before it measured {' and '.join(missing)}{why}, and a plan without "
                          f"{'them' if len(missing) > 1 else 'it'} cannot train, so none was written; {more}")
-    if getattr(args, "average_ending", False) and args.effort == "quick" and not races_inside(plan):
-        if cut:
-            raise InputError(f"--average-ending races the averaged weights inside the quick effort's race, and "
-                             f"--max-seconds ended the derive before it measured the rates to race{why}; {more}, or "
-                             "leave --average-ending out")
-        raise InputError(f"--average-ending races the averaged weights inside the quick effort's race, and {NO_RACE}; "
-                         "leave --average-ending out")
 
 
 def _warnings(args: argparse.Namespace, plan: Plan, rows_noted: bool = False) -> list[str]:

@@ -4,9 +4,9 @@ The default (``--effort race``) is :func:`leadline.run.run_in_one`: schedule-fre
 raced on the run's opening steps (or given with ``--lr``), the winner's steps kept, the run read on
 held-out rows at checks spread over it and rolled back where it worsens, the kept model read
 against the start. It exits 0 when the kept model improved on the start, 3 when it did not or its
-answers collapsed (the sentence says which and what to try), 2 on bad input. ``--effort quick`` and
-``--effort full`` derive a plan and train it in the same process, as ``leadline derive`` then
-``leadline train`` would.
+answers collapsed (the sentence says which and what to try), 2 on bad input. ``--effort full``
+derives a plan and trains it in the same process, as ``leadline derive`` then ``leadline train``
+would.
 """
 
 from __future__ import annotations
@@ -26,11 +26,10 @@ REPORT = "report.html"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    add_plan_arguments(p, effort="race", efforts=("race", "quick", "full"),
+    add_plan_arguments(p, effort="race", efforts=("race", "full"),
                        effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps and the "
-                       "winner's steps kept, in at most --decide-share of the run; quick: alpha1 and an AdamW rate "
-                       "grid raced inside the run; full: the look-ahead measures the rate and the run continues from "
-                       "its steps")
+                       "winner's steps kept, in at most --decide-share of the run; full: the look-ahead measures the "
+                       "rate and the run continues from its steps")
     p.add_argument("--decide-share", type=float, default=0.2, metavar="S",
                    help="with --effort race: the share of the run's steps the decision may spend on steps it does not "
                    "keep (default %(default)s)")
@@ -53,10 +52,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import check_device, check_out_file, check_out_folder, resolve_html
-    from leadline.cli.derive import check_plan_inputs
+    from leadline.cli.derive import check_effort, check_plan_inputs
     from leadline.distributed.world import launched_by_torchrun
     from leadline.errors import InputError
 
+    check_effort(args)
     out = Path(args.out)
     check_out_folder("--out", out)  # first: a refusal costs nothing and leaves nothing behind
     args.html = resolve_html(args.html, out)
@@ -69,14 +69,6 @@ def run(args: argparse.Namespace) -> int:
     check_plan_inputs(args)
     check_ending_share(args)
     asked = ending_flag(args)
-    if asked and args.effort == "quick":
-        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and --effort quick races its rates inside the "
-                         f"run instead; pass --effort full or leave {asked.split()[0]} out")
-    if args.average_ending and args.effort != "quick":
-        why = ("trains schedule-free AdamW, whose averaged weights are already the model" if args.effort == "race"
-               else "runs the LookaheadSchedule")
-        raise InputError("--average-ending races the averaged weights inside the quick effort's race, and --effort "
-                         f"{args.effort} {why}; pass --effort quick or leave --average-ending out")
     if args.effort != "race":
         for flag, given in (("--lr", args.lr is not None), ("--test-share", args.test_share),
                             ("--eval", args.eval is not None)):
@@ -102,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--decide-share {args.decide_share:g} must be a share in [0, 1); pass 0.2 (the default) "
                              "or 0 for no race")
         if args.max_seconds is not None or args.quantile is not None or args.step_for is not None:
-            raise InputError("--max-seconds, --quantile and --step-for shape the quick and full efforts' derive; "
+            raise InputError("--max-seconds, --quantile and --step-for shape the full effort's derive; "
                              "--effort race (the default) has no derive apart from the run: leave them out")
     check_device(args.device)
     made = not out.exists()
@@ -115,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, out: Path) -> int:
-    import contextlib
+    """``--effort full``: one load, derive_for's plan written, then train_with_plan continuing from
+    the look-ahead's kept branch."""
     import time
 
     from leadline.cli._common import Progress, load_for_training, ram_bound
@@ -125,7 +118,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     from leadline.train import train_with_plan
 
     plan_path = out / PLAN
-    keep = keep_run_state(state_path(plan_path)) if args.effort == "full" else contextlib.nullcontext()
+    keep = keep_run_state(state_path(plan_path))
     t_load = time.perf_counter()
     with ram_bound(args.device), keep as kept:  # on the CPU: an allocation past the RAM is a sentence
         model, tok = load_for_training(args)
@@ -140,8 +133,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         t_train = time.perf_counter()
         # the model derive measured, as derive_for left it: the weights a fresh load gives
         res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state,
-                              ending=ending_of(args), ending_share=args.ending_share,
-                              average_ending=args.average_ending)
+                              ending=ending_of(args), ending_share=args.ending_share)
         seconds["train_seconds"] = time.perf_counter() - t_train
     _add_seconds(out / "run.json", seconds)
     print_run(res, out)
@@ -193,7 +185,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
 
 
 def _add_seconds(run_json: Path, seconds: dict[str, Any]) -> None:
-    """``run.json`` of a quick or full run with the one load's, the derive's and the training call's
+    """``run.json`` of a full run with the one load's, the derive's and the training call's
     wall seconds, so the whole cost is read from one file."""
     import json
 

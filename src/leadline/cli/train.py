@@ -54,9 +54,6 @@ def add_ending_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ending-share", type=float, metavar="S",
                    help="the share of the run the raced ending reruns with the rate decaying (e.g. 0.5: the last "
                    "half; default: the last half and the last two check intervals, both raced)")
-    p.add_argument("--average-ending", action="store_true",
-                   help="a quick plan's race also races the weights averaged over the run's last half at the "
-                   "constant rate (no step rerun, one held-out read) and keeps it where it reads lowest")
 
 
 def ending_flag(args: argparse.Namespace) -> str | None:
@@ -99,11 +96,14 @@ def run(args: argparse.Namespace) -> int:
         read_plan,
     )
     from leadline.errors import InputError
+    from leadline.plan import refuse_quick_plan
     from leadline.train import train_with_plan
 
     check_out_folder("--out", args.out)
     args.plan = str(plan_file("--plan", args.plan))  # the folder derive wrote, or its plan.json
     plan = read_plan("--plan", args.plan)
+    if not args.recipe:  # the recipe reads only the plan's length, seed and rows that fit
+        refuse_quick_plan(plan, f"the plan {args.plan}")
     if args.steps is not None and args.steps < 1:
         raise InputError(f"--steps {args.steps} must be >= 1")
     check_ending_share(args)
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         why = (f"its derive ran out of time ({cut[0].sentence()}); derive it again with `leadline derive "
                "--max-seconds S` and a larger S") if cut else "derive it again with `leadline derive` on this --data"
         raise InputError(f"the plan {args.plan} has no {' or '.join(missing)}, so it cannot train; {why}")
-    check_schedule_flags(args, plan)
+    check_schedule_flags(args)
     rows_flag = flag_of(args, "rows_per_step", "--rows-per-step")
     if args.recipe:
         if args.rows_per_step < 1:
@@ -163,8 +163,7 @@ def run(args: argparse.Namespace) -> int:
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
         res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
                               schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
-                              ending=ending_of(args), ending_share=args.ending_share,
-                              average_ending=args.average_ending)
+                              ending=ending_of(args), ending_share=args.ending_share)
     print_data_notes("train", res.get("data_notes") or [])
     print_run(res, args.out)
     if res.get("outcome", "improved") != "improved":  # a race plan's guarded run that did not improve
@@ -199,53 +198,29 @@ def check_flags_have_effect(args: argparse.Namespace, plan: Any) -> None:
     race_plan = plan.get("optimizer") == "schedule_free_adamw"
     if state_flag and (args.recipe or "lookahead_horizon_steps" not in plan):
         why = ("--recipe trains the default recipe from the model's weights" if args.recipe else
-               f"the plan {args.plan} is of the {'race' if race_plan else 'quick'} effort, which keeps no look-ahead "
-               "branch")
+               f"the plan {args.plan} is of the race effort, which keeps no look-ahead branch")
         raise InputError(f"{state_flag} chooses whether the run continues from derive's look-ahead branch, and "
                          f"{why}; leave {state_flag.split()[0]} out")
     if args.no_schedule and (args.recipe or race_plan):
         why = ("--recipe trains without the LookaheadSchedule already" if args.recipe else
                f"the plan {args.plan} trains schedule-free AdamW (the race effort), which has no schedule")
         raise InputError(f"--no-schedule trains without the LookaheadSchedule, and {why}; leave --no-schedule out")
-    ending = ending_flag(args) or ("--average-ending" if args.average_ending else None)
+    ending = ending_flag(args)
     if ending and race_plan and not args.recipe:
         raise InputError(f"{ending} sets the run's ending, and the plan {args.plan} trains schedule-free AdamW (the "
                          "race effort), whose averaged weights are the model at every step: it has no ending to set; "
                          f"leave {ending.split()[0]} out, or derive the plan with --effort full")
 
 
-def check_schedule_flags(args: argparse.Namespace, plan: Any) -> None:
-    """The ending flags and --average-ending against --recipe, --no-schedule and the plan's kind."""
+def check_schedule_flags(args: argparse.Namespace) -> None:
+    """The ending flags against --recipe and --no-schedule."""
     from leadline.errors import InputError
-    from leadline.train import races_inside
 
     asked = ending_flag(args)
     if asked and (args.recipe or args.no_schedule):
         flag = "--recipe" if args.recipe else "--no-schedule"
         raise InputError(f"{asked} sets the LookaheadSchedule's ending, and {flag} trains without it; "
                          f"drop one of the two")
-    if asked and not args.no_schedule and not args.recipe and races_inside(plan):
-        raise InputError(f"{asked} sets the LookaheadSchedule's ending, and the plan {args.plan} is "
-                         "a quick one, whose rates are raced inside the run instead; derive a plan of the full "
-                         f"effort, or leave {asked.split()[0]} out")
-    if not args.average_ending or (races_inside(plan) and not args.recipe and not args.no_schedule):
-        return
-    if args.recipe or args.no_schedule:
-        why = f"{'--recipe' if args.recipe else '--no-schedule'} trains without a race"
-        fix = "leave one of the two out"
-    elif "lookahead_horizon_steps" in plan:
-        why = f"the plan {args.plan} is of the full effort, which runs the LookaheadSchedule"
-        fix = "derive the plan with --effort quick, or leave --average-ending out"
-    elif [s for s in plan.skipped if s.out_of_time]:
-        cut = next(s for s in plan.skipped if s.out_of_time)
-        why = (f"the derive of the plan {args.plan} ended before it measured the rates to race ({cut.sentence()})")
-        fix = ("derive it again with `leadline derive --effort quick --max-seconds S` and a larger S, or leave "
-               "--average-ending out")
-    else:
-        from leadline.cli.derive import NO_RACE
-
-        why, fix = NO_RACE.replace("the plan", f"the plan {args.plan}", 1), "leave --average-ending out"
-    raise InputError(f"--average-ending races the averaged weights inside a quick plan's race, and {why}; {fix}")
 
 
 def _plan_rows_per_step(plan: Any) -> int | None:

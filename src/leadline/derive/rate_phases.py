@@ -1,6 +1,6 @@
-"""derive()'s rate phases: alpha1 (the first step), the anchor, the rate (the look-ahead, or the
-quick effort's grid) and the warmup; the noise past the answer's format, between the first step
-and the anchor, is :mod:`leadline.derive.past_format`. Each takes what it needs as arguments and
+"""derive()'s rate phases: alpha1 (the first step), the anchor, the rate (the look-ahead) and the
+warmup; the noise past the answer's format, between the first step and the anchor, is
+:mod:`leadline.derive.past_format`. Each takes what it needs as arguments and
 returns its result, whose ``as_values()`` the runner puts into the plan;
 :mod:`leadline.derive.phases` names them for the recipe beside the other phases."""
 
@@ -67,13 +67,13 @@ def anchor(named: list[tuple[str, Any]], trained_as: str, plan: Plan, grad_fn: A
 
 
 def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], held_out: Callable[[], Sequence[float]],
-         plan: Plan, effort: str, prior: Plan | None, first: Any = None,
+         plan: Plan, prior: Plan | None, first: Any = None,
          check_time: Callable[..., None] | None = None) -> RatePhase:
-    """The rate: a prior plan's, kept when alpha1 is within 2x of its; else the look-ahead (full
-    effort, from ``first``, the measured first step, or the plan's alpha1 where it was resumed)
-    or the quick effort's anchor and race() rates (:mod:`leadline.rate.policy`)."""
+    """The rate: a prior plan's, kept when alpha1 is within 2x of its; else the look-ahead (from
+    ``first``, the measured first step, or the plan's alpha1 where it was resumed), held to the
+    anchor where it was cut short (:mod:`leadline.rate.policy`)."""
     from leadline.rate import lookahead_lr
-    from leadline.rate.policy import cut_rate, quick_rate, short_run_grid
+    from leadline.rate.policy import cut_rate, short_run_grid
 
     if not isinstance(plan.get("alpha1"), (int, float)):
         return RatePhase(None, {})
@@ -94,13 +94,13 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
 
     mb, accum = batch_of(plan)
     total = int(plan.get("total_steps") or 100)
-    short = short_run_grid(plan.get("lr_anchor"), alpha1, total) if effort == "full" else {}
+    short = short_run_grid(plan.get("lr_anchor"), alpha1, total)
     w = warmup_steps_for(beta1_of(opt))
-    keeper = keeping() if effort == "full" else None
+    keeper = keeping()
     # the candidates start at their rates, as the plan's run does (no warmup): the winner's steps
     # are the run's first steps; the warmup is raced where the look-ahead reads the run's length
     la = lookahead_lr(params, opt, train_step_of(mb, accum), held_out, first if first is not None else alpha1,
-                      total_steps=total, effort=effort, on_progress=check_time, warmup_steps=0,
+                      total_steps=total, on_progress=check_time, warmup_steps=0,
                       **{"first_horizon": w, **short}, race_warmup=w, keep_branch=keeper is not None)
     out = dict(la.as_values())
     if short:
@@ -110,7 +110,7 @@ def rate(params: list[Any], opt: Any, train_step_of: Callable[[int, int], Any], 
                f"reach the {short['first_horizon']}-step minimum horizon at the default grid, so the "
                f"{len(short['grid'])} rates around the anchor ({rates}) ran from that horizon")
         out["lr"] = Value(lr.value, lr.kind, how, lr.evidence, lr.seconds, lr.unit)
-    out.update(quick_rate(plan, alpha1) if effort == "quick" else cut_rate(plan, la, total))
+    out.update(cut_rate(plan, la, total))
     if keeper is not None:
         out["lookahead_state_steps"] = keep_branch(keeper, la, params, plan, out["lr"].value, mb * accum)
     la.branch = None  # its snapshot's memory goes with it

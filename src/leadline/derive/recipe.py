@@ -7,7 +7,7 @@
 4. step          tokens_per_step: B*, the micro-batch cut to it, grad_accum
 5. anchor        the rewrite scale and its divisor (constants: used only where nothing runs)
 6. first step    measure_first_step: alpha1
-7. rate          lookahead_lr (full effort) or alpha1 and a grid for race() (quick effort)
+7. rate          lookahead_lr: the look-ahead
 8. warmup        warmup from alpha1, weight decay 0, betas
 9. length        total_steps from epochs when given so
 
@@ -49,7 +49,9 @@ from leadline.runner import PhaseRunner, ProgressFn, StepPhase
 from leadline.strategy import Strategy
 from leadline.world import current_world
 
-EFFORTS = ("quick", "full")
+EFFORTS = ("full",)
+REMOVED_EFFORTS = ("quick",)
+"""Efforts leadline had and no longer has: refused with a sentence naming what to use instead."""
 TRAINED_AS = ("factors", "weights")
 _STEP_NEEDS = ("noise_scale_tokens", "rows_fit", "t_micro_seconds", "t_step_seconds")
 _PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
@@ -57,9 +59,11 @@ _PAST_FORMAT_NEEDS = ("alpha1", "noise_scale_tokens", "rows_fit", "micro_batch")
 
 def _check(effort: str, trained_as: str, total_steps: int | None, epochs: float | None,
            rows_per_step: int | None = None, step_for: str | None = None) -> None:
+    if effort in REMOVED_EFFORTS:
+        raise InputError(f"effort={effort!r} was removed: derive() runs the full effort (the look-ahead); pass "
+                         "effort='full' or leave it out, or use derive_for(..., effort='race') for the race")
     if effort not in EFFORTS:
-        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; quick measures alpha1 and a grid, "
-                         "full runs the look-ahead")
+        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; full runs the look-ahead")
     if trained_as not in TRAINED_AS:
         raise InputError(f"trained_as={trained_as!r} is not one of {', '.join(TRAINED_AS)}; 'factors' for LoRA/PiSSA, "
                          "'weights' for anything trained as a weight")
@@ -85,7 +89,7 @@ def derive(
     corpus: Corpus | None = None,
     pieces: Pieces | None = None,
     *,
-    effort: str = "quick",
+    effort: str = "full",
     total_steps: int | None = None,
     epochs: float | None = None,
     rows_per_step: int | None = None,
@@ -103,7 +107,7 @@ def derive(
     Args:
         corpus: the training rows and how the run reads them (:class:`~leadline.pieces.Corpus`).
         pieces: the model's pieces the phases measure with (:class:`~leadline.pieces.Pieces`).
-        effort: ``"quick"`` (alpha1 and a grid for race()) or ``"full"`` (the look-ahead).
+        effort: ``"full"`` (the look-ahead), the only one derive() runs.
         total_steps / epochs: the run's length (epochs need the corpus and the step).
         rows_per_step: the rows an optimizer step takes, fixed by the caller (a batch size the
             run must keep): the card decides only its micro-batch and accumulation, the rate
@@ -131,10 +135,10 @@ def derive(
         >>> plan = derive(Corpus(seq_len=512), total_steps=300)
         >>> plan.seq_len, plan.total_steps, plan["total_steps"].kind
         (512, 300, 'given')
-        >>> derive(effort="fast")
+        >>> derive(effort="quick")
         Traceback (most recent call last):
         ...
-        leadline.errors.InputError: effort='fast' is not one of quick, full; quick measures alpha1 and a grid, ...
+        leadline.errors.InputError: effort='quick' was removed: derive() runs the full effort (the look-ahead); ...
     """
     corpus = corpus if corpus is not None else Corpus()
     pieces = pieces if pieces is not None else Pieces()
@@ -195,7 +199,7 @@ def _derive(c: Corpus, p: Pieces, *, effort: str, total_steps: int | None, epoch
             runner.run("anchor", phases.anchor, named, trained_as, plan, grad_fn, always=True)
         _length(runner, plan, total_steps, epochs)
         if timed is not None:
-            runner.run("rate", phases.rate, params, optimizer, timed.steps_of, timed.held, plan, effort, prior,
+            runner.run("rate", phases.rate, params, optimizer, timed.steps_of, timed.held, plan, prior,
                        first.first if first is not None else None, runner.check_time, needs=("alpha1",))
         runner.run("warmup", phases.warmup, plan, optimizer, always=True)
     return _finish(runner, plan, entered, world)

@@ -7,7 +7,7 @@ schedule and the memory watch inside ``Trainer``.
     args = training_arguments(plan, TrainingArguments(output_dir="out"))
     trainer = Trainer(model=model, args=args, ..., callbacks=[LeadlineCallback.for_plan(plan, ...)])
 
-What shapes derive()'s phases (``effort="quick"`` or ``"full"``: ``max_seconds``, ``held_out``,
+What shapes derive()'s phases (``effort="full"``: ``max_seconds``, ``held_out``,
 ``fit_rank``, ...) goes in ``derive_for(..., options=DeriveOptions(...))``.
 
 One answer each (:mod:`leadline.hf.find`): ``find_batch_size(trainer).suggestion()``,

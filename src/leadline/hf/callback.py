@@ -9,13 +9,10 @@
 
 What it does, step by step:
 - ``on_train_begin``: refuses args whose loss policy is not the plan's; caps the process at
-  its dedicated memory on a CUDA card (``forbid_spill``); a quick plan (``race_rates``, no
-  look-ahead) races its rates first, by :func:`~leadline.rate.race`'s successive halving on
-  the plan's rows from Trainer's starting weights, which are then put back bit-exactly; then
-  builds the schedule over Trainer's own optimizer at the plan's (or the race winner's) rate,
-  and takes over Trainer's ``lr_scheduler``: its ``step()`` keeps the schedule's rate and its
-  ``get_last_lr()`` — what Trainer logs to TensorBoard/W&B as ``learning_rate`` — reads the
-  rate the optimizer uses, rollbacks included.
+  its dedicated memory on a CUDA card (``forbid_spill``); builds the schedule over Trainer's
+  own optimizer at the plan's rate, and takes over Trainer's ``lr_scheduler``: its ``step()``
+  keeps the schedule's rate and its ``get_last_lr()`` — what Trainer logs to TensorBoard/W&B as
+  ``learning_rate`` — reads the rate the optimizer uses, rollbacks included.
 - ``on_step_begin``: ``schedule.before(step)`` — checks every horizon on the plan's held-out
   rows, rolls back (weights and optimizer state) and halves the rate on a significant
   worsening, sets the rate.
@@ -68,7 +65,7 @@ from transformers import TrainerCallback
 
 from leadline.errors import InputError
 from leadline.hf.args import SCHEDULE_FREE
-from leadline.plan import Plan
+from leadline.plan import Plan, refuse_quick_plan
 from leadline.rate.guard import MAX_ROLLBACKS
 
 
@@ -86,7 +83,6 @@ class LeadlineCallback(TrainerCallback):
         params: the trained tensors (default: the model's ``requires_grad`` parameters).
         total_steps: the run's length (default: Trainer's ``max_steps``).
         cap: cap the process on a CUDA card (default True).
-        race: race a quick plan's rates from Trainer's starting weights (default: a quick plan races).
         ending: ``raced`` (the last half and the last 2h steps rerun with the rate decaying, the best
             ending kept)
             or ``to_zero`` (the rate falls linearly to zero over the run, nothing raced).
@@ -133,15 +129,16 @@ class LeadlineCallback(TrainerCallback):
     def __init__(self, plan: Plan, held_out_losses: Callable[[], Sequence[float]] | None = None,
                  train_step: Callable[[int], Any] | None = None, *,
                  params: Sequence[Any] | None = None, total_steps: int | None = None, cap: bool = True,
-                 race: bool | None = None, ending: Literal["raced", "to_zero"] = "raced",
+                 ending: Literal["raced", "to_zero"] = "raced",
                  ending_share: float | None = None,
                  held_out_subset: Callable[[int], Callable[[], Sequence[float]]] | None = None,
                  max_rollbacks: int | None = MAX_ROLLBACKS) -> None:
         if "lr" not in plan:
             raise InputError("LeadlineCallback needs a plan with a rate (lr); derive one with leadline.hf.derive_for")
+        refuse_quick_plan(plan)
         self.schedule_free = plan.get("optimizer") == SCHEDULE_FREE
-        if self.schedule_free and (race is not None or ending != "raced" or ending_share is not None):
-            raise InputError("race, ending and ending_share shape the LookaheadSchedule, and this plan trains with "
+        if self.schedule_free and (ending != "raced" or ending_share is not None):
+            raise InputError("ending and ending_share shape the LookaheadSchedule, and this plan trains with "
                              "schedule-free AdamW, which has no schedule and no ending; leave them out")
         if not self.schedule_free and (held_out_losses is None or train_step is None):
             raise InputError("LeadlineCallback needs held_out_losses and train_step for this plan's schedule; build it "
@@ -159,19 +156,9 @@ class LeadlineCallback(TrainerCallback):
         self.params = list(params) if params is not None else None
         self.total_steps = total_steps
         self.cap = cap
-        quick = (bool(plan.get("race_rates")) and "lookahead_horizon_steps" not in plan
-                 and not self.schedule_free)
-        self.race = quick if race is None else bool(race)
-        if self.race and not plan.get("race_rates"):
-            raise InputError("race=True needs a plan with race_rates (a quick plan); derive with effort='quick' or "
-                             "leave race unset")
-        if self.race and ending_share is not None:
-            raise InputError("ending_share sets the LookaheadSchedule's raced ending, and this quick plan races its "
-                             "rates with race() instead; leave ending_share out, or derive with effort='full'")
         self.ending_kind = ending
         self.ending_share = ending_share
         self.schedule: Any = None
-        self.raced: Any = None
         self.ending: dict[str, Any] | None = None
         self._cap_handle: Any = None
         self._driven: Any = None
@@ -238,8 +225,8 @@ class LeadlineCallback(TrainerCallback):
     # ---- Trainer's events ---------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                        lr_scheduler: Any = None, **kw: Any) -> None:
-        """Check the args' loss policy, cap the card, race a quick plan's rates, build the schedule
-        over Trainer's optimizer and take over its ``lr_scheduler`` (the module docstring)."""
+        """Check the args' loss policy, cap the card, build the schedule over Trainer's optimizer
+        and take over its ``lr_scheduler`` (the module docstring)."""
         from leadline.hf.trainer import check_policy
         from leadline.rate import LookaheadSchedule, lookahead_from
 
@@ -265,8 +252,6 @@ class LeadlineCallback(TrainerCallback):
 
         config = lookahead_from(self.plan, ending=self.ending_kind,
                                 ending_steps=ending_steps_for(self.ending_share, total))
-        if self.race:
-            config = self._race(params, optimizer, total, config)
         self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,
                                           total_steps=total)
         self._driven = _DrivenScheduler(lr_scheduler, optimizer)
@@ -320,17 +305,6 @@ class LeadlineCallback(TrainerCallback):
         if self._averaging is not None and (getattr(control, "should_save", False)
                                             or getattr(control, "should_evaluate", False) or done):
             self._averaging.eval()
-
-    def _race(self, params: Sequence[Any], optimizer: Any, total: int, config: Any) -> Any:
-        """The quick plan's rates raced from Trainer's starting weights (put back after), the
-        winner's rate for the schedule."""
-        import dataclasses
-
-        from leadline.rate import race
-
-        self.raced = race(params, optimizer, self.train_step, self.held_out_losses, list(self.plan.race_rates), total,
-                          alpha1=self.plan.get("alpha1"), warmup_steps=self.plan.get("warmup_steps"), rounds_only=True)
-        return dataclasses.replace(config, lr=float(self.raced.lr))
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         """``schedule.before(step)``: the check, a rollback where one is due, the step's rate. A race
@@ -395,7 +369,7 @@ class LeadlineCallback(TrainerCallback):
         self.close()
 
     def evidence(self) -> dict[str, Any] | None:
-        """The schedule's checks and rollbacks, the ending it kept, and the race (a quick plan);
+        """The schedule's checks and rollbacks and the ending it kept;
         None before ``on_train_begin`` (see the class's examples).
 
         Examples:
@@ -409,8 +383,7 @@ class LeadlineCallback(TrainerCallback):
             return {"guard": self._guard.evidence()}
         if self.schedule is None:
             return None
-        return {**self.schedule.evidence(), "ending": self.ending,
-                "race": None if self.raced is None else self.raced.evidence()}
+        return {**self.schedule.evidence(), "ending": self.ending}
 
 
 class _DrivenScheduler:

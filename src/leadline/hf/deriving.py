@@ -37,14 +37,14 @@ __all__ = ["EFFORTS", "PARTS", "DeriveOptions", "derive_for", "derive_parts"]
 
 PARTS = ("batch", "rate")
 """The phases :func:`derive_parts` can run alone: the batch (noise, memory, step) and the rate."""
-EFFORTS = ("race", "quick", "full")
+EFFORTS = ("race", "full")
 """derive_for's efforts, the default first: ``race`` (schedule-free AdamW, its rate raced on the
-run's opening steps, :func:`leadline.run.one.run_in_one`), ``quick`` and ``full`` (derive())."""
+run's opening steps, :func:`leadline.run.one.run_in_one`) and ``full`` (derive()'s look-ahead)."""
 
 
 @dataclass(frozen=True)
 class DeriveOptions:
-    """What shapes derive()'s phases (``effort="quick"`` and ``"full"``), as :func:`derive_for`'s
+    """What shapes derive()'s phases (``effort="full"``), as :func:`derive_for`'s
     ``options``. The race (the default effort) runs none of these phases: an option set away
     from its default is refused with it, in one sentence naming it.
 
@@ -93,7 +93,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
 
     ``effort="race"`` (the default, as ``leadline run``'s): schedule-free AdamW, its rate decided
     by :func:`leadline.run.one.run_in_one`'s opening race with ``train=False`` (the model put back
-    bit for bit); ``"quick"`` and ``"full"`` run derive(). ``derive_for(trainer)``: a built
+    bit for bit); ``"full"`` runs derive() and its look-ahead. ``derive_for(trainer)``: a built
     ``Trainer`` or TRL ``SFTTrainer`` in place of the model, derived on the rows it trains on.
     The model is measured as it trains (a bf16 or 4-bit base, an adapter or every weight,
     checkpointing) and left as it was. Under torchrun every rank calls it and gets rank 0's plan.
@@ -111,7 +111,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         ...     print(e)
         derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got a model alone
         >>> try:
-        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], effort="quick",
+        ...     derive_for(torch.nn.Linear(4, 2), None, [{"text": "a"}], effort="full",
         ...                options=DeriveOptions(fit_rank=True))  # a full fine-tune
         ... except InputError as e:
         ...     print(e)
@@ -122,12 +122,26 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         ...     print(e)
         max_seconds shapes derive()'s phases, which effort='race' (the default) does not run; leave it out, or pass ...
     """
-    if effort not in EFFORTS:
-        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; race races schedule-free AdamW's "
-                         "rate on the run's opening steps, quick measures alpha1 and a grid, full runs the look-ahead")
+    check_effort(effort)
     if effort == "race":
         return _race_for(**locals())
     return derive_parts(**locals())
+
+
+def check_effort(effort: object) -> None:
+    """``effort`` refused in one sentence unless one of :data:`EFFORTS` (the removed ``quick`` named as such).
+
+    Examples:
+        >>> check_effort("quick")
+        Traceback (most recent call last):
+            ...
+        leadline.errors.InputError: effort='quick' was removed: pass effort='race' (the default) or 'full'
+    """
+    if effort == "quick":
+        raise InputError("effort='quick' was removed: pass effort='race' (the default) or 'full'")
+    if effort not in EFFORTS:
+        raise InputError(f"effort={effort!r} is not one of {', '.join(EFFORTS)}; race races schedule-free AdamW's "
+                         "rate on the run's opening steps, full runs the look-ahead")
 
 
 def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, measure: Sequence[str] = PARTS,
@@ -171,6 +185,7 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
         ...     print(e)
         measure=('noise',) must name some of batch, rate
     """
+    check_effort(kw.get("effort", "full"))
     if kw.get("effort") == "race":
         raise InputError("derive_parts runs derive()'s phases, and effort='race' has none apart from its race; call "
                          "derive_for(..., effort='race') or find_lr(..., effort='race')")
@@ -181,7 +196,7 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
 
 
 def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None,
-            epochs: float | None = None, effort: str = "quick", seq_len: int | None = None, seed: int = 0,
+            epochs: float | None = None, effort: str = "full", seq_len: int | None = None, seed: int = 0,
             fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
             options: DeriveOptions | None = None, measure: tuple[str, ...] = ("batch", "rate"),
             batch: tuple[int, int] | None = None) -> Plan:
@@ -244,7 +259,7 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
     _refuse_for_race(_options(options), progress, rows_per_step)
     if launched_by_torchrun():
         raise InputError("effort='race' races in one process, and this is one of several under torchrun; pass "
-                         "effort='quick' or 'full' (docs/distributed.md), or derive outside torchrun")
+                         "effort='full' (docs/distributed.md), or derive outside torchrun")
     given = _given(model, tokenizer, train_dataset, total_steps, epochs, False)
     check_trainable(given.model)
     with ExitStack() as scoped:
@@ -287,7 +302,7 @@ def _refuse_for_race(options: DeriveOptions, progress: bool | None, rows_per_ste
         them = ", ".join(given)
         verb, it = ("shape", "them") if len(given) > 1 else ("shapes", "it")
         raise InputError(f"{them} {verb} derive()'s phases, which effort='race' (the default) does not run; leave "
-                         f"{it} out, or pass effort='quick' or 'full'")
+                         f"{it} out, or pass effort='full'")
     if rows_per_step is not None and (isinstance(rows_per_step, bool) or not isinstance(rows_per_step, int)
                                       or rows_per_step < 1):
         raise InputError(f"rows_per_step={rows_per_step!r} must be a whole number of rows, at least 1")

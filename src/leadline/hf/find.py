@@ -148,9 +148,7 @@ class FoundBatchSize(_Found):
 class FoundRate(_Found):
     """What :func:`find_lr` found. ``suggestion()`` is the learning rate; ``optimizer`` the
     optimizer it is the rate of. The race (``effort="race"``) is schedule-free AdamW's;
-    the look-ahead's and a quick search's are AdamW's, with ``alpha1`` the first safe step they
-    started from. A quick search also holds ``race_rates``, which
-    :class:`~leadline.hf.LeadlineCallback` races inside the run.
+    the look-ahead's is AdamW's, with ``alpha1`` the first safe step it started from.
 
     Examples:
         >>> from leadline.plan import Plan, Value
@@ -174,7 +172,7 @@ class FoundRate(_Found):
         return self.plan.get("alpha1")
 
     def _shown(self) -> list[str]:
-        return [n for n in ("lr", "optimizer", "alpha1", "race_rates", "warmup_steps") if n in self.plan]
+        return [n for n in ("lr", "optimizer", "alpha1", "warmup_steps") if n in self.plan]
 
 
 def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *,
@@ -232,23 +230,21 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     ``optim`` is another is refused. ``effort="full"``: derive's first safe step (alpha1) and the
     look-ahead, the real optimizer (AdamW) run from the same weights on the same rows at
     alpha1 x 2^j, the held-out loss compared by a paired test, at the trainer's batch.
-    ``effort="quick"``: alpha1, the anchor and ``race_rates`` only.
 
     Args:
         trainer: a built ``Trainer``/``SFTTrainer``, or a model with ``tokenizer`` and
             ``train_dataset``.
         micro_batch / grad_accum: the step's batch (default: the trainer's arguments; needed
             without a trainer).
-        effort: ``"race"`` (schedule-free AdamW's rate), ``"full"`` (the look-ahead) or
-            ``"quick"``.
-        max_seconds: a bound on the whole search (``"full"`` and ``"quick"``).
+        effort: ``"race"`` (schedule-free AdamW's rate) or ``"full"`` (the look-ahead).
+        max_seconds: a bound on the whole search.
 
     Returns:
         :class:`FoundRate`; ``suggestion()`` is ``learning_rate``.
 
     Examples:
-        The quick search on a tiny Llama and 20 rows, at 2 rows a step (about a second on a CPU
-        core), the model left as it was:
+        The look-ahead on a tiny Llama and 20 rows, at 2 rows a step (seconds on a CPU core), the
+        model left as it was:
 
         >>> import torch
         >>> from tokenizers import Tokenizer, models, pre_tokenizers
@@ -263,9 +259,9 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
         >>> rows = [{"text": f"{a} {b} sat on {c} mat"} for a in ("the", "a") for b in ("cat", "dog")
         ...         for c in ("the", "a", "cat", "dog", "mat")]
         >>> before = [p.detach().clone() for p in model.parameters()]
-        >>> rate = find_lr(model, tokenizer, rows, micro_batch=2, effort="quick", progress=False)
-        >>> rate.plan["alpha1"].kind, rate.plan["micro_batch"].kind, "race_rates" in rate.plan
-        ('measured', 'given', True)
+        >>> rate = find_lr(model, tokenizer, rows, micro_batch=2, effort="full", progress=False)
+        >>> rate.plan["alpha1"].kind, rate.plan["micro_batch"].kind, rate.plan["lr"].kind
+        ('measured', 'given', 'measured')
         >>> rate.suggestion() == rate.plan.lr
         True
         >>> all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
@@ -282,9 +278,10 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
 def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, micro_batch: int | None, grad_accum: int | None,
                 effort: str, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
     """find_lr's search: the opening race's rate, or derive's rate phases at the trainer's batch."""
-    from leadline.hf.deriving import DeriveOptions, derive_parts
+    from leadline.hf.deriving import DeriveOptions, check_effort, derive_parts
     from leadline.hf.trainer import is_trainer
 
+    check_effort(effort)
     args = trainer.args if is_trainer(trainer) else None
     if effort == "race":
         return _race_rate(trainer, tokenizer, train_dataset, args, micro_batch, grad_accum, max_seconds, progress, seed)

@@ -5,15 +5,12 @@ default effort): :func:`leadline.run.run_in_one` races schedule-free AdamW's rat
 own opening steps and keeps the winner's steps, by the pure rules of :mod:`leadline.rate.opening`
 (the candidates, the horizon, the climb, collapse); the run then goes on under the guard
 (:mod:`leadline.rate.guard`: checks on held-out rows, the best check put back and the rate halved
-on a worsening). What follows is derive()'s ``quick`` and ``full`` efforts and what they share:
+on a worsening). What follows is derive()'s ``full`` effort (the look-ahead) and what it rests on:
 
 - :func:`measure_first_step` -> :class:`FirstStep`: alpha1, the first safe step along Adam's
   own first update on held-out rows.
 - :func:`lookahead_lr` -> :class:`Lookahead`: the rate by running the real optimizer ahead at
-  alpha1 x 2^j, with a paired sequential test per comparison (``effort="quick"``: alpha1 and a
-  grid for race()).
-- :func:`race` -> :class:`RaceResult`: rates raced inside the run by successive halving, the
-  ending raced too.
+  alpha1 x 2^j, with a paired sequential test per comparison.
 - :class:`LookaheadSchedule` with :func:`lookahead_from`: the run checked every horizon,
   rolled back and halved on a significant worsening, the ending decided at the end.
 - :func:`anchor_rate` (:mod:`leadline.rate.anchor`): the rewrite scale and the constant divisors, used only where
@@ -32,11 +29,10 @@ from __future__ import annotations
 from leadline.rate.anchor import AnchorRate, anchor_rate
 from leadline.rate.first_step import FirstStep, measure_first_step
 from leadline.rate.lookahead import Lookahead, lookahead_lr
-from leadline.rate.race import RaceResult, race
 from leadline.rate.schedule import LookaheadSchedule, ScheduleConfig, lookahead_from
 from leadline.rate.warmup import warmup_values
 
 __all__ = [
-    "AnchorRate", "FirstStep", "Lookahead", "LookaheadSchedule", "RaceResult", "ScheduleConfig",
-    "anchor_rate", "lookahead_from", "lookahead_lr", "measure_first_step", "race", "warmup_values",
+    "AnchorRate", "FirstStep", "Lookahead", "LookaheadSchedule", "ScheduleConfig",
+    "anchor_rate", "lookahead_from", "lookahead_lr", "measure_first_step", "warmup_values",
 ]

@@ -105,43 +105,9 @@ class EndingCopy:
     start: int
 
 
-class TailAverage:
-    """The mean of the trained tensors over the run's iterates from ``start`` on (float32, beside
-    the tensors): an ending that costs no optimizer step, read once on the held-out rows.
-    :meth:`fold` adds the tensors as they are now; :meth:`load` writes the mean into them.
-
-    Examples:
-        >>> w = torch.zeros(2)
-        >>> avg = TailAverage([w], start=0)
-        >>> for value in (1.0, 3.0):
-        ...     _ = w.fill_(value)
-        ...     avg.fold([w])
-        >>> avg.load([w])
-        >>> w.tolist(), avg.count
-        ([2.0, 2.0], 2)
-    """
-
-    def __init__(self, params: Sequence[torch.Tensor], start: int) -> None:
-        self.start = int(start)
-        self.count = 0
-        self.mean = [torch.zeros_like(p, dtype=torch.float32) for p in params]
-
-    @torch.no_grad()
-    def fold(self, params: Sequence[torch.Tensor]) -> None:
-        self.count += 1
-        for m, p in zip(self.mean, params):
-            m.add_(p.detach().float() - m, alpha=1.0 / self.count)
-
-    @torch.no_grad()
-    def load(self, params: Sequence[torch.Tensor]) -> None:
-        for m, p in zip(self.mean, params):
-            p.copy_(m.to(p.dtype))
-
-
 def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
                 held_out: HeldOut, copies: Sequence[EndingCopy], end: int,
-                ratios: Sequence[float], rows: int, *, alpha: float, place: str,
-                average: TailAverage | None = None) -> tuple[dict[str, Any], list[float]]:
+                ratios: Sequence[float], rows: int, *, alpha: float, place: str) -> tuple[dict[str, Any], list[float]]:
     """Keep the constant ending (the state now, at ``end``) or the best of the decayed endings:
     each copy's steps ``start..end-1`` rerun from it with lr(t) = copy.lr * (end - t) / (end - start).
 
@@ -150,8 +116,6 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
     ``alpha`` (one look), or its losses are not finite; then the constant ending is put back
     bit-exactly. The decay is the null: it is the ending measured helping (``docs/rate.md``).
     Each copy's snapshot holds its decayed ending once it has run (no other memory is taken).
-    ``average``: the constant run's weights averaged from ``average.start`` on, ranked with the
-    decays (kept: those weights, with the constant ending's optimizer state).
     On an exception the constant ending is put back and the error re-raised.
     Returns the evidence (``decays``: every length raced) and the kept ending's per-row losses.
 
@@ -173,67 +137,53 @@ def race_ending(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, trai
         >>> ending["kept"], ending["from_step"], round(w[0].item(), 4)
         ('decay', 2, 0.0118)
     """
-    if not copies and average is None:
-        raise ValueError("race_ending needs at least one copy or an average")
+    if not copies:
+        raise ValueError("race_ending needs at least one copy")
     constant = read_held_out(held_out, rows)
     at_end = Snapshot.take(params, opt, place=place)
     try:
-        read, averaged = _endings_read(params, opt, train_step, held_out, copies, end, ratios, rows, average)
+        read = _endings_read(params, opt, train_step, held_out, copies, end, ratios, rows)
     except BaseException:
         at_end.load(params, opt)
         raise
-    ranked: list[tuple[str, Any, list[float]]] = [("decay", c, losses) for c, losses in read]
-    if averaged is not None:
-        ranked.append(("average", average, averaged))
-    kind, best, losses = min(ranked, key=lambda r: _mean(r[2]))
+    best, losses = min(read, key=lambda r: _mean(r[1]))
     verdict = compare(constant, losses, alpha=alpha)
-    keep = "constant" if verdict.better or not finite(losses) else kind
+    keep = "constant" if verdict.better or not finite(losses) else "decay"
     if keep == "decay":
         best.snapshot.load(params, opt)
     else:
         at_end.load(params, opt)
-        if keep == "average":
-            average.load(params)
-    evidence = _ending_evidence(keep, kind, best, end, constant, losses, verdict, alpha, read, average, averaged)
+    evidence = _ending_evidence(keep, best, end, constant, losses, verdict, alpha, read)
     return evidence, (constant if keep == "constant" else losses)
 
 
 def _endings_read(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, train_step: TrainStep,
-                  held_out: HeldOut, copies: Sequence[EndingCopy], end: int, ratios: Sequence[float], rows: int,
-                  average: TailAverage | None) -> tuple[list[tuple[EndingCopy, list[float]]], list[float] | None]:
+                  held_out: HeldOut, copies: Sequence[EndingCopy], end: int, ratios: Sequence[float],
+                  rows: int) -> list[tuple[EndingCopy, list[float]]]:
     """Every copy's decayed ending run and read, the shortest first (each copy's snapshot then holds
-    its ending), and the averaged weights read: ``(each copy and its per-row losses, the average's)``."""
+    its ending): each copy and its per-row losses."""
     read: list[tuple[EndingCopy, list[float]]] = []
-    averaged: list[float] | None = None
     for copy in sorted(copies, key=lambda c: -c.start):  # the shortest ending first
         copy.snapshot.load(params, opt)
         run_steps(opt, train_step, copy.start, end, lambda t, c=copy: linear_decay_lr(t, c.start, end, c.lr),
                   ratios)
         read.append((copy, read_held_out(held_out, rows)))
         copy.snapshot.save(params, opt)  # the copy now holds this decayed ending
-    if average is not None:
-        average.load(params)
-        averaged = read_held_out(held_out, rows)
-    return read, averaged
+    return read
 
 
-def _ending_evidence(keep: str, kind: str, best: Any, end: int, constant: list[float], losses: list[float],
-                     verdict: Any, alpha: float, read: list[tuple[EndingCopy, list[float]]],
-                     average: TailAverage | None, averaged: list[float] | None) -> dict[str, Any]:
+def _ending_evidence(keep: str, best: Any, end: int, constant: list[float], losses: list[float],
+                     verdict: Any, alpha: float, read: list[tuple[EndingCopy, list[float]]]) -> dict[str, Any]:
     """The raced ending's evidence: the one kept, the constant against the best, every length raced."""
     c_mean, c_se = _mean_se(constant)
     d_mean, d_se = _mean_se(losses)
-    out = {
+    return {
         "kept": keep, "from_step": best.start, "to_step": end, "lr_at_copy": getattr(best, "lr", None),
-        "constant": {"loss": c_mean, "se": c_se}, kind: {"loss": d_mean, "se": d_se},
+        "constant": {"loss": c_mean, "se": c_se}, "decay": {"loss": d_mean, "se": d_se},
         "constant_versus_decay": verdict.as_dict(), "alpha": alpha,
         "decays": [{"from_step": c.start, "steps": end - c.start, "lr_at_copy": c.lr,
                     "loss": _mean_se(ls)[0], "se": _mean_se(ls)[1]} for c, ls in read],
     }
-    if averaged is not None and average is not None:
-        out["average"] = {"from_step": average.start, "iterates": average.count, "loss": _mean_se(averaged)[0],
-                          "se": _mean_se(averaged)[1]}
-    return out
 
 
 def ending_why(ending: dict[str, Any]) -> str:
@@ -243,19 +193,6 @@ def ending_why(ending: dict[str, Any]) -> str:
         >>> ending_why({"kept": "decay", "from_step": 50, "to_step": 100})
         'the last 50 steps rerun from a copy with the rate falling linearly to zero: kept: the constant ending was ...'
     """
-    avg = ending.get("average")
-    if isinstance(avg, dict):
-        decays = ending.get("decays") or []
-        raced = "; ".join([f"the last {d['steps']} steps rerun with the rate falling linearly to zero "
-                           f"({d['loss']:.4f})" for d in decays]
-                          + [f"the weights averaged over the last {ending['to_step'] - avg['from_step']} steps "
-                             f"({avg['loss']:.4f}, no step rerun)"])
-        kept = {"constant": "the constant ending kept: better by a one-sided paired t test",
-                "average": "the average kept: the lowest, and the constant ending not better by a one-sided paired t "
-                           "test",
-                "decay": "the decay kept: the lowest, and the constant ending not better by a one-sided paired t "
-                         "test"}[ending["kept"]]
-        return f"{raced} (held-out loss): {kept}"
     decays = ending.get("decays") or [{"steps": ending["to_step"] - ending["from_step"]}]
     if len(decays) == 1:
         rerun = f"the last {decays[0]['steps']} steps rerun from a copy with the rate falling linearly to zero"

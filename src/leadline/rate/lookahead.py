@@ -90,7 +90,7 @@ def _alpha1(alpha1: float | FirstStep) -> float:
 
 def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
                  held_out_losses_per_row: Callable[[], Sequence[float]], alpha1: float | FirstStep, *,
-                 total_steps: int, effort: str = "full", grid: Sequence[int] = DEFAULT_GRID,
+                 total_steps: int, grid: Sequence[int] = DEFAULT_GRID,
                  first_horizon: int | None = None, settle: int = 3, settle_slope: float = 0.25,
                  min_horizon: int | None = None,
                  budget_fraction: float = 2.0, alpha: float = 0.05, warmup_steps: int | None = None,
@@ -124,11 +124,6 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
         >>> w.tolist()
         [0.0, 0.0, 0.0, 0.0]
 
-        The quick effort runs nothing: alpha1 and the grid alpha1 x 2^j for :func:`race`:
-
-        >>> quick = lookahead_lr([w], opt, train_step, held_out, 0.01, total_steps=16, effort="quick")
-        >>> quick.lr, quick.rates, quick.steps_used
-        (0.01, [0.005, 0.01, 0.02, 0.04, 0.08], 0)
         >>> lookahead_lr([w], opt, train_step, held_out, 0.0, total_steps=16)
         Traceback (most recent call last):
             ...
@@ -136,13 +131,10 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     """
     t0 = time.perf_counter()
     a1 = _alpha1(alpha1)
-    _check_args(total_steps, effort, grid)
+    _check_args(total_steps, grid)
     beta1 = beta1_of(opt)
     w = warmup_steps_for(beta1) if warmup_steps is None else int(warmup_steps)
-    rates = sorted(a1 * 2.0**j for j in set(grid))
     budget = math.ceil(budget_fraction * total_steps)
-    if effort == "quick":
-        return _quick(a1, rates, total_steps, w, beta1, t0)
     from leadline.rate.state import check_params, group_ratios, no_trace, read_held_out
 
     params = check_params(params, opt)
@@ -167,14 +159,6 @@ def lookahead_lr(params: Sequence[Any], opt: Any, train_step: Callable[[int], An
     return _answer(s, run.rows, race, race_warmup, keep_branch, short, first, beta1, budget_fraction, t0)
 
 
-def _quick(a1: float, rates: list[float], total_steps: int, w: int, beta1: float, t0: float) -> Lookahead:
-    """The quick effort's answer: alpha1 and the rates, no step run."""
-    return Lookahead(a1, a1, rates, "quick", 0, 0, 0, total_steps, w, beta1,
-                     "quick effort: no steps run; race() picks among the rates inside the run",
-                     seconds=time.perf_counter() - t0,
-                     stop="quick")
-
-
 def _look_ahead(s: _Search, run: RunPieces) -> None:
     """The candidates run and read horizon by horizon until the search stops; cut by derive's
     max_seconds (checked before every step), it keeps what was read."""
@@ -192,11 +176,9 @@ def _look_ahead(s: _Search, run: RunPieces) -> None:
             break
 
 
-def _check_args(total_steps: int, effort: str, grid: Sequence[int]) -> None:
+def _check_args(total_steps: int, grid: Sequence[int]) -> None:
     if not isinstance(total_steps, int) or total_steps < 1:
         raise InputError(f"total_steps must be the run's length in optimizer steps (>= 1), got {total_steps!r}")
-    if effort not in ("quick", "full"):
-        raise InputError(f"effort must be 'quick' or 'full', got {effort!r}")
     if not grid:
         raise InputError("grid is empty; pass the exponents j of alpha1 x 2^j, e.g. (-1, 0, 1, 2, 3)")
 
@@ -210,7 +192,7 @@ def _answer(s: _Search, rows: int, race: dict[str, Any] | None, race_warmup: int
               if keep_branch else None)
     if not s.evidence:
         raise InputError(f"the step budget ({s.budget} steps = {budget_fraction} x {s.total_steps}) does not cover "
-                         f"the first horizon of {len(s.cands)} rates; raise budget_fraction or use effort='quick'")
+                         f"the first horizon of {len(s.cands)} rates; raise budget_fraction")
     last, lr, stopped = s.last_read, s.last_estimate, s.stopped
     if short:
         stopped += f"; the run is short for its budget: the first horizon was cut to {first} steps"
@@ -220,6 +202,6 @@ def _answer(s: _Search, rows: int, race: dict[str, Any] | None, race_warmup: int
     if lr >= ceiling:
         lr = ceiling / 2
         stopped += f"; held below the lowest unstable rate {ceiling:.3g}"
-    return Lookahead(lr, s.a1, sorted(c.lr for c in s.cands.values()), "full", last, s.used, s.budget, s.total_steps,
+    return Lookahead(lr, s.a1, sorted(c.lr for c in s.cands.values()), last, s.used, s.budget, s.total_steps,
                      int(race_warmup) if won else s.w, beta1, stopped, rows, s.evidence, s.slope, s.snaps,
                      time.perf_counter() - t0, s.stop, race, branch)

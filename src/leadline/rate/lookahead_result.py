@@ -13,8 +13,8 @@ from typing import Any, Literal
 from leadline.plan import Value
 from leadline.rate.warmup import warmup_values
 
-LookaheadStop = Literal["quick", "unsettled", "budget", "diverged", "settled", "run_length", "max_seconds"]
-"""Why the look-ahead stopped: no steps run (quick effort), the horizons ran out unsettled, the
+LookaheadStop = Literal["unsettled", "budget", "diverged", "settled", "run_length", "max_seconds"]
+"""Why the look-ahead stopped: the horizons ran out unsettled, the
 step budget, every rate diverged or was unstable, the trend settled, the run's length, derive's
 max_seconds. ``stopped_because`` is the sentence shown for it."""
 
@@ -58,18 +58,17 @@ class Lookahead:
     """The look-ahead's answer and everything it read.
 
     Attributes:
-        lr: the rate (``effort="quick"``: alpha1).
-        rates: the grid tried (quick: the grid for :func:`race`).
+        lr: the rate.
+        rates: the grid tried.
         horizon_steps: the last horizon read — the schedule's check interval h.
         horizons: per horizon, every candidate's mean held-out loss, SE, status and test.
         stopped_because: the sentence saying why it stopped (displayed; ``stop`` is the reason).
         stop: why it stopped, one of :data:`LookaheadStop`.
 
     Examples:
-        A full look-ahead's values (a quick one's are ``lr`` derived, ``race_rates``,
-        ``warmup_steps`` and ``weight_decay``):
+        A look-ahead's values:
 
-        >>> la = Lookahead(lr=2e-3, alpha1=1e-3, rates=[5e-4, 1e-3, 2e-3], effort="full", horizon_steps=16,
+        >>> la = Lookahead(lr=2e-3, alpha1=1e-3, rates=[5e-4, 1e-3, 2e-3], horizon_steps=16,
         ...                steps_used=150, budget_steps=200, total_steps=100, warmup_steps=0, beta1=0.9,
         ...                stopped_because="settled", held_out_rows=64, stop="settled")
         >>> values = la.as_values()
@@ -84,7 +83,6 @@ class Lookahead:
     lr: float
     alpha1: float
     rates: list[float]
-    effort: str
     horizon_steps: int
     steps_used: int
     budget_steps: int
@@ -110,24 +108,18 @@ class Lookahead:
                 **({"warmup_race": self.warmup_race} if self.warmup_race else {})}
 
     def as_values(self) -> dict[str, Value]:
-        """``lr``, ``lookahead_horizon_steps`` (full) or ``race_rates`` (quick), ``warmup_steps``, ``weight_decay``."""
+        """``lr``, ``lookahead_horizon_steps``, ``warmup_steps``, ``weight_decay``."""
         out: dict[str, Value] = {}
-        if self.effort == "quick":
-            out["lr"] = Value(self.lr, "derived",
-                              f"alpha1 (quick effort: no look-ahead run); race() picks among {len(self.rates)} rates "
-                              "alpha1 x 2^j inside the run", evidence=self.evidence(), unit="per step")
-            out["race_rates"] = Value(self.rates, "derived", "alpha1 x 2^j for the race inside the run (quick effort)")
-        else:
-            out["lr"] = Value(
-                self.lr, "measured",
-                f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the "
-                f"same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to "
-                f"{self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a "
-                f"{self.budget_steps}-step budget)",
-                evidence=self.evidence(), seconds=self.seconds, unit="per step")
-            out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured",
-                                                   "the horizon the look-ahead's answer was read at "
-                                                   f"({self.stopped_because}); LookaheadSchedule checks every this "
-                                                   "many steps", unit="steps")
+        out["lr"] = Value(
+            self.lr, "measured",
+            f"look-ahead: {len(self.rates)} rates alpha1 x 2^j run by the optimizer from the same weights on the "
+            f"same rows, compared on {self.held_out_rows} held-out rows by a paired sequential test, up to "
+            f"{self.horizon_steps} steps ({self.stopped_because}; {self.steps_used} steps of a "
+            f"{self.budget_steps}-step budget)",
+            evidence=self.evidence(), seconds=self.seconds, unit="per step")
+        out["lookahead_horizon_steps"] = Value(self.horizon_steps, "measured",
+                                               "the horizon the look-ahead's answer was read at "
+                                               f"({self.stopped_because}); LookaheadSchedule checks every this "
+                                               "many steps", unit="steps")
         out.update(warmup_values(self.alpha1, self.lr, beta1=self.beta1, race=self.warmup_race))
         return out

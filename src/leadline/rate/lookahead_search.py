@@ -20,13 +20,13 @@ from leadline.rate.warmup import warmup_lr, warmup_race
 
 @dataclass
 class RunPieces:
-    """What every candidate run from one origin uses (the look-ahead's and the race's): the
+    """What every candidate run from one origin uses (the look-ahead's): the
     weights, the optimizer, the step, the held-out reader, the origin snapshot, the parameter
     groups' ratios, and the held-out rows' losses at the origin (``base``, ``rows`` of them) on
     ``place``.
 
     Examples:
-        What :func:`~leadline.rate.lookahead_lr` and :func:`~leadline.rate.race` build inside
+        What :func:`~leadline.rate.lookahead_lr` builds inside
         :func:`~leadline.rate.state.no_trace` (here with stand-ins for the torch pieces):
 
         >>> base = [2.0, 2.5, 1.5]

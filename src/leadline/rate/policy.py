@@ -4,7 +4,6 @@
   reads fewer rates around the anchor, from that horizon.
 - :func:`cut_rate`: a look-ahead stopped before its minimum horizon gives the lower of its
   answer and the anchor.
-- :func:`quick_rate`: the quick effort's rate (the anchor below alpha1) and race()'s rates.
 - :func:`fallback_rate`: where no rate phase finished, alpha1 or the anchor, whichever the
   plan has and is lower.
 
@@ -29,7 +28,7 @@ class LookaheadAnswer(Protocol):
         A :class:`~leadline.rate.Lookahead` is one:
 
         >>> from leadline.rate import Lookahead
-        >>> la: LookaheadAnswer = Lookahead(4.8e-3, 1e-2, [5e-3, 1e-2], "full", 10, 40, 74, 37, 0, 0.9,
+        >>> la: LookaheadAnswer = Lookahead(4.8e-3, 1e-2, [5e-3, 1e-2], 10, 40, 74, 37, 0, 0.9,
         ...                                 "budget: horizon 20 needed 40 more steps", stop="budget")
         >>> la.lr, la.horizon_steps, la.stop, la.evidence()["stopped_because"]
         (0.0048, 10, 'budget', 'budget: horizon 20 needed 40 more steps')
@@ -108,43 +107,6 @@ def cut_rate(plan: Plan, la: LookaheadAnswer, total_steps: int) -> dict[str, Val
               f"{min_h}-step minimum horizon, where a short horizon rewards the rate that learns the answer's "
               f"format fastest ({la.stopped_because}): {a.source}")
     return {"lr": Value(anchor, a.kind, source, {**(a.evidence or {}), "lookahead": la.evidence()}, 0.0, a.unit)}
-
-
-def quick_rate(plan: Plan, alpha1: float) -> dict[str, Value]:
-    """The quick effort's rate: the anchor where it is below alpha1, and race()'s rates.
-
-    alpha1 is the best single step, not a rate to hold (docs/rate.md); race() runs the anchor x
-    2^j from half the anchor up to alpha1 inside the training run.
-
-    Returns:
-        ``{"lr", "race_rates"}``, or ``{}`` when the plan has no anchor below alpha1.
-
-    Examples:
-        >>> plan = Plan()
-        >>> plan.set("lr_anchor", Value(1e-3, "constant", "rewrite / 32"))
-        >>> out = quick_rate(plan, 4e-3)
-        >>> out["lr"].value, out["race_rates"].value
-        (0.001, [0.0005, 0.001, 0.002, 0.004])
-        >>> quick_rate(plan, 1e-3)
-        {}
-    """
-    from leadline.rate.race import quick_race_rates
-
-    anchor = plan.get("lr_anchor")
-    if not _positive(anchor) or anchor >= alpha1:
-        return {}
-    a = plan["lr_anchor"]
-    rates = quick_race_rates(anchor, alpha1)
-    return {
-        "lr": Value(anchor, a.kind, f"the anchor, not measured: the quick effort ran no look-ahead; the rate is "
-                                    f"measured inside the run, where race() runs race_rates (as `leadline train` "
-                                    f"does), and a run that trains at this number without racing trains at a "
-                                    f"constant. {alpha1 / anchor:.3g}x below alpha1 {alpha1:.3g} (the best single "
-                                    f"step, not a rate to hold): {a.source}",
-                    {**(a.evidence or {}), "measured_in_run": "race_rates"}, 0.0, a.unit),
-        "race_rates": Value(rates, "derived", f"the anchor x 2^j from half the anchor up to alpha1 {alpha1:.3g}, "
-                                              "for race() inside the run (quick effort)"),
-    }
 
 
 def fallback_rate(plan: Plan) -> Value | None:

@@ -354,13 +354,11 @@ def check_params(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> 
 
 
 @contextmanager
-def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, place: str = "auto",
-             on_success: bool = True) -> Iterator[Snapshot]:
+def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *,
+             place: str = "auto") -> Iterator[Snapshot]:
     """Run a phase and leave no trace of it, on every exit path (an exception included).
 
     Yields the snapshot of the state at entry (the origin the phase's candidates start from).
-    With ``on_success=False`` the state is put back only when the block raises (a phase that
-    is the run itself, like race(), keeps what it trained; its gradients are set to None).
 
     Examples:
         A step at another rate inside the block; afterwards the weights, the rate, the
@@ -374,14 +372,6 @@ def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, plac
         ...     opt.step()
         >>> w.tolist(), opt.param_groups[0]["lr"], w.grad, len(opt.state)
         ([0.0, 0.0], 0.001, None, 0)
-
-        With ``on_success=False`` the step stays, unless the block raises:
-
-        >>> with no_trace([w], opt, on_success=False):
-        ...     w.sum().backward()
-        ...     opt.step()
-        >>> [round(x, 4) for x in w.tolist()], w.grad
-        ([-0.001, -0.001], None)
     """
     origin = Snapshot.take(params, opt, place=place)
     groups = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
@@ -399,10 +389,5 @@ def no_trace(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, plac
 
     try:
         yield origin
-    except BaseException:
+    finally:
         restore()
-        raise
-    if on_success:
-        restore()
-    else:
-        opt.zero_grad(set_to_none=True)

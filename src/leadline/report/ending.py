@@ -1,9 +1,9 @@
 """The raced ending as a run prints it: what each ending read on the held-out rows, which was
 kept, and why in words, from the record :func:`leadline.rate._run.race_ending` writes.
 
-The decay is the null: the best decayed ending (or the averaged weights) is kept unless the
-constant ending is better by a one-sided paired t test, so the kept ending need not read the
-lowest; the second line says so with the test's p-value (``docs/rate.md``).
+The decay is the null: the best decayed ending is kept unless the constant ending is better by a
+one-sided paired t test, so the kept ending need not read the lowest; the second line says so
+with the test's p-value (``docs/rate.md``).
 """
 
 from __future__ import annotations
@@ -38,9 +38,6 @@ def ending_lines(ending: dict[str, Any]) -> list[str]:
     read = [f"constant {_loss(ending['constant']['loss'])}"]
     read += [f"decayed over the last {d['steps']} steps {_loss(d['loss'])}" if i == 0 else
              f"the last {d['steps']} {_loss(d['loss'])}" for i, d in enumerate(_decays(ending))]
-    avg = ending.get("average")
-    if isinstance(avg, dict):
-        read.append(f"averaged over the last {ending['to_step'] - avg['from_step']} steps {_loss(avg['loss'])}")
     head = f"ending: {ending['kept']} kept on the held-out rows ({', '.join(read)})"
     wrap = {"width": COLUMNS - 1, "subsequent_indent": "  ", "break_on_hyphens": False}
     why = textwrap.wrap(f"why: {_why(ending)}", initial_indent="  ", **{**wrap, "subsequent_indent": " " * 7})
@@ -56,8 +53,6 @@ def _why(ending: dict[str, Any]) -> str:
     verdict = ending.get("constant_versus_decay") or {}
     alpha = float(ending.get("alpha", 0.05))
     rivals = [(f"the decay over the last {d['steps']} steps", d["loss"]) for d in _decays(ending)]
-    if isinstance(ending.get("average"), dict):
-        rivals.append(("the averaged weights", ending["average"]["loss"]))
     other, best = min(rivals, key=lambda r: r[1] if math.isfinite(r[1]) else math.inf)
     constant = ending["constant"]["loss"]
     if "t" not in verdict or "n" not in verdict:  # no test: a side's losses were not finite

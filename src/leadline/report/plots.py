@@ -221,8 +221,7 @@ def _lookahead(ev: dict[str, Any], ax: Any) -> None:
     _rate_axis(ax, [c["lr"] for h in ev.get("horizons", []) for c in h.get("candidates", [])])
     ax.set_xlabel("learning rate")
     ax.set_ylabel("held-out loss")
-    ax.set_title("the race inside the run: loss per rate per round" if "decided_by" in ev
-                 else "look-ahead: loss per rate per horizon")
+    ax.set_title("look-ahead: loss per rate per horizon")
     ax.legend(fontsize=8)
 
 
@@ -262,8 +261,7 @@ def _past_format(ev: dict[str, Any], ax: Any) -> None:
 @register_plot("ending")
 def _ending(ev: dict[str, Any], ax: Any) -> None:
     """The run's last steps rerun from copies: held-out loss with the rate held against falling
-    to zero over each length raced (and the weights averaged over the last half, where raced),
-    each ±1 SE; the kept ending in green."""
+    to zero over each length raced, each ±1 SE; the kept ending in green."""
     decays = ev.get("decays") if isinstance(ev.get("decays"), list) else None
     bars: list[tuple[str, dict[str, Any], bool]] = []
     if isinstance(ev.get("constant"), dict):
@@ -274,9 +272,6 @@ def _ending(ev: dict[str, Any], ax: Any) -> None:
             bars.append((f"decay over {d.get('steps')}", d, kept))
     elif isinstance(ev.get("decay"), dict):
         bars.append(("decay", ev["decay"], ev.get("kept") == "decay"))
-    if isinstance(ev.get("average"), dict):
-        bars.append((f"average of the last {ev.get('to_step', 0) - ev['average'].get('from_step', 0)}", ev["average"],
-                     ev.get("kept") == "average"))
     bars = [b for b in bars if b[1].get("loss") is not None]
     ax.bar([b[0] for b in bars], [b[1]["loss"] for b in bars], yerr=[b[1].get("se") or 0 for b in bars],
            color=["tab:green" if b[2] else "tab:gray" for b in bars], capsize=4, width=0.5)

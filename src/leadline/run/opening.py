@@ -22,7 +22,7 @@ def optimizer(params: list[Any], lr: float, warmup: int) -> Any:
         import schedulefree
     except ImportError:
         raise InputError("leadline run trains with schedule-free AdamW; pip install 'leadline[hf]' (it brings "
-                         "schedulefree), or pass --effort quick or full") from None
+                         "schedulefree), or pass --effort full") from None
     return schedulefree.AdamWScheduleFree(params, lr=lr, warmup_steps=warmup, weight_decay=0.0)
 
 
