@@ -183,3 +183,38 @@ def test_the_threads_are_measured_and_put_back_after_an_error(capsys, monkeypatc
         raise RuntimeError("a demo that fails")
     assert torch.get_num_threads() == 2 and "torch threads:" in capsys.readouterr().out
     torch.set_num_threads(before)
+
+
+def test_the_cached_judge_gives_the_whole_reads_sums_with_an_adapter_and_labels_of_several_tokens(tokenizer,
+                                                                                                   monkeypatch):
+    """The prompt read once and its labels from the cache: the same log-probabilities as reading
+    every prompt + label whole, on prompts of different lengths (padded on the left) and labels of
+    one and several tokens, through a LoRA adapter; classify takes that route for a transformers model."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from leadline.cli import demo
+
+    torch.manual_seed(0)
+    model = get_peft_model(make_model(vocab_size=len(tokenizer)),
+                           LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model.eval()
+    rows = read_jsonl(DATA / "prompt_completion.jsonl")[:7]
+    labels = [" games", " net", " science fiction and fantasy", " sound"]
+    assert {len(tokenizer(lab, add_special_tokens=False)["input_ids"]) for lab in labels} != {1}
+    eos = tokenizer.eos_token_id
+    seqs = []
+    for r in rows:
+        start = len(tokenizer(r["prompt"], add_special_tokens=True)["input_ids"])
+        seqs += [([*tokenizer(r["prompt"] + lab, add_special_tokens=True)["input_ids"], eos], start)
+                 for lab in labels]
+    assert len({start for _, start in seqs}) > 1
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    whole = demo._scores_whole(model, seqs, len(labels), pad, 32)
+    cached = demo._scores_cached(model, seqs, len(labels), pad, 8)
+    assert torch.allclose(torch.tensor(cached), torch.tensor(whole), atol=1e-4)
+    called, real = [], demo._scores_cached
+    monkeypatch.setattr(demo, "_scores_cached", lambda *a: called.append(1) or real(*a))
+    answers = demo.classify(model, tokenizer, rows, labels)
+    best = [labels[max(range(4), key=lambda x: whole[4 * i + x])] for i in range(len(rows))]
+    assert called and answers == best
