@@ -36,7 +36,6 @@ SKIP = {
     "make test": "the whole suite, this test among it",
     "torchrun ": "two processes under torchrun: tests/test_distributed_cli.py runs derive under torchrun on two "
                  "CPU processes over gloo",
-    "leadline run --effort quick": "effort quick is being removed",
 }
 """A command, as the doc writes it, that starts with the key is not run, for the reason given."""
 

@@ -133,11 +133,11 @@ COVERED = {
 
 SKIP = {
     ("docs/distributed.md", "print(scale_out(plan).table())"):
-        "effort quick is being removed; derive_for under torchrun: tests/test_distributed_cli.py",
+        "derive_for under torchrun, every rank: tests/test_distributed_cli.py",
     ("docs/distributed.md", "ShardedGradFn(fsdp_model"):
         "an FSDP-sharded model in a job of several processes: tests/test_distributed_job.py",
     ("docs/distributed.md", "FullyShardedDataParallel(model"):
-        "effort quick is being removed; an FSDP-sharded model in a job: tests/test_distributed_job.py",
+        "an FSDP-sharded model in a job: tests/test_distributed_job.py",
 }
 """A block that cannot run on one CPU process in CI, and why."""
 
