@@ -204,6 +204,10 @@ def _scores_cached(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: i
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             first = torch.log_softmax(out.logits.float()[:, -1], dim=-1).repeat_interleave(k, dim=0)
             cache = getattr(out, "cache", None) or out.past_key_values  # transformers 5 renamed it
+            if isinstance(cache, tuple):  # transformers 4 hands back the legacy tuples
+                from transformers import DynamicCache
+
+                cache = DynamicCache.from_legacy_cache(cache)
             cache.batch_repeat_interleave(k)
             conts = [s[start:] for s, start in group]
             m = max(len(c) for c in conts)
