@@ -58,3 +58,22 @@ def test_every_install_in_the_makefile_goes_through_the_installer():
     installs = [line for line in recipe_lines if "$(INSTALL)" in line]
     assert len(installs) >= 4
     assert not [line for line in recipe_lines if re.search(r"pip install (?!-q uv)", line)]
+
+
+def test_where_uv_fails_the_same_install_runs_with_pip(install, tmp_path, monkeypatch, capsys):
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    (python.parent / "uv").write_text("")
+    monkeypatch.setattr(sys, "executable", str(python))
+    ran = []
+
+    def run(cmd, **kw):
+        ran.append(cmd)
+        return type("Done", (), {"stdout": "", "returncode": 2 if cmd[0].endswith("uv") else 0})()
+
+    monkeypatch.setattr(install.subprocess, "run", run)
+    assert install.main(["-e", ".[hf]"]) == 0
+    installs = [c for c in ran if "install" in c]
+    assert [c[0] for c in installs] == [str(python.parent / "uv"), str(python)]
+    assert installs[1][1:4] == ["-m", "pip", "install"] and installs[1][-2:] == ["-e", ".[hf]"]
+    assert "uv exited 2; installing the same with pip" in capsys.readouterr().err

@@ -73,8 +73,14 @@ def command(args: list[str], environ: dict[str, str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    cmd = command(list(sys.argv[1:] if argv is None else argv), dict(os.environ))
-    return subprocess.run(cmd).returncode
+    """Install; where uv fails, say so in one line and install the same with pip."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    cmd = command(args, dict(os.environ))
+    rc = subprocess.run(cmd).returncode
+    if rc != 0 and cmd[1:3] == ["pip", "install"]:
+        print(f"uv exited {rc}; installing the same with pip", file=sys.stderr)
+        rc = subprocess.run(command(args, {**os.environ, "UV": "0"})).returncode
+    return rc
 
 
 if __name__ == "__main__":
