@@ -150,6 +150,20 @@ def classify(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], labels:
     return [labels[max(range(k), key=lambda x: scores[k * i + x])] for i in range(len(rows))]
 
 
+def _padded(seqs: list[list[int]], pad: int, left: bool = False) -> tuple[Any, Any]:
+    """Token ids padded to the longest (on the right, or on the left) and their attention mask."""
+    import torch
+
+    n = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), n), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), n), dtype=torch.long)
+    for j, s in enumerate(seqs):
+        at = slice(n - len(s), n) if left else slice(0, len(s))
+        ids[j, at] = torch.tensor(s)
+        mask[j, at] = 1
+    return ids, mask
+
+
 def _scores_whole(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: int, batch: int) -> list[float]:
     """Each sequence's summed log-probability of its tokens from ``start`` on, read whole."""
     import torch
@@ -159,13 +173,7 @@ def _scores_whole(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: in
     with torch.no_grad():
         for i in range(0, len(seqs), batch):
             chunk = seqs[i:i + batch]
-            n = max(len(s) for s, _ in chunk)
-            ids = torch.full((len(chunk), n), pad, dtype=torch.long)
-            mask = torch.zeros((len(chunk), n), dtype=torch.long)
-            for j, (s, _) in enumerate(chunk):
-                ids[j, :len(s)] = torch.tensor(s)
-                mask[j, :len(s)] = 1
-            ids, mask = ids.to(device), mask.to(device)
+            ids, mask = (t.to(device) for t in _padded([s for s, _ in chunk], pad))
             logp = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float()[:, :-1], dim=-1)
             tok_lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
             scores.extend(float(tok_lp[j, start - 1:len(s) - 1].sum()) for j, (s, start) in enumerate(chunk))
@@ -192,14 +200,7 @@ def _scores_cached(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: i
     with torch.no_grad():
         for r0 in range(0, len(seqs) // k, rows_at_once):
             group = seqs[r0 * k:(r0 + rows_at_once) * k]
-            prompts = [s[:start] for s, start in group[::k]]
-            n = max(len(p) for p in prompts)
-            ids = torch.full((len(prompts), n), pad, dtype=torch.long)
-            mask = torch.zeros((len(prompts), n), dtype=torch.long)
-            for j, p in enumerate(prompts):
-                ids[j, n - len(p):] = torch.tensor(p)
-                mask[j, n - len(p):] = 1
-            ids, mask = ids.to(device), mask.to(device)
+            ids, mask = (t.to(device) for t in _padded([s[:start] for s, start in group[::k]], pad, left=True))
             positions = (mask.cumsum(-1) - 1).clamp(min=0)
             out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
             first = torch.log_softmax(out.logits.float()[:, -1], dim=-1).repeat_interleave(k, dim=0)
@@ -210,13 +211,8 @@ def _scores_cached(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: i
                 cache = DynamicCache.from_legacy_cache(cache)
             cache.batch_repeat_interleave(k)
             conts = [s[start:] for s, start in group]
-            m = max(len(c) for c in conts)
-            cids = torch.full((len(conts), m), pad, dtype=torch.long)
-            cmask = torch.zeros((len(conts), m), dtype=torch.long)
-            for j, c in enumerate(conts):
-                cids[j, :len(c)] = torch.tensor(c)
-                cmask[j, :len(c)] = 1
-            cids, cmask = cids.to(device), cmask.to(device)
+            cids, cmask = (t.to(device) for t in _padded(conts, pad))
+            m = cids.shape[1]
             full_mask = torch.cat([mask.repeat_interleave(k, dim=0), cmask], dim=1)
             cpos = positions[:, -1:].repeat_interleave(k, dim=0) + 1 + torch.arange(m, device=device)
             logits = model(input_ids=cids, attention_mask=full_mask, position_ids=cpos, use_cache=True,
