@@ -1,0 +1,50 @@
+"""benchmarks/determinism_probe.py: its rules D1-D3 on made-up units, and each arm's process as
+the script starts it (on the GPU it runs on the device)."""
+
+from __future__ import annotations
+
+import doctest
+import subprocess
+import sys
+
+import pytest
+
+from helpers import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def dp():
+    load_benchmark("scoreboard")
+    return load_benchmark("determinism_probe")
+
+
+def test_the_examples_run(dp):
+    result = doctest.testmod(dp)
+    assert result.attempted > 0 and result.failed == 0
+
+
+def _units(shas: dict[str, tuple[str, str]], walls: dict[str, float], exits: int = 0) -> dict:
+    return {f"{a}_{k}": {"exit": exits, "sha256": shas[a][k], "wall": walls[a]} for a in shas for k in (0, 1)}
+
+
+def test_a_deterministic_arm_over_the_cost_bar_or_a_failed_run_is_not_taken(dp):
+    shas = {"plain": ("x", "y"), "det_strict": ("z", "z"), "math_sdpa": ("m", "m")}
+    d = dp.decide(_units(shas, {"plain": 10.0, "det_strict": 11.5, "math_sdpa": 10.8}), list(shas))
+    assert d["plain"]["deterministic"] is False and d["det_strict"]["cost"] == 1.15
+    assert d["default"] == "math_sdpa"  # det_strict is deterministic but costs over 1.10x
+    d = dp.decide(_units(shas, {"plain": 10.0, "det_strict": 10.1, "math_sdpa": 10.1}, exits=1), list(shas))
+    assert d["default"] is None and not d["det_strict"]["deterministic"]  # exit 1: not finished
+
+
+def test_each_arm_runs_leadline_run_with_its_prelude(dp, tmp_path):
+    args = type("A", (), {"model": "m", "data": "d.jsonl", "seed": 0, "steps": 5})()
+    for arm in dp.PRELUDE:
+        cmd = dp.command(arm, args, tmp_path / arm)
+        assert cmd[cmd.index("run"):] == ["run", "--model", "m", "--data", "d.jsonl", "--seed", "0", "--steps", "5",
+                                          "--out", str(tmp_path / arm)]
+        compile(cmd[2], arm, "exec")  # the prelude and the entry point are Python that parses
+    probe = subprocess.run([sys.executable, "-c", dp.PRELUDE["det_strict"] + "print(torch.are_deterministic_algorithms_enabled())"],
+                           capture_output=True, text=True, check=True)
+    assert probe.stdout.strip() == "True"
+    subprocess.run([sys.executable, "-c", dp.PRELUDE["math_sdpa"] + "import torch.nn.functional as F; "
+                    "q = torch.ones(1, 1, 2, 4); F.scaled_dot_product_attention(q, q, q)"], check=True)
