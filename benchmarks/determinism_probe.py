@@ -63,6 +63,17 @@ def command(arm: str, args: argparse.Namespace, out: Path) -> list[str]:
             *(["--steps", str(args.steps)] if args.steps else []), "--out", str(out)]
 
 
+def guarded_rows(data_dir: Path, model: str, out: Path) -> Path:
+    """The guarded run's training rows (its :func:`guarded_run.build_task`), written to ``out``."""
+    import guarded_run
+    from leadline.hf import load_tokenizer
+
+    task = guarded_run.build_task(data_dir, load_tokenizer(model), 4000, 1, 256)
+    out.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["completion"]}) + "\n"
+                           for r in task["train"]))
+    return out
+
+
 def sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
@@ -91,7 +102,9 @@ def decide(units: dict[str, dict[str, Any]], arms: list[str]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="/tmp/smol_hf")
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", help="the training rows (prompt/completion JSONL)")
+    ap.add_argument("--data-dir", help="without --data: build the guarded run's rows from this folder "
+                    "(benchmarks/guarded_run.py: 4,000 Debian sections rows, descriptions cut to 256 tokens)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--arms", default="plain,det_warn,det_strict,math_sdpa")
@@ -104,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--arms {','.join(unknown)}: not an arm; pass some of {', '.join(PRELUDE)}")
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if not args.data:
+        if not args.data_dir:
+            raise SystemExit("--data or --data-dir: pass the training rows or the folder to build them from")
+        args.data = str(guarded_rows(Path(args.data_dir), args.model, work / "train.jsonl"))
     env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
     procs = {}
     for arm in arms:

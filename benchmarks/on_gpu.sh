@@ -44,7 +44,7 @@ command_for() {  # the command line of a benchmark name, or nothing when the nam
                         [[ $shape == 8b ]] && small=" --max-rows 16 --truth-steps 5 --resume --deadline 540"
                         echo "$PY benchmarks/hf_models_memory.py --shapes $shape --bases $base --cards $card --derive-seconds 120$small --out $OUT/hf_models_memory/${shape}_${base}_${card}gb.json" ;;
     guarded-run)        echo "$PY benchmarks/guarded_run.py $m $d --out benchmarks/results/guarded_run_debian_4000.json --parallel 4 --alone-seeds 0,1 --stop-after 300" ;;
-    determinism)        echo "$PY benchmarks/determinism_probe.py $m --data /tmp/guarded_run/train.jsonl --out $OUT/determinism_probe_h100/result.json" ;;  # after guarded-run wrote its rows
+    determinism)        echo "$PY benchmarks/determinism_probe.py $m $d --out $OUT/determinism_probe_h100/result.json" ;;
     sft-vs-train)       echo "$PY benchmarks/sft_vs_train_debian.py $m $d --out $OUT/sft_vs_train_debian.json" ;;
     memory-verdicts)    echo "$PY benchmarks/acceptance_memory.py --out $OUT/acceptance_memory.md" ;;
     memory-*)           # memory-MODE-CARDgb-seqLEN, e.g. memory-lora16-6gb-seq512

@@ -185,11 +185,13 @@ def test_the_threads_are_measured_and_put_back_after_an_error(capsys, monkeypatc
     torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_the_cached_judge_gives_the_whole_reads_sums_with_an_adapter_and_labels_of_several_tokens(tokenizer,
-                                                                                                   monkeypatch):
+                                                                                                   monkeypatch, device):
     """The prompt read once and its labels from the cache: the same log-probabilities as reading
     every prompt + label whole, on prompts of different lengths (padded on the left) and labels of
-    one and several tokens, through a LoRA adapter; classify takes that route for a transformers model."""
+    one and several tokens, through a LoRA adapter, on the CPU and on a GPU; classify takes that
+    route for a transformers model."""
     import torch
     from peft import LoraConfig, get_peft_model
 
@@ -197,7 +199,7 @@ def test_the_cached_judge_gives_the_whole_reads_sums_with_an_adapter_and_labels_
 
     torch.manual_seed(0)
     model = get_peft_model(make_model(vocab_size=len(tokenizer)),
-                           LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+                           LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False)).to(device)
     model.eval()
     rows = read_jsonl(DATA / "prompt_completion.jsonl")[:7]
     labels = [" games", " net", " science fiction and fantasy", " sound"]

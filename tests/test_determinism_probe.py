@@ -48,3 +48,21 @@ def test_each_arm_runs_leadline_run_with_its_prelude(dp, tmp_path):
     assert probe.stdout.strip() == "True"
     subprocess.run([sys.executable, "-c", dp.PRELUDE["math_sdpa"] + "import torch.nn.functional as F; "
                     "q = torch.ones(1, 1, 2, 4); F.scaled_dot_product_attention(q, q, q)"], check=True)
+
+
+def test_without_data_it_writes_the_guarded_runs_rows_from_the_data_folder(dp, tmp_path, monkeypatch, tokenizer):
+    """--data-dir: the Debian sections rows, each description cut to its first 256 tokens, then the question."""
+    import json
+
+    import leadline.hf
+
+    load_benchmark("guarded_run")
+    monkeypatch.setattr(leadline.hf, "load_tokenizer", lambda _model: tokenizer)
+    rows = [{"text": "word " * (400 if i == 0 else 3), "label": "net"} for i in range(5)]
+    for split in ("train", "test"):
+        (tmp_path / f"debian_sections_{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = dp.guarded_rows(tmp_path, "m", tmp_path / "train.jsonl")
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(written) == 5
+    assert all(r["completion"] == " net" and r["prompt"].endswith("\nSection:") for r in written)
+    assert len(written[0]["prompt"]) < len(rows[0]["text"]) and written[1]["prompt"].startswith("word word word")
