@@ -1496,8 +1496,8 @@ def aa_cell(kind: str, again: dict[str, Any] | None, first: dict[str, Any] | Non
         >>> aa_cell("classify", {"verdict": v, "dtype": ARM_DTYPE, "parallel": 3}, {"verdict": v, "dtype": ARM_DTYPE}, ["a", "b"])
         'identical (beside other processes)'
     """
-    if not again or not first or not same_precision(again, first):
-        return "–"
+    if not again or not first or not same_precision(again, first) or again.get("train_rows") != first.get("train_rows"):
+        return "–"  # two precisions, or two sets of rows: not one method run twice
     how = ("alone" if again.get("timed_alone") else "beside other processes" if int(again.get("parallel") or 1) > 1
            else "one process at a time")
     va, vb = again.get("verdict") or {}, first.get("verdict") or {}
@@ -1544,17 +1544,51 @@ def same_precision(*units: dict[str, Any]) -> bool:
     return all(u.get("dtype") == ARM_DTYPE for u in units)
 
 
+def as_users_compare(data: dict[str, Any]) -> bool:
+    """A board whose schedule-free arm trained on every row given (its unit records ``train_rows``):
+    the comparison a user makes. Boards from before that record gave every arm leadline's split.
+
+    Examples:
+        >>> as_users_compare({"units": {"schedulefree": {"train_rows": 2000}}}), as_users_compare({"units": {}})
+        (True, False)
+    """
+    return isinstance((data["units"].get("schedulefree") or {}).get("train_rows"), int)
+
+
+def board_row(data: dict[str, Any], tally: Counter) -> str:
+    """One board's row of :func:`boards_table`; its outcomes against the recipe and schedule-free
+    counted into ``tally``."""
+    arms = arms_of(data)
+    kind, gold = data["kind"], data.get("gold", [])
+    metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
+    cells = [seeds_value(data, seed_units(data["units"], name)) for name in BOARD_ARMS]
+    words = []
+    for other in ("recipe", "schedulefree"):
+        c = compare_seeds(kind, seed_units(data["units"], "leadline"), seed_units(data["units"], other), gold)
+        tally[(other, c["word"] if c else "–")] += 1
+        words.append(seeds_cell(c))
+    trained = " / ".join(rows_trained(arms.get(n)) for n in ("recipe", "schedulefree", "leadline"))
+    ratio = cost_ratio(arms.get("leadline"), arms.get("recipe"))
+    control = aa_cell(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold)
+    regime = data.get("regime") or "lora"
+    made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
+        f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
+    return (f"| {board_name(data)} | {metric} | " + " | ".join(cells)
+            + f" | {words[0]} | {words[1]} | {trained} | {ratio} | {control} | {made} |")
+
+
 def boards_table(paths: list[Path]) -> str:
     """One row a board (task x regime): each arm's test metric (over its seeds where it ran
     several), then the default arm ``leadline`` against the recipe and against schedule-free at its
     defaults decided on the seeds together (rule P; one seed: rules W and L) and C (a collapse at
     any seed), the rows each of the three trained on, leadline's cost as a ratio of the recipe's
-    where both were timed alone, and the A/A control."""
+    where both were timed alone, and the A/A control. The boards that compare as users do
+    (:func:`as_users_compare`) come first with their own tally; the earlier boards follow."""
     head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
             "| rows trained: recipe / schedulefree / leadline | leadline's cost / recipe's "
             "| A/A: schedulefree twice | the board's command |")
-    lines = [head, "|" + "---|" * (len(BOARD_ARMS) + 8)]
-    tally = Counter()
+    rule = "|" + "---|" * (len(BOARD_ARMS) + 8)
+    groups: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     mixed: list[str] = []  # boards whose arms trained or were judged at another precision than float32
     for path in paths:
         data = json.loads(path.read_text())
@@ -1563,36 +1597,28 @@ def boards_table(paths: list[Path]) -> str:
             continue  # a board of the earlier arms only (docs/results.md keeps it)
         if any(name in arms and not same_precision(arms[name]) for name in ("recipe", "schedulefree", "leadline")):
             mixed.append(board_name(data))
-        kind, gold = data["kind"], data.get("gold", [])
-        metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
-        cells = [seeds_value(data, seed_units(data["units"], name)) for name in BOARD_ARMS]
-        lead = arms.get("leadline")
-        words = []
-        for other in ("recipe", "schedulefree"):
-            c = compare_seeds(kind, seed_units(data["units"], "leadline"), seed_units(data["units"], other), gold)
-            tally[(other, c["word"] if c else "–")] += 1
-            words.append(seeds_cell(c))
-        trained = " / ".join(rows_trained(arms.get(n)) for n in ("recipe", "schedulefree", "leadline"))
-        ratio = cost_ratio(lead, arms.get("recipe"))
-        control = aa_cell(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold)
-        regime = data.get("regime") or "lora"
-        made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
-            f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
-        lines.append(f"| {board_name(data)} | {metric} | " + " | ".join(cells)
-                     + f" | {words[0]} | {words[1]} | {trained} | {ratio} | {control} | {made} |")
-    lines.append("")
+        groups[as_users_compare(data)].append(data)
+    lines: list[str] = []
+    for users, boards in ((True, groups[True]), (False, groups[False])):
+        if not boards:
+            continue
+        if lines:
+            lines.append("The earlier boards: every arm trained on leadline's split, at one seed.")
+            lines.append("")
+        tally: Counter = Counter()
+        lines += [head, rule, *(board_row(d, tally) for d in boards), ""]
+        lines.append(("On these boards, " if users else "On the earlier boards, ") + "leadline against the recipe: "
+                     + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
+                     + "; against schedule-free at its defaults: "
+                     + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")
+        lines.append("")
     if mixed:
-        which = "every board above" if len(mixed) == len(lines) - 3 else ", ".join(mixed)  # the header, the rule, ""
-        lines.append(f"Measured at mixed precision ({which}): their units written before the scoreboard "
+        lines.append(f"Measured at mixed precision ({', '.join(mixed)}): their units written before the scoreboard "
                      "gave every arm the command line's float32 trained the schedule-free, AlgoPerf and Prodigy arms "
                      "on a bfloat16 base (leadline and the recipe on float32) and judged every arm on a bfloat16 "
                      "base; their comparisons between those two groups carry that difference. Every other board "
                      "trained and judged every arm it compares in float32.")
         lines.append("")
-    lines.append("leadline against the recipe: " + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
-                 + "; against schedule-free at its defaults: "
-                 + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")
-    lines.append("")
     lines.append("A win or loss: " + RULES["P"] + ". Rows trained: " + RULES["T"] + ". The A/A control: "
                  + RULES["AA"] + ".")
     return "\n".join(lines)

@@ -254,3 +254,30 @@ def test_the_guarded_run_smoke_runs_every_unit_writes_as_it_goes_and_resumes(gr,
     assert gr.main(argv) == 0  # the same command again: every unit is there, none runs again
     again = json.loads(out.read_text())
     assert len(ran) == n and len(again["invocations"]) == 2 and again["units"].keys() == units.keys()
+
+
+def test_boards_that_compare_as_users_do_come_first_with_their_own_tally(sb, tmp_path):
+    """A board whose schedule-free arm trained on every row leads; one from before that record
+    (every arm on leadline's split) follows under its own line and tally; the A/A control pairs
+    only two runs on the same rows."""
+    gold = ["a", "b"] * 10
+
+    def unit(right: int, **kw: Any) -> dict[str, Any]:
+        preds = [g if i < right else "x" for i, g in enumerate(gold)]
+        return {"verdict": {"metric": "accuracy", "accuracy": right / 20, "predictions": preds,
+                            "top_answer_share": 0.5}, "dtype": sb.ARM_DTYPE, **kw}
+
+    def board(task: str, units: dict[str, Any]) -> Any:
+        path = tmp_path / f"scoreboard_{task}.json"
+        path.write_text(json.dumps({"task": task, "kind": "classify", "gold": gold, "units": units}))
+        return path
+
+    new = board("new", {"recipe": unit(20, train_rows=100), "schedulefree": unit(20, train_rows=100),
+                        "schedulefree_again": unit(10), "leadline": unit(2, train_rows=90)})
+    old = board("old", {"recipe": unit(2), "schedulefree": unit(2), "leadline": unit(20)})
+    text = sb.boards_table([old, new])
+    first, rest = text.split("The earlier boards")
+    assert "| new · lora |" in first and "| old · lora |" in rest
+    assert "On these boards, leadline against the recipe: 0 win, 0 tie, 1 loss" in first
+    assert "On the earlier boards, leadline against the recipe: 1 win, 0 tie, 0 loss" in rest
+    assert first.splitlines()[2].split(" | ")[-2] == "–"  # the A/A pair trained on different rows

@@ -118,7 +118,7 @@ def test_a_run_after_the_measurement_phases_is_the_run_from_a_fresh_start_on_the
             p.copy_(s)
     opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
     fs = measure_first_step(params, opt, train_step, held)
-    lookahead_lr(params, opt, train_step, held, fs, total_steps=24, effort="full")
+    lookahead_lr(params, opt, train_step, held, fs, total_steps=24)
     assert not opt.state and all(torch.equal(p, s) for p, s in zip(params, start))
     after = run(opt, 2e-3, 1e-3)
     worst = max(float((a - b).abs().max()) for a, b in zip(after, fresh))
