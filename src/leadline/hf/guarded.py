@@ -1,8 +1,8 @@
 """The guard of ``leadline run`` inside Hugging Face ``Trainer``, over schedule-free AdamW.
 
 :class:`TrainerGuard` carries out :mod:`leadline.rate.guard`'s rules at the events
-:class:`~leadline.hf.callback.LeadlineCallback` hands it, with the pieces of ``leadline run``'s own
-loop (:mod:`leadline.run.loop`):
+:class:`~leadline.hf.callback.LeadlineCallback` hands it, through the same :class:`~leadline.rate.watch.Watch`
+that ``leadline run``'s loop uses (one implementation of check-and-rollback):
 
 - **the start** (``begin``, at ``on_train_begin``): every held-out row read at Trainer's starting
   weights, the start's copy taken (its weights and the fresh optimizer), and the checks planned
@@ -10,7 +10,7 @@ loop (:mod:`leadline.run.loop`):
   :func:`~leadline.rate.guard.check_steps`): the same checks at the same spacing as ``leadline run``;
 - **a check** (``after_step``, at ``on_step_end`` of a check step): the first ``rows`` held-out
   rows read at the averaged weights (``optimizer.eval()``), the training weights put back bit for
-  bit (:func:`~leadline.run.loop.read_averaged`), then what the guard says: a new best's copy
+  bit (:func:`~leadline.rate.watch.read_averaged`), then what the guard says: a new best's copy
   kept; a rollback (the best check's weights and optimizer state, schedule-free's step count and
   weight sum among them, put back, and the rate lowered in the optimizer *and* in Trainer's
   ``lr_scheduler``, so the rate Trainer logs is the rate used); a stop
@@ -36,14 +36,12 @@ whose copies would take over half the available host memory runs without the gua
 
 from __future__ import annotations
 
-import math
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from leadline.plan import Value
-from leadline.rate.guard import MAX_ROLLBACKS, SPIKE_WINDOW, Guard, Step, check_plan, check_steps, outcome, spiked
-from leadline.run.loop import StateCopy, read_averaged
+from leadline.rate.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps, outcome
+from leadline.rate.watch import StateCopy, Watch
 
 STATE_FACTOR = 3
 """A copy with its optimizer state, in copies of the trained tensors: the tensors, and schedule-free
@@ -82,30 +80,34 @@ class TrainerGuard:
                  max_rollbacks: int | None = MAX_ROLLBACKS) -> None:
         self.read_all, self.subset_of, self.max_rollbacks = read_all, subset_of, max_rollbacks
         self.guard: Guard | None = None
-        self.kept: dict[int, StateCopy] = {}
+        self.watcher: Watch | None = None
         self.checks_at: list[int] = []
         self.rows = 0
         self.total = 0
         self.before: list[float] = []
         self.after: list[float] | None = None
         self.outcome: str | None = None
-        self.stopped_at: int | None = None
         self.finished = False
-        self._recent: deque[float] = deque(maxlen=SPIKE_WINDOW)
-        self._called = False  # a check called by the watch since the last scheduled one
-        self._due: str | None = None  # what the watch saw: "spike" or "diverged", acted on at the next step's end
-        self._spare: StateCopy | None = None
 
     @property
     def checks(self) -> list[dict[str, Any]]:
         """The guard's records: the start, each check, rollback or stop, and the end."""
         return [] if self.guard is None else self.guard.records
 
+    @property
+    def kept(self) -> dict[int, StateCopy]:
+        """The kept checks' copies (the start's and the latest bests')."""
+        return {} if self.watcher is None else self.watcher.kept
+
+    @property
+    def stopped_at(self) -> int | None:
+        return None if self.watcher is None else self.watcher.stopped_at
+
     def begin(self, model: Any, params: Sequence[Any], opt: Any, scheduler: Any, *, total: int,
               rows_per_step: int) -> None:
         """The start read on every held-out row, its copy taken, the checks planned (the module docstring)."""
         self.model, self.params, self.opt, self.scheduler, self.total = model, list(params), opt, scheduler, total
-        self.kept = {0: StateCopy.take(self.params, opt)}
+        start_copy = StateCopy.take(self.params, opt)
         was = model.training
         model.eval()
         try:
@@ -117,64 +119,25 @@ class TrainerGuard:
         self.checks_at = [s for s in planned if s < total]  # the end is read on every row instead
         rate = float(opt.param_groups[0]["lr"])
         self.guard = Guard(rate=rate, looks=max(1, len(planned)), max_rollbacks=self.max_rollbacks)
-        self.guard.start(0, self.before[:self.rows])
         rows = self.rows
-        self.read = (self.subset_of(rows) if self.subset_of is not None
-                     else lambda: [float(x) for x in self.read_all()][:rows])
+        read = (self.subset_of(rows) if self.subset_of is not None
+                else lambda: [float(x) for x in self.read_all()][:rows])
+        self.watcher = Watch(self.guard, self.params, opt, read, model=model, checks=self.checks_at,
+                             set_rate=self.set_rate)
+        self.watcher.start(0, self.before[:rows], copy=start_copy)
 
     def watch(self, loss: float) -> None:
         """A loss Trainer logged: a spike or a non-finite loss is acted on at the next step's end."""
-        if self.guard is None or self.finished:
-            return
-        if not math.isfinite(loss):
-            self._due = "diverged"
-            return
-        if not self._called and spiked(loss, self._recent):
-            self._due = "spike"
-        self._recent.append(loss)
+        if self.watcher is not None and not self.finished:
+            self.watcher.see(loss)
 
     def after_step(self, step: int, control: Any) -> None:
-        """A step's end: a check where one is scheduled or the watch called one, what the guard says carried out."""
-        if self.guard is None or self.finished:
+        """A step's end: a check where one is scheduled or the watch called one, what the guard says carried out;
+        a stop ends the run there."""
+        if self.watcher is None or self.finished:
             return
-        due, self._due = self._due, None
-        if due == "diverged":
-            said = self.guard.diverged(step)
-        elif step in self.checks_at or due == "spike":
-            spike = due == "spike" and step not in self.checks_at
-            self._called = spike
-            losses = read_averaged(self.opt, self.model, self.params, self.read, self._spare_copy())
-            said = self.guard.check(step, losses, why="step loss spike" if spike else "scheduled")
-        else:
-            return
-        self._carry_out(said, step, control)
-
-    def _spare_copy(self) -> StateCopy:
-        if self._spare is None:
-            self._spare = StateCopy.take(self.params, self.opt)
-        return self._spare
-
-    def _carry_out(self, said: Step, step: int, control: Any) -> None:
-        """Keep a new best's copy, or put a kept check back at the guard's rate; a stop ends the run."""
-        if said.action == "best":
-            reuse = self.kept.pop(said.dropped) if said.dropped is not None else None
-            if reuse is not None:
-                reuse.save(self.params, self.opt)
-                self.kept[step] = reuse
-            else:
-                self.kept[step] = StateCopy.take(self.params, self.opt)
-            return
-        if said.action not in ("rollback", "stop"):
-            return
-        assert said.to_step is not None
-        for k in [k for k in self.kept if k > said.to_step]:
-            del self.kept[k]
-        self.kept[said.to_step].load(self.params, self.opt)
-        self._recent.clear()
-        if said.lr is not None:
-            self.set_rate(said.lr)
-        if said.action == "stop":
-            self.stopped_at = step
+        said = self.watcher.after_step(step)
+        if said is not None and said.action == "stop":
             control.should_training_stop = True
             self.end(step)
 
@@ -197,19 +160,10 @@ class TrainerGuard:
     def end(self, step: int) -> None:
         """The run's end decided, the kept model read on every held-out row, the start put back where it
         is no better (the module docstring)."""
-        if self.guard is None or self.finished:
+        if self.watcher is None or self.finished:
             return
         self.finished = True
-        spare = self._spare_copy()
-        if self.stopped_at is None:
-            losses = read_averaged(self.opt, self.model, self.params, self.read_all, spare)
-            if self.guard.finish(step, losses[:self.rows]).action == "restore":
-                self.kept[self.guard.best_step].load(self.params, self.opt)
-                losses = read_averaged(self.opt, self.model, self.params, self.read_all, spare)
-        else:
-            self.guard.finish(step, [])
-            losses = read_averaged(self.opt, self.model, self.params, self.read_all, spare)
-        self.after = [float(x) for x in losses]
+        self.after = self.watcher.end(step, self.read_all)
         self.outcome = outcome(self.before, self.after)
         if self.outcome == "no_better_than_start":
             self.kept[0].load(self.params, self.opt)  # the start's weights are the result

@@ -26,7 +26,8 @@ from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
 from leadline.rate.guard import Guard, check_plan, check_steps, outcome
 from leadline.rate.opening import DECIDE_SHARE, climb, collapsed, horizon, opening_rates
-from leadline.run.loop import StateCopy, guarded_steps, read_averaged
+from leadline.rate.watch import StateCopy, Watch
+from leadline.run.loop import guarded_steps
 from leadline.run.opening import Opening, optimizer
 from leadline.run.result import Reading, RunCost, RunResult
 
@@ -267,59 +268,42 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
     read = lambda: row_losses(task.model, subset, None, task.device, pad_id=task.pad_id)  # noqa: E731
     at = check_steps(job.steps, start, n_checks)
     guard = Guard(rate=opened.lr, looks=max(1, len(at) + (1 if start else 0)), incumbent=opened.incumbent)
-    guard.start(0, opened.start_losses[:rows])
-    kept = {0: opened.start_copy}
+    watch = Watch(guard, params, opt, read, model=task.model, checks=[s for s in at if s < job.steps])
+    watch.start(0, opened.start_losses[:rows], copy=opened.start_copy)
     t = time.perf_counter()
     task.model.train()
     if start and opened.winner_losses is not None:  # the race's winner is the first check
-        from leadline.run.loop import Looped, _carry_out
-
-        said = guard.check(start, opened.winner_losses[:rows], why="the opening race's winner")
-        spare = StateCopy.take(params, opt)
-        _carry_out(said, opt, params, kept, spare, start, [1.0] * len(opt.param_groups), Looped())
-    curve: list[dict[str, Any]] = []
-    done = guarded_steps(opt, task.model, params, job.step, read, range(start, job.steps), guard,
-                         [s for s in at if s < job.steps], kept,
-                         lambda r: (curve.append(r), on_step and on_step(r)))
-    end = _end(job, opened, guard, kept, done.stopped_at)
+        watch.check(start, opened.winner_losses[:rows], why="the opening race's winner")
+    done = guarded_steps(opt, job.step, range(start, job.steps), watch=watch, on_step=on_step)
+    check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
+    end = _end(job, opened, watch)
     run_seconds = time.perf_counter() - t
     cost = RunCost(kept_steps=opened.kept_steps, overhead_steps=opened.overhead_steps, run_steps=job.steps,
-                   held_out_reads=opened.reads, check_reads=done.reads + 1, check_rows=rows,
-                   check_seconds=done.read_seconds + done.copy_seconds,
+                   held_out_reads=opened.reads, check_reads=check_reads + 1, check_rows=rows,
+                   check_seconds=check_seconds,
                    steps_not_run=(job.steps - done.stopped_at) if done.stopped_at else 0)
     result = RunResult(job.steps, job.micro_batch, job.rows_per_step // job.micro_batch, guard.rate,
-                       len(task.split.train), 0, curve=curve, checks=guard.records, cost=cost,
+                       len(task.split.train), 0, curve=done.curve, checks=guard.records, cost=cost,
                        held_out_before=Reading.of(opened.start_losses), held_out_after=end["after"],
                        outcome=end["outcome"], kept_step=guard.kept_step)
-    result.seconds.update(steps_seconds=run_seconds - done.read_seconds - done.copy_seconds - end["seconds"],
-                          check_seconds=done.read_seconds + done.copy_seconds, verdict_seconds=end["seconds"])
+    result.seconds.update(steps_seconds=run_seconds - check_seconds - end["seconds"],
+                          check_seconds=check_seconds, verdict_seconds=end["seconds"])
     return result
 
 
-def _end(job: _Job, opened: _Opened, guard: Guard, kept: dict[int, StateCopy], stopped: int | None) -> dict[str, Any]:
+def _end(job: _Job, opened: _Opened, watch: Watch) -> dict[str, Any]:
     """The end decided (kept, or the best check put back), the kept model read on every held-out
     row, its answers checked for a collapse, and the start put back where it is no better."""
     task, params, opt = job.task, job.params, opened.opt
     t = time.perf_counter()
-    read_all = task.held_out_losses()
-    rows = len(guard.chain[0][1])
-    spare = StateCopy.take(params, opt)
-    if stopped is None:
-        losses = read_averaged(opt, task.model, params, read_all, spare)
-        said = guard.finish(job.steps, losses[:rows])
-        if said.action == "restore":
-            kept[guard.best_step].load(params, opt)
-            losses = read_averaged(opt, task.model, params, read_all, spare)
-    else:
-        guard.finish(job.steps, [])
-        losses = read_averaged(opt, task.model, params, read_all, spare)
+    losses = watch.end(job.steps, task.held_out_losses())
     if hasattr(opt, "eval"):
         opt.eval()  # the averaged weights: the model
     task.model.eval()
     improved = outcome(opened.start_losses, losses) == "improved"
     result = outcome(opened.start_losses, losses, improved and _collapsed(opened, task))
     if result == "no_better_than_start":
-        kept[0].load(params, opt)  # the start's weights are the result
+        watch.kept[0].load(params, opt)  # the start's weights are the result
         losses = list(opened.start_losses)
     return {"after": Reading.of(losses), "outcome": result, "seconds": time.perf_counter() - t}
 
