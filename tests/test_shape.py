@@ -169,3 +169,38 @@ def test_no_public_function_of_the_run_returns_an_untyped_dict():
 def test_the_untyped_dict_check_tells_a_dict_from_a_type():
     assert all(UNTYPED.match(a) for a in ("dict[str, Any]", "dict", "dict[str, Any] | None", "Dict[str, Any]"))
     assert not any(UNTYPED.match(a) for a in ("RunResult", "dict[str, int | float]", "tuple[Plan, RunResult]"))
+
+
+TRAINING_LOOP = "run/loop.py"
+"""The one loop that trains: ``leadline run``, a plan through ``train_with_plan`` (the look-ahead's
+or the recipe's) and the opening race's candidates all step through it."""
+MEASURING_LOOPS = {
+    "rate/first_step.py": "the first step's size along Adam's own update, put back after",
+    "rate/state.py": "run_steps: the look-ahead's branches and the burn-in, measured and put back",
+    "noise/past_format.py": "the noise read past the format's steps, put back after",
+    "memory/step.py": "the timed steps of the memory ramp",
+    "cli/demo.py": "the demo's schedule-free arm, trained as a user's script trains it (the comparison)",
+}
+"""Loops that step an optimizer to measure, or to train a comparison arm, and are not the run."""
+
+
+def _optimizer_steps(source: str) -> int:
+    """Calls of ``<optimizer>.step()`` in code (docstrings and comments not counted)."""
+    return sum(1 for node in ast.walk(ast.parse(source))
+               if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step"
+               and not node.args and isinstance(node.func.value, ast.Name)
+               and node.func.value.id in ("opt", "optimizer", "fresh"))
+
+
+def test_one_loop_trains_and_the_others_only_measure():
+    stepping = {str(p.relative_to(SRC)) for p in SRC.rglob("*.py") if _optimizer_steps(p.read_text(encoding="utf-8"))}
+    assert TRAINING_LOOP in stepping
+    others = stepping - {TRAINING_LOOP}
+    assert others <= set(MEASURING_LOOPS), f"optimizer steps outside the run's loop: {sorted(others - set(MEASURING_LOOPS))}"
+    gone = set(MEASURING_LOOPS) - stepping
+    assert not gone, f"no longer stepping an optimizer (drop from MEASURING_LOOPS): {sorted(gone)}"
+
+
+def test_the_step_count_finds_a_call_and_ignores_a_docstring():
+    assert _optimizer_steps('def f(opt):\n    """opt.step()"""\n    opt.step()\n') == 1
+    assert _optimizer_steps('def f(opt):\n    """>>> opt.step()"""\n    return opt\n') == 0

@@ -119,6 +119,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.memory import forbid_spill
     from leadline.rate import LookaheadSchedule, lookahead_from
     from leadline.rate.schedule import ending_steps_for
+    from leadline.run.loop import guarded_steps
     from leadline.run.task import trained_named_weights
 
     refuse_quick_plan(plan)
@@ -142,7 +143,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         steps = max(1, len(task.order) // (int(plan.micro_batch) * accum))
     linear = plan.get("ending") == "linear"
     schedule = schedule and not linear
-    recipe_rate = _recipe_rate(plan, steps) if linear else None
+    recipe_rate = _recipe_rate(plan, steps, opt) if linear else None
     held = task.held_out_losses() if task.split.held_out else None  # a recipe on every row reads none
     ending_steps = ending_steps_for(ending_share, steps)
     run_state, continued = _continuation(state, plan, data, task, params, accum, steps, schedule=schedule,
@@ -157,7 +158,13 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     t0 = time.monotonic()
     with forbid_spill(task.device):
         start = _continue(run_state, sched, params, opt)
-        curve = _steps(range(start, steps), opt, train_step, sched, recipe_rate, t0, on_step)
+        rate_of_step = sched.before if sched is not None else recipe_rate
+        done = guarded_steps(opt, train_step, range(start, steps), watch=sched.watch if sched is not None else None,
+                             before=rate_of_step, on_step=on_step)
+        if done.diverged_at is not None:
+            raise InputError(f"the training loss became non-finite at step {done.diverged_at}; the rate "
+                             f"{opt.param_groups[0]['lr']:.3g} is too high for these rows")
+        curve = done.curve
         ending = sched.finish() if sched is not None else None
     opt.zero_grad(set_to_none=True)
     after = _test_losses(task)
@@ -207,11 +214,15 @@ def _data_notes(profile: Any) -> list[str]:
     return data_notes(profile)
 
 
-def _recipe_rate(plan: Plan, steps: int) -> Callable[[int], float]:
-    """The recipe plan's rate at each step: warmup from 0 over ``warmup_ratio`` of the steps, then
-    linear decay to zero (:func:`linear_lr`)."""
+def _recipe_rate(plan: Plan, steps: int, opt: Any) -> Callable[[int], None]:
+    """Sets the recipe plan's rate for each step: warmup from 0 over ``warmup_ratio`` of the steps,
+    then linear decay to zero (:func:`linear_lr`)."""
     warmup = max(1, math.ceil(float(plan.get("warmup_ratio", 0.0)) * steps)) if plan.get("warmup_ratio") else 0
-    return lambda step: linear_lr(step, float(plan.lr), warmup, steps)
+
+    def set_rate(step: int) -> None:
+        for g in opt.param_groups:
+            g["lr"] = linear_lr(step, float(plan.lr), warmup, steps)
+    return set_rate
 
 
 def _checked_steps(plan: Plan, total_steps: int | None) -> int:
@@ -257,32 +268,6 @@ def _continue(run_state: Any, sched: Any, params: list[Any], opt: Any) -> int:
     if sched is not None:
         sched.continue_at(run_state.steps)
     return int(run_state.steps)
-
-
-def _steps(steps: range, opt: Any, train_step: Callable[[int], Any], sched: Any,
-           rate_at: Callable[[int], float] | None, t0: float,
-           on_step: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
-    """The run's optimizer steps, each rate set by the schedule (or ``rate_at``, the recipe's);
-    returns the curve."""
-    curve: list[dict[str, Any]] = []
-    for step in steps:
-        if sched is not None:
-            sched.before(step)
-        elif rate_at is not None:
-            for g in opt.param_groups:
-                g["lr"] = rate_at(step)
-        opt.zero_grad(set_to_none=True)
-        loss = train_step(step)
-        if not math.isfinite(loss):
-            rate = opt.param_groups[0]["lr"]
-            raise InputError(f"the training loss became {loss} at step {step}; the rate {rate:.3g} is too high for "
-                             "these rows")
-        opt.step()
-        rec = {"step": step, "loss": loss, "lr": float(opt.param_groups[0]["lr"]), "seconds": time.monotonic() - t0}
-        curve.append(rec)
-        if on_step is not None:
-            on_step(rec)
-    return curve
 
 
 def _add_test_verdict(result: dict[str, Any], before: Any, after: Any) -> None:

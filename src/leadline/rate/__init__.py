@@ -5,14 +5,17 @@ default effort): :func:`leadline.run.run_in_one` races schedule-free AdamW's rat
 own opening steps and keeps the winner's steps, by the pure rules of :mod:`leadline.rate.opening`
 (the candidates, the horizon, the climb, collapse); the run then goes on under the guard
 (:mod:`leadline.rate.guard`: checks on held-out rows, the best check put back and the rate halved
-on a worsening). What follows is derive()'s ``full`` effort (the look-ahead) and what it rests on:
+on a worsening; :mod:`leadline.rate.watch` carries it out on the live tensors, for every loop:
+:mod:`leadline.run.loop`, the LookaheadSchedule's step hook, the guard inside Trainer). What
+follows is derive()'s ``full`` effort (the look-ahead) and what it rests on:
 
 - :func:`measure_first_step` -> :class:`FirstStep`: alpha1, the first safe step along Adam's
   own first update on held-out rows.
 - :func:`lookahead_lr` -> :class:`Lookahead`: the rate by running the real optimizer ahead at
   alpha1 x 2^j, with a paired sequential test per comparison.
-- :class:`LookaheadSchedule` with :func:`lookahead_from`: the run checked every horizon,
-  rolled back and halved on a significant worsening, the ending decided at the end.
+- :class:`LookaheadSchedule` with :func:`lookahead_from`: the plan's rate at each step, its
+  checks every horizon carried out by the guard's :class:`~leadline.rate.watch.Watch` (rolled
+  back and halved on a significant worsening), the ending decided at the end.
 - :func:`anchor_rate` (:mod:`leadline.rate.anchor`): the rewrite scale and the constant divisors, used only where
   nothing could be run; :mod:`leadline.rate.warmup`: warmup from alpha1, weight decay 0.
 

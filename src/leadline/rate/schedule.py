@@ -62,6 +62,7 @@ from leadline.errors import InputError
 from leadline.plan import Plan, Value
 from leadline.rate.guard import Guard, Step
 from leadline.rate.warmup import linear_decay_lr, warmup_lr
+from leadline.rate.watch import Watch
 
 ENDINGS = ("raced", "to_zero")
 
@@ -295,7 +296,8 @@ class LookaheadSchedule:
         self.max_looks = max(1, total_steps // self.h)
         # the decision rule: the guard's; the schedule carries out what it says
         self.guard = Guard(rate=config.lr, looks=self.max_looks, keep=keep_checks, max_rollbacks=None, alpha=alpha)
-        self.snapshots: dict[int, Any] = {}  # each kept check's step: its Snapshot
+        # the guard's word carried out (copies, rollbacks) as in every guarded loop; no spike watch
+        self.watch = Watch(self.guard, self.params, opt, self._read, spikes=False, place=place, on_said=self._said)
         self.warm_from = 0
         self.ratios = group_ratios(opt)
         self.rows: int | None = None
@@ -344,7 +346,10 @@ class LookaheadSchedule:
                              f"{self.last_step}")
         self.last_step = step
         if step % self.h == 0 and (step == 0 or step >= self.config.taken_steps):
-            self._check(step)
+            if self.watch.kept:
+                self.watch.check(step)
+            else:
+                self.watch.start(step)
         if self.config.ending == "raced" and step > 0 and len(self.copies) < len(self.ending_lens):
             from leadline.rate._run import EndingCopy
 
@@ -372,33 +377,26 @@ class LookaheadSchedule:
         if self.on_check is not None:
             self.on_check(row)
 
-    def _check(self, step: int) -> None:
-        """The guard reads the check; the schedule keeps a copy (a best) or puts one back (a rollback)."""
-        from leadline.rate.state import Snapshot
+    @property
+    def snapshots(self) -> dict[int, Any]:
+        """Each kept check's step: its copy (the start's and the latest bests'; none once finished)."""
+        return self.watch.kept
 
-        losses = self._read()
-        said = self.guard.check(step, losses) if self.snapshots else self.guard.start(step, losses)
+    def _said(self, step: int, said: Step) -> None:
+        """The check's row for what the guard said; a rollback to a fresh optimizer restarts the warmup."""
         if said.action in ("start", "best"):
-            if said.dropped is not None:  # the dropped check's copy holds this one
-                snap = self.snapshots.pop(said.dropped)
-                snap.save(self.params, self.opt)
-            else:
-                snap = Snapshot.take(self.params, self.opt, place=self.place)
-            self.snapshots[step] = snap
             self._record(step, "best")
         elif said.action == "rollback":
-            self._put_back(said)
-            if not any(self.snapshots[said.to_step].opt_state):  # the start: a fresh optimizer
+            assert said.to_step is not None
+            if self.watch.kept[said.to_step].fresh:  # the start: a fresh optimizer
                 self.warm_from = step
             self._record(step, "rollback", to_step=said.to_step, further_back=said.further_back)
+        elif said.action == "restore":
+            self._record(step, "rollback", to_step=said.to_step, final=True)
+        elif said.action == "final":
+            self._record(step, "final")
         else:
             self._record(step, "keep")
-
-    def _put_back(self, said: Step) -> None:
-        """The guard's target check back in the run; the copies of the checks it dropped freed."""
-        kept = {s for s, _ in self.guard.chain}
-        self.snapshots = {s: snap for s, snap in self.snapshots.items() if s in kept}
-        self.snapshots[said.to_step].load(self.params, self.opt, rng=False)
 
     # ---- the end ---------------------------------------------------------------------
     def finish(self) -> dict[str, Any]:
@@ -424,15 +422,11 @@ class LookaheadSchedule:
             self.ending = {"kept": "constant",
                            "why": f"no copy: the run ({self.total_steps} steps) is not longer than its raced ending "
                                   f"({self.ending_len} steps)"}
-        if self.snapshots:  # the guard's final check: the end kept unless significantly worse than the best
-            said = self.guard.finish(self.total_steps, losses)
-            if said.action == "restore":
-                self._put_back(said)
-                self._record(self.total_steps, "rollback", to_step=said.to_step, final=True)
-            else:
-                self._record(self.total_steps, "final")
+        if self.watch.kept:  # the guard's final check: the end kept unless significantly worse than the best
+            self.watch.finish(self.total_steps, losses)
         self.finished = True
-        self.snapshots, self.copies = {}, []  # the snapshots go; the checks' record stays
+        self.watch.kept.clear()  # the copies go; the checks' record stays
+        self.copies = []
         return self.ending
 
     def _rows(self) -> int:

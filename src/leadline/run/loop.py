@@ -5,7 +5,8 @@ Every run trains through :func:`guarded_steps`: ``leadline run`` (schedule-free 
 decided rate under :class:`leadline.rate.watch.Watch`), a look-ahead plan through
 :func:`leadline.train.train_with_plan` (the LookaheadSchedule's ``before`` setting each step's
 rate and taking its checks, its Watch catching a non-finite loss) and the recipe (its warmup and
-linear decay as ``before``, no guard: a non-finite loss ends it in one sentence). The checks,
+linear decay as ``before``, no guard: a non-finite loss ends the loop, and the caller says why), and the
+opening race's candidates (:mod:`leadline.run.opening`, no guard either). The checks,
 copies and rollbacks are the Watch's (:mod:`leadline.rate.watch`), one implementation for every
 loop.
 """
@@ -18,25 +19,27 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from leadline.errors import InputError
-
 
 @dataclass
 class Looped:
-    """What the loop did: the steps taken, the curve, where the guard stopped it."""
+    """What the loop did: the steps taken, the curve, where the guard stopped it, and the step whose
+    loss was not finite where no guard was there to roll it back (that step not taken)."""
 
     steps: int = 0
     curve: list[dict[str, Any]] = field(default_factory=list)
     stopped_at: int | None = None
+    diverged_at: int | None = None
 
 
 def guarded_steps(opt: Any, step: Callable[[int], float], todo: range, *, watch: Any = None,
                   before: Callable[[int], None] | None = None,
-                  on_step: Callable[[dict[str, Any]], Any] | None = None) -> Looped:
+                  on_step: Callable[[dict[str, Any]], Any] | None = None, t0: float | None = None) -> Looped:
     """Take the steps ``todo``: ``before(s)`` (a schedule's rate and checks) then ``step(s)`` (the
     forward and backward, returning the loss) and the optimizer's step; the ``watch``
-    (:class:`leadline.rate.watch.Watch`) sees each loss and acts at each step's end. Ends with the
-    training weights of the last step taken (or of the check the guard stopped at).
+    (:class:`leadline.rate.watch.Watch`) sees each loss and acts at each step's end; without one,
+    a non-finite loss ends the loop there (``diverged_at``). Ends with the training weights of the
+    last step taken (or of the check the guard stopped at). ``t0``: the clock the curve's seconds
+    count from (default: the loop's start).
 
     Examples:
         A weight trained toward 1 at a rate a schedule halves after step 2, no guard:
@@ -52,7 +55,7 @@ def guarded_steps(opt: Any, step: Callable[[int], float], todo: range, *, watch:
         >>> done.steps, [r["lr"] for r in done.curve], round(w.item(), 4)
         (4, [0.5, 0.5, 0.25, 0.25], 1.0)
     """
-    done, t0 = Looped(), time.monotonic()
+    done, t0 = Looped(), time.monotonic() if t0 is None else t0
     for s in todo:
         if before is not None:
             before(s)
@@ -61,9 +64,8 @@ def guarded_steps(opt: Any, step: Callable[[int], float], todo: range, *, watch:
         if not math.isfinite(loss):
             opt.zero_grad(set_to_none=True)
             if watch is None:
-                rate = opt.param_groups[0]["lr"]
-                raise InputError(f"the training loss became {loss} at step {s}; the rate {rate:.3g} is too high "
-                                 "for these rows")
+                done.diverged_at = s
+                return done
             said = watch.diverged(s)
         else:
             opt.step()

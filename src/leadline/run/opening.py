@@ -116,17 +116,10 @@ def first_scored(row: Any) -> int:
 
 def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
                 on_step: Callable[[dict[str, Any]], None] | None = None, t0: float | None = None) -> bool:
-    """The optimizer steps ``steps``; False at the first non-finite loss (the step not taken)."""
-    for s in steps:
-        opt.zero_grad(set_to_none=True)
-        loss = step(s)
-        if not math.isfinite(loss):
-            opt.zero_grad(set_to_none=True)
-            return False
-        opt.step()
-        if on_step is not None:
-            on_step({"step": s, "loss": loss, "lr": float(opt.param_groups[0]["lr"]),
-                     "seconds": time.monotonic() - (t0 or 0.0)})
-    return True
+    """The optimizer steps ``steps`` through the run's one loop (no guard: the race reads its own);
+    False at the first non-finite loss (the step not taken)."""
+    from leadline.run.loop import guarded_steps
+
+    return guarded_steps(opt, step, steps, on_step=on_step, t0=t0 or 0.0).diverged_at is None
 
 
