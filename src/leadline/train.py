@@ -93,7 +93,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,
                     ending: Literal["raced", "to_zero"] = "raced",
-                    ending_share: float | None = None) -> dict[str, Any]:
+                    ending_share: float | None = None, record: dict[str, float] | None = None) -> dict[str, Any]:
     """Train ``model`` on ``data`` with ``plan`` and return the curve and the test verdict.
 
     The rows are split as derive() split them (the plan's seed); the schedule checks on the
@@ -113,6 +113,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     decaying and keeps the best ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
     under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
     share of the run's steps the raced ending reruns, one length alone (default: the last half and 2h).
+    ``record``: the caller's seconds (the load's, the derive's) put into ``run.json`` beside this
+    call's own ``train_seconds``, so the file is written once with the whole cost in it (a race
+    plan's run writes its own seconds: :func:`leadline.run.run_in_one`).
     """
     import torch
 
@@ -123,6 +126,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     from leadline.run.task import trained_named_weights
 
     refuse_quick_plan(plan)
+    t_call = time.perf_counter()
     if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
         return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
                                 on_step=on_step, ending=ending, ending_share=ending_share)
@@ -175,6 +179,9 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
         "continued": continued, "test_rows": len(task.split.test), "data_notes": _data_notes(profile),
     }
     _add_test_verdict(result, before, after)
+    if record is not None:
+        result.update({k: round(v, 3) for k, v in record.items()})
+        result["train_seconds"] = round(time.perf_counter() - t_call, 3)
     if out_dir is not None:
         _save(model, Path(out_dir), result)
     return result

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
 
 from leadline.cli._common import add_model_arguments
 from leadline.cli.derive import add_html_argument, add_plan_arguments
@@ -133,9 +132,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         t_train = time.perf_counter()
         # the model derive measured, as derive_for left it: the weights a fresh load gives
         res = train_with_plan(model, tok, args.data, plan, out_dir=out, on_step=show_step, state=state,
-                              ending=ending_of(args), ending_share=args.ending_share)
+                              ending=ending_of(args), ending_share=args.ending_share, record=seconds)
         seconds["train_seconds"] = time.perf_counter() - t_train
-    _add_seconds(out / "run.json", seconds)
     print_run(res, out)
     print(f"derive {seconds['derive_seconds']:.1f} s + train {seconds['train_seconds']:.1f} s "
           f"(+ load {seconds['load_seconds']:.1f} s, once)")
@@ -183,14 +181,3 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
     return 0 if res.improved else EXIT_NOT_IMPROVED
 
-
-def _add_seconds(run_json: Path, seconds: dict[str, Any]) -> None:
-    """``run.json`` of a full run with the one load's, the derive's and the training call's
-    wall seconds, so the whole cost is read from one file."""
-    import json
-
-    from leadline._io import write_atomic
-
-    record = json.loads(run_json.read_text(encoding="utf-8"))
-    record.update({k: round(v, 3) for k, v in seconds.items()})
-    write_atomic(run_json, json.dumps(record, indent=1, default=str))
