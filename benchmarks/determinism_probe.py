@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                 units[name] = {"exit": p.returncode, "wall": round(time.perf_counter() - t0, 2),
                                "sha256": sha256(work / name / "adapter_model.safetensors")}
                 log.close()
+                if p.returncode not in (0, 3):  # why it failed, in the result itself
+                    units[name]["log_tail"] = (work / f"{name}.log").read_text(errors="replace")[-600:]
         time.sleep(0.2)
     result = {"benchmark": "determinism_probe", "rules": RULES, "command": " ".join(sys.argv), "commit": sb._commit(),
               "machine": sb._machine(), "units": units, "decision": decide(units, arms)}

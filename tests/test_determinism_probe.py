@@ -66,3 +66,21 @@ def test_without_data_it_writes_the_guarded_runs_rows_from_the_data_folder(dp, t
     assert len(written) == 5
     assert all(r["completion"] == " net" and r["prompt"].endswith("\nSection:") for r in written)
     assert len(written[0]["prompt"]) < len(rows[0]["text"]) and written[1]["prompt"].startswith("word word word")
+
+
+def test_a_run_that_fails_carries_its_logs_tail_into_the_result(dp, tmp_path, monkeypatch):
+    """A unit whose process exits with neither 0 nor 3 keeps the end of its log, so the result says why."""
+    import json
+
+    def fake(arm, args, out):
+        code = f"import sys; print('the machine ran out of memory'); sys.exit({2 if arm == 'plain' else 0})"
+        return [sys.executable, "-c", code]
+
+    monkeypatch.setattr(dp, "command", fake)
+    (tmp_path / "rows.jsonl").write_text("")
+    out = tmp_path / "result.json"
+    assert dp.main(["--data", str(tmp_path / "rows.jsonl"), "--arms", "plain,det_warn", "--work", str(tmp_path / "w"),
+                    "--out", str(out)]) == 0
+    units = json.loads(out.read_text())["units"]
+    assert units["plain_0"]["exit"] == 2 and "ran out of memory" in units["plain_0"]["log_tail"]
+    assert "log_tail" not in units["det_warn_0"]
