@@ -284,3 +284,45 @@ def test_a_longer_raced_ending_copies_earlier_and_reruns_its_own_steps():
 def test_a_raced_ending_length_that_cannot_be_is_one_sentence(kw, match):
     with pytest.raises(InputError, match=match):
         lookahead_from({"lr": 1e-3}, **kw)
+
+
+def test_a_non_finite_loss_in_the_runs_loop_rolls_the_schedule_back_at_half_the_rate():
+    """Through the run's one loop, the LookaheadSchedule's Watch takes a non-finite step loss as a
+    rollback without a read: the best check put back, the rate halved, the run going on."""
+    import torch
+
+    from leadline.run.loop import guarded_steps
+
+    w = torch.zeros(4, requires_grad=True)
+    opt = torch.optim.Adam([w])
+
+    def step(s: int) -> float:
+        loss = ((w - 0.01) ** 2).mean()
+        loss.backward()
+        return float("nan") if s == 5 else loss.item()
+
+    held = lambda: ((w - 0.01) ** 2).tolist()  # noqa: E731
+    sched = LookaheadSchedule([w], opt, step, held, lookahead_from({"lr": 0.0025}), total_steps=12)
+    done = guarded_steps(opt, step, range(12), watch=sched.watch, before=sched.before)
+    assert done.diverged_at is None and done.steps == 11  # step 5 not taken, the others were
+    i = next(i for i, c in enumerate(sched.checks) if c["loss"] == float("inf"))
+    assert sched.checks[i]["action"] == "rollback" and sched.checks[i]["step"] == 5
+    assert sched.checks[i]["lr"] == sched.checks[i - 1]["lr"] / 2  # halved from the rate it was at
+    assert any(r.get("why") == "non-finite step loss" for r in sched.guard.records)
+    sched.finish()
+
+
+def test_without_a_guard_a_non_finite_loss_ends_the_loop_where_it_happened():
+    import torch
+
+    from leadline.run.loop import guarded_steps
+
+    w = torch.zeros(2, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+
+    def step(s: int) -> float:
+        (w.sum() * 0 + 1).backward()
+        return float("inf") if s == 3 else 1.0
+
+    done = guarded_steps(opt, step, range(10))
+    assert (done.diverged_at, done.steps, len(done.curve)) == (3, 3, 3)
