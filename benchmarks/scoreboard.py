@@ -211,6 +211,9 @@ RULES = {
          "pick by); leadline's arm pays its own held-out split; a unit without the record trained on leadline's split",
     "AA": "schedule-free's arm run twice at one seed, the second beside the board's other processes: identical "
           "answers mean the GPU's sharing does not move a run; a difference is what two runs of one method differ by",
+    "HO": "leadline run --train-held-out (the held-out rows no check reads train after the opening) becomes the "
+          "default when, on the six seeded boards, leadline_held_out against leadline (rule P, 3 seeds) wins on at "
+          "least one board and loses on none, and its process costs at most 1.1x leadline's timed alike",
     "$$": "a cost ratio is quoted only between units each timed alone on the GPU (its own process, wall seconds from "
           "its start, imports and the model's load included)",
 }
@@ -826,10 +829,12 @@ class Arms:
     def leadline_default(self, unit: str = "leadline") -> None:
         """``leadline run`` with nothing but the model, the data and the regime's length: the
         command a user runs. Its cost is the one process's wall seconds, the model's load
-        included; its deciding is the overhead its plan records (steps not kept, held-out reads)."""
+        included; its deciding is the overhead its plan records (steps not kept, held-out reads).
+        ``leadline_held_out`` (and its seeds): the same with ``--train-held-out`` (rule HO)."""
         if self.board.has(unit):
             return
-        self.one_process(unit, [*self.length])
+        extra = ["--train-held-out"] if unit.startswith("leadline_held_out") else []
+        self.one_process(unit, [*self.length, *extra])
 
     def one_process(self, unit: str, flags: list[str]) -> None:
         """``leadline run`` with ``flags`` into the unit's folder: deciding is the run's recorded
@@ -1455,6 +1460,7 @@ QUICK_BOARD = ["recipe", "schedulefree", "leadline"]
 """``--quick-board``: the default command against the two defaults a user would otherwise type."""
 
 BOARD_ARMS = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy", "leadline_run", "leadline"]
+"""The arms of the README's table, one column each; ``leadline_held_out`` joins the ``leadline`` cell where it ran."""
 """The columns of the boards table: the defaults a user would type, today's leadline run (the
 full effort) where the board ran it, and the default command ``leadline``."""
 
@@ -1562,6 +1568,10 @@ def board_row(data: dict[str, Any], tally: Counter) -> str:
     kind, gold = data["kind"], data.get("gold", [])
     metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
     cells = [seeds_value(data, seed_units(data["units"], name)) for name in BOARD_ARMS]
+    held = seed_units(data["units"], "leadline_held_out")
+    if held:  # rule HO's comparison, in leadline's cell
+        c = compare_seeds(kind, held, seed_units(data["units"], "leadline"), gold)
+        cells[-1] += f"; --train-held-out {seeds_value(data, held)}: {seeds_cell(c)}"
     words = []
     for other in ("recipe", "schedulefree"):
         c = compare_seeds(kind, seed_units(data["units"], "leadline"), seed_units(data["units"], other), gold)
@@ -2003,7 +2013,7 @@ def write_readme(readme: Path, text: str) -> None:
 
 
 # ---- main ---------------------------------------------------------------------------------
-SEEDED_ARMS = ("leadline", "schedulefree", "recipe")
+SEEDED_ARMS = ("leadline", "schedulefree", "recipe", "leadline_held_out")
 """The arms ``--seeds K`` runs at K seeds: the default command, schedule-free at its defaults, and
 the recipe, so that each seed's comparison pairs two runs of that seed (rule P)."""
 
@@ -2031,6 +2041,7 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
     Optuna run after the others, one unit at a time: each unit is a whole run."""
     table = {"recipe": arms.recipe, "sweep": arms.sweep, "lr_find": arms.lr_find, "lr_find_log": arms.lr_find_log,
              "optuna": arms.optuna, "leadline": arms.leadline_default,
+             "leadline_held_out": lambda: arms.leadline_default("leadline_held_out"),
              "schedulefree": arms.schedulefree,
              "schedulefree_algoperf": lambda: arms.optimizer_arm("schedulefree_algoperf"),
              "prodigy": lambda: arms.optimizer_arm("prodigy"),
@@ -2048,6 +2059,7 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
         base = re.sub(r"_seed\d+$", "", name)
         if base != name and base in SEEDED_ARMS:
             table[name] = {"leadline": lambda u=name: arms.leadline_default(u), "recipe": lambda u=name: arms.recipe(u),
+                           "leadline_held_out": lambda u=name: arms.leadline_default(u),
                            "schedulefree": lambda u=name: arms.optimizer_arm(u)}[base]
     unknown = [n for n in names if n not in table]
     if unknown:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,29 @@ def test_boards_that_compare_as_users_do_come_first_with_their_own_tally(sb, tmp
     assert "On these boards, leadline against the recipe: 0 win, 0 tie, 1 loss" in first
     assert "On the earlier boards, leadline against the recipe: 1 win, 0 tie, 0 loss" in rest
     assert first.splitlines()[2].split(" | ")[-2] == "–"  # the A/A pair trained on different rows
+
+
+def test_the_held_out_arm_runs_leadline_run_with_the_flag_and_is_compared_with_leadline_in_its_cell(sb, tmp_path):
+    """Rule HO's arm: ``leadline run --train-held-out`` at each seed; the table puts its value and its
+    comparison with leadline (rule P) in leadline's cell."""
+    from types import SimpleNamespace
+
+    ran = []
+    fake = SimpleNamespace(board=SimpleNamespace(has=lambda u: False), length=["--epochs", "1"],
+                           one_process=lambda unit, flags: ran.append((unit, flags)))
+    sb.Arms.leadline_default(fake, "leadline_held_out_seed1")
+    sb.Arms.leadline_default(fake, "leadline")
+    assert ran == [("leadline_held_out_seed1", ["--epochs", "1", "--train-held-out"]), ("leadline", ["--epochs", "1"])]
+    assert sb.with_seeds(["leadline_held_out"], 2) == ["leadline_held_out", "leadline_held_out_seed1"]
+
+    gold = ["a", "b"] * 10
+
+    def unit(right: int) -> dict[str, Any]:
+        preds = [g if i < right else "x" for i, g in enumerate(gold)]
+        return {"verdict": {"metric": "accuracy", "accuracy": right / 20, "predictions": preds,
+                            "top_answer_share": 0.5}, "dtype": sb.ARM_DTYPE}
+
+    data = {"task": "t", "kind": "classify", "gold": gold,
+            "units": {"leadline": unit(10), "leadline_held_out": unit(20), "schedulefree": unit(10)}}
+    row = sb.board_row(data, Counter())
+    assert "; --train-held-out 1.0000: win (p " in row

@@ -102,6 +102,25 @@ def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
     assert len(plan.held_out["train"]) >= 360 and len(plan.held_out["held_out"]) == 40 and not plan.held_out["test"]
 
 
+
+def test_the_held_out_rows_no_check_reads_can_train_after_the_opening(tmp_path):
+    """--train-held-out: the 40 held-out rows are read by the opening; after it the 8 the checks do
+    not read join the training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22);
+    the checks and the before/after verdict read the other 32 alone."""
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    tok = make_tokenizer()
+    data = str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, train_held_out=True)
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert (base.train_rows, res.train_rows) == (360, 368) and (base.steps, res.steps) == (22, 23)
+    assert res.cost.check_rows == res.held_out_before.rows == res.held_out_after.rows == 32
+    assert base.held_out_before.rows == base.held_out_after.rows == 40
+    assert any("the held-out rows no check reads (8) trained" in n for n in plan.notes)
+    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=10, train_held_out=True)
+    assert fixed.steps == 10 and fixed.train_rows == 368  # a length the caller gave stays
+
 def test_a_rate_thrown_past_divergence_mid_run_is_rolled_back_and_the_run_ends_within_the_unfaulted_runs_noise(
         tmp_path, monkeypatch):
     """The rate multiplied 10^4 for one step at step 30 of 40: the guard rolls back to its last check
@@ -216,3 +235,20 @@ def test_your_own_eval_rows_are_read_before_and_after_and_never_train(tmp_path, 
     assert record["test_loss_before"]["mean"] != record["test_loss_after"]["mean"]
     assert plan["held_out"]["test"] == list(range(400, 424)) and len(plan["held_out"]["train"]) == 360
     assert "eval rows loss" in said
+
+
+def test_leadline_run_trains_the_held_out_rows_no_check_reads_when_asked_and_full_refuses_it(tmp_path, capsys):
+    from helpers import save_model_dir
+    from leadline.cli import main
+
+    model, data = save_model_dir(tmp_path / "m"), str(_rows(tmp_path / "t.jsonl"))
+    out = tmp_path / "run"
+    rc = main(["run", "--model", str(model), "--data", data, "--lora-rank", "4", "--train-held-out",
+               "--device", "cpu", "--out", str(out)])
+    said = capsys.readouterr()
+    assert rc in (0, 3), said.err
+    assert json.loads((out / "run.json").read_text())["train_rows"] == 368
+    rc = main(["run", "--model", str(model), "--data", data, "--effort", "full", "--train-held-out",
+               "--device", "cpu", "--out", str(tmp_path / "full")])
+    assert rc == 2 and "--train-held-out belongs to --effort race" in capsys.readouterr().err
+    assert not (tmp_path / "full").exists()

@@ -72,6 +72,9 @@ class _Job:
     micro_batch: int = 0
     tried: list[dict[str, Any]] = field(default_factory=list)
     fit_seconds: float = 0.0
+    epochs: float | None = None
+    check_rows: int | None = None  # the held-out rows the checks and the verdict read, where the rest trained
+    joined: int = 0  # held-out rows that joined the training rows after the opening
 
 
 @dataclass
@@ -99,7 +102,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                seq_len: int | None = None, out_dir: str | os.PathLike[str] | None = None,
                on_step: Callable[[dict[str, Any]], None] | None = None, fields: dict[str, str] | None = None,
                train: bool = True, rate: Value | None = None, test_share: float = 0.0,
-               eval_data: Any = None, load_seconds: float | None = None) -> tuple[Plan, RunResult]:
+               eval_data: Any = None, load_seconds: float | None = None,
+               train_held_out: bool = False) -> tuple[Plan, RunResult]:
     """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the
@@ -113,6 +117,9 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     held-out rows the decisions read, and the result says so). ``train=False``: the race alone
     (Trainer trains): the model, its mode and the RNG states put back bit for bit.
     ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
+    ``train_held_out``: after the opening (which reads every held-out row), the held-out rows the
+    guard's checks do not read join the training rows, late in the first pass (:func:`_join_held_out`);
+    the checks and the before/after verdict then read the checks' rows alone.
     """
     from leadline.rate.state import capture_rng, restore_rng
 
@@ -124,6 +131,10 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     _fit(job)
     test_before = _read_test(job) if train else None
     opened = _open(job, rate, decide_share, train, rng_before, was_training)
+    if train and train_held_out:
+        _join_held_out(job, fixed_steps=bool(total_steps))
+        plan.notes.append(f"the held-out rows no check reads ({job.joined}) trained after the opening race: the checks "
+                          f"and the verdict read the other {job.check_rows}")
     if not train:  # the race alone: the model's mode, grads and RNG as they were before it
         model.zero_grad(set_to_none=True)
         model.train(was_training)
@@ -159,7 +170,24 @@ def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epo
                             eval_dataset=eval_data)
     steps = run_steps_of(len(task.order), rps, total_steps, epochs)
     return _Job(task, profile, [p for _, p in trained_named_weights(model)], steps, rps,
-                max(1, round(WARMUP_SHARE * steps)), trained_as_of(model))
+                max(1, round(WARMUP_SHARE * steps)), trained_as_of(model), epochs=epochs)
+
+
+def _join_held_out(job: _Job, fixed_steps: bool) -> None:
+    """The held-out rows past the checks' subset join the training rows: appended to the run's order
+    (so they train late in its first pass, after every row the opening trained on), the run
+    lengthened by their steps unless its length was given. The checks and the verdict read the
+    subset alone from here on."""
+    task = job.task
+    rows, _ = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    extra = list(task.split.held_out[rows:])
+    job.check_rows = rows
+    if not extra:
+        return
+    task.order.extend(extra)  # the run's step function reads this list: the rows join its draws
+    job.joined = len(extra)
+    if not fixed_steps:
+        job.steps = run_steps_of(len(task.order), job.rows_per_step, None, job.epochs)
 
 
 def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) -> Plan:
@@ -264,6 +292,7 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
     task, params, opt = job.task, job.params, opened.opt
     start = opened.kept_steps
     rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    rows = job.check_rows or rows  # where held-out rows trained, the checks keep to the rows that did not
     subset = [task.rows[i] for i in task.split.held_out[:rows]]
     read = lambda: row_losses(task.model, subset, None, task.device, pad_id=task.pad_id)  # noqa: E731
     at = check_steps(job.steps, start, n_checks)
@@ -276,48 +305,51 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
         watch.check(start, opened.winner_losses[:rows], why="the opening race's winner")
     done = guarded_steps(opt, job.step, range(start, job.steps), watch=watch, on_step=on_step)
     check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
-    end = _end(job, opened, watch)
+    end = _end(job, opened, watch, read if job.joined else task.held_out_losses(), rows)
     run_seconds = time.perf_counter() - t
     cost = RunCost(kept_steps=opened.kept_steps, overhead_steps=opened.overhead_steps, run_steps=job.steps,
                    held_out_reads=opened.reads, check_reads=check_reads + 1, check_rows=rows,
                    check_seconds=check_seconds,
                    steps_not_run=(job.steps - done.stopped_at) if done.stopped_at else 0)
     result = RunResult(job.steps, job.micro_batch, job.rows_per_step // job.micro_batch, guard.rate,
-                       len(task.split.train), 0, curve=done.curve, checks=guard.records, cost=cost,
-                       held_out_before=Reading.of(opened.start_losses), held_out_after=end["after"],
+                       len(task.split.train) + job.joined, 0, curve=done.curve, checks=guard.records, cost=cost,
+                       held_out_before=Reading.of(end["before"]), held_out_after=end["after"],
                        outcome=end["outcome"], kept_step=guard.kept_step)
     result.seconds.update(steps_seconds=run_seconds - check_seconds - end["seconds"],
                           check_seconds=check_seconds, verdict_seconds=end["seconds"])
     return result
 
 
-def _end(job: _Job, opened: _Opened, watch: Watch) -> dict[str, Any]:
+def _end(job: _Job, opened: _Opened, watch: Watch, read_all: Callable[[], list[float]], rows: int) -> dict[str, Any]:
     """The end decided (kept, or the best check put back), the kept model read on every held-out
-    row, its answers checked for a collapse, and the start put back where it is no better."""
+    row no step trained on (``read_all``), its answers checked for a collapse, and the start put
+    back where it is no better."""
     task, params, opt = job.task, job.params, opened.opt
     t = time.perf_counter()
-    losses = watch.end(job.steps, task.held_out_losses())
+    start = opened.start_losses[:rows] if job.joined else opened.start_losses
+    losses = watch.end(job.steps, read_all)
     if hasattr(opt, "eval"):
         opt.eval()  # the averaged weights: the model
     task.model.eval()
-    improved = outcome(opened.start_losses, losses) == "improved"
-    result = outcome(opened.start_losses, losses, improved and _collapsed(opened, task))
+    improved = outcome(start, losses) == "improved"
+    result = outcome(start, losses, improved and _collapsed(opened, task, rows if job.joined else None))
     if result == "no_better_than_start":
         watch.kept[0].load(params, opt)  # the start's weights are the result
-        losses = list(opened.start_losses)
-    return {"after": Reading.of(losses), "outcome": result, "seconds": time.perf_counter() - t}
+        losses = list(start)
+    return {"before": start, "after": Reading.of(losses), "outcome": result, "seconds": time.perf_counter() - t}
 
 
-def _collapsed(opened: _Opened, task: Any) -> bool:
-    """The kept model's answers on the held-out rows, where the data has a small set of answers: one
-    answer over 60% where the gold's majority is under 40% (the race's rule)."""
+def _collapsed(opened: _Opened, task: Any, rows: int | None = None) -> bool:
+    """The kept model's answers on the held-out rows (the first ``rows`` where the rest trained), where
+    the data has a small set of answers: one answer over 60% where the gold's majority is under 40%
+    (the race's rule)."""
     from leadline.rate.opening import ANSWER_ROWS, answer_set, answers_chosen
 
     o = opened.opening
     answers = o.answers if o is not None else answer_set(task.rows, task.split.train)
     if not answers:
         return False
-    asked = list(task.split.held_out)[:ANSWER_ROWS]
+    asked = list(task.split.held_out)[:min(ANSWER_ROWS, rows or ANSWER_ROWS)]
     gold = [answers.index(a) if a in answers else -1 for a in
             (tuple(task.rows[i].input_ids[_first(task.rows[i]):]) for i in asked)]
     return collapsed(answers_chosen(task.model, task.rows, asked, answers, task.device, task.pad_id), gold)
