@@ -286,3 +286,29 @@ def test_a_start_read_that_fails_leaves_the_model_in_the_mode_it_was_given(tmp_p
         run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20)
     assert model.training is False
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+def test_derive_for_then_train_with_plan_prepares_the_rows_once_and_trains_as_a_fresh_preparation(tmp_path,
+                                                                                                   monkeypatch):
+    """The race's rows ride on the plan (never in its JSON) and the run reuses them: one preparation
+    for derive_for and train_with_plan; the run is the one a plan read back from JSON trains."""
+    import leadline.run.task as task_module
+    from helpers import make_model, make_tokenizer
+    from leadline.hf import derive_for
+    from leadline.plan import Plan
+    from leadline.train import train_with_plan
+
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    calls, real = [], task_module.prepare
+    monkeypatch.setattr(task_module, "prepare", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = make_model(vocab_size=len(tok))
+    plan = derive_for(model, tok, data, total_steps=8)
+    assert plan.prepared is not None and "prepared" not in plan.to_json()
+    reused = train_with_plan(model, tok, data, plan)
+    assert len(calls) == 1
+    fresh = train_with_plan(make_model(vocab_size=len(tok)), tok, data, Plan.from_json(plan.to_json()))
+    assert len(calls) == 2
+    assert [r["loss"] for r in reused["curve"]] == [r["loss"] for r in fresh["curve"]]
+    other = str(_rows(tmp_path / "u.jsonl", seed=1))
+    train_with_plan(make_model(vocab_size=len(tok)), tok, other, plan)  # other rows: prepared again
+    assert len(calls) == 3

@@ -407,6 +407,8 @@ class Plan:
         derive_seconds: derive()'s wall time, from its call to its return (None: not derived).
         version: the leadline version that made it.
         created: seconds since the epoch.
+        prepared: in the process that made the plan, the rows ``derive_for``'s race tokenized and
+            split, which ``train_with_plan`` reuses instead of preparing them again; not in the JSON.
 
     Examples:
         >>> plan = Plan()
@@ -429,6 +431,8 @@ class Plan:
     derive_seconds: float | None = None
     version: str = __version__
     created: float = field(default_factory=time.time)
+    prepared: Any = field(default=None, repr=False, compare=False)
+    """The rows the plan's race prepared, kept in this process for the run that follows (never written)."""
 
     # ---- access -------------------------------------------------------------------------
     def __getattr__(self, name: str) -> Any:

@@ -203,7 +203,7 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
     _, result = run_in_one(model, tokenizer, data, total_steps=total_steps or plan.get("total_steps"),
                            rows_per_step=rows, seed=seed, seq_len=plan.get("seq_len"), out_dir=out_dir,
-                           on_step=on_step, fields=fields or None, rate=plan["lr"])
+                           on_step=on_step, fields=fields or None, rate=plan["lr"], prepared=plan.prepared)
     return {**result.as_dict(), "seconds": result.seconds.get("run_seconds", 0.0)}
 
 

@@ -18,7 +18,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +103,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                on_step: Callable[[dict[str, Any]], None] | None = None, fields: dict[str, str] | None = None,
                train: bool = True, rate: Value | None = None, test_share: float = 0.0,
                eval_data: Any = None, load_seconds: float | None = None,
-               train_held_out: bool = False) -> tuple[Plan, RunResult]:
+               train_held_out: bool = False, prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
     """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the
@@ -119,14 +119,16 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
     ``train_held_out``: after the opening (which reads every held-out row), the held-out rows the
     guard's checks do not read join the training rows, late in the first pass (:func:`_join_held_out`);
-    the checks and the before/after verdict then read the checks' rows alone.
+    the checks and the before/after verdict then read the checks' rows alone. ``prepared``: the rows
+    a race with ``train=False`` prepared (its plan's ``prepared``), reused where they are this
+    run's (:meth:`Prepared.fits`): the rows are tokenized and split once for derive_for and the run.
     """
     from leadline.rate.state import capture_rng, restore_rng
 
     t_all = time.perf_counter()
     rng_before, was_training = capture_rng(), model.training
     job = _prepare(model, tokenizer, data, total_steps, epochs, rows_per_step, seed, seq_len, fields, test_share,
-                   eval_data)
+                   eval_data, prepared)
     plan = _plan_of(model, data, fields, job)
     _fit(job)
     test_before = _read_test(job) if train else None
@@ -136,6 +138,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
         plan.notes.append(f"the held-out rows no check reads ({job.joined}) trained after the opening race: the checks "
                           f"and the verdict read the other {job.check_rows}")
     if not train:  # the race alone: the model's mode, grads and RNG as they were before it
+        plan.prepared = Prepared(job.task, job.profile, tokenizer, data, seed, fields)  # for the run that follows
         model.zero_grad(set_to_none=True)
         model.train(was_training)
         restore_rng(rng_before)
@@ -158,16 +161,51 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     return plan, result
 
 
+@dataclass
+class Prepared:
+    """The rows a run prepared (tokenized, split, profiled) and what they were prepared from."""
+
+    task: Any
+    profile: Any
+    tokenizer: Any
+    data: Any
+    seed: int
+    fields: dict[str, str] | None
+
+    def fits(self, model: Any, tokenizer: Any, data: Any, seed: int, seq_len: int | None,
+             fields: dict[str, str] | None) -> bool:
+        """Whether these are the rows a run of ``model`` on ``data`` would prepare: the same model,
+        tokenizer and data (the same object, or the same path), seed, fields and sequence length.
+
+        Examples:
+            >>> from types import SimpleNamespace
+            >>> m, tok = object(), object()
+            >>> p = Prepared(SimpleNamespace(model=m, seq_len=512), None, tok, "train.jsonl", 0, None)
+            >>> p.fits(m, tok, "train.jsonl", 0, None, None), p.fits(m, tok, "train.jsonl", 0, 512, None)
+            (True, True)
+            >>> p.fits(m, tok, "other.jsonl", 0, None, None), p.fits(m, tok, "train.jsonl", 1, None, None)
+            (False, False)
+        """
+        paths = isinstance(data, (str, os.PathLike)) and isinstance(self.data, (str, os.PathLike))
+        same_data = data is self.data or (paths and os.fspath(data) == os.fspath(self.data))
+        return (self.task.model is model and tokenizer is self.tokenizer and same_data and seed == self.seed
+                and (fields or None) == (self.fields or None) and seq_len in (None, self.task.seq_len))
+
+
 def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epochs: float | None,
              rows_per_step: int | None, seed: int, seq_len: int | None, fields: dict[str, str] | None,
-             test_share: float, eval_data: Any) -> _Job:
+             test_share: float, eval_data: Any, prepared: Prepared | None = None) -> _Job:
     from leadline.run.task import prepare, trained_as_of, trained_named_weights
 
     if not 0 <= test_share < 0.5:
         raise InputError(f"test_share={test_share!r} must be a share in [0, 0.5); pass 0 (the default) or e.g. 0.1")
     rps = int(rows_per_step) if rows_per_step is not None else ROWS_PER_STEP
-    task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields, test=float(test_share),
-                            eval_dataset=eval_data)
+    if (prepared is not None and not test_share and eval_data is None
+            and prepared.fits(model, tokenizer, data, seed, seq_len, fields)):
+        task, profile = replace(prepared.task, order=list(prepared.task.order)), prepared.profile
+    else:
+        task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields,
+                                test=float(test_share), eval_dataset=eval_data)
     steps = run_steps_of(len(task.order), rps, total_steps, epochs)
     return _Job(task, profile, [p for _, p in trained_named_weights(model)], steps, rps,
                 max(1, round(WARMUP_SHARE * steps)), trained_as_of(model), epochs=epochs)
