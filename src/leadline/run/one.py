@@ -117,11 +117,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     held-out rows the decisions read, and the result says so). ``train=False``: the race alone
     (Trainer trains): the model, its mode and the RNG states put back bit for bit.
     ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
-    ``train_held_out``: after the opening (which reads every held-out row), the held-out rows the
-    guard's checks do not read join the training rows, late in the first pass (:func:`_join_held_out`);
-    the checks and the before/after verdict then read the checks' rows alone. ``prepared``: the rows
-    a race with ``train=False`` prepared (its plan's ``prepared``), reused where they are this
-    run's (:meth:`Prepared.fits`): the rows are tokenized and split once for derive_for and the run.
+    ``train_held_out``: the held-out rows no check reads train after the opening (:func:`_join_held_out`).
+    ``prepared``: a ``train=False`` race's rows (its plan's), reused where they fit (:meth:`Prepared.fits`).
     """
     from leadline.rate.state import capture_rng, restore_rng
 
