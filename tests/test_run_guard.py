@@ -252,3 +252,36 @@ def test_leadline_run_trains_the_held_out_rows_no_check_reads_when_asked_and_ful
                "--device", "cpu", "--out", str(tmp_path / "full")])
     assert rc == 2 and "--train-held-out belongs to --effort race" in capsys.readouterr().err
     assert not (tmp_path / "full").exists()
+
+
+def test_a_card_that_runs_short_mid_run_halves_the_micro_batch_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An out-of-memory error inside a step (another process took memory after the fit) halves the
+    micro-batch and takes the same step again; the plan says where; every step is taken."""
+    import torch
+
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+    from leadline.run.task import Task
+
+    real, raised = Task.train_step_of, []
+
+    def train_step_of(self, micro_batch, grad_accum):
+        inner = real(self, micro_batch, grad_accum)
+
+        def step(s):
+            if micro_batch == 16 and s == 12 and not raised:
+                raised.append(s)
+                raise torch.OutOfMemoryError("CUDA out of memory (made up)")
+            return inner(s)
+        return step
+
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    monkeypatch.setattr(Task, "train_step_of", train_step_of)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert raised == [12] and res.micro_batch == 8 and res.grad_accum == 2
+    assert res.steps == 22 and len(res.curve) == 22 - res.cost.kept_steps and res.curve[-1]["step"] == 21
+    assert res.outcome == base.outcome  # the same run: the same rows a step, summed in two halves from step 12
+    assert abs(res.held_out_after.mean - base.held_out_after.mean) < 1e-3
+    assert plan.micro_batch == 8 and "8 at step 12" in plan["micro_batch"].source
+    assert any("ran out of memory during the run" in n for n in plan.notes)

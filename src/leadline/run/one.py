@@ -75,6 +75,7 @@ class _Job:
     epochs: float | None = None
     check_rows: int | None = None  # the held-out rows the checks and the verdict read, where the rest trained
     joined: int = 0  # held-out rows that joined the training rows after the opening
+    halved: list[dict[str, int]] = field(default_factory=list)  # the micro-batch halved mid-run: step, from, to
 
 
 @dataclass
@@ -248,7 +249,35 @@ def _fit(job: _Job) -> None:
     t = time.perf_counter()
     job.micro_batch, job.tried = _micro_batch(job.task, job.rows_per_step)
     job.fit_seconds = time.perf_counter() - t
-    job.step = job.task.train_step_of(job.micro_batch, job.rows_per_step // job.micro_batch)
+    job.step = _halving_step(job)
+
+
+def _halving_step(job: _Job) -> Callable[[int], float]:
+    """The run's step at the fitted micro-batch; where the card runs out of memory mid-run (another
+    process took what was free at the fit), the micro-batch halves to the next divisor of the
+    step's rows and the same step is taken again from the same state (its gradient is the same sum
+    over the same rows), recorded in ``job.halved``. One row that does not fit is the fit's sentence."""
+    import torch
+
+    inner = job.task.train_step_of(job.micro_batch, job.rows_per_step // job.micro_batch)
+
+    def step(s: int) -> float:
+        nonlocal inner
+        while True:
+            try:
+                return inner(s)
+            except torch.OutOfMemoryError:
+                job.task.model.zero_grad(set_to_none=True)
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                if job.micro_batch == 1:
+                    raise
+                mb = max(d for d in range(1, job.micro_batch) if job.rows_per_step % d == 0
+                         and d <= job.micro_batch // 2)
+                job.halved.append({"step": s, "from": job.micro_batch, "to": mb})
+                job.micro_batch = mb
+                inner = job.task.train_step_of(mb, job.rows_per_step // mb)
+    return step
 
 
 def _read_test(job: _Job) -> Reading | None:
@@ -485,10 +514,16 @@ def _values(plan: Plan, job: _Job, opened: _Opened, decide_share: float, rows_gi
     mb, tried, rows_per_step, steps = job.micro_batch, job.tried, job.rows_per_step, job.steps
     warmup, lr, fit_seconds, profile = job.warmup, opened.value, job.fit_seconds, job.profile
     h = opened.opening.h if opened.opening is not None else 0
-    plan.set("micro_batch", Value(mb, "measured" if tried else "derived",
-                                  (f"the most of the step's {rows_per_step} rows whose forward and backward at the "
-                                   f"longest rows ran" if tried else "the whole step: off a CUDA card nothing "
-                                   "refuses a batch"), evidence=tried or None, seconds=fit_seconds, unit="rows"))
+    said = (f"the most of the step's {rows_per_step} rows whose forward and backward at the longest rows ran"
+            if tried else "the whole step: off a CUDA card nothing refuses a batch")
+    if job.halved:  # the card ran short mid-run: the micro-batch the run ended at, and when it fell
+        fell = ", ".join(f"{h['from']} to {h['to']} at step {h['step']}" for h in job.halved)
+        said += f"; halved during the run, where the card ran out of memory ({fell})"
+        plan.notes.append(f"the card ran out of memory during the run (memory taken after the fit): the micro-batch "
+                          f"fell {fell}, the same rows a step accumulated; nothing was lost")
+    plan.set("micro_batch", Value(mb, "measured" if tried or job.halved else "derived", said,
+                                  evidence={"fit": tried, "halved": job.halved} if job.halved else (tried or None),
+                                  seconds=fit_seconds, unit="rows"))
     plan.set("grad_accum", Value(rows_per_step // mb, "derived", "the step's rows over the micro-batch"))
     plan.set("rows_per_step", Value(rows_per_step, "given", "the caller's rows a step", unit="rows") if rows_given
              else Value(rows_per_step, "constant", "the default recipe's 16 rows a step: a run this long cannot pay "
