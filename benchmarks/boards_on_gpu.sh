@@ -24,8 +24,11 @@
 #   MODEL      a Hugging Face folder; written once from /root/assets/smol.gguf when missing
 #   DATA       the shared data folder (default /root/assets/data)
 #   RESULTS    where the boards' JSON files are written (default benchmarks/results); with $OUT set
-#              (the device tool), they are also packed into $OUT/boards.tgz every 20 s and at the end,
+#              (the device tool), they are also packed into $OUT/$PACK.tgz every 20 s and at the end,
 #              so a call cut at its limit still brings back every finished unit.
+#   PACK       the archive's name (default boards): two of these scripts side by side in one call
+#              (boards with other ARMS) each bring back their own
+#   TIMEOUT    the seconds one unit may run (scoreboard.py --timeout; default 400)
 # A board file already under RESULTS resumes: its finished units do not run again.
 set -uo pipefail
 
@@ -38,6 +41,8 @@ PARALLEL=${PARALLEL:-3}
 SERIAL=${SERIAL:-0}
 [[ $SERIAL == 1 ]] && PARALLEL=1
 STOP=${STOP:-420}
+PACK=${PACK:-boards}
+TIMEOUT=${TIMEOUT:-400}
 PY=${PYTHON:-python3}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
@@ -56,7 +61,7 @@ for b in ${BOARDS:?BOARDS=TASK:REGIME ...}; do
 done
 pack() {  # the boards written so far, into $OUT (the device tool brings it back)
   [[ -n ${OUT:-} ]] || return 0
-  (cd "$RESULTS" && tar czf "$OUT/boards.tgz.tmp" "${files[@]}" 2>/dev/null; mv "$OUT/boards.tgz.tmp" "$OUT/boards.tgz")
+  (cd "$RESULTS" && tar czf "$OUT/$PACK.tgz.tmp" "${files[@]}" 2>/dev/null; mv "$OUT/$PACK.tgz.tmp" "$OUT/$PACK.tgz")
 }
 
 board() {  # one board, its log under /tmp
@@ -64,7 +69,7 @@ board() {  # one board, its log under /tmp
   [[ $SERIAL == 1 ]] && alone=(--alone)
   (( left > 0 )) || { echo "$1 not started: STOP reached" > "/tmp/board_${task}_${regime}.log"; return; }
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
-      --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --work "/tmp/scoreboard_$regime" \
+      --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --timeout "$TIMEOUT" --work "/tmp/scoreboard_$regime" \
       ${CARD:+--card-gb $CARD} "${alone[@]}" ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1
 }
 if [[ $SERIAL == 1 ]]; then
@@ -80,6 +85,6 @@ done
 wait
 pack
 if [[ -n ${OUT:-} ]]; then
-  tar czf "$OUT/board_logs.tgz" /tmp/board_*.log /tmp/scoreboard_*/*/*.log 2>/dev/null
+  tar czf "$OUT/${PACK}_logs.tgz" /tmp/board_*.log /tmp/scoreboard_*/*/*.log 2>/dev/null
 fi
 for b in $BOARDS; do grep -h " accuracy \| test_ce \|FAILED\|raised" "/tmp/board_${b%%:*}_${b#*:}.log"; done

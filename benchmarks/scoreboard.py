@@ -214,6 +214,11 @@ RULES = {
     "HO": "leadline run --train-held-out (the held-out rows no check reads train after the opening) becomes the "
           "default when, on the six seeded boards, leadline_held_out against leadline (rule P, 3 seeds) wins on at "
           "least one board and loses on none, and its process costs at most 1.1x leadline's timed alike",
+    "SW": "schedule-free AdamW on every row at c/4, c/2, c, 2c and 4c (c = 2.5e-3 for an adapter, 2.5e-4 for every "
+          "weight) at the board's passes and at c over 1, 3 and 5 passes, seed 0; the user's pick is the run whose "
+          "loss is lowest on a seeded quarter of the test rows (the pick's own split), the ceiling the best test "
+          "metric on the other rows (reported, never a bar); an arm's regret is rule P against the pick on those "
+          "other rows; the sweep's cost is its runs' summed seconds",
     "$$": "a cost ratio is quoted only between units each timed alone on the GPU (its own process, wall seconds from "
           "its start, imports and the model's load included)",
 }
@@ -223,12 +228,23 @@ REGIMES = {
     "short": "LoRA r16, one pass over 1,000 rows given: about 50 of the recipe's 16-row steps",
     "long": "LoRA r16, three passes over 1,000 rows given: about 150 of the recipe's 16-row steps",
     "rank64": "LoRA r64 (alpha 128, every linear layer), one pass over the rows given",
+    "small": "LoRA r16, one pass over 320 rows given: 20 of the recipe's 16-row steps (a user's own small task)",
 }
 """The regimes a board runs in (``--regime``); ``--card-gb`` holds the card to a small size in any of them."""
-REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000, "rank64": 2000}
+REGIME_ROWS = {"lora": 2000, "full": 2000, "short": 1000, "long": 1000, "rank64": 2000, "small": 320}
 REGIME_EPOCHS = {"long": 3}
 REGIME_RANK = {"rank64": 64}
 """The LoRA rank of a regime's every arm (16 where unnamed; alpha twice the rank, as ``leadline``'s)."""
+SF_SWEEP_C = {"factors": 2.5e-3, "weights": 2.5e-4}
+"""The sweep's centre ``c``: schedule-free AdamW's default rate for an adapter, a tenth of it for
+every weight (the ratio of TRL's defaults), as ``leadline run``'s opening race takes them."""
+SF_SWEEP_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+"""The sweep's rates as multiples of ``c``: c/4, c/2, c, 2c, 4c, each at the board's passes."""
+SF_SWEEP_PASSES = (1, 3, 5)
+"""The passes the sweep runs at ``c`` (the board's own among them)."""
+PICK_SHARE = 0.25
+"""The share of the test rows the sweep's pick reads (seeded, fixed per board): the user's
+validation split. Every regret is judged on the other test rows, which nothing picks by."""
 TO_ZERO = ["leadline_full_to_zero", "leadline_full_16rows_to_zero", "leadline_full_rows_to_zero"]
 RETRAINED = [*TO_ZERO, "leadline_full_half_ending"]  # another leadline arm's plan, trained with another ending
 BASELINES = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy"]
@@ -236,7 +252,7 @@ BASELINES = ["recipe", "schedulefree", "schedulefree_algoperf", "prodigy"]
 ARMS = ["recipe", "leadline", "schedulefree_algoperf", "prodigy", "leadline_full", "leadline_run",
         "leadline_full_16rows", "leadline_full_rows", *RETRAINED,
         "schedulefree", "lr_find", "lr_find_log",
-        "sweep", "optuna", "pichak_quick", "pichak_full"]
+        "sweep", "optuna", "pichak_quick", "pichak_full", "sf_sweep"]
 
 
 def log(*a: Any) -> None:
@@ -572,9 +588,15 @@ class Judge:
         k = len(labels)
         preds = [labels[max(range(k), key=lambda x: sc[k * i + x][0])] for i in range(len(self.task["test"]))]
         gold = [r["label"] for r in self.task["test"]]
+        nll = []  # the gold answer's cross-entropy among the task's answers: the sweep's pick reads it
+        for i, g in enumerate(gold):
+            row = [sc[k * i + x][0] for x in range(k)]
+            top = max(row)
+            nll.append(top + math.log(sum(math.exp(v - top) for v in row)) - row[labels.index(g)])
         c = Counter(preds)
         return {"metric": "accuracy", "accuracy": sum(p == g for p, g in zip(preds, gold)) / len(gold),
-                "top_answer_share": c.most_common(1)[0][1] / len(preds), "counts": dict(c), "predictions": preds}
+                "top_answer_share": c.most_common(1)[0][1] / len(preds), "counts": dict(c), "predictions": preds,
+                "row_nll": nll}
 
     @property
     def has_em(self) -> bool:
@@ -826,6 +848,25 @@ class Arms:
     def schedulefree(self) -> None:
         self.optimizer_arm("schedulefree")
 
+    def sf_sweep_run(self, unit: str) -> None:
+        """One run of the sweep (:func:`sweep_units`): schedule-free on every row given at its rate
+        and passes, judged on every test row (no exact match: the pick reads the loss)."""
+        if self.board.has(unit):
+            return
+        lr, passes = next((lr, p) for u, lr, p in sweep_units(self.regime) if u == unit)
+        run_dir = self.work / f"run_{unit}"
+        _rm(run_dir)
+        micro = recipe_micro(16, self.args.recipe_micro_batch)
+        t = proc([str(HERE / "scoreboard.py"), "--worker", "sf_sweep", "--model", self.args.model,
+                  "--train", str(self.train), "--seed", str(self.args.seed), "--worker-out", str(run_dir),
+                  "--regime", self.regime, "--lr", f"{lr:.6g}", "--passes", str(passes),
+                  *(["--recipe-micro-batch", str(micro)] if micro else []),
+                  *(["--smoke"] if self.args.smoke else [])],
+                 self.work / f"{unit}.log", self.args.timeout)
+        rec = {"lr": lr, "passes": passes, "decide_seconds": 0.0, "train_seconds": t["seconds"], "train": t,
+               "run": run_json(run_dir)}
+        self.finish(unit, rec, run_dir if t["rc"] == 0 else None, em=False)
+
     def leadline_default(self, unit: str = "leadline") -> None:
         """``leadline run`` with nothing but the model, the data and the regime's length: the
         command a user runs. Its cost is the one process's wall seconds, the model's load
@@ -1044,6 +1085,99 @@ def _rm(p: Path) -> None:
         p.unlink()
 
 
+# ---- the sweep: schedule-free AdamW at five rates and three lengths ----------------------
+def sweep_units(regime: str) -> list[tuple[str, float, int]]:
+    """The sweep's runs as ``(unit, rate, passes)``: the five rates of :data:`SF_SWEEP_FACTORS` x ``c``
+    at the regime's passes, then ``c`` at each other length of :data:`SF_SWEEP_PASSES` (seven runs).
+
+    Examples:
+        >>> [(u, f"{lr:.3g}", p) for u, lr, p in sweep_units("lora")]  # doctest: +NORMALIZE_WHITESPACE
+        [('sf_sweep_lr0', '0.000625', 1), ('sf_sweep_lr1', '0.00125', 1), ('sf_sweep_lr2', '0.0025', 1),
+         ('sf_sweep_lr3', '0.005', 1), ('sf_sweep_lr4', '0.01', 1), ('sf_sweep_ep3', '0.0025', 3),
+         ('sf_sweep_ep5', '0.0025', 5)]
+        >>> [(u, p) for u, _, p in sweep_units("long")][-2:], f"{sweep_units('full')[2][1]:.3g}"
+        ([('sf_sweep_ep1', 1), ('sf_sweep_ep5', 5)], '0.00025')
+    """
+    c = SF_SWEEP_C["weights" if regime == "full" else "factors"]
+    passes = REGIME_EPOCHS.get(regime, 1)
+    units = [(f"sf_sweep_lr{i}", f * c, passes) for i, f in enumerate(SF_SWEEP_FACTORS)]
+    return units + [(f"sf_sweep_ep{p}", c, p) for p in SF_SWEEP_PASSES if p != passes]
+
+
+def pick_rows(n_test: int, share: float = PICK_SHARE, seed: int = 0) -> list[int]:
+    """The test rows the sweep's pick reads: a seeded ``share`` of them, sorted; the rest judge every regret.
+
+    Examples:
+        >>> rows = pick_rows(100)
+        >>> len(rows), rows == sorted(rows), rows == pick_rows(100), len(set(rows))
+        (25, True, True, 25)
+    """
+    idx = list(range(n_test))
+    random.Random(seed).shuffle(idx)
+    return sorted(idx[:max(1, round(share * n_test))])
+
+
+def pick_loss(verdict: dict[str, Any], rows: Sequence[int]) -> float | None:
+    """A unit's loss on the pick's rows: the cross-entropy of the gold answer among the task's
+    answers (``row_nll``, classification) or per completion token (``row_ce``, generation); None
+    where the verdict lacks it."""
+    per_row = verdict.get("row_nll") or verdict.get("row_ce")
+    if not per_row:
+        return None
+    return sum(per_row[i] for i in rows) / len(rows)
+
+
+def only_rows(unit: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
+    """A copy of ``unit`` whose verdict keeps only ``rows`` of the test rows (predictions, row CE and
+    the metric recomputed from them), for comparisons on the rows the pick did not read."""
+    v = dict(unit.get("verdict") or {})
+    for key in ("predictions", "row_ce", "row_nll"):
+        if key in v:
+            v[key] = [v[key][i] for i in rows]
+    if "row_ce" in v:
+        v["test_ce"] = sum(v["row_ce"]) / len(v["row_ce"])
+    v.pop("em_right", None)  # exact match was judged on the test's first rows, not these
+    return {**unit, "verdict": v}
+
+
+def sweep_result(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The sweep once all its runs are judged: the user's pick (the lowest loss on the pick's rows,
+    :func:`pick_loss`), the ceiling (the best test metric on the other rows, reported, never a
+    bar), every run's readings and the summed cost; None while a run is missing or failed."""
+    units = data["units"]
+    names = [u for u, _, _ in sweep_units(data.get("regime") or "lora")]
+    if not all(n in units and not units[n].get("failed") and units[n].get("verdict") for n in names):
+        return None
+    picks = data.get("pick_rows") or pick_rows(int(data["test_rows"]))
+    rest = [i for i in range(int(data["test_rows"])) if i not in set(picks)]
+    read = {n: pick_loss(units[n]["verdict"], picks) for n in names}
+    if any(v is None for v in read.values()):
+        return None
+    kind = data["kind"]
+    metric = {n: (only_rows(units[n], rest)["verdict"]["test_ce"] if kind != "classify" else
+                  sum(p == g for p, g in zip(only_rows(units[n], rest)["verdict"]["predictions"],
+                                             [data["gold"][i] for i in rest])) / len(rest)) for n in names}
+    pick = min(names, key=lambda n: read[n])
+    ceiling = (max if kind == "classify" else min)(names, key=lambda n: metric[n])
+    return {"pick": pick, "ceiling": ceiling, "pick_loss": read, "metric_on_rest": metric, "pick_rows": picks,
+            "rest_rows": rest, "cost": sum(units[n].get("train_seconds", 0.0) + units[n].get("decide_seconds", 0.0)
+                                           for n in names),
+            "lr": {n: units[n].get("lr") for n in names}, "passes": {n: units[n].get("passes") for n in names}}
+
+
+def regret(data: dict[str, Any], arm: str) -> dict[str, Any] | None:
+    """``arm`` (its seeds) against the sweep's pick on the test rows the pick did not read, by rule P
+    (each seed against the pick's one run); ``diff`` > 0 where the arm is better. None without both."""
+    sw = sweep_result(data)
+    mine = seed_units(data["units"], arm)
+    if sw is None or not mine:
+        return None
+    rest = sw["rest_rows"]
+    pick = only_rows(data["units"][sw["pick"]], rest)
+    gold = [data["gold"][i] for i in rest] if data["kind"] == "classify" else []
+    return compare_seeds(data["kind"], {k: only_rows(u, rest) for k, u in mine.items()}, {k: pick for k in mine}, gold)
+
+
 # ---- the workers: arms that are not leadline's CLI ----------------------------------------
 def trained_rows(given: int) -> int:
     """The rows ``leadline run`` trains on of ``given``: it holds out what its decisions read, 10%
@@ -1161,24 +1295,30 @@ OPTIMIZERS = {
                "run's length (torch's CosineAnnealingLR)",
     "schedulefree_again": "schedulefree's arm again in a process of its own, the same seed and settings: the board's "
                           "A/A control, what two runs of one method differ by on this GPU",
+    "sf_sweep": "schedule-free AdamW at its defaults but the rate and the passes (a run of the sweep, "
+                "sweep_units)",
 }
 """The optimizers a user runs at their published settings, beside the recipe."""
 
 
 def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: int | None = None,
-                     max_steps: int | None = None, seed: int = 0, regime: str = "lora") -> None:
+                     max_steps: int | None = None, seed: int = 0, regime: str = "lora", lr: float | None = None,
+                     passes: int | None = None) -> None:
     """``kind`` (:data:`OPTIMIZERS`) at 16 rows a step (``micro`` rows a pass, accumulated), the
     regime's passes over every row given, by leadline's own rows, collation and loss; saved at the
-    weights its users keep: a schedule-free optimizer's averaged weights (``optimizer.eval()``)."""
+    weights its users keep: a schedule-free optimizer's averaged weights (``optimizer.eval()``).
+    ``sf_sweep``: schedule-free at its defaults but the rate ``lr``, over ``passes`` passes."""
     import torch
 
     model, _, task, params = _worker_task(model_path, train, seed, regime)
-    steps = min(max(1, REGIME_EPOCHS.get(regime, 1) * len(task.order) // 16), max_steps or 10**9)
+    passes = passes or REGIME_EPOCHS.get(regime, 1)
+    steps = min(max(1, passes * len(task.order) // 16), max_steps or 10**9)
     sched = None
-    if kind.startswith("schedulefree"):
+    if kind.startswith("schedulefree") or kind == "sf_sweep":
         import schedulefree
 
         opt = (schedulefree.AdamWScheduleFree(params) if kind in ("schedulefree", "schedulefree_again") else
+               schedulefree.AdamWScheduleFree(params, lr=float(lr)) if kind == "sf_sweep" else
                schedulefree.AdamWScheduleFree(params, lr=0.0025, betas=(0.9, 0.9955), weight_decay=0.08,
                                               warmup_steps=max(1, round(0.02 * steps))))
     elif kind == "prodigy":
@@ -1209,7 +1349,8 @@ def worker_optimizer(kind: str, model_path: str, train: str, out: Path, micro: i
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     (out / "run.json").write_text(json.dumps({"optimizer": kind, "settings": OPTIMIZERS[kind], "regime": regime,
-                                              "steps": steps, "seconds": seconds, "lr": opt.param_groups[0]["lr"],
+                                              "steps": steps, "passes": passes, "seconds": seconds,
+                                              "lr": opt.param_groups[0]["lr"],
                                               "final_train_loss": losses[-1], "train_rows": len(task.order),
                                               "seed": seed}))
 
@@ -1577,6 +1718,7 @@ def board_row(data: dict[str, Any], tally: Counter) -> str:
         c = compare_seeds(kind, seed_units(data["units"], "leadline"), seed_units(data["units"], other), gold)
         tally[(other, c["word"] if c else "–")] += 1
         words.append(seeds_cell(c))
+    sweep_cell, regrets = sweep_cells(data, tally)
     trained = " / ".join(rows_trained(arms.get(n)) for n in ("recipe", "schedulefree", "leadline"))
     ratio = cost_ratio(arms.get("leadline"), arms.get("recipe"))
     control = aa_cell(kind, arms.get("schedulefree_again"), arms.get("schedulefree"), gold)
@@ -1584,7 +1726,29 @@ def board_row(data: dict[str, Any], tally: Counter) -> str:
     made = f"`--task {data['task']}" + (f" --regime {regime}" if regime != "lora" else "") + (
         f" --card-gb {data['card_gb']:g}" if data.get("card_gb") else "") + "`"
     return (f"| {board_name(data)} | {metric} | " + " | ".join(cells)
-            + f" | {words[0]} | {words[1]} | {trained} | {ratio} | {control} | {made} |")
+            + f" | {words[0]} | {words[1]} | {sweep_cell} | {regrets} | {trained} | {ratio} | {control} | {made} |")
+
+
+def sweep_cells(data: dict[str, Any], tally: Counter) -> tuple[str, str]:
+    """The sweep's cell (the user's pick: its rate and passes and its metric on the rows it did not
+    read; the ceiling beside it) and the regrets' cell (leadline, schedule-free at its defaults and
+    the recipe against the pick, rule P on those rows); leadline's outcome counted into ``tally``
+    under ``("sweep", word)``."""
+    sw = sweep_result(data)
+    if sw is None:
+        return "–", "–"
+    def name(u: str) -> str:
+        return f"{sw['lr'][u]:.3g} x{sw['passes'][u]}"
+    fmt = ".3f" if data["kind"] == "classify" else ".4f"
+    cell = (f"{format(sw['metric_on_rest'][sw['pick']], fmt)} ({name(sw['pick'])}; ceiling "
+            f"{format(sw['metric_on_rest'][sw['ceiling']], fmt)} at {name(sw['ceiling'])})")
+    words = []
+    for arm in ("leadline", "schedulefree", "recipe"):
+        c = regret(data, arm)
+        if arm == "leadline":
+            tally[("sweep", c["word"] if c else "–")] += 1
+        words.append(f"{arm}: {seeds_cell(c)}" if c else f"{arm}: –")
+    return cell, "; ".join(words)
 
 
 def boards_table(paths: list[Path]) -> str:
@@ -1595,9 +1759,9 @@ def boards_table(paths: list[Path]) -> str:
     where both were timed alone, and the A/A control. The boards that compare as users do
     (:func:`as_users_compare`) come first with their own tally; the earlier boards follow."""
     head = ("| board | metric | " + " | ".join(BOARD_ARMS) + " | leadline vs recipe | leadline vs schedulefree "
-            "| rows trained: recipe / schedulefree / leadline | leadline's cost / recipe's "
-            "| A/A: schedulefree twice | the board's command |")
-    rule = "|" + "---|" * (len(BOARD_ARMS) + 8)
+            "| the sweep's pick (ceiling) | against the pick | rows trained: recipe / schedulefree / leadline "
+            "| leadline's cost / recipe's | A/A: schedulefree twice | the board's command |")
+    rule = "|" + "---|" * (len(BOARD_ARMS) + 10)
     groups: dict[bool, list[dict[str, Any]]] = {True: [], False: []}
     mixed: list[str] = []  # boards whose arms trained or were judged at another precision than float32
     for path in paths:
@@ -1621,6 +1785,11 @@ def boards_table(paths: list[Path]) -> str:
                      + ", ".join(f"{tally[('recipe', w)]} {w}" for w in ("win", "tie", "loss"))
                      + "; against schedule-free at its defaults: "
                      + ", ".join(f"{tally[('schedulefree', w)]} {w}" for w in ("win", "tie", "loss")) + ".")
+        swept = sum(tally[("sweep", w)] for w in ("win", "tie", "loss"))
+        if swept:
+            lines.append("")
+            lines.append(f"against the swept optimum: {tally[('sweep', 'win')]} win, {tally[('sweep', 'tie')]} tie, "
+                         f"{tally[('sweep', 'loss')]} loss on {swept} boards")
         lines.append("")
     if mixed:
         lines.append(f"Measured at mixed precision ({', '.join(mixed)}): their units written before the scoreboard "
@@ -1630,7 +1799,7 @@ def boards_table(paths: list[Path]) -> str:
                      "trained and judged every arm it compares in float32.")
         lines.append("")
     lines.append("A win or loss: " + RULES["P"] + ". Rows trained: " + RULES["T"] + ". The A/A control: "
-                 + RULES["AA"] + ".")
+                 + RULES["AA"] + ". The sweep: " + RULES["SW"] + ".")
     return "\n".join(lines)
 
 
@@ -2035,6 +2204,24 @@ def with_seeds(names: list[str], seeds: int) -> list[str]:
     return out
 
 
+def with_sweep(names: list[str], regime: str) -> list[str]:
+    """``sf_sweep`` expanded into its runs (:func:`sweep_units`), the longest first, so that side by
+    side the last to start is a short one.
+
+    Examples:
+        >>> with_sweep(["recipe", "sf_sweep"], "lora")  # doctest: +NORMALIZE_WHITESPACE
+        ['recipe', 'sf_sweep_ep5', 'sf_sweep_ep3', 'sf_sweep_lr0', 'sf_sweep_lr1', 'sf_sweep_lr2', 'sf_sweep_lr3',
+         'sf_sweep_lr4']
+    """
+    out: list[str] = []
+    for name in names:
+        if name == "sf_sweep":
+            out += [u for u, _, _ in sorted(sweep_units(regime), key=lambda x: -x[2])]
+        else:
+            out.append(name)
+    return out
+
+
 def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> None:
     """Each named arm in turn, or ``parallel`` of them side by side (threads that each wait on the
     arm's own processes; the judge and the board's file take one arm at a time). The sweep and
@@ -2055,6 +2242,8 @@ def run_arms(arms: Arms, board: Board, names: list[str], parallel: int = 1) -> N
              "leadline_full_half_ending": lambda: arms.ending_variant("leadline_full", "leadline_full_half_ending",
                                                                       ["--ending-share", "0.5"]),
              "pichak_full": lambda: arms.pichak("full")}
+    for unit, _, _ in sweep_units(arms.regime):
+        table[unit] = lambda u=unit: arms.sf_sweep_run(u)
     for name in names:  # <arm>_seed<k>: the seeded arm's unit at seed k
         base = re.sub(r"_seed\d+$", "", name)
         if base != name and base in SEEDED_ARMS:
@@ -2150,6 +2339,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows-per-step", type=int, default=16, help=argparse.SUPPRESS)
     ap.add_argument("--warmup-ratio", type=float, default=0.03, help=argparse.SUPPRESS)
     ap.add_argument("--validation", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--passes", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--train", help=argparse.SUPPRESS)
     ap.add_argument("--worker-out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -2172,7 +2362,7 @@ def main(argv: list[str] | None = None) -> int:
                           args.recipe_micro_batch, 2 if args.smoke else None, args.seed, args.regime, args.validation)
         else:
             worker_optimizer(args.worker, args.model, args.train, Path(args.worker_out), args.recipe_micro_batch,
-                             2 if args.smoke else None, args.seed, args.regime)
+                             2 if args.smoke else None, args.seed, args.regime, args.lr, args.passes)
         return 0
     if args.table:
         paths = sorted(RESULTS.glob("scoreboard_*.json"))
@@ -2208,13 +2398,14 @@ def main(argv: list[str] | None = None) -> int:
     board.data.setdefault("optuna_trials", 2 if args.smoke else OPTUNA_TRIALS)
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
+    board.data.setdefault("pick_rows", pick_rows(len(task["test"])))  # the sweep's pick reads these test rows
     board.rerun = drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
     board.save()
     judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)
     arms.untrained()
     holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card
-    run_arms(arms, board, with_seeds(args.arms.split(","), args.seeds), args.parallel)
+    run_arms(arms, board, with_sweep(with_seeds(args.arms.split(","), args.seeds), args.regime), args.parallel)
     if holder is not None:
         holder.stdin.close()
         holder.wait(timeout=30)

@@ -668,3 +668,93 @@ def test_a_cost_ratio_is_quoted_only_where_the_two_arms_were_timed_alike(sb):
     assert sb.cost_ratio({**lead, "invocation": 3}, {**recipe, "invocation": 2}) == "–"
     assert sb.cost_ratio({**lead, "timed_alone": True}, recipe) == "–"
     assert sb.cost_ratio(lead, None) == "–"
+
+
+def _sweep_board(sb, pick_nll: dict[str, float], rest_acc: dict[str, float], n: int = 40) -> dict[str, Any]:
+    """A classification board whose sweep runs read ``pick_nll`` on the pick's rows and answer right on
+    the share ``rest_acc`` of the other rows; leadline and schedule-free at three seeds."""
+    gold = ["a"] * n
+    picks = sb.pick_rows(n)
+    rest = [i for i in range(n) if i not in picks]
+
+    def verdict(nll: float, acc: float) -> dict[str, Any]:
+        right = set(rest[:round(acc * len(rest))])
+        preds = ["a" if (i in right or i in picks) else "b" for i in range(n)]
+        return {"metric": "accuracy", "accuracy": sum(p == "a" for p in preds) / n, "predictions": preds,
+                "row_nll": [nll] * n}
+
+    units = {u: {"lr": lr, "passes": p, "train_seconds": 10.0, "verdict": verdict(pick_nll[u], rest_acc[u])}
+             for u, lr, p in sb.sweep_units("lora")}
+    for k in range(3):
+        suffix = f"_seed{k}" if k else ""
+        units["leadline" + suffix] = {"verdict": verdict(1.0, 0.5)}
+        units["schedulefree" + suffix] = {"verdict": verdict(1.0, 0.9)}
+    return {"task": "t", "kind": "classify", "regime": "lora", "test_rows": n, "gold": gold, "units": units,
+            "pick_rows": picks}
+
+
+def test_the_sweeps_pick_reads_its_own_rows_and_every_regret_is_judged_on_the_others(sb):
+    names = [u for u, _, _ in sb.sweep_units("lora")]
+    nll = {u: 1.0 for u in names} | {"sf_sweep_lr1": 0.5}  # the pick's rows favour c/2
+    acc = {u: 0.6 for u in names} | {"sf_sweep_lr1": 0.9, "sf_sweep_ep5": 1.0}  # the test rows favour 5 passes
+    data = _sweep_board(sb, nll, acc)
+    sw = sb.sweep_result(data)
+    assert sw["pick"] == "sf_sweep_lr1" and sw["ceiling"] == "sf_sweep_ep5"  # the ceiling is never the pick's bar
+    assert not set(sw["pick_rows"]) & set(sw["rest_rows"]) and len(sw["pick_rows"]) == 10
+    assert sw["cost"] == pytest.approx(70.0)
+    assert sb.regret(data, "leadline")["word"] == "loss"  # 0.5 against the pick's 0.9, three seeds
+    assert sb.regret(data, "schedulefree")["word"] == "tie"  # 0.9 against 0.9
+    data["units"].pop("sf_sweep_ep3")
+    assert sb.sweep_result(data) is None and sb.regret(data, "leadline") is None  # an unfinished sweep is no bar
+
+
+def test_the_boards_table_counts_leadline_against_the_swept_optimum(sb, tmp_path):
+    names = [u for u, _, _ in sb.sweep_units("lora")]
+    data = _sweep_board(sb, {u: 1.0 for u in names}, {u: 0.9 for u in names})
+    data.update(train_rows=100, machine={"device": "cpu"}, commit="abc", command="x")
+    path = tmp_path / "scoreboard_t.json"
+    path.write_text(json.dumps(data))
+    text = sb.boards_table([path])
+    assert "against the swept optimum: 0 win, 0 tie, 1 loss on 1 boards" in text
+    assert "0.900 (0.000625 x1; ceiling 0.900 at 0.000625 x1)" in text  # ties pick the first run
+
+
+def test_the_sweep_runs_seven_schedule_free_runs_on_every_row_side_by_side(sb, tmp_path, monkeypatch):
+    """The sweep end to end on the tiny model (two steps a run): its seven runs at their rates and
+    passes, each on every row given, judged with the loss its pick reads, and the board's table
+    with the pick and each arm's regret."""
+    pytest.importorskip("schedulefree")
+    from helpers import save_model_dir
+
+    import threading
+
+    _leadline_in_process(sb, monkeypatch)
+    real, one_at_a_time = sb.proc, threading.Lock()  # a model's load is not thread-safe: one worker at a time
+
+    def proc(args: list[str], log_path: Path, timeout: float) -> dict[str, Any]:  # the workers in this process
+        if "--worker" not in args:
+            return real(args, log_path, timeout)
+        with one_at_a_time:
+            sb.main(args[1:])
+        return {"argv": args, "rc": 0, "seconds": 1.0, "output_tail": ""}
+
+    monkeypatch.setattr(sb, "proc", proc)
+    model = save_model_dir(tmp_path / "tiny")
+    data = tmp_path / "data"
+    data.mkdir()
+    _tiny_task(data, 48, 0)
+    out = tmp_path / "board.json"
+    assert sb.main(["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
+                    "--work", str(tmp_path / "work"), "--smoke", "--regime", "small", "--train-rows", "48",
+                    "--arms", "sf_sweep,leadline", "--parallel", "2"]) == 0
+    board = json.loads(out.read_text())
+    units = board["units"]
+    assert not board.get("failures"), board.get("failures")
+    for unit, lr, passes in sb.sweep_units("small"):
+        u = units[unit]
+        assert u["run"]["lr"] == pytest.approx(lr) and u["run"]["passes"] == passes and u["run"]["train_rows"] == 48
+        assert len(u["verdict"]["row_nll"]) == 8 and u["verdict"]["metric"] == "accuracy"
+    assert board["pick_rows"] == sb.pick_rows(8)
+    sw = sb.sweep_result(board)
+    assert sw is not None and sw["pick"] in units
+    assert "against the swept optimum:" in sb.boards_table([out])
