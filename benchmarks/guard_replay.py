@@ -6,9 +6,11 @@ No model runs: the checks are the ones each run recorded in its ``run.json`` (ke
 scoreboard's and the guarded run's result files). Only the first rollback of each run is read:
 after it the run is another run, and no replay of the records can say what it would have done.
 
-What it is for: a rule that rolls back only a worsening that gives back a large share of the
-fall (say half) would spare the runs whose share is small; this lists which runs those are and how
-each ended, so that the rule is judged on the boards, not on this table.
+What it is for: the guard rolls back a significant worsening only where it gave back at least
+:data:`leadline.rate.guard.GIVE_BACK` of the fall (or read no better than the start); each row says
+what that rule does with the recorded rollback (``under_the_rule``), and a run recorded under the
+rule shows it never rolled back less (``acceptance``: no rollback of a run under the rule whose
+check gave back less than the share and read below the start).
 
     python3 benchmarks/guard_replay.py --out benchmarks/results/guard_replay.json
 """
@@ -50,13 +52,32 @@ def first_rollback(checks: list[dict[str, Any]]) -> dict[str, Any] | None:
     return None
 
 
+def under_the_rule(got: dict[str, Any], share: float) -> str:
+    """What the guard's rule 3 does with a recorded rollback: ``rolls back`` where the check gave back
+    at least ``share`` of the fall or read no better than the start, else ``kept``.
+
+    Examples:
+        >>> under_the_rule({"gave_back": 0.012, "check": 0.45, "start": 8.6}, 0.05)
+        'kept'
+        >>> under_the_rule({"gave_back": 0.08, "check": 2.7, "start": 5.3}, 0.05)
+        'rolls back'
+        >>> under_the_rule({"gave_back": None, "check": 9.0, "start": 8.6}, 0.05)
+        'rolls back'
+    """
+    if got["gave_back"] is None or not got["check"] < got["start"] or got["gave_back"] >= share:
+        return "rolls back"
+    return "kept"
+
+
 def _metric(unit: dict[str, Any]) -> float | None:
     v = unit.get("verdict") or {}
     return v.get(v.get("metric", "")) if isinstance(v, dict) else None
 
 
-def replay(paths: list[Path]) -> list[dict[str, Any]]:
-    """Each run with a rollback in the result files ``paths``: where it came from and what it gave back."""
+def replay(paths: list[Path], share: float = 0.05) -> list[dict[str, Any]]:
+    """Each run with a rollback in the result files ``paths``: where it came from, what it gave back,
+    what the guard's rule at ``share`` does with it, and whether the run was recorded under that rule
+    (its checks record ``gave_back``)."""
     rows = []
     for path in paths:
         data = json.loads(path.read_text())
@@ -65,8 +86,11 @@ def replay(paths: list[Path]) -> list[dict[str, Any]]:
             got = first_rollback((run or {}).get("checks") or [])
             if got is None:
                 continue
+            passes = run.get("passes") or (3 if data.get("regime") == "long" else 1)
+            under = any("gave_back" in (c.get("versus_best") or {}) for c in run["checks"])
             rows.append({"file": path.name, "unit": name, "regime": data.get("regime") or "lora",
-                         "passes": 3 if (data.get("regime") == "long") else 1, "steps": run.get("steps"),
+                         "passes": passes, "steps": run.get("steps"), "recorded_under_the_rule": under,
+                         "under_the_rule": under_the_rule(got, share),
                          "rollbacks": sum(1 for c in run["checks"] if c["action"] == "rollback"),
                          "metric": (unit.get("verdict") or {}).get("metric"), "value": _metric(unit), **got})
     return rows
@@ -79,17 +103,24 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     folder = Path(args.results)
     paths = sorted([*folder.glob("scoreboard_*.json"), *folder.glob("guarded_run_*.json")])
-    rows = replay(paths)
     sys.path.insert(0, str(HERE))
+    sys.path.insert(0, str(HERE.parent / "src"))
     import scoreboard as sb
+    from leadline.rate.guard import GIVE_BACK
+
+    rows = replay(paths, GIVE_BACK)
+    wrong = [r for r in rows if r["recorded_under_the_rule"] and r["under_the_rule"] == "kept"]
 
     out = {"benchmark": "guard_replay", "command": " ".join(["python3", "benchmarks/guard_replay.py", *(argv or [])]),
            "commit": sb._commit(), "machine": "none: read from the recorded checks", "files": [p.name for p in paths],
-           "runs": rows}
+           "give_back": GIVE_BACK, "runs": rows,
+           "acceptance": {"runs_under_the_rule": sum(r["recorded_under_the_rule"] for r in rows),
+                          "rolled_back_below_the_share": [f"{r['file']}:{r['unit']}" for r in wrong]}}
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     for r in rows:
         print(f"{r['file']:48s} {r['unit']:22s} passes {r['passes']} step {r['step']:4d} gave back "
-              f"{r['gave_back']:.1%} ({r['rollbacks']} rollbacks) {r['metric']} {r['value']}")
+              f"{r['gave_back'] if r['gave_back'] is not None else float('inf'):.1%} ({r['rollbacks']} rollbacks) "
+              f"{r['metric']} {r['value']}; under the rule: {r['under_the_rule']}")
     return 0
 
 

@@ -285,3 +285,40 @@ def test_a_card_that_runs_short_mid_run_halves_the_micro_batch_and_the_run_goes_
     assert abs(res.held_out_after.mean - base.held_out_after.mean) < 1e-3
     assert plan.micro_batch == 8 and "8 at step 12" in plan["micro_batch"].source
     assert any("ran out of memory during the run" in n for n in plan.notes)
+
+
+def _noisy(mean: float, n: int = 64, spread: float = 0.05, seed: int = 0) -> list[float]:
+    import random
+
+    rng = random.Random(seed)
+    return [mean + spread * rng.uniform(-1, 1) for _ in range(n)]
+
+
+def test_a_significant_wobble_that_gives_back_little_of_the_fall_is_no_rollback():
+    """A one-pass run's check significantly worse than its best, but only 1.2% of the start-to-best
+    fall given back (the wobble the recorded one-pass rollbacks were): kept, the rate untouched."""
+    from leadline.rate.guard import GIVE_BACK, Guard
+
+    g = Guard(rate=2.5e-3, looks=8)
+    g.start(0, _noisy(8.6))
+    assert g.check(10, _noisy(0.35, seed=1)).action == "best"
+    said = g.check(20, _noisy(0.45, seed=1))
+    assert said.action == "keep" and g.rate == 2.5e-3
+    v = g.records[-1]["versus_best"]
+    assert v["worse"] and v["gave_back"] < GIVE_BACK  # significant, and small: a wobble
+    assert g.check(30, _noisy(1.2, seed=1)).action == "rollback"  # 10% given back: gone wrong
+    assert g.rate == 1.25e-3 and g.records[-1]["versus_best"]["gave_back"] >= GIVE_BACK
+
+
+def test_a_check_no_better_than_the_start_rolls_back_at_once_whatever_the_bar_says():
+    """Two rows are too few for the sequential bar to call anything significant at the first looks;
+    a check that reads no better than the start rolls back all the same."""
+    from leadline.rate.guard import Guard
+
+    g = Guard(rate=1e-2, looks=8)
+    g.start(0, [2.0, 2.2])
+    assert g.check(5, [1.0, 1.3]).action == "best"
+    said = g.check(10, [2.3, 2.0])
+    assert said.action == "rollback" and said.to_step == 5 and said.lr == 5e-3
+    assert g.records[-1]["versus_best"]["worse_than_start"] is True
+    assert g.records[-1]["versus_best"]["worse"] is False  # the bar alone would have kept it

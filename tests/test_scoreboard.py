@@ -724,9 +724,9 @@ def test_the_sweep_runs_seven_schedule_free_runs_on_every_row_side_by_side(sb, t
     passes, each on every row given, judged with the loss its pick reads, and the board's table
     with the pick and each arm's regret."""
     pytest.importorskip("schedulefree")
-    from helpers import save_model_dir
-
     import threading
+
+    from helpers import save_model_dir
 
     _leadline_in_process(sb, monkeypatch)
     real, one_at_a_time = sb.proc, threading.Lock()  # a model's load is not thread-safe: one worker at a time
