@@ -592,7 +592,8 @@ class Judge:
         for i, g in enumerate(gold):
             row = [sc[k * i + x][0] for x in range(k)]
             top = max(row)
-            nll.append(top + math.log(sum(math.exp(v - top) for v in row)) - row[labels.index(g)])
+            nll.append(top + math.log(sum(math.exp(v - top) for v in row)) - row[labels.index(g)] if g in labels
+                       else None)  # a gold answer outside the task's answers: no loss to read
         c = Counter(preds)
         return {"metric": "accuracy", "accuracy": sum(p == g for p, g in zip(preds, gold)) / len(gold),
                 "top_answer_share": c.most_common(1)[0][1] / len(preds), "counts": dict(c), "predictions": preds,
@@ -1122,9 +1123,8 @@ def pick_loss(verdict: dict[str, Any], rows: Sequence[int]) -> float | None:
     answers (``row_nll``, classification) or per completion token (``row_ce``, generation); None
     where the verdict lacks it."""
     per_row = verdict.get("row_nll") or verdict.get("row_ce")
-    if not per_row:
-        return None
-    return sum(per_row[i] for i in rows) / len(rows)
+    got = [per_row[i] for i in rows if per_row[i] is not None] if per_row else []
+    return sum(got) / len(got) if got else None
 
 
 def only_rows(unit: dict[str, Any], rows: Sequence[int]) -> dict[str, Any]:
