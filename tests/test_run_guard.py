@@ -103,22 +103,22 @@ def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
 
 
 
-def test_the_held_out_rows_no_check_reads_can_train_after_the_opening(tmp_path):
-    """--train-held-out: the 40 held-out rows are read by the opening; after it the 8 the checks do
-    not read join the training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22);
-    the checks and the before/after verdict read the other 32 alone."""
+def test_the_held_out_rows_no_check_reads_train_after_the_opening_by_default(tmp_path):
+    """The 40 held-out rows are read by the opening; after it the 8 the checks do not read join the
+    training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22); the checks and
+    the before/after verdict read the other 32 alone. ``train_held_out=False`` keeps all 40 out."""
     from helpers import make_model, make_tokenizer
     from leadline.run import run_in_one
 
     tok = make_tokenizer()
     data = str(_rows(tmp_path / "t.jsonl"))
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, train_held_out=True)
-    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1)
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1, train_held_out=False)
     assert (base.train_rows, res.train_rows) == (360, 368) and (base.steps, res.steps) == (22, 23)
     assert res.cost.check_rows == res.held_out_before.rows == res.held_out_after.rows == 32
     assert base.held_out_before.rows == base.held_out_after.rows == 40
     assert any("the held-out rows no check reads (8) trained" in n for n in plan.notes)
-    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=10, train_held_out=True)
+    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=10)
     assert fixed.steps == 10 and fixed.train_rows == 368  # a length the caller gave stays
 
 def test_a_rate_thrown_past_divergence_mid_run_is_rolled_back_and_the_run_ends_within_the_unfaulted_runs_noise(
@@ -237,17 +237,19 @@ def test_your_own_eval_rows_are_read_before_and_after_and_never_train(tmp_path, 
     assert "eval rows loss" in said
 
 
-def test_leadline_run_trains_the_held_out_rows_no_check_reads_when_asked_and_full_refuses_it(tmp_path, capsys):
+def test_leadline_run_trains_the_held_out_rows_no_check_reads_unless_told_not_to_and_full_refuses_it(tmp_path,
+                                                                                                      capsys):
     from helpers import save_model_dir
     from leadline.cli import main
 
     model, data = save_model_dir(tmp_path / "m"), str(_rows(tmp_path / "t.jsonl"))
-    out = tmp_path / "run"
-    rc = main(["run", "--model", str(model), "--data", data, "--lora-rank", "4", "--train-held-out",
-               "--device", "cpu", "--out", str(out)])
-    said = capsys.readouterr()
-    assert rc in (0, 3), said.err
-    assert json.loads((out / "run.json").read_text())["train_rows"] == 368
+    for flag, rows in (([], 368), (["--no-train-held-out"], 360)):
+        out = tmp_path / f"run{rows}"
+        rc = main(["run", "--model", str(model), "--data", data, "--lora-rank", "4", *flag, "--epochs", "1",
+                   "--device", "cpu", "--out", str(out)])
+        said = capsys.readouterr()
+        assert rc in (0, 3), said.err
+        assert json.loads((out / "run.json").read_text())["train_rows"] == rows
     rc = main(["run", "--model", str(model), "--data", data, "--effort", "full", "--train-held-out",
                "--device", "cpu", "--out", str(tmp_path / "full")])
     assert rc == 2 and "--train-held-out belongs to --effort race" in capsys.readouterr().err
@@ -276,9 +278,10 @@ def test_a_card_that_runs_short_mid_run_halves_the_micro_batch_and_the_run_goes_
         return step
 
     tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
-    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    one_pass = {"epochs": 1, "train_held_out": False}  # 22 steps of the 360 rows not held out
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, **one_pass)
     monkeypatch.setattr(Task, "train_step_of", train_step_of)
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, **one_pass)
     assert raised == [12] and res.micro_batch == 8 and res.grad_accum == 2
     assert res.steps == 22 and len(res.curve) == 22 - res.cost.kept_steps and res.curve[-1]["step"] == 21
     assert res.outcome == base.outcome  # the same run: the same rows a step, summed in two halves from step 12
@@ -322,3 +325,58 @@ def test_a_check_no_better_than_the_start_rolls_back_at_once_whatever_the_bar_sa
     assert said.action == "rollback" and said.to_step == 5 and said.lr == 5e-3
     assert g.records[-1]["versus_best"]["worse_than_start"] is True
     assert g.records[-1]["versus_best"]["worse"] is False  # the bar alone would have kept it
+
+
+def test_a_run_of_no_given_length_goes_on_pass_by_pass_while_its_checks_improve_and_stops_at_five(tmp_path,
+                                                                                                  monkeypatch):
+    """Each pass's end is a check; the run adds a pass while that check is significantly below the one
+    before it (here: always), up to five passes, each with the first pass's checks; the added steps
+    are their own row of the phase table and run.json says how many passes ran."""
+    import leadline.run.one as one
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    asked = []
+    monkeypatch.setattr(one, "still_improving", lambda last, before: asked.append((last, before)) or True)
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, out_dir=tmp_path / "run")
+    assert res.passes == 5 and res.steps == 5 * 23 and res.extra_pass_steps == 4 * 23 and len(asked) == 4
+    ends = [c for c in res.checks if c.get("why") == "the pass's end"]
+    assert [c["step"] for c in ends] == [23, 46, 69, 92]
+    scheduled = [c["step"] for c in res.checks if c.get("why") == "scheduled"]
+    assert sum(23 < s < 46 for s in scheduled) == sum(0 < s < 23 for s in scheduled) > 0  # each pass its checks
+    rows = {p.phase: p for p in plan.phases}
+    assert rows["passes"].steps == 92 and rows["run"].steps == 23 - res.cost.kept_steps
+    assert plan["total_steps"].value == 115 and "5 passes: the most a run takes" in plan["total_steps"].source
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["passes"] == 5
+
+
+def test_a_run_whose_check_at_a_passs_end_no_longer_improves_stops_there(tmp_path, monkeypatch):
+    import leadline.run.one as one
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    verdicts = iter([True, False])
+    monkeypatch.setattr(one, "still_improving", lambda last, before: next(verdicts))
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert res.passes == 2 and res.steps == 46 and "2 passes: the run went on while" in plan["total_steps"].source
+    _, given = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1)
+    assert given.passes is None and given.steps == 23 and not [c for c in given.checks
+                                                              if c.get("why") == "the pass's end"]
+
+
+def test_the_pass_rule_reads_the_pass_ends_check_against_the_check_before_it(tmp_path, monkeypatch):
+    """The real rule on the tiny model: every added pass followed a pass-end check significantly below
+    the check before it, and a run that stopped short of five did so at a check that was not."""
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+    from leadline.run.length import MAX_PASSES
+
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert 1 <= res.passes <= MAX_PASSES and res.steps == res.passes * 23
+    ends = [c for c in res.checks if c.get("why") == "the pass's end"]
+    assert len(ends) == min(res.passes, MAX_PASSES - 1)
+    if res.passes < MAX_PASSES:
+        assert "stopped when it was not" in plan["total_steps"].source or "guard" in plan["total_steps"].source

@@ -41,10 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval", default=None, metavar="FILE",
                    help="with --effort race: your own rows (the training data's format) to read the model on before "
                    "and after the run (default: none)")
-    p.add_argument("--train-held-out", action="store_true",
-                   help="with --effort race: after the opening race, train on the held-out rows the guard's checks "
-                   "do not read too, late in the first pass; the checks and the verdict read the rest (default: off; "
-                   "on the boards it is still to be compared with the default)")
+    p.add_argument("--train-held-out", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --effort race: after the opening race, the held-out rows the guard's checks do not "
+                   "read train too, late in the first pass; the checks and the verdict read the rest (default: on; "
+                   "--no-train-held-out keeps every held-out row out of training)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     add_html_argument(p)
@@ -74,7 +74,8 @@ def run(args: argparse.Namespace) -> int:
     asked = ending_flag(args)
     if args.effort != "race":
         for flag, given in (("--lr", args.lr is not None), ("--test-share", args.test_share),
-                            ("--eval", args.eval is not None), ("--train-held-out", args.train_held_out)):
+                            ("--eval", args.eval is not None),
+                            ("--train-held-out", args.train_held_out is not None)):
             if given:
                 raise InputError(f"{flag} belongs to --effort race (the default); --effort {args.effort} derives and "
                                  f"trains a plan: leave {flag} out or drop --effort")
@@ -169,7 +170,8 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
                                    rows_per_step=args.rows_per_step, decide_share=args.decide_share,
                                    seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
                                    fields=fields, rate=rate, test_share=args.test_share,
-                                   eval_data=args.eval, load_seconds=load, train_held_out=args.train_held_out)
+                                   eval_data=args.eval, load_seconds=load,
+                                   train_held_out=args.train_held_out is not False)
         finally:
             bar.close()
         plan.model["name"] = str(args.model)

@@ -27,6 +27,7 @@ from leadline.plan import PhaseTime, Plan, Value
 from leadline.rate.guard import Guard, check_plan, check_steps, outcome
 from leadline.rate.opening import DECIDE_SHARE, climb, collapsed, horizon, opening_rates
 from leadline.rate.watch import StateCopy, Watch
+from leadline.run.length import MAX_PASSES, still_improving, stop_sentence
 from leadline.run.loop import guarded_steps
 from leadline.run.opening import Opening, optimizer
 from leadline.run.result import Reading, RunCost, RunResult
@@ -75,6 +76,9 @@ class _Job:
     epochs: float | None = None
     check_rows: int | None = None  # the held-out rows the checks and the verdict read, where the rest trained
     joined: int = 0  # held-out rows that joined the training rows after the opening
+    pass_steps: int = 0  # one pass's steps (after held-out rows joined)
+    passes_left: int = 0  # passes the run may still add where its length was not given (run.length)
+    passes_why: str = "given"  # why the run took the passes it took (run.length.stop_sentence)
     halved: list[dict[str, int]] = field(default_factory=list)  # the micro-batch halved mid-run: step, from, to
 
 
@@ -104,7 +108,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                on_step: Callable[[dict[str, Any]], None] | None = None, fields: dict[str, str] | None = None,
                train: bool = True, rate: Value | None = None, test_share: float = 0.0,
                eval_data: Any = None, load_seconds: float | None = None,
-               train_held_out: bool = False, prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
+               train_held_out: bool = True, prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
     """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the
@@ -118,7 +122,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     held-out rows the decisions read, and the result says so). ``train=False``: the race alone
     (Trainer trains): the model, its mode and the RNG states put back bit for bit.
     ``load_seconds``: the caller's load of the model, written into ``run.json`` with the run's own.
-    ``train_held_out``: the held-out rows no check reads train after the opening (:func:`_join_held_out`).
+    ``train_held_out``: the held-out rows no check reads train after the opening (:func:`_join_held_out`;
+    False keeps every held-out row out of training).
     ``prepared``: a ``train=False`` race's rows (its plan's), reused where they fit (:meth:`Prepared.fits`).
     """
     from leadline.rate.state import capture_rng, restore_rng
@@ -205,8 +210,11 @@ def _prepare(model: Any, tokenizer: Any, data: Any, total_steps: int | None, epo
         task, profile = prepare(model, tokenizer, data, seq_len=seq_len, seed=seed, fields=fields,
                                 test=float(test_share), eval_dataset=eval_data)
     steps = run_steps_of(len(task.order), rps, total_steps, epochs)
-    return _Job(task, profile, [p for _, p in trained_named_weights(model)], steps, rps,
-                max(1, round(WARMUP_SHARE * steps)), trained_as_of(model), epochs=epochs)
+    job = _Job(task, profile, [p for _, p in trained_named_weights(model)], steps, rps,
+               max(1, round(WARMUP_SHARE * steps)), trained_as_of(model), epochs=epochs)
+    if not total_steps and not epochs:  # no length given: pass by pass (leadline.run.length)
+        job.passes_left, job.passes_why = MAX_PASSES - 1, "flat"
+    return job
 
 
 def _join_held_out(job: _Job, fixed_steps: bool) -> None:
@@ -350,7 +358,8 @@ def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_b
 
 
 def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], None] | None) -> RunResult:
-    """The run's steps under the guard, the end decided, the kept model read against the start."""
+    """The run's steps under the guard, pass by pass where its length was not given
+    (:mod:`leadline.run.length`), the end decided, the kept model read against the start."""
     from leadline.corpus.losses import row_losses
 
     task, params, opt = job.task, job.params, opened.opt
@@ -358,7 +367,12 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
     rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
     rows = job.check_rows or rows  # where held-out rows trained, the checks keep to the rows that did not
     subset = [task.rows[i] for i in task.split.held_out[:rows]]
-    read = lambda: row_losses(task.model, subset, None, task.device, pad_id=task.pad_id)  # noqa: E731
+    readings: list[list[float]] = []  # every check's per-row losses, for the pass rule
+
+    def read() -> list[float]:
+        readings.append(row_losses(task.model, subset, None, task.device, pad_id=task.pad_id))
+        return readings[-1]
+
     at = check_steps(job.steps, start, n_checks)
     guard = Guard(rate=opened.lr, looks=max(1, len(at) + (1 if start else 0)), incumbent=opened.incumbent)
     watch = Watch(guard, params, opt, read, model=task.model, checks=[s for s in at if s < job.steps])
@@ -366,9 +380,30 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
     t = time.perf_counter()
     task.model.train()
     if start and opened.winner_losses is not None:  # the race's winner is the first check
-        watch.check(start, opened.winner_losses[:rows], why="the opening race's winner")
+        readings.append(list(opened.winner_losses[:rows]))
+        watch.check(start, readings[-1], why="the opening race's winner")
     done = guarded_steps(opt, job.step, range(start, job.steps), watch=watch, on_step=on_step)
+    pass_steps = job.pass_steps = job.steps
+    t_more, read_before = time.perf_counter(), watch.read_seconds + watch.copy_seconds
+    while job.passes_left > 0 and not done.stopped_at:
+        job.passes_why = "cap"
+        before = readings[-1] if readings else list(opened.start_losses[:rows])
+        said = watch.check(job.steps, why="the pass's end")
+        if said.action not in ("best", "keep"):
+            job.passes_why = "guard"
+            break
+        if not still_improving(readings[-1], before):
+            job.passes_why = "flat"
+            break
+        job.passes_left -= 1
+        more = [job.steps + s for s in check_steps(pass_steps, 0, n_checks)]
+        guard.looks += len(more)
+        watch.checks.update(s for s in more if s < job.steps + pass_steps)
+        job.steps += pass_steps
+        done = _joined(done, guarded_steps(opt, job.step, range(job.steps - pass_steps, job.steps), watch=watch,
+                                           on_step=on_step))
     check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
+    more_seconds = time.perf_counter() - t_more - (check_seconds - read_before)  # the added passes' steps
     end = _end(job, opened, watch, read if job.joined else task.held_out_losses(), rows)
     run_seconds = time.perf_counter() - t
     cost = RunCost(kept_steps=opened.kept_steps, overhead_steps=opened.overhead_steps, run_steps=job.steps,
@@ -379,9 +414,19 @@ def _guarded(job: _Job, opened: _Opened, on_step: Callable[[dict[str, Any]], Non
                        len(task.split.train) + job.joined, 0, curve=done.curve, checks=guard.records, cost=cost,
                        held_out_before=Reading.of(end["before"]), held_out_after=end["after"],
                        outcome=end["outcome"], kept_step=guard.kept_step)
+    result.passes = job.steps // pass_steps if job.passes_why != "given" else None
+    result.extra_pass_steps = job.steps - pass_steps
     result.seconds.update(steps_seconds=run_seconds - check_seconds - end["seconds"],
-                          check_seconds=check_seconds, verdict_seconds=end["seconds"])
+                          check_seconds=check_seconds, verdict_seconds=end["seconds"], more_passes_seconds=more_seconds)
     return result
+
+
+def _joined(first: Any, then: Any) -> Any:
+    """Two stretches of the loop as one: their steps and curves added, the second's stop kept."""
+    first.steps += then.steps
+    first.curve += then.curve
+    first.stopped_at = then.stopped_at
+    return first
 
 
 def _end(job: _Job, opened: _Opened, watch: Watch, read_all: Callable[[], list[float]], rows: int) -> dict[str, Any]:
@@ -439,8 +484,11 @@ def _phases(plan: Plan, job: _Job, opened: _Opened, result: RunResult) -> None:
 
     s = result.seconds
     plan.phases = [*_opening_phases(job, opened),
-                   PhaseTime("run", s["steps_seconds"], result.steps_run - opened.kept_steps,
-                             step_seconds=s["steps_seconds"]),
+                   PhaseTime("run", s["steps_seconds"] - s["more_passes_seconds"],
+                             result.steps_run - opened.kept_steps - result.extra_pass_steps,
+                             step_seconds=s["steps_seconds"] - s["more_passes_seconds"]),
+                   *([PhaseTime("passes", s["more_passes_seconds"], result.extra_pass_steps, ("total_steps",),
+                                step_seconds=s["more_passes_seconds"])] if result.extra_pass_steps else []),
                    PhaseTime("guard", s["check_seconds"] + s["verdict_seconds"], 0, ("guard",),
                              reads=result.cost.check_reads, read_seconds=s["check_seconds"] + s["verdict_seconds"])]
     share = s["check_seconds"] / s["steps_seconds"] if s["steps_seconds"] > 0 else 0.0
@@ -534,8 +582,10 @@ def _values(plan: Plan, job: _Job, opened: _Opened, decide_share: float, rows_gi
     plan.set("warmup_steps", Value(warmup, "constant", f"{WARMUP_SHARE:.0%} of the run (schedule-free's warmup at "
                                    "the settings that won AlgoPerf's self-tuning track)", unit="steps"))
     plan.set("weight_decay", Value(0.0, "constant", "0: a fine-tune starts from weights worth keeping"))
-    plan.set("total_steps", Value(steps, "derived", f"the run's length: its passes over the training rows at "
-                                  f"{rows_per_step} rows a step", unit="steps"))
+    said = (f"the run's length: {stop_sentence(steps // job.pass_steps, job.passes_why)}, at {rows_per_step} rows "
+            "a step" if job.passes_why != "given" and job.pass_steps else
+            f"the run's length: its passes over the training rows at {rows_per_step} rows a step")
+    plan.set("total_steps", Value(steps, "derived", said, unit="steps"))
     plan.set("opening_steps", Value(h, "derived", "each candidate's steps in the opening race: the loser's steps, "
                                     "where the lower rate runs, fit the decision's share of the run", unit="steps"))
     plan.set("seq_len", Value(int(profile.seq_len), "measured", "the corpus's longest row", unit="tokens"))

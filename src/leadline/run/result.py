@@ -92,6 +92,8 @@ class RunResult:
     trained: bool = True
     data_notes: list[str] = field(default_factory=list)  # what leadline changed in the rows: cut, dropped, mixed
     seconds: dict[str, float] = field(default_factory=dict)
+    passes: int | None = None  # the passes a run whose length was not given took (leadline.run.length)
+    extra_pass_steps: int = 0  # the steps of its passes after the first
 
     @property
     def improved(self) -> bool:
@@ -115,7 +117,8 @@ class RunResult:
         out.append(textwrap.fill(f"the rate: {plan['lr'].source}", width=99, subsequent_indent="  "))
         out.append(f"lr {plan['lr'].value:.3g}, schedule-free AdamW, {self.steps} steps of "
                    f"{self.micro_batch * self.grad_accum} rows"
-                   + (f" planned, {ran} run (the guard stopped it at its best check)" if ran < self.steps else ""))
+                   + (f" planned, {ran} run (the guard stopped it at its best check)" if ran < self.steps else "")
+                   + (f" over {self.passes} passes" if self.passes and self.passes > 1 else ""))
         out.append(f"the decision's overhead: {cost.overhead_steps} steps not kept ({cost.overhead_share:.0%} of the "
                    f"run), {cost.held_out_reads} held-out reads")
         out.append(textwrap.fill(f"the guard: {plan['guard'].source}", width=99, subsequent_indent="  "))
@@ -141,7 +144,7 @@ class RunResult:
         """``run.json``."""
         out: dict[str, Any] = {k: getattr(self, k) for k in (
             "steps", "micro_batch", "grad_accum", "lr", "train_rows", "seed", "optimizer", "curve", "checks",
-            "outcome", "kept_step", "trained", "test_source", "data_notes")}
+            "outcome", "kept_step", "trained", "test_source", "data_notes", "passes", "extra_pass_steps")}
         out["cost"] = self.cost.as_dict()
         for name in ("held_out_before", "held_out_after"):
             r = getattr(self, name)

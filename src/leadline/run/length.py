@@ -1,0 +1,62 @@
+"""The run's length: past its first pass while its held-out checks still improve, at most five passes.
+
+On a few hundred rows one pass is a few dozen steps, and the run's length is the hyperparameter
+that matters most; on thousands of rows one pass is most runs' length. The rule, written before
+the boards that decide it (``benchmarks/scoreboard.py`` rule RL):
+
+1. Where the caller gave no length (no ``--steps``, no ``--epochs``), the run plans one pass and
+   may go on pass by pass, at most :data:`MAX_PASSES` in all.
+2. At each pass's end the guard reads a check there (a scheduled one). The run takes another
+   pass only when that check is significantly below the check before it on the same held-out
+   rows (:func:`still_improving`: a one-sided paired t at :data:`ALPHA`), and the guard neither
+   rolled back nor stopped there: a run whose last stretch still learns is not cut at a pass's
+   end, and a run that has flattened pays for no pass it does not need.
+3. Each added pass gets the first pass's checks (the same rows, the same count), so the reads stay
+   within the guard's share of the steps' time; the end and the kept model are the guard's as in
+   one pass.
+
+The steps of every pass but the first are the decision's cost; the plan's ``total_steps`` says how
+many passes ran and why the run stopped, and the phase table counts every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from leadline.rate.compare import compare
+
+MAX_PASSES = 5
+"""The most passes a run whose length was not given takes."""
+ALPHA = 0.05
+
+
+def still_improving(last: Sequence[float], before: Sequence[float], alpha: float = ALPHA) -> bool:
+    """Whether the pass's last check (per-row held-out losses) is significantly below the check
+    before it on the same rows: the run still learns at the pass's end.
+
+    Examples:
+        >>> still_improving([1.0, 1.1, 0.9, 1.0], [1.3, 1.4, 1.2, 1.35])
+        True
+        >>> still_improving([1.0, 1.1, 0.9, 1.0], [1.0, 1.12, 0.88, 1.01])
+        False
+    """
+    return compare(last, before, alpha=alpha).better
+
+
+def stop_sentence(passes: int, reason: str) -> str:
+    """Why the run took ``passes`` passes.
+
+    Examples:
+        >>> stop_sentence(3, "flat")[:62]
+        "3 passes: the run went on while its held-out check at a pass's"
+        >>> stop_sentence(5, "cap")[:40]
+        '5 passes: the most a run takes (its che'
+    """
+    said = {
+        "flat": "the run went on while its held-out check at a pass's end was significantly below the check before "
+                "it, and stopped when it was not",
+        "cap": "the most a run takes (its checks still improved at the last pass's end)",
+        "guard": "the guard rolled back or stopped at the pass's end, so the run went no further",
+        "given": "the length the caller gave",
+    }[reason]
+    return f"{passes} pass{'es' if passes != 1 else ''}: {said}"
