@@ -50,7 +50,7 @@ def stop_sentence(passes: int, reason: str) -> str:
         >>> stop_sentence(3, "flat")[:62]
         "3 passes: the run went on while its held-out check at a pass's"
         >>> stop_sentence(5, "cap")[:40]
-        '5 passes: the most a run takes (its che'
+        '5 passes: the most a run takes (its chec'
     """
     said = {
         "flat": "the run went on while its held-out check at a pass's end was significantly below the check before "
