@@ -219,6 +219,17 @@ RULES = {
           "loss is lowest on a seeded quarter of the test rows (the pick's own split), the ceiling the best test "
           "metric on the other rows (reported, never a bar); an arm's regret is rule P against the pick on those "
           "other rows; the sweep's cost is its runs' summed seconds",
+    "D": "leadline run's defaults of this version (the held-out rows no check reads train after the opening; the "
+         "guard rolls back a check no better than the start at once and a significant worsening only where it gave "
+         "back 5% of the start-to-best fall; a run of no given length goes on pass by pass while its check at a "
+         "pass's end is significantly below the check before it, at most 5 passes) stay the default when, on the "
+         "boards with the sweep, leadline (3 seeds) loses by rule P to none of the sweep's pick, schedule-free at its "
+         "defaults and the recipe, and no longer loses to schedule-free on the boards where the earlier default lost "
+         "(py_modules, code_trace, man_sections); a piece is judged where it acted: the rows trained on py_modules "
+         "and code_trace, the rollbacks (guard_replay) on man_sections, the passes taken on the small boards",
+    "RATE": "the opening's candidates stay c and c/4 unless the sweep's pick (rule SW) sits at 2c or more, or at c/4, "
+            "on at least two boards, each at the board's passes; where c (or c/2, within 2x) is the pick on every "
+            "board, docs/rate.md says so with the boards and the race's cost stays zero where c learns",
     "$$": "a cost ratio is quoted only between units each timed alone on the GPU (its own process, wall seconds from "
           "its start, imports and the model's load included)",
 }
