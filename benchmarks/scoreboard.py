@@ -1067,6 +1067,21 @@ def drop_stale(data: dict[str, Any], arms: str) -> frozenset[str]:
     return frozenset(stale)
 
 
+def drop_earlier_defaults(data: dict[str, Any], arms: str) -> frozenset[str]:
+    """``--refresh-defaults``: the named ``leadline run`` arms' units (their seeds too) whose run did
+    not record ``passes`` (run before this version's defaults, rule D) run again; a unit that records
+    it stays, so the same command resumes.
+
+    Examples:
+        >>> data = {"units": {"leadline": {"run": {"steps": 9}}, "leadline_seed1": {"run": {"passes": 1}},
+        ...                   "leadline_seed2": {"failed": True}, "recipe": {"run": {}}}}
+        >>> sorted(drop_earlier_defaults(data, "leadline"))
+        ['leadline', 'leadline_seed2']
+    """
+    return frozenset(u for name in filter(None, arms.split(",")) for u, rec in data["units"].items()
+                     if re.fullmatch(re.escape(name) + r"(_seed\d+)?", u) and "passes" not in (rec.get("run") or {}))
+
+
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
     """The rows a pass a recipe-shaped arm runs at: ``micro`` (the most rows up to it that divide
     the step), or None for the whole step at once."""
@@ -2331,6 +2346,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", default="", help="arms whose units recorded no train_rows (trained on leadline's "
                     "split, before every comparison arm trained on every row) run again, comma-separated; units "
                     "that record it stay, so the same command resumes")
+    ap.add_argument("--refresh-defaults", default="", help="leadline run arms whose units ran before this "
+                    "version's defaults (their run records no passes) run again, comma-separated; the same command "
+                    "resumes")
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")
@@ -2410,7 +2428,8 @@ def main(argv: list[str] | None = None) -> int:
     if task["kind"] == "classify":
         board.data["gold"] = [r["label"] for r in task["test"]]
     board.data.setdefault("pick_rows", pick_rows(len(task["test"])))  # the sweep's pick reads these test rows
-    board.rerun = drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
+    board.rerun = (drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
+                   | drop_earlier_defaults(board.data, args.refresh_defaults))
     board.save()
     judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
     arms = Arms(args, task, board, judge)

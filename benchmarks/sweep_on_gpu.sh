@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The sweep's boards (scoreboard rules SW and D) on one GPU machine, in calls that resume: the six
+# seeded boards and two small-data boards side by side, two scoreboard processes that never share a
+# board file, each bringing its boards back into $OUT (benchmarks/boards_on_gpu.sh).
+#
+#   benchmarks/sweep_on_gpu.sh            # the same command resumes: finished units do not run again
+#
+# - the six seeded boards: the sweep (sf_sweep: seven schedule-free runs on every row) and leadline
+#   at seeds 0-2 with this version's defaults (--refresh-defaults: a unit of the earlier defaults runs
+#   again once, then stays);
+# - the small boards (320 rows): the sweep, and leadline, schedule-free and the recipe at seeds 0-2.
+# Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
+# default 560), RESULTS, MODEL, DATA as boards_on_gpu.sh.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export MODEL=${MODEL:-/tmp/smol_hf} STOP=${STOP:-500} TIMEOUT=${TIMEOUT:-560}
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
+if [[ ! -d $MODEL ]]; then  # once, before the two scripts that would each write it
+  PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
+fi
+SEEDED="debian_sections:lora man_sections:lora py_modules:lora code_trace:lora gsm_symbolic:full debian_summary:long"
+BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=2 PACK=seeded \
+  EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/seeded.log 2>&1 &
+BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=1 \
+  PACK=small benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &
+wait
+tail -n 30 /tmp/seeded.log /tmp/small.log
