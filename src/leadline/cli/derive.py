@@ -54,11 +54,13 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
     p.set_defaults(efforts=efforts)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N",
-                   help="the run's length in optimizer steps (default: one pass over the training rows, as --epochs 1; "
+                   help="the run's length in optimizer steps (default: leadline run goes pass by pass while its "
+                   "held-out check at a pass's end still improves, at most 5 passes; --effort full one pass; "
                    f"at most {MAX_EPOCHS} passes)")
     g.add_argument("--epochs", type=float, metavar="E",
-                   help=f"the run's length in passes over the training rows (default 1; at most {MAX_EPOCHS}); "
-                   "the race effort reads each pass's end on the held-out rows and keeps the pass they favour")
+                   help="the run's length in passes over the training rows (default: leadline run goes pass by pass "
+                   "while its held-out check at a pass's end still improves, at most 5; --effort full 1; at most "
+                   f"{MAX_EPOCHS})")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help="the length to train at (default: the longest row, cut to the model's positions)")
     p.add_argument("--quantile", type=float, metavar="Q",
@@ -67,7 +69,8 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
                    help="a bound on the whole derive in seconds; what it does not reach is listed (default: no bound)")
     p.add_argument("--rows-per-step", type=int, metavar="N", action=Spelled,
                    help="a batch the run must keep: N rows an optimizer step (the card decides the micro-batch and "
-                   "accumulation, the rate is measured at it; default: the measured step)")
+                   "accumulation, the rate is decided at it; default: 16 in leadline run, the measured step with "
+                   "--effort full)")
     p.add_argument("--step-for", choices=("rows", "time"), default=None,
                    help="what the measured step optimizes: rows (default: the smallest step whose time a row is what "
                    "the least-time step pays a row to reach the loss of its rows at a small step) or time (the least "
