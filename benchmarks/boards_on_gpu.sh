@@ -23,7 +23,9 @@
 #   CARD       hold the card to this many GB (scoreboard.py --card-gb; a held card takes the GPU alone)
 #   MODEL      a Hugging Face folder; written once from /root/assets/smol.gguf when missing
 #   DATA       the shared data folder (default /root/assets/data)
-#   RESULTS    where the boards' JSON files are written (default benchmarks/results); with $OUT set
+#   RESULTS    where the boards' JSON files are written (default benchmarks/results; a folder outside the
+#              tree, such as /root/results, keeps them across calls that each copy the tree anew, starting
+#              from the tree's file where it has none); with $OUT set
 #              (the device tool), they are also packed into $OUT/$PACK.tgz every 20 s and at the end,
 #              so a call cut at its limit still brings back every finished unit.
 #   PACK       the archive's name (default boards): two of these scripts side by side in one call
@@ -68,7 +70,13 @@ board() {  # one board, its log under /tmp
   local task=${1%%:*} regime=${1#*:} alone=() left=$((STOP - SECONDS))  # STOP counts from this script's start
   [[ $SERIAL == 1 ]] && alone=(--alone)
   (( left > 0 )) || { echo "$1 not started: STOP reached" > "/tmp/board_${task}_${regime}.log"; return; }
+  local name=scoreboard_${task}
+  [[ $regime == lora ]] || name+=_${regime}
+  [[ -n ${CARD:-} ]] && name+=_${CARD}gb
+  # a results folder outside the tree (a later call's copy of the tree would overwrite it) starts from the tree's file
+  [[ -f $RESULTS/$name.json || ! -f benchmarks/results/$name.json ]] || cp "benchmarks/results/$name.json" "$RESULTS/"
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
+      --out "$RESULTS/$name.json" \
       --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --timeout "$TIMEOUT" --work "/tmp/scoreboard_$regime" \
       ${CARD:+--card-gb $CARD} "${alone[@]}" ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1
 }

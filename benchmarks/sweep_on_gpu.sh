@@ -10,10 +10,12 @@
 #   again once, then stays);
 # - the small boards (320 rows): the sweep, and leadline, schedule-free and the recipe at seeds 0-2.
 # Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
-# default 560), RESULTS, MODEL, DATA as boards_on_gpu.sh.
+# default 560), RESULTS (default /root/results: outside the tree, so a later call resumes from it),
+# MODEL, DATA as boards_on_gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export MODEL=${MODEL:-/tmp/smol_hf} STOP=${STOP:-500} TIMEOUT=${TIMEOUT:-560}
+export MODEL=${MODEL:-/tmp/smol_hf} STOP=${STOP:-500} TIMEOUT=${TIMEOUT:-560} RESULTS=${RESULTS:-/root/results}
+mkdir -p "$RESULTS"
 export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}
 if [[ ! -d $MODEL ]]; then  # once, before the two scripts that would each write it
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
