@@ -21,7 +21,7 @@ if [[ ! -d $MODEL ]]; then  # once, before the two scripts that would each write
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
 fi
 SEEDED="debian_sections:lora man_sections:lora py_modules:lora code_trace:lora gsm_symbolic:full debian_summary:long"
-BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=2 PACK=seeded \
+BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=3 PACK=seeded \
   EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/seeded.log 2>&1 &
 BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=1 \
   PACK=small benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &
