@@ -59,9 +59,9 @@ def _rows(path, n=400, seed=0, numbers=99):
     return section_rows(path, n, seed, numbers)
 
 
-def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):
+def _run(tmp_path, monkeypatch=None, fault_at=None, rate=None, **options):
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     if fault_at is not None:  # the rate multiplied 10^4 for one step: the weights thrown far off
         import schedulefree
@@ -84,21 +84,19 @@ def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):
 
         monkeypatch.setattr(opening, "optimizer", lambda params, lr, warmup: Faulty(
             params, lr=lr, warmup_steps=warmup, weight_decay=0.0))
-        monkeypatch.setattr("leadline.run.one.optimizer", opening.optimizer)
     tok = make_tokenizer()
     data = tmp_path / "train.jsonl"
     if not data.exists():
         _rows(data)
-    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), total_steps=40, **kw)
+    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), RunOptions(total_steps=40, **options), rate=rate)
 
 
 def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, race_only
 
     tok = make_tokenizer()
-    plan, _ = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=4,
-                         train=False)
+    plan = race_only(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=4))
     assert len(plan.held_out["train"]) >= 360 and len(plan.held_out["held_out"]) == 40 and not plan.held_out["test"]
 
 
@@ -108,17 +106,17 @@ def test_the_held_out_rows_no_check_reads_can_train_after_the_opening(tmp_path):
     not read join the training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22);
     the checks and the before/after verdict read the other 32 alone."""
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     tok = make_tokenizer()
     data = str(_rows(tmp_path / "t.jsonl"))
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, train_held_out=True)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(train_held_out=True))
     _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data)
     assert (base.train_rows, res.train_rows) == (360, 368) and (base.steps, res.steps) == (22, 23)
     assert res.cost.check_rows == res.held_out_before.rows == res.held_out_after.rows == 32
     assert base.held_out_before.rows == base.held_out_after.rows == 40
     assert any("the held-out rows no check reads (8) trained" in n for n in plan.notes)
-    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=10, train_held_out=True)
+    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=10, train_held_out=True))
     assert fixed.steps == 10 and fixed.train_rows == 368  # a length the caller gave stays
 
 def test_a_rate_thrown_past_divergence_mid_run_is_rolled_back_and_the_run_ends_within_the_unfaulted_runs_noise(

@@ -159,7 +159,7 @@ def test_no_public_function_of_the_run_returns_an_untyped_dict():
     returns = {f"{path.stem}.{name}": ann for path in sorted((SRC / "run").glob("*.py"))
                if not path.stem.startswith("_") or path.stem == "__init__"
                for name, ann in _public_returns(path).items()}
-    assert "one.run_in_one" in returns and "one.run_steps_of" in returns  # the modules were read
+    assert "one.run_in_one" in returns and "job.run_steps_of" in returns  # the modules were read
     untyped = {name: ann for name, ann in returns.items() if UNTYPED.match(ann)}
     assert not untyped, f"public functions of leadline.run answering an untyped dict: {untyped}"
     unsaid = sorted(name for name, ann in returns.items() if not ann)

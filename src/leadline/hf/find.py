@@ -221,10 +221,9 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     """The learning rate for the trainer's batch, for its run's length.
 
     ``effort="race"`` (the default, as ``derive_for``'s and ``leadline run``'s): schedule-free
-    AdamW's rate, decided by the opening race (:func:`leadline.run.one.run_in_one` with
-    ``train=False``) at the trainer's ``per_device_train_batch_size`` x
-    ``gradient_accumulation_steps`` rows a step (16 without a trainer or ``micro_batch``), the
-    model left as it was. It is the rate of a run with ``optim="schedule_free_adamw"``,
+    AdamW's rate, decided by the opening race (:func:`leadline.run.race_only`) at the trainer's
+    ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` rows a step (16 without a
+    trainer or ``micro_batch``), the model left as it was. It is the rate of a run with ``optim="schedule_free_adamw"``,
     ``lr_scheduler_type="constant"`` and the plan's warmup
     (:func:`~leadline.hf.training_arguments` of ``rate.plan`` sets them all); a trainer whose
     ``optim`` is another is refused. ``effort="full"``: derive's first safe step (alpha1) and the
