@@ -59,7 +59,7 @@ def _rows(path, n=400, seed=0, numbers=99):
     return section_rows(path, n, seed, numbers)
 
 
-def _run(tmp_path, monkeypatch=None, fault_at=None, rate=None, **options):
+def _run(tmp_path, monkeypatch=None, fault_at=None, **options):
     from helpers import make_model, make_tokenizer
     from leadline.run import RunOptions, run_in_one
 
@@ -88,7 +88,7 @@ def _run(tmp_path, monkeypatch=None, fault_at=None, rate=None, **options):
     data = tmp_path / "train.jsonl"
     if not data.exists():
         _rows(data)
-    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), RunOptions(total_steps=40, **options), rate=rate)
+    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), RunOptions(total_steps=40, **options))
 
 
 def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):

@@ -202,9 +202,8 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
     options = RunOptions(total_steps=total_steps or plan.get("total_steps"), rows_per_step=rows, seed=seed,
-                         seq_len=plan.get("seq_len"), fields=fields or None)
-    _, result = run_in_one(model, tokenizer, data, options, rate=plan["lr"], out_dir=out_dir, on_step=on_step,
-                           prepared=plan.prepared)
+                         seq_len=plan.get("seq_len"), fields=fields or None, rate=plan["lr"])
+    _, result = run_in_one(model, tokenizer, data, options, out_dir=out_dir, on_step=on_step, prepared=plan.prepared)
     return {**result.as_dict(), "seconds": result.seconds.get("run_seconds", 0.0)}
 
 

@@ -168,9 +168,8 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
             options = RunOptions(total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step,
                                  decide_share=args.decide_share, seed=args.seed, seq_len=args.seq_len, fields=fields,
                                  test_share=args.test_share, eval_data=args.eval,
-                                 train_held_out=args.train_held_out)
-            plan, res = run_in_one(model, tok, args.data, options, rate=rate, out_dir=out, on_step=bar,
-                                   load_seconds=load)
+                                 train_held_out=args.train_held_out, rate=rate)
+            plan, res = run_in_one(model, tok, args.data, options, out_dir=out, on_step=bar, load_seconds=load)
         finally:
             bar.close()
         plan.model["name"] = str(args.model)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from leadline.corpus import data_notes
-from leadline.plan import Plan, Value
+from leadline.plan import Plan
 from leadline.run.end import Guarded, guarded, read_test
 from leadline.run.fit import fit
 from leadline.run.job import Job, Prepared, join_held_out, prepare_job
@@ -41,9 +41,8 @@ from leadline.run.values import opening_phases, plan_of, set_run_phases, set_val
 
 
 def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None = None, *,
-               rate: Value | None = None, out_dir: str | os.PathLike[str] | None = None,
-               on_step: Callable[[dict[str, Any]], None] | None = None, load_seconds: float | None = None,
-               prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
+               out_dir: str | os.PathLike[str] | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
+               load_seconds: float | None = None, prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
     """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
 
     Returns the plan (every number with its source; ``plan.phases`` the cost table) and the
@@ -51,10 +50,9 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     where the run ended no better than its start), ``plan.json`` and ``run.json`` are written.
 
     ``options``: the run's length, its rows a step, the race's share, the seed, the rows' fields,
-    a test share or the user's eval rows, ``train_held_out`` (:class:`RunOptions`; None: its defaults).
-    ``rate``: a rate already decided or given (``--lr``): no race, the run trains at it from the
-    start under the same guard. ``on_step``: called with each step's record (step, loss, rate,
-    seconds). ``load_seconds``: the caller's load of the model, written into ``run.json`` with the
+    a test share or the user's eval rows, ``train_held_out``, a rate given in place of the race
+    (:class:`RunOptions`; None: its defaults). ``on_step``: called with each step's record (step,
+    loss, rate, seconds). ``load_seconds``: the caller's load of the model, written into ``run.json`` with the
     run's own. ``prepared``: a race's rows (its plan's ``prepared``), reused where they fit
     (:meth:`~leadline.run.job.Prepared.fits`). Where the run stops with an error before its first
     step (in the race among others), the model, its mode, gradients and RNG states are as it was given.
@@ -66,7 +64,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
         plan = plan_of(model, data, opts.fields, job)
         fit(job)
         test_before = read_test(job.task)
-        opened = open_rate(job, rate, opts.decide_share, found, keep=True)
+        opened = open_rate(job, opts.rate, opts.decide_share, found, keep=True)
     if opts.train_held_out:
         _train_held_out(plan, job, fixed_steps=bool(opts.total_steps))
     ran = guarded(job, opened, on_step)
@@ -83,8 +81,9 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
 
 def race_only(model: Any, tokenizer: Any, data: Any, options: RunOptions | None = None, *,
               out_dir: str | os.PathLike[str] | None = None) -> Plan:
-    """The rate decided by the run's opening race, and nothing trained: the model, its mode, its
-    gradients and the RNG states put back bit for bit (``derive_for``, ``leadline derive``).
+    """The rate decided by the run's opening race (or given, ``options.rate``), and nothing trained:
+    the model, its mode, its gradients and the RNG states put back bit for bit (``derive_for``,
+    ``leadline derive``).
 
     Returns the plan of the run that would follow, with the rows the race prepared
     (``plan.prepared``, never written to its JSON) for :func:`run_in_one` to reuse. ``options``:
@@ -96,7 +95,7 @@ def race_only(model: Any, tokenizer: Any, data: Any, options: RunOptions | None 
         job = prepare_job(model, tokenizer, data, opts)
         plan = plan_of(model, data, opts.fields, job)
         fit(job)
-        opened = open_rate(job, None, opts.decide_share, found, keep=False)
+        opened = open_rate(job, opts.rate, opts.decide_share, found, keep=False)
     plan.prepared = Prepared(job.task, job.profile, tokenizer, data, opts.seed, opts.fields)  # for the run after
     set_values(plan, job, opened, rows_given=opts.rows_per_step is not None)
     plan.phases = opening_phases(job, opened)

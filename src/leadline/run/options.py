@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from leadline.errors import InputError
+from leadline.plan import Value
 from leadline.rate.opening import DECIDE_SHARE
 
 ROWS_PER_STEP = 16
@@ -33,6 +34,8 @@ class RunOptions:
             the decisions read, and the result says so).
         train_held_out: the held-out rows no check reads train after the opening race
             (the run alone: a race alone trains nothing).
+        rate: a rate already decided or given (``--lr``, or a race's plan's ``lr``), with its source:
+            no race, the run trains at it from the start under the same guard.
 
     Examples:
         >>> RunOptions(total_steps=20, decide_share=0.1).rows_per_step is None
@@ -53,6 +56,7 @@ class RunOptions:
     test_share: float = 0.0
     eval_data: Any = None
     train_held_out: bool = False
+    rate: Value | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.test_share < 0.5:
