@@ -23,6 +23,7 @@ from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import Plan
+from leadline.run.fit import halved
 
 __all__ = ["FoundBatchSize", "FoundRate", "find_batch_size", "find_lr"]
 
@@ -126,7 +127,7 @@ class FoundBatchSize(_Found):
             return rows_per_step
         mb, fit = rows_per_step, max(1, self.rows_fit)
         while mb > fit:
-            mb = max(d for d in range(1, mb) if rows_per_step % d == 0 and d <= mb // 2)
+            mb = halved(mb, rows_per_step)
         return mb
 
     @property
