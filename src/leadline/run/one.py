@@ -34,7 +34,7 @@ from leadline.run.end import Guarded, guarded, read_test
 from leadline.run.fit import fit
 from leadline.run.job import Job, Prepared, join_held_out, prepare_job
 from leadline.run.opening import Opened, open_rate
-from leadline.run.options import RunOptions
+from leadline.run.options import RunOptions, options_of
 from leadline.run.restore import as_found
 from leadline.run.result import Reading, RunCost, RunResult, write
 from leadline.run.values import opening_phases, plan_of, set_run_phases, set_values
@@ -52,12 +52,13 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     ``options``: the run's length, its rows a step, the race's share, the seed, the rows' fields,
     a test share or the user's eval rows, ``train_held_out``, a rate given in place of the race
     (:class:`RunOptions`; None: its defaults). ``on_step``: called with each step's record (step,
-    loss, rate, seconds). ``load_seconds``: the caller's load of the model, written into ``run.json`` with the
-    run's own. ``prepared``: a race's rows (its plan's ``prepared``), reused where they fit
-    (:meth:`~leadline.run.job.Prepared.fits`). Where the run stops with an error before its first
-    step (in the race among others), the model, its mode, gradients and RNG states are as it was given.
+    loss, rate, seconds). ``load_seconds``: the caller's load of the model, written into
+    ``run.json`` with the run's own. ``prepared``: a race's rows (its plan's ``prepared``), reused
+    where they fit (:meth:`~leadline.run.job.Prepared.fits`). Where the run stops with an error
+    before its first step (in its race among others), the model's weights, mode, gradients and
+    RNG states are as it was given.
     """
-    opts = options or RunOptions()
+    opts = options_of(options)
     t_all = time.perf_counter()
     with as_found(model, keep=True) as found:  # kept where the race ends: the run goes on from its winner
         job = prepare_job(model, tokenizer, data, opts, prepared)
@@ -90,7 +91,7 @@ def race_only(model: Any, tokenizer: Any, data: Any, options: RunOptions | None 
     as :func:`run_in_one` reads them (``train_held_out`` is the run's alone). With ``out_dir``,
     ``plan.json`` is written there.
     """
-    opts = options or RunOptions()
+    opts = options_of(options)
     with as_found(model) as found:
         job = prepare_job(model, tokenizer, data, opts)
         plan = plan_of(model, data, opts.fields, job)

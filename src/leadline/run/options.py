@@ -62,3 +62,23 @@ class RunOptions:
         if not 0 <= self.test_share < 0.5:
             raise InputError(f"test_share={self.test_share!r} must be a share in [0, 0.5); pass 0 (the default) or "
                              "e.g. 0.1")
+
+
+def options_of(options: RunOptions | None) -> RunOptions:
+    """``options`` as given, the defaults where None; anything else is refused in one sentence.
+
+    Examples:
+        >>> options_of(None) == RunOptions()
+        True
+        >>> options_of({"total_steps": 20})
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: options must be a RunOptions (from leadline import RunOptions), got dict; pass ...
+    """
+    if options is None:
+        return RunOptions()
+    if not isinstance(options, RunOptions):
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items()) if isinstance(options, dict) else "..."
+        raise InputError(f"options must be a RunOptions (from leadline import RunOptions), got "
+                         f"{type(options).__name__}; pass RunOptions({given})")
+    return options
