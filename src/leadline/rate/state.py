@@ -9,7 +9,7 @@ An out-of-memory while placing it on the card is caught and recorded (``on_card=
 :func:`no_trace` is the context every measurement phase runs in: on every exit path it puts
 back the weights bit-exactly, the optimizer state (cleared where there was none), every
 param group's hyperparameters (the learning rate among them), the ``.grad`` of every tensor
-the optimizer holds, and the RNG states (torch CPU and CUDA, ``random``, numpy).
+the optimizer holds, and the RNG states (torch CPU and CUDA, ``random``, numpy: :mod:`leadline.rng`).
 
 Conventions shared by the phases (the interface a caller writes against):
 

@@ -1,10 +1,10 @@
-"""The opening race's driver: each candidate rate runs the run's first ``h`` steps from one start.
+"""The run's rate (:func:`open_rate`): given, the default where the run is too short to race, or
+the winner of the opening race, each candidate rate running the run's first ``h`` steps from one start.
 
-The rule is :mod:`leadline.rate.opening` (pure); this module runs it on the model: it restores the
-start for each candidate, steps it with its own schedule-free AdamW, reads the held-out rows at its
-averaged weights, and keeps what the winner needs to go on (its weights, optimizer and RNG state).
-:func:`open_rate` is the run's rate: given, the default where the run is too short to race, or
-the race's winner.
+The rule is :mod:`leadline.rate.opening` (pure); the driver (:class:`Opening`) runs it on the
+model: it restores the start for each candidate, steps it with its own schedule-free AdamW, reads
+the held-out rows at its averaged weights, and keeps what the winner needs to go on (its weights,
+optimizer and RNG state).
 """
 
 from __future__ import annotations
@@ -117,6 +117,7 @@ def _raced_value(job: Job, opening: Opening, decision: Decision, readings: dict[
 
 
 def optimizer(params: list[Any], lr: float, warmup: int) -> Any:
+    """Schedule-free AdamW over ``params`` at ``lr``, its warmup over ``warmup`` steps, no weight decay."""
     try:
         import schedulefree
     except ImportError:
