@@ -46,12 +46,12 @@ def test_run_micro_batch_follows_the_runs_rule(rows_fit, rows_per_step, device, 
 
 
 def test_run_micro_batch_matches_the_runs_halving():
-    """The same sequence run_in_one's _micro_batch walks on a card that holds ``fit`` rows."""
+    """The same sequence the run's micro-batch fit walks on a card that holds ``fit`` rows."""
     from types import SimpleNamespace
 
     import torch
 
-    from leadline.run.one import _micro_batch
+    from leadline.run.fit import micro_batch
 
     class Loss:
         def __init__(self, rows, fit):
@@ -67,7 +67,7 @@ def test_run_micro_batch_matches_the_runs_halving():
         empty = torch.cuda.empty_cache
         torch.cuda.empty_cache = lambda: None
         try:
-            ran, _ = _micro_batch(task, 16)
+            ran, _ = micro_batch(task, 16)
         finally:
             torch.cuda.empty_cache = empty
         assert _found(rows_fit=fit, micro_batch=1, device="cuda:0").run_micro_batch(16) == ran, fit

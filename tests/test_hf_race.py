@@ -71,14 +71,14 @@ def test_derive_for_races_schedule_free_adamw_and_leaves_the_model_as_it_was(rac
     assert torch.equal(draws[0], after[0]) and draws[1:] == after[1:]  # the RNG streams where they were
 
 
-def test_run_in_one_without_training_writes_the_plan_alone(tmp_path):
-    from leadline.run.one import run_in_one
+def test_the_race_alone_writes_the_plan_alone(tmp_path):
+    from leadline.run import RunOptions, race_only
 
     tok = make_tokenizer()
     model = _lora_model(tok)
-    plan, result = run_in_one(model, tok, ROWS, total_steps=8, rows_per_step=4, out_dir=tmp_path, train=False)
+    plan = race_only(model, tok, ROWS, RunOptions(total_steps=8, rows_per_step=4), out_dir=tmp_path)
     assert plan["lr"].kind == "constant" and plan.lr == 2.5e-3  # 8 steps are too short to race
-    assert result.trained is False and result.curve == [] and result.cost.kept_steps == 0
+    assert plan.opening_steps == 0 and [p.phase for p in plan.phases] == ["memory", "rate"] and "guard" not in plan
     assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
 
 

@@ -59,9 +59,9 @@ def _rows(path, n=400, seed=0, numbers=99):
     return section_rows(path, n, seed, numbers)
 
 
-def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):
+def _run(tmp_path, monkeypatch=None, fault_at=None, **options):
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     if fault_at is not None:  # the rate multiplied 10^4 for one step: the weights thrown far off
         import schedulefree
@@ -84,21 +84,19 @@ def _run(tmp_path, monkeypatch=None, fault_at=None, **kw):
 
         monkeypatch.setattr(opening, "optimizer", lambda params, lr, warmup: Faulty(
             params, lr=lr, warmup_steps=warmup, weight_decay=0.0))
-        monkeypatch.setattr("leadline.run.one.optimizer", opening.optimizer)
     tok = make_tokenizer()
     data = tmp_path / "train.jsonl"
     if not data.exists():
         _rows(data)
-    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), total_steps=40, **kw)
+    return run_in_one(make_model(vocab_size=len(tok)), tok, str(data), RunOptions(total_steps=40, **options))
 
 
 def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, race_only
 
     tok = make_tokenizer()
-    plan, _ = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=4,
-                         train=False)
+    plan = race_only(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=4))
     assert len(plan.held_out["train"]) >= 360 and len(plan.held_out["held_out"]) == 40 and not plan.held_out["test"]
 
 
@@ -108,17 +106,17 @@ def test_the_held_out_rows_no_check_reads_train_after_the_opening_by_default(tmp
     training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22); the checks and
     the before/after verdict read the other 32 alone. ``train_held_out=False`` keeps all 40 out."""
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     tok = make_tokenizer()
     data = str(_rows(tmp_path / "t.jsonl"))
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1)
-    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1, train_held_out=False)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1))
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1, train_held_out=False))
     assert (base.train_rows, res.train_rows) == (360, 368) and (base.steps, res.steps) == (22, 23)
     assert res.cost.check_rows == res.held_out_before.rows == res.held_out_after.rows == 32
     assert base.held_out_before.rows == base.held_out_after.rows == 40
     assert any("the held-out rows no check reads (8) trained" in n for n in plan.notes)
-    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=10)
+    _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=10))
     assert fixed.steps == 10 and fixed.train_rows == 368  # a length the caller gave stays
 
 def test_a_rate_thrown_past_divergence_mid_run_is_rolled_back_and_the_run_ends_within_the_unfaulted_runs_noise(
@@ -262,7 +260,7 @@ def test_a_card_that_runs_short_mid_run_halves_the_micro_batch_and_the_run_goes_
     import torch
 
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
     from leadline.run.task import Task
 
     real, raised = Task.train_step_of, []
@@ -278,10 +276,10 @@ def test_a_card_that_runs_short_mid_run_halves_the_micro_batch_and_the_run_goes_
         return step
 
     tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
-    one_pass = {"epochs": 1, "train_held_out": False}  # 22 steps of the 360 rows not held out
-    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, **one_pass)
+    one_pass = RunOptions(epochs=1, train_held_out=False)  # 22 steps of the 360 rows not held out
+    _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, one_pass)
     monkeypatch.setattr(Task, "train_step_of", train_step_of)
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, **one_pass)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, one_pass)
     assert raised == [12] and res.micro_batch == 8 and res.grad_accum == 2
     assert res.steps == 22 and len(res.curve) == 22 - res.cost.kept_steps and res.curve[-1]["step"] == 21
     assert res.outcome == base.outcome  # the same run: the same rows a step, summed in two halves from step 12
@@ -332,12 +330,12 @@ def test_a_run_of_no_given_length_goes_on_pass_by_pass_while_its_checks_improve_
     """Each pass's end is a check; the run adds a pass while that check is significantly below the one
     before it (here: always), up to five passes, each with the first pass's checks; the added steps
     are their own row of the phase table and run.json says how many passes ran."""
-    import leadline.run.one as one
+    import leadline.run.end as end
     from helpers import make_model, make_tokenizer
     from leadline.run import run_in_one
 
     asked = []
-    monkeypatch.setattr(one, "still_improving", lambda last, before: asked.append((last, before)) or True)
+    monkeypatch.setattr(end, "still_improving", lambda last, before: asked.append((last, before)) or True)
     tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, out_dir=tmp_path / "run")
     assert res.passes == 5 and res.steps == 5 * 23 and res.extra_pass_steps == 4 * 23 and len(asked) == 4
@@ -352,16 +350,16 @@ def test_a_run_of_no_given_length_goes_on_pass_by_pass_while_its_checks_improve_
 
 
 def test_a_run_whose_check_at_a_passs_end_no_longer_improves_stops_there(tmp_path, monkeypatch):
-    import leadline.run.one as one
+    import leadline.run.end as end
     from helpers import make_model, make_tokenizer
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     verdicts = iter([True, False])
-    monkeypatch.setattr(one, "still_improving", lambda last, before: next(verdicts))
+    monkeypatch.setattr(end, "still_improving", lambda last, before: next(verdicts))
     tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
     assert res.passes == 2 and res.steps == 46 and "2 passes: the run went on while" in plan["total_steps"].source
-    _, given = run_in_one(make_model(vocab_size=len(tok)), tok, data, epochs=1)
+    _, given = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1))
     assert given.passes is None and given.steps == 23 and not [c for c in given.checks
                                                               if c.get("why") == "the pass's end"]
 

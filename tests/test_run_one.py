@@ -90,12 +90,13 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
 
     from helpers import make_model, make_tokenizer
     from leadline.hf import prepare, trained_named_weights
-    from leadline.run.one import WARMUP_SHARE, run_in_one
+    from leadline.run import RunOptions, run_in_one
+    from leadline.run.options import WARMUP_SHARE
 
     data = _rows(tmp_path / "train.jsonl")
     tok = make_tokenizer()
     model = make_model(vocab_size=len(tok))
-    plan, res = run_in_one(model, tok, str(data), total_steps=20, decide_share=0.2, out_dir=tmp_path / "run")
+    plan, res = run_in_one(model, tok, str(data), RunOptions(total_steps=20, decide_share=0.2), out_dir=tmp_path / "run")
     cost = res.cost.as_dict()
     assert plan.opening_steps == 2 and cost["overhead_steps"] in (0, 2) and cost["budget_held"]
     assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
@@ -127,10 +128,11 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
 
 def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.run.one import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     tok = make_tokenizer()
-    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), total_steps=5)
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")),
+                           RunOptions(total_steps=5))
     assert plan.lr == 2.5e-4 and plan["lr"].kind == "constant" and "too short to race" in plan["lr"].source
     assert res.cost.overhead_steps == 0 and len(res.curve) == 5
 
@@ -176,34 +178,61 @@ def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch)
     error in a read): the trained tensors, their grads, the RNG and the mode are the start's."""
     import torch
 
-    import leadline.run.one as one_run
+    import leadline.run.opening as opening
     from helpers import make_model, make_tokenizer
+    from leadline.run import RunOptions, race_only
 
     def interrupted(run, rates, start=None):
         run(rates[0])  # h steps taken on the model
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(one_run, "climb", interrupted)
+    monkeypatch.setattr(opening, "climb", interrupted)
     tok = make_tokenizer()
     model = make_model(vocab_size=len(tok))
     model.eval()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     rng = torch.get_rng_state()
     with pytest.raises(KeyboardInterrupt):
-        one_run.run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20, train=False)
+        race_only(model, tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20))
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters()) and not model.training
     assert torch.equal(rng, torch.get_rng_state())
 
 
+def test_a_run_cut_short_in_its_race_leaves_the_model_as_it_found_it(tmp_path, monkeypatch):
+    """The run (not the race alone) interrupted in its race: the start's weights, no gradients, the
+    RNG and the mode it was given, as the race alone leaves them."""
+    import torch
+
+    import leadline.run.opening as opening
+    from helpers import make_model, make_tokenizer
+    from leadline.run import RunOptions, run_in_one
+
+    def interrupted(run, rates, start=None):
+        run(rates[0])  # h steps taken on the model
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(opening, "climb", interrupted)
+    tok = make_tokenizer()
+    model = make_model(vocab_size=len(tok))
+    model.eval()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    with pytest.raises(KeyboardInterrupt):
+        run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20), out_dir=tmp_path / "run")
+    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+    assert torch.equal(rng, torch.get_rng_state()) and not (tmp_path / "run").exists()
+
+
 def test_a_step_the_caller_gives_is_listed_as_given(tmp_path):
     from helpers import make_model, make_tokenizer
-    from leadline.run.one import run_in_one
+    from leadline.run import RunOptions, race_only
 
     tok = make_tokenizer()
     data = str(_rows(tmp_path / "t.jsonl"))
-    given, _ = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=4, rows_per_step=8, train=False)
-    default, _ = run_in_one(make_model(vocab_size=len(tok)), tok, data, total_steps=4, train=False)
+    given = race_only(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=4, rows_per_step=8))
+    default = race_only(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=4))
     assert (given["rows_per_step"].kind, given.rows_per_step) == ("given", 8)
     assert (default["rows_per_step"].kind, default.rows_per_step) == ("constant", 16)
 
@@ -215,7 +244,7 @@ def test_the_kept_micro_batch_is_the_most_rows_dividing_the_step_that_fit_whatev
     makes up the step), one that fits 12 of a 12-row step keeps all 12, one that fits 1 keeps 1."""
     import torch
 
-    from leadline.run.one import _micro_batch
+    from leadline.run.fit import micro_batch
 
     class Task:
         device = "cuda:0"
@@ -235,7 +264,7 @@ def test_the_kept_micro_batch_is_the_most_rows_dividing_the_step_that_fit_whatev
     for fits, step, kept, asked in ((5, 16, 4, [16, 8, 4]), (12, 12, 12, [12]), (1, 16, 1, [16, 8, 4, 2, 1]),
                                     (7, 12, 6, [12, 6])):
         task = Task(fits)
-        mb, tried = _micro_batch(task, step)
+        mb, tried = micro_batch(task, step)
         assert (mb, task.asked) == (kept, asked), fits
         assert [t["verdict"] for t in tried] == ["out of memory"] * (len(asked) - 1) + ["runs"]
         assert task.model.weight.grad is None  # the probe's gradients are not the run's
@@ -247,10 +276,10 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
     not read lower by the paired test costs no read of its answers (on the CPU the answers of 64
     rows took most of the race's reads)."""
     import leadline.rate.opening as rule
-    import leadline.run.one as one_run
     import leadline.run.opening as opening
     from helpers import make_model, make_tokenizer
     from leadline.rate.compare import Verdict
+    from leadline.run import RunOptions, race_only
 
     asked: list[int] = []
     monkeypatch.setattr(rule, "stalled", lambda start, reading: True)  # the default stalled: c/4 challenges
@@ -258,8 +287,7 @@ def test_the_answers_are_read_only_for_a_challenger_that_reads_lower_than_the_de
                                                                           diff=None))
     monkeypatch.setattr(opening, "answers_chosen", lambda *a, **k: asked.append(1) or [0] * len(a[2]))
     tok = make_tokenizer()
-    plan, _ = one_run.run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")),
-                                 total_steps=20, train=False)
+    plan = race_only(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20))
     assert plan["lr"].kind == "measured"
     ran = [t for t in plan["lr"].evidence["tests"] if t.get("ran", True)]  # c/4, where c stalled
     assert len(asked) == (len(ran) if lower else 0) and ran
@@ -269,7 +297,7 @@ def test_a_start_read_that_fails_leaves_the_model_in_the_mode_it_was_given(tmp_p
     import torch
 
     from helpers import make_model, make_tokenizer
-    from leadline.run.one import run_in_one
+    from leadline.run import RunOptions, run_in_one
     from leadline.run.task import Task
 
     def broken(self):
@@ -283,7 +311,7 @@ def test_a_start_read_that_fails_leaves_the_model_in_the_mode_it_was_given(tmp_p
     model.eval()
     before = [p.detach().clone() for p in model.parameters()]
     with pytest.raises(RuntimeError, match="went away"):
-        run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), total_steps=20)
+        run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20))
     assert model.training is False
     assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
 

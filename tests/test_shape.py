@@ -132,6 +132,78 @@ def test_derive_for_takes_at_most_twelve_parameters_the_rest_in_its_options():
     assert not set(parameters) & {f.name for f in dataclasses.fields(DeriveOptions)}  # each in one place
 
 
+RUN_MOST_PARAMETERS = 10
+"""run_in_one's parameters at most: the model, the tokenizer and the data, the options
+(:class:`~leadline.run.RunOptions`), and what the caller hands in beside them (a rate, the output
+folder, a step callback, the load's seconds, a race's prepared rows)."""
+
+
+def test_run_in_one_takes_at_most_ten_parameters_the_rest_in_its_options():
+    import dataclasses
+
+    from leadline.run import RunOptions, race_only, run_in_one
+
+    for f in (run_in_one, race_only):
+        parameters = inspect.signature(f).parameters
+        assert len(parameters) <= RUN_MOST_PARAMETERS, list(parameters)
+        assert not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in parameters.values())  # none in **kw
+        assert parameters["options"].default is None
+        assert not set(parameters) & {f.name for f in dataclasses.fields(RunOptions)}  # each in one place
+    assert dataclasses.is_dataclass(RunOptions) and RunOptions.__dataclass_params__.frozen
+
+
+MOST_PARAMETERS_IN_THE_RUN = 8
+"""A function's parameters in leadline.run at most (``self`` and ``cls`` not counted)."""
+
+MORE_PARAMETERS = {
+    "leadline.run.task.prepare": "the task's public builder (leadline.hf.prepare), shared with derive()'s look-ahead, "
+                                 "each argument a keyword its callers name",
+}
+"""Functions of leadline.run allowed more than :data:`MOST_PARAMETERS_IN_THE_RUN`, with the reason."""
+
+
+def _parameter_counts(source: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+                out[f"{prefix}{child.name}"] = len([n for n in names if n not in ("self", "cls")])
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(source), "")
+    return out
+
+
+def test_no_function_in_the_run_takes_more_than_eight_parameters():
+    counts = {f"leadline.run.{path.stem}.{name}": n for path in sorted((SRC / "run").glob("*.py"))
+              for name, n in _parameter_counts(path.read_text(encoding="utf-8")).items()}
+    assert "leadline.run.one.run_in_one" in counts  # the modules were read
+    many = {name: n for name, n in counts.items() if n > MOST_PARAMETERS_IN_THE_RUN and name not in MORE_PARAMETERS}
+    assert not many, f"functions of leadline.run with more than {MOST_PARAMETERS_IN_THE_RUN} parameters: {many}"
+    assert all(counts[name] > MOST_PARAMETERS_IN_THE_RUN for name in MORE_PARAMETERS), "drop it from MORE_PARAMETERS"
+
+
+def test_the_parameter_count_counts_every_kind_and_leaves_out_self():
+    source = "def f(a, /, b, *c, d, **e):\n    pass\n\n\nclass C:\n    def g(self, x):\n        return x\n"
+    assert _parameter_counts(source) == {"f": 5, "C.g": 1}
+
+
+RECIPE_MOST_LINES = 300
+"""run/one.py's lines at most: the recipe read in one sitting, its steps in the modules beside it."""
+
+
+def test_the_recipe_reads_in_one_sitting():
+    lines = len((SRC / "run" / "one.py").read_text(encoding="utf-8").splitlines())
+    assert lines <= RECIPE_MOST_LINES, f"run/one.py is {lines} lines: move a step into its own module"
+
+
 UNTYPED = re.compile(r"^(typing\.)?(dict|Dict)(\[str, *(typing\.)?Any\])?( *\| *None)?$")
 """A return annotation that says only "a dict": ``dict``, ``dict[str, Any]``, optionally ``| None``."""
 
@@ -159,7 +231,7 @@ def test_no_public_function_of_the_run_returns_an_untyped_dict():
     returns = {f"{path.stem}.{name}": ann for path in sorted((SRC / "run").glob("*.py"))
                if not path.stem.startswith("_") or path.stem == "__init__"
                for name, ann in _public_returns(path).items()}
-    assert "one.run_in_one" in returns and "one.run_steps_of" in returns  # the modules were read
+    assert "one.run_in_one" in returns and "job.run_steps_of" in returns  # the modules were read
     untyped = {name: ann for name, ann in returns.items() if UNTYPED.match(ann)}
     assert not untyped, f"public functions of leadline.run answering an untyped dict: {untyped}"
     unsaid = sorted(name for name, ann in returns.items() if not ann)

@@ -19,6 +19,7 @@ from leadline.plan import KINDS, Plan, Value
 _LAZY: dict[str, str] = {
     # the default run: one load, the opening race, the guarded loop
     "run_in_one": "leadline.run",
+    "RunOptions": "leadline.run",
     "RunResult": "leadline.run.result",
     # the statistics
     "stats": "leadline.stats",

@@ -192,7 +192,7 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
                      ending_share: float | None) -> dict[str, Any]:
     """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
     AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
-    from leadline.run.one import run_in_one
+    from leadline.run import RunOptions, run_in_one
 
     if ending != "raced" or ending_share is not None:
         raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
@@ -201,9 +201,9 @@ def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_d
     rows = int(plan.get("rows_per_step") or int(plan.micro_batch) * int(plan.get("grad_accum", 1)))
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
     fields = plan.data.get("fields") if isinstance(plan.data, dict) else None
-    _, result = run_in_one(model, tokenizer, data, total_steps=total_steps or plan.get("total_steps"),
-                           rows_per_step=rows, seed=seed, seq_len=plan.get("seq_len"), out_dir=out_dir,
-                           on_step=on_step, fields=fields or None, rate=plan["lr"], prepared=plan.prepared)
+    options = RunOptions(total_steps=total_steps or plan.get("total_steps"), rows_per_step=rows, seed=seed,
+                         seq_len=plan.get("seq_len"), fields=fields or None, rate=plan["lr"])
+    _, result = run_in_one(model, tokenizer, data, options, out_dir=out_dir, on_step=on_step, prepared=plan.prepared)
     return {**result.as_dict(), "seconds": result.seconds.get("run_seconds", 0.0)}
 
 

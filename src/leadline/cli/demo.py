@@ -316,11 +316,12 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
     args = parser.parse_args(["--model", model_name or "the demo's model", "--data", str(data), "--out", str(out)])
     out.mkdir(parents=True, exist_ok=True)
     if args.effort == "race":  # the default: leadline.run, the rate raced on the run's opening steps
-        from leadline.run.one import run_in_one
+        from leadline.run import RunOptions, run_in_one
 
         t0 = time.perf_counter()
-        plan, res = run_in_one(model, tokenizer, args.data, decide_share=args.decide_share,
-                               seed=args.seed, out_dir=out, on_step=show_step if progress else None)
+        options = RunOptions(decide_share=args.decide_share, seed=args.seed)
+        plan, res = run_in_one(model, tokenizer, args.data, options, out_dir=out,
+                               on_step=show_step if progress else None)
         plan.model["name"] = str(args.model)
         plan.to_json(out / run_command.PLAN)
         took = time.perf_counter() - t0

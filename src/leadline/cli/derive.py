@@ -212,11 +212,11 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
         t0 = time.perf_counter()
         if args.effort == "race":  # the race alone; the weights put back as they were
             from leadline.cli._common import fields_of
-            from leadline.run.one import run_in_one
+            from leadline.run import RunOptions, race_only
 
-            plan, _ = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
-                                 rows_per_step=args.rows_per_step, seed=args.seed,
-                                 seq_len=args.seq_len, fields=fields_of(args) or None, train=False)
+            plan = race_only(model, tok, args.data, RunOptions(
+                total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step, seed=args.seed,
+                seq_len=args.seq_len, fields=fields_of(args) or None))
         else:
             plan = derive_plan(args, model, tok, bar)
         took = time.perf_counter() - t0

@@ -153,7 +153,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     from leadline.cli._common import fields_of, load_for_training, ram_bound
     from leadline.plan import Value
     from leadline.progress import StepBar
-    from leadline.run import run_in_one
+    from leadline.run import RunOptions, run_in_one
     from leadline.run.result import EXIT_NOT_IMPROVED
 
     fields = fields_of(args) or None
@@ -166,12 +166,11 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
                       unit="per step") if args.lr is not None else None)
         bar = StepBar()  # a tqdm bar on a terminal, a line every 10 steps elsewhere
         try:
-            plan, res = run_in_one(model, tok, args.data, total_steps=args.steps, epochs=args.epochs,
-                                   rows_per_step=args.rows_per_step, decide_share=args.decide_share,
-                                   seed=args.seed, seq_len=args.seq_len, out_dir=out, on_step=bar,
-                                   fields=fields, rate=rate, test_share=args.test_share,
-                                   eval_data=args.eval, load_seconds=load,
-                                   train_held_out=args.train_held_out is not False)
+            options = RunOptions(total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step,
+                                 decide_share=args.decide_share, seed=args.seed, seq_len=args.seq_len, fields=fields,
+                                 test_share=args.test_share, eval_data=args.eval,
+                                 train_held_out=args.train_held_out is not False, rate=rate)
+            plan, res = run_in_one(model, tok, args.data, options, out_dir=out, on_step=bar, load_seconds=load)
         finally:
             bar.close()
         plan.model["name"] = str(args.model)

@@ -20,7 +20,7 @@ from leadline.errors import InputError
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_checkpointing, trainer_rows
 from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
-from leadline.run.one import run_in_one
+from leadline.run import RunOptions, race_only
 from leadline.run.precision import check_trainable, checkpointing, precision_of
 from leadline.run.task import (
     Task,
@@ -92,7 +92,7 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
 
     ``effort="race"`` (the default, as ``leadline run``'s): schedule-free AdamW, its rate decided
-    by :func:`leadline.run.one.run_in_one`'s opening race with ``train=False`` (the model put back
+    by the run's opening race alone (:func:`leadline.run.race_only`: the model put back
     bit for bit); ``"full"`` runs derive() and its look-ahead. ``derive_for(trainer)``: a built
     ``Trainer`` or TRL ``SFTTrainer`` in place of the model, derived on the rows it trains on.
     The model is measured as it trains (a bf16 or 4-bit base, an adapter or every weight,
@@ -250,10 +250,10 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
 def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, total_steps: int | None,
               epochs: float | None, seq_len: int | None, seed: int, fields: dict[str, str] | None,
               rows_per_step: int | None, progress: bool | None, options: DeriveOptions | None) -> Plan:
-    """derive_for's race: :func:`~leadline.run.one.run_in_one` with ``train=False`` on what was
-    given (a trainer unpacked, measured with its gradient checkpointing), the model left as it was;
-    the plan gets the values the model and the trainer say (precision, loss policy or the rows'
-    formats, the full fine-tune's note)."""
+    """derive_for's race: :func:`~leadline.run.race_only` on what was given (a trainer unpacked,
+    measured with its gradient checkpointing), the model left as it was; the plan gets the values
+    the model and the trainer say (precision, loss policy or the rows' formats, the full
+    fine-tune's note)."""
     from leadline.distributed.world import launched_by_torchrun
 
     _refuse_for_race(_options(options), progress, rows_per_step)
@@ -265,9 +265,9 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
     with ExitStack() as scoped:
         if given.checkpointed is not None:
             scoped.enter_context(checkpointing(given.model, *given.checkpointed))
-        plan, _ = run_in_one(given.model, given.tokenizer, given.train_dataset, total_steps=given.total_steps,
-                             epochs=given.epochs, rows_per_step=rows_per_step, seed=seed,
-                             seq_len=seq_len, fields=fields, train=False)
+        plan = race_only(given.model, given.tokenizer, given.train_dataset, RunOptions(
+            total_steps=given.total_steps, epochs=given.epochs, rows_per_step=rows_per_step, seed=seed,
+            seq_len=seq_len, fields=fields))
         plan.set("precision", precision_of(given.model).as_value())  # checkpointing on, as the run has it
     if given.policy is not None:
         from leadline.corpus.tokenize import count_scored

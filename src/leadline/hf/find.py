@@ -23,6 +23,7 @@ from typing import Any
 
 from leadline.errors import InputError
 from leadline.plan import Plan
+from leadline.run.fit import halved
 
 __all__ = ["FoundBatchSize", "FoundRate", "find_batch_size", "find_lr"]
 
@@ -126,7 +127,7 @@ class FoundBatchSize(_Found):
             return rows_per_step
         mb, fit = rows_per_step, max(1, self.rows_fit)
         while mb > fit:
-            mb = max(d for d in range(1, mb) if rows_per_step % d == 0 and d <= mb // 2)
+            mb = halved(mb, rows_per_step)
         return mb
 
     @property
@@ -221,10 +222,9 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
     """The learning rate for the trainer's batch, for its run's length.
 
     ``effort="race"`` (the default, as ``derive_for``'s and ``leadline run``'s): schedule-free
-    AdamW's rate, decided by the opening race (:func:`leadline.run.one.run_in_one` with
-    ``train=False``) at the trainer's ``per_device_train_batch_size`` x
-    ``gradient_accumulation_steps`` rows a step (16 without a trainer or ``micro_batch``), the
-    model left as it was. It is the rate of a run with ``optim="schedule_free_adamw"``,
+    AdamW's rate, decided by the opening race (:func:`leadline.run.race_only`) at the trainer's
+    ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` rows a step (16 without a
+    trainer or ``micro_batch``), the model left as it was. It is the rate of a run with ``optim="schedule_free_adamw"``,
     ``lr_scheduler_type="constant"`` and the plan's warmup
     (:func:`~leadline.hf.training_arguments` of ``rate.plan`` sets them all); a trainer whose
     ``optim`` is another is refused. ``effort="full"``: derive's first safe step (alpha1) and the

@@ -245,6 +245,19 @@ def answer_set(rows: Sequence[Any], train: Sequence[int]) -> list[tuple[int, ...
     return list(seen) if len(seen) >= 2 else None
 
 
+def gold_of(rows: Sequence[Any], asked: Sequence[int], answers: Sequence[tuple[int, ...]]) -> list[int]:
+    """Each asked row's own answer (its scored tokens) as an index into ``answers``; -1 where it
+    is none of them.
+
+    Examples:
+        >>> from leadline.corpus import TokenizedRow
+        >>> rows = [TokenizedRow.from_labels([5, 6, a], [-100, -100, a]) for a in (1, 2, 3)]
+        >>> gold_of(rows, [0, 1, 2], [(2,), (1,)])
+        [1, 0, -1]
+    """
+    return [answers.index(a) if a in answers else -1 for a in (_answer(rows[i]) for i in asked)]
+
+
 def _first_scored(row: Any) -> int:
     return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
 

@@ -9,7 +9,7 @@ An out-of-memory while placing it on the card is caught and recorded (``on_card=
 :func:`no_trace` is the context every measurement phase runs in: on every exit path it puts
 back the weights bit-exactly, the optimizer state (cleared where there was none), every
 param group's hyperparameters (the learning rate among them), the ``.grad`` of every tensor
-the optimizer holds, and the RNG states (torch CPU and CUDA, ``random``, numpy).
+the optimizer holds, and the RNG states (torch CPU and CUDA, ``random``, numpy: :mod:`leadline.rng`).
 
 Conventions shared by the phases (the interface a caller writes against):
 
@@ -25,8 +25,6 @@ Conventions shared by the phases (the interface a caller writes against):
 from __future__ import annotations
 
 import math
-import random
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -34,50 +32,10 @@ from typing import Any
 import torch
 
 from leadline.errors import InputError
+from leadline.rng import capture_rng, restore_rng
 
 TrainStep = Callable[[int], Any]
 HeldOut = Callable[[], Sequence[float]]
-
-
-# ---- RNG ---------------------------------------------------------------------------------
-def capture_rng() -> dict[str, Any]:
-    """The RNG states a training step can draw from: torch CPU, CUDA (if started), random, numpy.
-
-    Examples:
-        >>> state = capture_rng()
-        >>> drawn = torch.rand(2)
-        >>> restore_rng(state)
-        >>> torch.equal(torch.rand(2), drawn)
-        True
-        >>> restore_rng(state)  # and the stream is where it was before the example
-    """
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "random": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    np = sys.modules.get("numpy")
-    if np is not None:
-        state["numpy"] = np.random.get_state()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    """Put back what :func:`capture_rng` read.
-
-    Examples:
-        >>> import random
-        >>> state = capture_rng()
-        >>> drawn = random.random()
-        >>> restore_rng(state)
-        >>> random.random() == drawn
-        True
-        >>> restore_rng(state)  # and the stream is where it was before the example
-    """
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["random"])
-    if "cuda" in state:
-        torch.cuda.set_rng_state_all(state["cuda"])
-    if "numpy" in state and sys.modules.get("numpy") is not None:
-        sys.modules["numpy"].random.set_state(state["numpy"])
 
 
 # ---- snapshots of the trained tensors and their optimizer state ---------------------------

@@ -1,8 +1,10 @@
-"""The opening race's driver: each candidate rate runs the run's first ``h`` steps from one start.
+"""The run's rate (:func:`open_rate`): given, the default where the run is too short to race, or
+the winner of the opening race, each candidate rate running the run's first ``h`` steps from one start.
 
-The rule is :mod:`leadline.rate.opening` (pure); this module runs it on the model: it restores the
-start for each candidate, steps it with its own schedule-free AdamW, reads the held-out rows at its
-averaged weights, and keeps what the winner needs to go on (its weights, optimizer and RNG state).
+The rule is :mod:`leadline.rate.opening` (pure); the driver (:class:`Opening`) runs it on the
+model: it restores the start for each candidate, steps it with its own schedule-free AdamW, reads
+the held-out rows at its averaged weights, and keeps what the winner needs to go on (its weights,
+optimizer and RNG state).
 """
 
 from __future__ import annotations
@@ -10,14 +12,112 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from leadline.errors import InputError
+from leadline.plan import Value
 from leadline.rate.compare import compare
-from leadline.rate.opening import ALPHA, ANSWER_ROWS, Reading, answer_set, answers_chosen, collapsed
+from leadline.rate.opening import (
+    ALPHA,
+    ANSWER_ROWS,
+    Decision,
+    Reading,
+    answer_set,
+    answers_chosen,
+    climb,
+    collapsed,
+    gold_of,
+    horizon,
+    opening_rates,
+)
+from leadline.rate.watch import StateCopy
+from leadline.rng import capture_rng, restore_rng
+from leadline.run.job import Job
+from leadline.run.restore import Found, as_found
+
+
+@dataclass
+class Opened:
+    """The rate and where the run goes on from: the race's winner (its steps kept) or a fresh start."""
+
+    opt: Any
+    lr: float
+    value: Value
+    start_losses: list[float]
+    start_copy: StateCopy
+    kept_steps: int = 0
+    overhead_steps: int = 0
+    reads: int = 1
+    read_seconds: float = 0.0
+    step_seconds: float = 0.0
+    seconds: float = 0.0
+    winner_losses: list[float] | None = None
+    incumbent: float | None = None
+    opening: Opening | None = None
+
+    @property
+    def horizon(self) -> int:
+        """Each candidate's steps in the race (0: no race)."""
+        return self.opening.h if self.opening is not None else 0
+
+
+def open_rate(job: Job, rate: Value | None, decide_share: float, found: Found, keep: bool) -> Opened:
+    """The start read on every held-out row, then the rate: ``rate`` where given, the default where
+    the run is too short to race within ``decide_share`` of its steps, else the race's winner. The
+    race's start is put back through ``found`` (:func:`~leadline.run.restore.as_found`) on an error,
+    and always where the winner's steps are not kept (``keep`` False: the race alone)."""
+    t0 = time.perf_counter()
+    task, rates = job.task, opening_rates(job.trained_as)
+    fresh = optimizer(job.params, rate.value if rate is not None else rates[0], job.warmup)
+    start_copy = StateCopy.take(job.params, fresh)  # the start: its weights and a fresh optimizer
+    t = time.perf_counter()
+    with as_found(task.model, "mode"):  # the mode it was given, on every exit path (the run sets its own)
+        task.model.eval()
+        start_losses = task.held_out_losses()()
+    read_seconds = time.perf_counter() - t
+    h = 0 if rate is not None else min(horizon(job.steps, decide_share), job.steps)
+    if not h:
+        lr = float(rate.value) if rate is not None else rates[0]
+        for g in fresh.param_groups:
+            g["lr"] = lr
+        fresh.train()
+        return Opened(fresh, lr, rate or _default_value(job, lr, decide_share), start_losses, start_copy,
+                      read_seconds=read_seconds, seconds=time.perf_counter() - t0)
+    opening = Opening(task, job.params, job.step, h, job.warmup)
+    found.callback(opening.rewind)  # the start put back: a race cut short, or a race alone
+    decision, readings = climb(opening, rates, start=start_losses)
+    kept = h if keep else 0
+    value = _raced_value(job, opening, decision, readings, start_losses, decide_share, keep)
+    return Opened(opening.resume(decision.lr) if keep else None, decision.lr, value, start_losses, start_copy,
+                  kept_steps=kept, overhead_steps=opening.steps - kept, reads=opening.reads + 1,
+                  read_seconds=opening.read_seconds + read_seconds, step_seconds=opening.step_seconds,
+                  seconds=time.perf_counter() - t0, winner_losses=readings[decision.lr].losses,
+                  incumbent=rates[0] if decision.lr > rates[0] else None, opening=opening)
+
+
+def _default_value(job: Job, lr: float, decide_share: float) -> Value:
+    return Value(lr, "constant", f"schedule-free AdamW's default for {job.trained_as}: a run of {job.steps} steps "
+                 f"is too short to race rates within {decide_share:.0%} of its steps", unit="per step")
+
+
+def _raced_value(job: Job, opening: Opening, decision: Decision, readings: dict[float, Reading],
+                 start_losses: list[float], decide_share: float, keep: bool) -> Value:
+    """The race's winner as the plan's rate, the race's tests and readings its evidence."""
+    h = opening.h
+    race = {"horizon_steps": h, "rates": list(opening_rates(job.trained_as)), "tests": decision.tests,
+            "decide_share": decide_share,
+            "readings": {f"{lr:.3g}": {"mean": r.mean, "collapsed": r.collapsed} for lr, r in readings.items()},
+            "start": {"mean": math.fsum(start_losses) / len(start_losses)},
+            "collapse_checked": opening.answers is not None}
+    fate = (f"its {h} steps are the run's first" if keep else
+            "its steps were not kept: the run trains from the weights the race started from")
+    return Value(decision.lr, "measured", f"won the opening race on {len(job.task.split.held_out)} held-out rows "
+                 f"after {h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
 
 
 def optimizer(params: list[Any], lr: float, warmup: int) -> Any:
+    """Schedule-free AdamW over ``params`` at ``lr``, its warmup over ``warmup`` steps, no weight decay."""
     try:
         import schedulefree
     except ImportError:
@@ -34,8 +134,6 @@ class Opening:
     def __init__(self, task: Any, params: list[Any], step: Callable[[int], float], h: int, warmup: int) -> None:
         import torch
 
-        from leadline.rate.state import capture_rng
-
         self.task, self.params, self.step, self.h, self.warmup = task, params, step, h, warmup
         self.start = [p.detach().clone() for p in params]
         self.rng = capture_rng()
@@ -43,9 +141,7 @@ class Opening:
         self.read = task.held_out_losses()
         self.answers = answer_set(task.rows, task.split.train)
         self.asked = list(task.split.held_out)[:ANSWER_ROWS]  # the rows a challenger's answers are chosen on
-        self.gold = ([self.answers.index(a) if a in self.answers else -1 for a in
-                      (tuple(task.rows[i].input_ids[first_scored(task.rows[i]):]) for i in self.asked)]
-                     if self.answers else None)
+        self.gold = gold_of(task.rows, self.asked, self.answers) if self.answers else None
         self.incumbent: float | None = None  # the first rate run: the default, whose answers are not checked
         self.incumbent_losses: list[float] = []
         self.reads = self.steps = 0
@@ -53,8 +149,6 @@ class Opening:
         self.torch = torch
 
     def __call__(self, lr: float) -> Reading:
-        from leadline.rate.state import capture_rng, restore_rng
-
         with self.torch.no_grad():
             for p, s in zip(self.params, self.start):
                 p.copy_(s)
@@ -87,8 +181,6 @@ class Opening:
 
     def rewind(self) -> None:
         """The start put back, bit for bit, with the RNG as it stood there; every copy freed."""
-        from leadline.rate.state import restore_rng
-
         with self.torch.no_grad():
             for p, s in zip(self.params, self.start):
                 p.copy_(s)
@@ -98,8 +190,6 @@ class Opening:
 
     def resume(self, lr: float) -> Any:
         """The winner's weights, RNG and optimizer put back; the others' copies freed."""
-        from leadline.rate.state import restore_rng
-
         weights, opt, rng = self.kept[lr]
         with self.torch.no_grad():
             for p, w in zip(self.params, weights):
@@ -108,10 +198,6 @@ class Opening:
         self.kept.clear()
         self.start = []
         return opt
-
-
-def first_scored(row: Any) -> int:
-    return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
 
 
 def _take_steps(opt: Any, step: Callable[[int], float], steps: range,

@@ -1,15 +1,21 @@
-"""What a run did, as typed records the CLI, the report and Trainer read by attribute.
+"""What a run did, as typed records the CLI, the report and Trainer read by attribute, and the
+run's files written once, at the end (:func:`write`).
 
 ``RunResult.as_dict()`` is ``run.json``: written once, at the end, with every second in it.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from leadline._io import save_run, write_atomic
 
 EXIT_NOT_IMPROVED = 3
 """``leadline run``'s exit status when the kept model is no better than the start on the held-out
@@ -156,3 +162,18 @@ class RunResult:
             out["test_loss_before"] = asdict(self.test_before)
         out.update({k: round(v, 3) for k, v in self.seconds.items()})
         return out
+
+
+def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.PathLike[str] | None) -> None:
+    """Into ``out_dir`` (nothing where None): ``plan.json``, and with a result the adapter or the
+    weights (none where the run ended no better than its start) and ``run.json``, each written whole."""
+    if out_dir is None:
+        return
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if result is not None:
+        if result.outcome == "no_better_than_start":
+            write_atomic(out / "run.json", json.dumps(result.as_dict(), indent=1, default=str))
+        else:
+            save_run(model, out, result.as_dict())
+    plan.to_json(out / "plan.json")
