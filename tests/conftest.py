@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -10,6 +11,10 @@ import pytest
 # than at 1 beside other work): one thread, here and in the processes the tests start, unless the
 # caller set OMP_NUM_THREADS.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A GGUF loaded by a test converts into a cache of the suite's own (removed at the end), never the
+# user's ~/.cache/leadline; a test of the cache itself points LEADLINE_CACHE at a folder of its own.
+_CACHE = tempfile.TemporaryDirectory(prefix="leadline-cache-")
+os.environ["LEADLINE_CACHE"] = _CACHE.name
 
 from helpers import DATA, install_clock, make_model, make_tokenizer
 
