@@ -88,37 +88,56 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the JSON file to write")
     args = ap.parse_args(argv)
 
+    import torch  # noqa: F401  (imported before any clock starts)
+    import transformers  # noqa: F401
+
+    before = os.environ.get("LEADLINE_CACHE")
+    with tempfile.TemporaryDirectory(prefix="gguf-cache-bench-") as work:
+        os.environ["LEADLINE_CACHE"] = str(Path(work) / "cache")  # empty: the first load converts
+        try:
+            out = _measure(args, Path(work))
+        finally:
+            if before is None:
+                os.environ.pop("LEADLINE_CACHE", None)
+            else:
+                os.environ["LEADLINE_CACHE"] = before
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    print(f"{out['gguf']['file']}: direct {out['direct_seconds']:.2f} s, first (converts) {out['first_seconds']:.2f} s, "
+          f"later {', '.join(f'{t:.2f}' for t in out['later_seconds'])} s (hash {out['hash_seconds']:.2f} s); same "
+          f"weights {out['same_weights']}, same logits {out['same_logits_as_direct']}; wrote {args.out}")
+    return 0
+
+
+def _measure(args: argparse.Namespace, work: Path) -> dict:
+    """The direct load, the first load through the empty cache and the later ones, timed and compared."""
     import torch
-    import transformers  # noqa: F401  (imported before any clock starts)
 
     from leadline.hf.loading import default_model_path
     from leadline.provenance import content_hash
 
-    work = tempfile.TemporaryDirectory(prefix="gguf-cache-bench-")
     if args.tiny:
-        sys.path.insert(0, str(ROOT / "tests"))
+        if str(ROOT / "tests") not in sys.path:
+            sys.path.insert(0, str(ROOT / "tests"))
         from tiny_gguf import save_gguf
 
-        gguf = save_gguf(Path(work.name) / "tiny.gguf")
+        gguf = save_gguf(work / "tiny.gguf")
     else:
         gguf = Path(args.gguf) if args.gguf else default_model_path()
-    os.environ["LEADLINE_CACHE"] = str(Path(work.name) / "cache")  # empty: the first load converts
-
     hash_seconds, sha256 = _timed(content_hash, gguf)
     direct_seconds, (direct, tok) = _timed(_direct, gguf)
     first_seconds, (_, first, source) = _timed(_cached, gguf)
     later = [_timed(_cached, gguf) for _ in range(args.repeats)]
     ids = torch.tensor([tok("The package provides a sound mixer.\nSection:")["input_ids"]])
     with torch.no_grad():
-        logits = direct(input_ids=ids).logits
-        same_logits = torch.equal(first(input_ids=ids).logits, logits)
+        same_logits = torch.equal(first(input_ids=ids).logits, direct(input_ids=ids).logits)
     same_weights = all(all(torch.equal(a, b) for a, b in zip(first.state_dict().values(),
                                                               model.state_dict().values()))
                        for _, (_, model, _) in later)
     later_seconds = [t for t, _ in later]
     median = statistics.median(later_seconds)
     folder = Path(source.load_from)
-    out = {
+    return {
         "benchmark": "gguf_cache_load",
         "command": [Path(sys.executable).name, *sys.argv],
         "commit": _commit(),
@@ -137,13 +156,6 @@ def main(argv: list[str] | None = None) -> int:
         "passes": bool(same_weights and same_logits and median <= 0.5 * direct_seconds),
         "judged": not args.tiny,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
-    print(f"{gguf.name}: direct {direct_seconds:.2f} s, first (converts) {first_seconds:.2f} s, later "
-          f"{', '.join(f'{t:.2f}' for t in later_seconds)} s (hash {hash_seconds:.2f} s); same weights "
-          f"{same_weights}, same logits {same_logits}; wrote {args.out}")
-    work.cleanup()
-    return 0
 
 
 if __name__ == "__main__":

@@ -250,7 +250,9 @@ def test_the_benchmark_times_the_first_and_later_loads_of_the_tiny_gguf(tmp_path
     from helpers import load_benchmark
 
     bench = load_benchmark("gguf_cache_load")
+    before = os.environ["LEADLINE_CACHE"]
     assert bench.main(["--tiny", "--repeats", "1", "--out", str(tmp_path / "r.json")]) == 0
+    assert os.environ["LEADLINE_CACHE"] == before  # the benchmark's own cache is gone with it
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["same_weights"] and result["same_logits_as_direct"] and not result["judged"]
     assert len(result["later_seconds"]) == 1 and result["gguf"]["file"] == "tiny.gguf"
