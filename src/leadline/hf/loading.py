@@ -60,7 +60,8 @@ def locate_model(path: str | os.PathLike[str] | ModelSource, *, revision: str | 
     existing folder or .gguf file; else a string written as a Hub id, fetched as
     ``from_pretrained`` fetches it (``leadline.hf.hub.find_on_hub``); else the path that does not
     exist. ``revision`` (a branch, tag or commit) belongs to a Hub id alone. With ``convert``, a
-    GGUF is converted into the cache where it is not there yet (``say`` is told so, once).
+    GGUF is converted into the cache where it is not there yet, and ``say`` is told where, once
+    (default: a note on stderr; ``say=lambda text: None`` keeps it quiet).
 
     Examples:
         >>> import tempfile
@@ -101,10 +102,16 @@ def locate_model(path: str | os.PathLike[str] | ModelSource, *, revision: str | 
 
         assert source.gguf is not None
         done = converted_folder(source.gguf, _convert_gguf)
-        if done.wrote and say is not None:
-            say(done.note())
+        if done.wrote:
+            (say or _note)(done.note())
         source = replace(source, load_from=str(done.folder), sha256=done.sha256)
     return source
+
+
+def _note(text: str) -> None:
+    import sys
+
+    print(f"leadline: note: {text}", file=sys.stderr, flush=True)
 
 
 def _convert_gguf(gguf: Path, into: Path) -> None:
