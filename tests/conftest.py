@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -10,13 +11,24 @@ import pytest
 # than at 1 beside other work): one thread, here and in the processes the tests start, unless the
 # caller set OMP_NUM_THREADS.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A GGUF loaded by a test converts into a cache of the suite's own (removed at the end), never the
+# user's ~/.cache/leadline; a test of the cache itself points LEADLINE_CACHE at a folder of its own.
+os.environ["LEADLINE_CACHE"] = tempfile.mkdtemp(prefix="leadline-cache-")
 
 from helpers import DATA, install_clock, make_model, make_tokenizer
+
+_CACHE = os.environ["LEADLINE_CACHE"]
 
 
 def pytest_configure(config):
     if "torch" in sys.modules:  # imported before this file (a plugin): the variable came too late
         sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    shutil.rmtree(_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

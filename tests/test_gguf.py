@@ -54,7 +54,7 @@ def test_a_gguf_loads_as_the_plain_float_model_it_is(gguf_file):
     import torch
 
     model = load_model(gguf_file, device="cpu")
-    assert not hasattr(model.config, "quantization_config") and not model.is_quantized
+    assert not hasattr(model.config, "quantization_config") and not getattr(model, "is_quantized", False)
     assert getattr(model, "hf_quantizer", None) is None
     assert model.name_or_path == model.config.name_or_path == str(gguf_file)  # as given, not its folder
     assert all(p.dtype == torch.float32 for p in model.parameters())
@@ -71,9 +71,10 @@ def test_the_gguf_mark_is_dropped_where_transformers_leaves_it(gguf_file, tmp_pa
     quantized and refuses to save it; load_model takes the mark off."""
     import leadline.hf.loading as loading
 
+    monkeypatch.setenv("LEADLINE_CACHE", str(tmp_path / "cache"))  # converted here, with the mark left on
     monkeypatch.setattr(loading, "_gguf_kwargs", lambda gguf: {"gguf_file": gguf} if gguf else {})
     model = load_model(gguf_file, device="cpu")
-    assert getattr(model.config, "quantization_config", None) is None and not model.is_quantized
+    assert getattr(model.config, "quantization_config", None) is None and not getattr(model, "is_quantized", False)
     model.save_pretrained(tmp_path / "saved")  # refused while the GGUF quantizer is on the model
     assert (tmp_path / "saved" / "model.safetensors").exists()
 

@@ -120,7 +120,7 @@ def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
     h = hashlib.sha256()
     if isinstance(path_or_rows, (str, os.PathLike)):
         with open(path_or_rows, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
+            for chunk in iter(lambda: f.read(8 << 20), b""):  # 8 MiB at a time
                 h.update(chunk)
     else:
         for row in path_or_rows:

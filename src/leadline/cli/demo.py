@@ -487,7 +487,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from leadline.hf.loading import default_model_path, load_model, load_tokenizer
+    from leadline.hf.loading import default_model_path, load_model, load_tokenizer, locate_model
 
     out = Path(args.out)
     if args.rows is not None and args.rows < 16:
@@ -506,8 +506,9 @@ def run(args: argparse.Namespace) -> int:
     path = default_model_path()
     print("loading the model from its GGUF file (dequantized to float32)...", flush=True)
     with _quiet_loading(), _faster_threads(on_gpu):
-        tok = load_tokenizer(path)
-        model = load_model(path, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
+        source = locate_model(path, say=lambda text: print(text, flush=True))  # converted once, then read from there
+        tok = load_tokenizer(source)
+        model = load_model(source, device="cuda" if on_gpu else "cpu", dtype=torch.float32)
         torch.manual_seed(0)
         from peft import LoraConfig, get_peft_model
 

