@@ -121,8 +121,27 @@ def check_out_file(flag: str, path: str | os.PathLike[str] | None) -> None:
         raise InputError(f"{flag} {given} is a folder; pass a file path, e.g. {flag} {given / 'plan.json'}")
     if not folder.is_dir():
         raise InputError(f"{flag} {given}: the folder {folder} does not exist; create it or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {given}: the folder {folder} is not writable; choose another path")
+    check_writable(flag, given, folder)
+
+
+def check_plan_is_leadlines(flag: str, given: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """A plan file the command would replace must be one leadline wrote: a JSON object with the
+    ``"leadline_plan"`` mark :meth:`leadline.Plan.to_json` writes. A file of that name without it is
+    someone else's, and is never overwritten."""
+    import json
+
+    p = Path(path)
+    if not p.exists():
+        return
+    try:
+        found = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        found = None
+    marked = isinstance(found, dict) and "leadline_plan" in found
+    if not marked:
+        where = f"{flag} {p}" if Path(given) == p else f"{flag} {given}: its {p.name}"
+        raise InputError(f"{where} is not a plan leadline wrote (it has no \"leadline_plan\" mark), and derive "
+                         "would replace it; move it away or choose another folder")
 
 
 def check_out_folder(flag: str, path: str | os.PathLike[str]) -> None:
@@ -135,8 +154,35 @@ def check_out_folder(flag: str, path: str | os.PathLike[str]) -> None:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{flag} {p}: the folder {parent} does not exist; create it or choose another path")
-    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {p}: the folder {parent} is not writable; choose another path")
+    check_writable(flag, p, p if p.is_dir() else parent, new_folder=not p.is_dir())
+
+
+def check_writable(flag: str, given: str | os.PathLike[str], folder: Path, *, new_folder: bool = False) -> None:
+    """Something can be written in ``folder`` (with ``new_folder``, a folder can be made in it): a
+    file (or folder) made there and removed at once, the one test that holds for root and for
+    filesystems such as /proc, where ``os.access`` says yes and the write fails. Refused in one
+    sentence naming the flag, the path and the fix.
+
+    Examples:
+        >>> check_writable("--html", "/no/such/r.html", Path("/no/such"))
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: --html /no/such/r.html: nothing can be written in /no/such; choose a folder you ...
+    """
+    import errno
+    import tempfile
+
+    try:
+        if new_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".leadline-", dir=folder))
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".leadline-", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        why = f" ({e.strerror.lower()})" if e.strerror and e.errno not in (errno.ENOENT, errno.ENOTDIR) else ""
+        raise InputError(f"{flag} {given}: nothing can be written in {folder}{why}; choose a folder you can write "
+                         "to") from None
 
 
 def check_device(device: str | None) -> None:
