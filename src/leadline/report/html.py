@@ -241,7 +241,6 @@ SHOWS = {
     "lookahead": "The held-out loss per rate after each horizon of training steps",
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
     "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
-    "passes": "The held-out loss at each pass's end, at the averaged weights: the run keeps the pass they favour",
     "opening": "The opening race: each rate's held-out loss after the same opening steps (and before any, where read)",
     "checks": "The guard's held-out checks during the run, each ±1 SE, and the rate below; red: rolled back",
     "curve": "The run's training loss at each step, on that step's own rows",
@@ -249,12 +248,12 @@ SHOWS = {
 
 
 def _drawn(name: str, ev: Any) -> dict[str, Any] | None:
-    """The evidence as a drawing asks for it: its own ``plot``, the opening race's readings, or
-    the ending's rerun."""
+    """The evidence as a drawing asks for it: its own ``plot``, the opening race's readings (where a
+    challenger ran), or the ending's rerun."""
     if isinstance(ev, dict) and "plot" in ev:
         return ev if ev["plot"] in plot_names() else None
     if name == "lr" and isinstance(ev, dict) and isinstance(ev.get("readings"), dict) and "rates" in ev:
-        return {**ev, "plot": "opening"}
+        return {**ev, "plot": "opening"} if len(ev["readings"]) > 1 else None  # a race the default ran alone: a point
     if name == "ending" and isinstance(ev, dict) and isinstance(ev.get("constant"), dict) \
             and isinstance(ev.get("decay"), dict):
         return {**ev, "plot": "ending"}

@@ -25,7 +25,16 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.plan import PhaseTime, Plan, Value
 from leadline.rate.guard import Guard, check_plan, check_steps, outcome
-from leadline.rate.opening import DECIDE_SHARE, climb, collapsed, horizon, opening_rates
+from leadline.rate.opening import (
+    DECIDE_SHARE,
+    challenger_ran,
+    climb,
+    collapsed,
+    default_rate_source,
+    horizon,
+    opening_rates,
+    why_alone,
+)
 from leadline.rate.watch import StateCopy, Watch
 from leadline.run.loop import guarded_steps
 from leadline.run.opening import Opening, optimizer
@@ -310,9 +319,9 @@ def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_b
     h = 0 if rate is not None else min(horizon(job.steps, decide_share), job.steps)
     if not h:
         lr = float(rate.value) if rate is not None else rates[0]
-        value = rate or Value(lr, "constant", f"schedule-free AdamW's default for {job.trained_as}: a run of "
-                              f"{job.steps} steps is too short to race rates within {decide_share:.0%} of its steps",
-                              unit="per step")
+        short = ("the decision's share is 0 (--decide-share 0): the race has no steps" if not decide_share else
+                 f"a run of {job.steps} steps is too short to race rates within {decide_share:.0%} of its steps")
+        value = rate or Value(lr, "constant", default_rate_source(job.trained_as, short), unit="per step")
         for g in fresh.param_groups:
             g["lr"] = lr
         fresh.train()
@@ -339,8 +348,11 @@ def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_b
             "collapse_checked": opening.answers is not None}
     fate = (f"its {h} steps are the run's first" if train else
             "its steps were not kept: the run trains from the weights the race started from")
-    value = Value(decision.lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
-                  f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
+    value = (Value(decision.lr, "measured", f"won the opening race on {len(task.split.held_out)} held-out rows after "
+                   f"{h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
+             if challenger_ran(decision) else
+             Value(decision.lr, "constant", f"{default_rate_source(job.trained_as, why_alone(decision, h))}; {fate}",
+                   evidence=race, unit="per step"))
     kept = h if train else 0
     return _Opened(opt, decision.lr, value, start_losses, start_copy, kept_steps=kept,
                    overhead_steps=opening.steps - kept, reads=opening.reads + 1,
@@ -538,4 +550,6 @@ def _values(plan: Plan, job: _Job, opened: _Opened, decide_share: float, rows_gi
                                   f"{rows_per_step} rows a step", unit="steps"))
     plan.set("opening_steps", Value(h, "derived", "each candidate's steps in the opening race: the loser's steps, "
                                     "where the lower rate runs, fit the decision's share of the run", unit="steps"))
-    plan.set("seq_len", Value(int(profile.seq_len), "measured", "the corpus's longest row", unit="tokens"))
+    corpus = profile.as_values()  # as derive's corpus profile states them: what the loss scores, and the length
+    plan.set("seq_len", replace(corpus["seq_len"], unit="tokens"))
+    plan.set("scored_tokens", corpus["scored_tokens"])
