@@ -35,6 +35,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True) -> Non
     g.add_argument("--lora-rank", type=int, default=16, metavar="R",
                    help="train LoRA adapters of rank R on every linear layer (default 16)")
     g.add_argument("--full", action="store_true", help="train every weight (a full fine-tune)")
+    p.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                   help="the LoRA adapter's alpha: its update is scaled by A / rank (default: twice the rank, 32 at "
+                   "rank 16)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
     p.add_argument("--seed", type=int, default=0,
                    help="the seed of the split, the row order and the adapter's init (default 0)")
@@ -273,9 +276,41 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     if bits is not None and args.full:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass "
                          "--lora-rank R) or load the base unquantized")
-    return load_trainable(args.model, device=args.device, dtype=args.dtype, bits=bits,
-                          lora_rank=None if args.full else args.lora_rank, seed=args.seed,
-                          gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
+    alpha = lora_alpha_of(args)
+    model, tok = load_trainable(args.model, device=args.device, dtype=args.dtype, bits=bits,
+                                lora_rank=None if args.full else args.lora_rank, seed=args.seed,
+                                gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
+    if alpha is not None:
+        from leadline.run.lora import set_alpha
+
+        set_alpha(model, alpha)
+    return model, tok
+
+
+def lora_alpha_of(args: argparse.Namespace) -> float | None:
+    """``--lora-alpha``: a finite number above 0 (a whole one as an int), with an adapter; None
+    where not given (the adapter's alpha stays twice its rank)."""
+    alpha = getattr(args, "lora_alpha", None)
+    if alpha is None:
+        return None
+    check_positive("--lora-alpha", alpha, example="32")
+    if getattr(args, "full", False):
+        raise InputError(f"--lora-alpha {alpha:g} scales a LoRA adapter's update, and --full trains every weight "
+                         "through none; drop one of them")
+    return int(alpha) if float(alpha).is_integer() else float(alpha)
+
+
+def lora_values_of(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """The plan's LoRA values (rank, alpha, targets, dropout) for the adapter the command made,
+    each with the kind its flag gives it (given, or leadline's default); none where every weight
+    trains."""
+    from leadline.run.lora import DEFAULT_RANK, Lora, cli_sources
+
+    lora = Lora.of(model)
+    if lora is None:
+        return {}
+    return lora.as_values(cli_sources(rank_given=args.lora_rank != DEFAULT_RANK,
+                                      alpha_given=getattr(args, "lora_alpha", None) is not None))
 
 
 def Progress() -> Any:

@@ -198,7 +198,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
     import contextlib
     import time
 
-    from leadline.cli._common import Progress, load_for_training, ram_bound
+    from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
     from leadline.derive.state import keep_run_state
 
     t_load = time.perf_counter()
@@ -215,6 +215,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
                                  seq_len=args.seq_len, fields=fields_of(args) or None, train=False)
         else:
             plan = derive_plan(args, model, tok, bar)
+        plan.values.update(lora_values_of(args, model))  # the adapter's rank and alpha, given or leadline's default
         took = time.perf_counter() - t0
         notes = data_notes_of(args, model, tok) if main else []
         return _write(args, out, main, plan, took, t0 - t_load, kept, notes)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline.plan import RUN_PHASES, Plan, Value, readable
+from leadline.report.answers import answers_html
 from leadline.report.plots import matplotlib_available, plot_names, render_svg
 
 # The numbers a run is trained with, in the order a person reads them.
@@ -335,7 +336,8 @@ def _where(plan: Plan) -> str:
 
 def render_plan(plan: Plan, run: dict[str, Any] | None = None) -> str:
     """The plan as a self-contained HTML page: no scripts, no external files (plots inline SVG).
-    ``run``: the run's record (``run.json``), whose ``curve`` the report draws where it has one.
+    ``run``: the run's record (``run.json``), whose ``curve`` the report draws where it has one,
+    and whose ``answers`` (a classifier's accuracy before and after) it tabulates.
 
     Examples:
         >>> from leadline.plan import Plan, Value, readable
@@ -363,7 +365,8 @@ def render_plan(plan: Plan, run: dict[str, Any] | None = None) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
         f"<title>leadline plan</title><style>{_STYLE}</style></head><body><h1>leadline plan</h1>{about}"
         f"<p class='meta'>leadline {_esc(plan.version)}, {created}</p>"
-        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot, run)}{_values(plan)}{_where(plan)}</body></html>\n"
+        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot, run)}{answers_html(run)}{_values(plan)}"
+        f"{_where(plan)}</body></html>\n"
     )
 
 

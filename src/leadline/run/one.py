@@ -139,6 +139,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     plan = _plan_of(model, data, fields, job)
     _fit(job)
     test_before = _read_test(job) if train else None
+    answers = _answers_before(job, tokenizer) if train else None
     opened = _open(job, rate, decide_share, train, rng_before, was_training)
     if train and train_held_out:
         _join_held_out(job, fixed_steps=bool(total_steps))
@@ -160,6 +161,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     result.data_notes = _data_notes(job)
     result.test_after = _read_test(job)
     result.test_source = "eval rows" if eval_data is not None else ("test share" if job.task.split.test else None)
+    if answers is not None:
+        result.answers = answers.after(job.check_rows if job.joined else None, result.test_source)
     _values(plan, job, opened, decide_share, rows_per_step is not None)
     _phases(plan, job, opened, result)
     result.seconds.update(run_seconds=time.perf_counter() - t_all, derive_seconds=plan.derive_seconds or 0.0,
@@ -238,12 +241,16 @@ def _join_held_out(job: _Job, fixed_steps: bool) -> None:
 def _plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: _Job) -> Plan:
     from leadline.corpus import data_notes
     from leadline.provenance import describe_data
+    from leadline.run.lora import Lora
     from leadline.run.precision import precision_of
 
     plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})},
                 held_out=job.task.split.as_dict())
     plan.model = {"trained_as": job.trained_as, "trained_parameters": int(sum(p.numel() for p in job.params))}
     plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
+    lora = Lora.of(model)  # the adapter it trains through: rank, alpha, targets, dropout
+    for name, value in (lora.as_values() if lora is not None else {}).items():
+        plan.set(name, value)
     plan.notes.extend(data_notes(job.profile))  # what leadline changed in the rows: cut, dropped, mixed formats
     return plan
 
@@ -298,6 +305,17 @@ def _read_test(job: _Job) -> Reading | None:
         return Reading.of(task.split.reader(task.model, task.rows, "test", device=task.device, pad_id=task.pad_id)())
     finally:
         task.model.train()
+
+
+def _answers_before(job: _Job, tokenizer: Any) -> Any:
+    """Where the rows are a classifier's, the start's answers on the held-out and test rows
+    (:mod:`leadline.run.answers`); None for free text."""
+    from leadline.run.answers import AnswerReader
+
+    reader = AnswerReader.of(job.task, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
+    if reader is not None:
+        reader.before()
+    return reader
 
 
 def _open(job: _Job, rate: Value | None, decide_share: float, train: bool, rng_before: Any,
@@ -450,11 +468,14 @@ def _phases(plan: Plan, job: _Job, opened: _Opened, result: RunResult) -> None:
     from leadline.rate.guard import READ_SHARE
 
     s = result.seconds
+    a = result.answers  # a classifier's answers, read before and after: part of the verdict
+    a_reads, a_seconds = (a.reads, a.seconds) if a is not None else (0, 0.0)
     plan.phases = [*_opening_phases(job, opened),
                    PhaseTime("run", s["steps_seconds"], result.steps_run - opened.kept_steps,
                              step_seconds=s["steps_seconds"]),
-                   PhaseTime("guard", s["check_seconds"] + s["verdict_seconds"], 0, ("guard",),
-                             reads=result.cost.check_reads, read_seconds=s["check_seconds"] + s["verdict_seconds"])]
+                   PhaseTime("guard", s["check_seconds"] + s["verdict_seconds"] + a_seconds, 0, ("guard",),
+                             reads=result.cost.check_reads + a_reads,
+                             read_seconds=s["check_seconds"] + s["verdict_seconds"] + a_seconds)]
     share = s["check_seconds"] / s["steps_seconds"] if s["steps_seconds"] > 0 else 0.0
     plan.set("guard", Value(result.rollbacks, "measured", _guard_sentence(result, share, READ_SHARE),
                             evidence={"plot": "checks", "checks": result.checks, "kept_step": result.kept_step,
@@ -486,6 +507,7 @@ def _save(plan: Plan, result: RunResult | None, model: Any, out_dir: Any) -> Non
     import json
 
     from leadline._io import save_run, write_atomic
+    from leadline.run.card import write_card
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -494,6 +516,7 @@ def _save(plan: Plan, result: RunResult | None, model: Any, out_dir: Any) -> Non
             write_atomic(out / "run.json", json.dumps(result.as_dict(), indent=1, default=str))
         else:
             save_run(model, out, result.as_dict())
+            write_card(out, plan, result.as_dict(), model)  # README.md: the base, the data, the values, the readings
     plan.to_json(out / "plan.json")
 
 
