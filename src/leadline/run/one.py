@@ -138,8 +138,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
                    eval_data, prepared)
     plan = _plan_of(model, data, fields, job)
     _fit(job)
-    test_before = _read_test(job) if train else None
-    answers = _answers_before(job, tokenizer) if train else None
+    test_before, answers = (_read_test(job), _answers_before(job, tokenizer)) if train else (None, None)
     opened = _open(job, rate, decide_share, train, rng_before, was_training)
     if train and train_held_out:
         _join_held_out(job, fixed_steps=bool(total_steps))
@@ -161,8 +160,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, *, total_steps: int | None
     result.data_notes = _data_notes(job)
     result.test_after = _read_test(job)
     result.test_source = "eval rows" if eval_data is not None else ("test share" if job.task.split.test else None)
-    if answers is not None:
-        result.answers = answers.after(job.check_rows if job.joined else None, result.test_source)
+    result.answers = answers and answers.after(job.check_rows if job.joined else None, result.test_source)
     _values(plan, job, opened, decide_share, rows_per_step is not None)
     _phases(plan, job, opened, result)
     result.seconds.update(run_seconds=time.perf_counter() - t_all, derive_seconds=plan.derive_seconds or 0.0,
