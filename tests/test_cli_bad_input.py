@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -121,6 +122,55 @@ def test_refused_before_the_model_loads_in_one_sentence_and_nothing_written(file
     for argv, *needles in cases:
         said = _refused(capsys, argv, *needles)
         assert "does not exist" not in said or "model" not in said  # the model was never reached
+    assert _listing(d) == before
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, a folder nothing can be written in")
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(files, capsys):
+    """/proc takes no new file, even from root (for whom os.access says yes): every output flag is
+    refused in one sentence before the model loads, where it used to be a traceback after it."""
+    d = files
+    m = ["--model", NO_MODEL, "--device", "cpu", "--data", str(GOOD)]
+    before = _listing(d)
+    for argv in (["run", *m, "--out", "/proc/leadline-x"], ["derive", *m, "--out", "/proc/leadline-x"],
+                 ["train", *m, "--plan", str(d / "plan.json"), "--out", "/proc/leadline-x"],
+                 ["run", *m, "--out", str(d / "new"), "--html", "/proc/leadline-x.html"],
+                 ["derive", *m, "--out", str(d / "new"), "--html", "/proc/leadline-x.html"]):
+        flag = "--html" if "--html" in argv else "--out"
+        _refused(capsys, argv, f"{flag} /proc/leadline-x", "nothing can be written in /proc",
+                 "choose a folder you can write to")
+    _refused(capsys, ["report", str(d / "plan.json"), "--html", "/proc/leadline-x.html"],
+             "leadline report: --html /proc/leadline-x.html: nothing can be written in /proc")
+    assert _listing(d) == before
+
+
+def test_a_plan_file_leadline_did_not_write_is_never_replaced(files, capsys):
+    d = files
+    (d / "mine").mkdir()
+    (d / "mine" / "plan.json").write_text('{"my": "notes"}\n')
+    (d / "notes.json").write_text("not json at all\n")
+    m = ["derive", "--model", NO_MODEL, "--device", "cpu", "--data", str(GOOD)]
+    before = _listing(d)
+    _refused(capsys, [*m, "--out", str(d / "mine")], f"--out {d / 'mine'}: its plan.json is not a plan leadline wrote",
+             '"leadline_plan" mark', "move it away or choose another folder")
+    _refused(capsys, [*m, "--out", str(d / "notes.json")], f"--out {d / 'notes.json'} is not a plan leadline wrote")
+    assert _listing(d) == before
+    assert (d / "mine" / "plan.json").read_text() == '{"my": "notes"}\n'
+
+
+@pytest.mark.parametrize("row", [{"prompt": "2+2=", "completion": 4}, {"prompt": 7, "completion": " four"},
+                                 {"text": 3.5}, {"messages": [{"role": "user", "content": 2}]}])
+def test_a_field_that_is_not_a_string_is_refused_with_its_file_and_line(files, capsys, row):
+    d = files
+    data = d / "numbers.jsonl"
+    data.write_text(GOOD.read_text().splitlines()[0] + "\n" + json.dumps(row) + "\n")
+    before = _listing(d)
+    for command in ("run", "derive"):
+        said = _refused(capsys, [command, "--model", NO_MODEL, "--data", str(data), "--out", str(d / "new")],
+                        f"{data} line 2 has ")
+        assert "not a string" in said or "without a 'role' and a text 'content'" in said
+        if isinstance(row.get("completion"), int):
+            assert 'write "completion": "4"' in said
     assert _listing(d) == before
 
 

@@ -1,6 +1,6 @@
-"""The report draws each decision the plan records: the opening race, the guard's checks (with
-the run's training curve where the run's record came along), the passes; it says where the
-seconds went, phase by phase, and names the model and the data in its header."""
+"""The report draws each decision the plan records: the opening race (where a challenger ran), the
+guard's checks (with the run's training curve where the run's record came along); it says where
+the seconds went, phase by phase, and names the model and the data in its header."""
 
 from __future__ import annotations
 
@@ -57,9 +57,6 @@ def fake_plan() -> Plan:
     p.set("total_steps", Value(20, "derived", "the run's length", unit="steps"))
     p.set("guard", Value("improved", "measured", "the guard checked the held-out loss 6 times and rolled back once",
                          evidence=_guard()))
-    passes = {"plot": "passes", "kept_step": 20, "stopped_at": None,
-              "readings": [{"step": 10, "mean": 1.3}, {"step": 20, "mean": 1.14}]}
-    p.set("kept_step", Value(20, "measured", "the last pass read lowest", evidence=passes, unit="steps"))
     p.phases = [PhaseTime("memory", 0.00003, 0, ("micro_batch",)),
                 PhaseTime("rate", 44.9, 4, (), step_seconds=30.0, reads=3, read_seconds=14.2),
                 PhaseTime("run", 84.1, 18, (), step_seconds=80.0, reads=2, read_seconds=4.1)]
@@ -76,11 +73,11 @@ def test_every_decision_has_its_figure():
     pytest.importorskip("matplotlib")
     page = report.render_plan(fake_plan(), run={"curve": _curve()})
     figs = FIGURE.findall(page)
-    assert len(figs) == 3  # the race, the guard, the passes: one each
+    assert len(figs) == 2  # the race, the guard: one each
     assert all(f.startswith("<svg") for f in figs)
     ids = re.findall(r"<figure id='figure-(\w+)'", page)
-    assert ids == ["lr", "guard", "kept_step"]
-    race, guard, _ = figs
+    assert ids == ["lr", "guard"]
+    race, guard = figs
     assert "the opening race" in race and "0.0025: 1.443 kept" in race and "0.01: 18.46 (answers collapsed)" in race
     assert "not run: 0.000625" in race and "before any step: 11.26" in race
     assert "rolled back" in guard and "kept: step 14" in guard and "training loss" in guard
@@ -90,7 +87,23 @@ def test_every_decision_has_its_figure():
 def test_without_the_run_record_the_guard_is_drawn_without_the_curve():
     pytest.importorskip("matplotlib")
     figs = FIGURE.findall(report.render_plan(fake_plan()))
-    assert len(figs) == 3 and "training loss" not in figs[1]
+    assert len(figs) == 2 and "training loss" not in figs[1]
+
+
+def test_a_race_the_default_ran_alone_draws_no_race_and_the_removed_pass_rule_no_figure():
+    """A rate no challenger raced is a constant, and one point is no race: no figure for it. The
+    pass rule of earlier builds is gone: a plan that still records it shows its evidence as a table."""
+    pytest.importorskip("matplotlib")
+    p = fake_plan()
+    alone = {**_race(), "readings": {"0.0025": {"mean": 1.4428, "collapsed": False}},
+             "tests": [{"challenger": 0.000625, "ran": False, "replaces": False, "why": "0.000625 not run"}]}
+    p.set("lr", Value(0.0025, "constant", "schedule-free's default, checked by the guard; no challenger ran: ...",
+                      evidence=alone, unit="per step"))
+    p.set("kept_step", Value(20, "measured", "the last pass read lowest", unit="steps",
+                             evidence={"plot": "passes", "kept_step": 20, "readings": [{"step": 20, "mean": 1.1}]}))
+    page = report.render_plan(p)
+    assert re.findall(r"<figure id='figure-(\w+)'", page) == ["guard"]
+    assert "the opening race: held-out loss" not in page and "passes: the pass" not in page
 
 
 def test_a_run_without_a_guard_draws_its_training_curve_apart():
@@ -98,7 +111,7 @@ def test_a_run_without_a_guard_draws_its_training_curve_apart():
     p = fake_plan()
     del p.values["guard"]
     page = report.render_plan(p, run={"curve": _curve()})
-    assert len(FIGURE.findall(page)) == 3 and "<figure class='run'>" in page and "20 steps." in page
+    assert len(FIGURE.findall(page)) == 2 and "<figure class='run'>" in page and "20 steps." in page
 
 
 def test_a_dict_value_reads_in_words_and_no_python_repr_reaches_the_page():

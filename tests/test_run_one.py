@@ -99,7 +99,8 @@ def test_the_run_that_kept_the_race_winners_steps_is_the_run_that_took_them_itse
     plan, res = run_in_one(model, tok, str(data), RunOptions(total_steps=20, decide_share=0.2), out_dir=tmp_path / "run")
     cost = res.cost.as_dict()
     assert plan.opening_steps == 2 and cost["overhead_steps"] in (0, 2) and cost["budget_held"]
-    assert plan["lr"].kind == "measured" and plan.lr in (2.5e-4, 1e-3, 6.25e-5)  # every weight trains
+    assert plan.lr in (2.5e-4, 6.25e-5)  # every weight trains
+    assert plan["lr"].kind == ("measured" if cost["overhead_steps"] else "constant")  # measured where a rival raced
     assert res.rollbacks == 0 and res.kept_step == 20 and res.outcome == "improved"
     assert len(res.curve) == 18 and res.curve[0]["step"] == 2 and cost["steps_not_run"] == 0
     steps_counted = next(p for p in plan.phases if p.phase == "rate").steps
@@ -134,7 +135,33 @@ def test_a_run_too_short_to_race_trains_the_default_and_says_so(tmp_path):
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, str(_rows(tmp_path / "t.jsonl")),
                            RunOptions(total_steps=5))
     assert plan.lr == 2.5e-4 and plan["lr"].kind == "constant" and "too short to race" in plan["lr"].source
+    assert plan["lr"].source.startswith("schedule-free's default, checked by the guard")
     assert res.cost.overhead_steps == 0 and len(res.curve) == 5
+
+
+def test_the_rate_is_measured_only_where_a_challenger_raced_it(tmp_path, monkeypatch):
+    """A default that learned over the opening is raced by nobody: a constant, "schedule-free's
+    default, checked by the guard", with why no challenger ran; and its single reading is no race
+    to draw. Where the default stalls (here a rate too small to move the loss), its challenger runs
+    and the rate is measured, whichever wins."""
+    import leadline.run.opening as opening
+    from helpers import make_model, make_tokenizer
+    from leadline.report.html import render_plan
+    from leadline.run import RunOptions, race_only
+
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan = race_only(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=20))
+    lr = plan["lr"]
+    assert lr.kind == "constant" and lr.value == 2.5e-4, lr
+    assert lr.source.startswith("schedule-free's default, checked by the guard (a tenth of its 0.0025")
+    assert "no challenger ran: 0.00025 learned in its 2 opening steps" in lr.source and "won" not in lr.source
+    assert list(lr.evidence["readings"]) == ["0.00025"]  # the default's reading is kept as evidence
+    assert "the opening race: held-out loss" not in render_plan(plan)
+
+    monkeypatch.setattr(opening, "opening_rates", lambda trained_as: (1e-12, 2.5e-13))
+    plan = race_only(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=20))
+    assert plan["lr"].kind == "measured" and plan["lr"].source.startswith("won the opening race")
+    assert len(plan["lr"].evidence["readings"]) == 2
 
 
 def test_leadline_run_races_by_default_and_refuses_a_share_out_of_range(tmp_path, capsys):

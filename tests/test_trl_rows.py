@@ -110,3 +110,16 @@ def test_conversational_prompt_completion_scores_what_trl_scores(kw, tmp_path):
                          processing_class=tok)
     prof = profile_corpus(trainer_rows(trainer), tok)
     assert prof.scored_tokens == trl_scored_tokens(trainer) > 0
+
+
+@pytest.mark.parametrize(("name", "kw"), [("prompt_completion", {}), ("messages", {"assistant_only_loss": True})])
+def test_the_default_plan_states_the_tokens_trl_scores(name, kw, tmp_path):
+    """`leadline run` and `leadline derive` (the race) state the scored tokens, what the loss scores,
+    as derive's corpus profile does: TRL's count over one pass of the same rows."""
+    pytest.importorskip("schedulefree")
+    from leadline.run import race_only
+
+    tok = make_tokenizer()
+    plan = race_only(make_model(vocab_size=len(tok)), tok, str(DATA / f"{name}.jsonl"))
+    assert plan["scored_tokens"].kind == "measured" and plan["scored_tokens"].unit == "tokens"
+    assert plan.scored_tokens == trl_scored_tokens(_trainer(name, tmp_path, **kw)) > 0

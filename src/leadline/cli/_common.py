@@ -46,6 +46,9 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True, bundle
     g.add_argument("--lora-rank", type=int, default=16, metavar="R",
                    help="train LoRA adapters of rank R on every linear layer (default 16)")
     g.add_argument("--full", action="store_true", help="train every weight (a full fine-tune)")
+    p.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                   help="the LoRA adapter's alpha: its update is scaled by A / rank (default: twice the rank, 32 at "
+                   "rank 16)")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
     p.add_argument("--seed", type=int, default=0,
                    help="the seed of the split, the row order and the adapter's init (default 0)")
@@ -171,8 +174,27 @@ def check_out_file(flag: str, path: str | os.PathLike[str] | None) -> None:
         raise InputError(f"{flag} {given} is a folder; pass a file path, e.g. {flag} {given / 'plan.json'}")
     if not folder.is_dir():
         raise InputError(f"{flag} {given}: the folder {folder} does not exist; create it or choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {given}: the folder {folder} is not writable; choose another path")
+    check_writable(flag, given, folder)
+
+
+def check_plan_is_leadlines(flag: str, given: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """A plan file the command would replace must be one leadline wrote: a JSON object with the
+    ``"leadline_plan"`` mark :meth:`leadline.Plan.to_json` writes. A file of that name without it is
+    someone else's, and is never overwritten."""
+    import json
+
+    p = Path(path)
+    if not p.exists():
+        return
+    try:
+        found = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        found = None
+    marked = isinstance(found, dict) and "leadline_plan" in found
+    if not marked:
+        where = f"{flag} {p}" if Path(given) == p else f"{flag} {given}: its {p.name}"
+        raise InputError(f"{where} is not a plan leadline wrote (it has no \"leadline_plan\" mark), and derive "
+                         "would replace it; move it away or choose another folder")
 
 
 def check_out_folder(flag: str, path: str | os.PathLike[str]) -> None:
@@ -185,8 +207,35 @@ def check_out_folder(flag: str, path: str | os.PathLike[str]) -> None:
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{flag} {p}: the folder {parent} does not exist; create it or choose another path")
-    if not p.exists() and not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {p}: the folder {parent} is not writable; choose another path")
+    check_writable(flag, p, p if p.is_dir() else parent, new_folder=not p.is_dir())
+
+
+def check_writable(flag: str, given: str | os.PathLike[str], folder: Path, *, new_folder: bool = False) -> None:
+    """Something can be written in ``folder`` (with ``new_folder``, a folder can be made in it): a
+    file (or folder) made there and removed at once, the one test that holds for root and for
+    filesystems such as /proc, where ``os.access`` says yes and the write fails. Refused in one
+    sentence naming the flag, the path and the fix.
+
+    Examples:
+        >>> check_writable("--html", "/no/such/r.html", Path("/no/such"))
+        Traceback (most recent call last):
+        ...
+        leadline.errors.InputError: --html /no/such/r.html: nothing can be written in /no/such; choose a folder you ...
+    """
+    import errno
+    import tempfile
+
+    try:
+        if new_folder:
+            os.rmdir(tempfile.mkdtemp(prefix=".leadline-", dir=folder))
+        else:
+            fd, probe = tempfile.mkstemp(prefix=".leadline-", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as e:
+        why = f" ({e.strerror.lower()})" if e.strerror and e.errno not in (errno.ENOENT, errno.ENOTDIR) else ""
+        raise InputError(f"{flag} {given}: nothing can be written in {folder}{why}; choose a folder you can write "
+                         "to") from None
 
 
 def check_device(device: str | None) -> None:
@@ -278,10 +327,42 @@ def load_for_training(args: argparse.Namespace) -> tuple[Any, Any]:
     if bits is not None and args.full:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full (and pass "
                          "--lora-rank R) or load the base unquantized")
+    alpha = lora_alpha_of(args)
     source = located_model(args, bits)
-    return load_trainable(source, device=args.device, dtype=args.dtype, bits=bits,
-                          lora_rank=None if args.full else args.lora_rank, seed=args.seed,
-                          gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
+    model, tok = load_trainable(source, device=args.device, dtype=args.dtype, bits=bits,
+                                lora_rank=None if args.full else args.lora_rank, seed=args.seed,
+                                gradient_checkpointing=getattr(args, "gradient_checkpointing", False))
+    if alpha is not None:
+        from leadline.run.lora import set_alpha
+
+        set_alpha(model, alpha)
+    return model, tok
+
+
+def lora_alpha_of(args: argparse.Namespace) -> float | None:
+    """``--lora-alpha``: a finite number above 0 (a whole one as an int), with an adapter; None
+    where not given (the adapter's alpha stays twice its rank)."""
+    alpha = getattr(args, "lora_alpha", None)
+    if alpha is None:
+        return None
+    check_positive("--lora-alpha", alpha, example="32")
+    if getattr(args, "full", False):
+        raise InputError(f"--lora-alpha {alpha:g} scales a LoRA adapter's update, and --full trains every weight "
+                         "through none; drop one of them")
+    return int(alpha) if float(alpha).is_integer() else float(alpha)
+
+
+def lora_values_of(args: argparse.Namespace, model: Any) -> dict[str, Any]:
+    """The plan's LoRA values (rank, alpha, targets, dropout) for the adapter the command made,
+    each with the kind its flag gives it (given, or leadline's default); none where every weight
+    trains."""
+    from leadline.run.lora import DEFAULT_RANK, Lora, cli_sources
+
+    lora = Lora.of(model)
+    if lora is None:
+        return {}
+    return lora.as_values(cli_sources(rank_given=args.lora_rank != DEFAULT_RANK,
+                                      alpha_given=getattr(args, "lora_alpha", None) is not None))
 
 
 def Progress() -> Any:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -81,12 +80,13 @@ def out_paths(flag: str, given: str | Path) -> tuple[Path, Path]:
     """``--out``: (the folder, the plan's path in it). A folder: ``DIR/plan.json``; a path ending
     in ``.json`` (the old spelling): that file, in its folder. Checked before any work: an
     existing file that is not a plan's, a parent that does not exist or cannot be written."""
-    from leadline.cli._common import check_out_file
+    from leadline.cli._common import check_out_file, check_plan_is_leadlines, check_writable
     from leadline.errors import InputError
 
     out = Path(given)
     if out.suffix.lower() == ".json" and not out.is_dir():
         check_out_file(flag, out)
+        check_plan_is_leadlines(flag, out, out)
         return out.parent if str(out.parent) else Path("."), out
     if out.exists() and not out.is_dir():
         raise InputError(f"{flag} {out} is a file, not a folder; pass a folder for the plan (it is written to "
@@ -94,11 +94,10 @@ def out_paths(flag: str, given: str | Path) -> tuple[Path, Path]:
     parent = out.parent if str(out.parent) else Path(".")
     if not out.exists() and not parent.is_dir():
         raise InputError(f"{flag} {out}: the folder {parent} does not exist; create it or choose another path")
-    writable = out if out.is_dir() else parent
-    if not os.access(writable, os.W_OK | os.X_OK):
-        raise InputError(f"{flag} {out}: the folder {writable} is not writable; choose another path")
+    check_writable(flag, out, out if out.is_dir() else parent, new_folder=not out.is_dir())
     if out.is_dir():
         check_out_file(flag, out / PLAN_NAME)
+        check_plan_is_leadlines(flag, out, out / PLAN_NAME)
     return out, out / PLAN_NAME
 
 
@@ -202,7 +201,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
     import contextlib
     import time
 
-    from leadline.cli._common import Progress, load_for_training, ram_bound
+    from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
     from leadline.derive.state import keep_run_state
 
     t_load = time.perf_counter()
@@ -219,6 +218,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
                 seq_len=args.seq_len, fields=fields_of(args) or None))
         else:
             plan = derive_plan(args, model, tok, bar)
+        plan.values.update(lora_values_of(args, model))  # the adapter's rank and alpha, given or leadline's default
         took = time.perf_counter() - t0
         notes = data_notes_of(args, model, tok) if main else []
         return _write(args, out, main, plan, took, t0 - t_load, kept, notes)

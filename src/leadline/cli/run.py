@@ -115,7 +115,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     the look-ahead's kept branch."""
     import time
 
-    from leadline.cli._common import Progress, load_for_training, ram_bound
+    from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
     from leadline.cli.derive import derive_plan, note_plan, state_path, write_plan
     from leadline.cli.train import ending_of, print_run, show_step
     from leadline.derive.state import keep_run_state
@@ -128,6 +128,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
         model, tok = load_for_training(args)
         t_derive = time.perf_counter()
         plan = derive_plan(args, model, tok, Progress())
+        plan.values.update(lora_values_of(args, model))
         seconds = {"load_seconds": t_derive - t_load, "derive_seconds": time.perf_counter() - t_derive}
         note_plan(args, plan, seconds["derive_seconds"], seconds["load_seconds"], command="run")
         out.mkdir(exist_ok=True)
@@ -150,10 +151,11 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     (:func:`leadline.run.run_in_one`); ``run.json`` written once, with the load's seconds in it."""
     import time
 
-    from leadline.cli._common import fields_of, load_for_training, model_record, ram_bound
+    from leadline.cli._common import fields_of, load_for_training, lora_values_of, model_record, ram_bound
     from leadline.plan import Value
     from leadline.progress import StepBar
     from leadline.run import RunOptions, run_in_one
+    from leadline.run.card import write_card
     from leadline.run.result import EXIT_NOT_IMPROVED
 
     fields = fields_of(args) or None
@@ -174,7 +176,10 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
         finally:
             bar.close()
         plan.model.update(model_record(args))
+        plan.values.update(lora_values_of(args, model))  # the adapter's rank and alpha, given or leadline's default
         plan.to_json(out / PLAN)
+        if res.outcome != "no_better_than_start":  # the model was written (run_in_one): its card, with these kinds
+            write_card(out, plan, res.as_dict(), model)
         if args.html is not None:
             from leadline.report.html import write_html
 

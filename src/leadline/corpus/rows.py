@@ -51,7 +51,7 @@ class Example:
     line, or ``rows[i]`` for rows in memory.
 
     Examples:
-        >>> next(read_rows([{"question": "2+2?", "answer": 4}]))
+        >>> next(read_rows([{"question": "2+2?", "answer": "4"}]))
         Example(kind='question_answer', data={'question': '2+2?', 'answer': '4'}, where='rows[0]')
     """
 
@@ -294,29 +294,26 @@ def detect(row: Mapping[str, Any]) -> str | None:
 def validate(kind: str, d: dict[str, Any]) -> str | None:
     """Why a row of this format cannot be used (the clause after "line N"), or None.
 
-    Numbers given as an answer/output/completion are read as their text, as any loader would
-    (``d`` is changed in place); tokenized rows without labels get ``labels = input_ids``.
+    Every text field must be a string: a number (``"completion": 3``) is refused, as TRL's
+    tokenization would refuse it, with the quoted spelling to write instead. Tokenized rows
+    without labels get ``labels = input_ids`` (``d`` is changed in place).
 
     Examples:
         >>> validate("text", {"text": "  "})
         'has an empty text (nothing to score)'
-        >>> d = {"question": "2+2?", "answer": 4}
-        >>> validate("question_answer", d), d["answer"]
-        (None, '4')
+        >>> print(validate("prompt_completion", {"prompt": "2+2=", "completion": 4}))
+        has a 'completion' that is a number, not a string (write "completion": "4")
         >>> validate("tokenized", {"input_ids": [5, 6], "labels": [-100, -100]})
         'has every label after the first at -100 (nothing to score)'
     """
-    for key in ("completion", "output", "answer"):
-        if isinstance(d.get(key), (int, float)) and not isinstance(d.get(key), bool):
-            d[key] = str(d[key])
     if kind == "text":
         if not isinstance(d["text"], str):
-            return f"has a 'text' that is a {_json_type(d['text'])}, not a string"
+            return _not_text("text", d["text"])
         return "has an empty text (nothing to score)" if not d["text"].strip() else None
     if kind == "prompt_completion":
         for key in ("prompt", "completion"):
             if not isinstance(d[key], str):
-                return f"has a '{key}' that is a {_json_type(d[key])}, not a string"
+                return _not_text(key, d[key])
         return "has an empty completion (nothing to score)" if not d["completion"].strip() else None
     if kind == "chat_prompt_completion":
         for key in ("prompt", "completion"):
@@ -336,14 +333,30 @@ def validate(kind: str, d: dict[str, Any]) -> str | None:
     if kind == "instruction":
         for key in ("instruction", "input", "output"):
             if key in d and d[key] is not None and not isinstance(d[key], str):
-                return f"has an '{key}' that is a {_json_type(d[key])}, not a string"
+                return _not_text(key, d[key])
         return "has an empty output (nothing to score)" if not (d["output"] or "").strip() else None
     if kind == "question_answer":
         for key in ("question", "answer"):
             if not isinstance(d[key], str):
-                return f"has a '{key}' that is a {_json_type(d[key])}, not a string"
+                return _not_text(key, d[key])
         return "has an empty answer (nothing to score)" if not d["answer"].strip() else None
     raise AssertionError(kind)
+
+
+def _not_text(key: str, value: Any) -> str:
+    """Why a field that must be a string is not one, with the quoted spelling where it is a number.
+
+    Examples:
+        >>> print(_not_text("completion", 3))
+        has a 'completion' that is a number, not a string (write "completion": "3")
+        >>> print(_not_text("input", [1]))
+        has an 'input' that is a list, not a string
+    """
+    article = "an" if key[0] in "aeiou" else "a"
+    said = f"has {article} '{key}' that is a {_json_type(value)}, not a string"
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        said += f' (write "{key}": "{value}")'
+    return said
 
 
 def _bad_messages(msgs: Any, key: str) -> str | None:

@@ -142,6 +142,50 @@ class Decision:
         return "; ".join(t["why"] for t in self.tests)
 
 
+def challenger_ran(decision: Decision) -> bool:
+    """Whether any rate raced the default: a race that ran the default alone measured no choice.
+
+    Examples:
+        >>> challenger_ran(Decision(2.5e-3)), challenger_ran(Decision(2.5e-3, [{"ran": False}]))
+        (False, False)
+        >>> challenger_ran(Decision(2.5e-3, [{"replaces": False}]))  # a test that ran has no "ran": False
+        True
+    """
+    return any(t.get("ran", True) for t in decision.tests)
+
+
+def default_rate_source(trained_as: str, why_alone: str) -> str:
+    """The sentence of the default rate where no challenger raced it (``why_alone``: why none ran):
+    a constant, not a measurement; what the run measures of it is the guard's checks.
+
+    Examples:
+        >>> default_rate_source("factors", "a run of 5 steps is too short to race")
+        "schedule-free's default, checked by the guard; no challenger ran: a run of 5 steps is too short to race"
+        >>> default_rate_source("weights", "--decide-share 0")  # doctest: +NORMALIZE_WHITESPACE
+        "schedule-free's default, checked by the guard (a tenth of its 0.0025, where every weight trains);
+        no challenger ran: --decide-share 0"
+    """
+    c = DEFAULT_RATE["factors"]
+    whose = "" if DEFAULT_RATE.get(trained_as) == c else f" (a tenth of its {c:.3g}, where every weight trains)"
+    return f"schedule-free's default, checked by the guard{whose}; no challenger ran: {why_alone}"
+
+
+def why_alone(decision: Decision, h: int) -> str:
+    """Why the race ran the default alone, from its last test's numbers.
+
+    Examples:
+        >>> d = Decision(2.5e-3, [{"ran": False, "challenger": 6.25e-4, "incumbent": 2.5e-3,
+        ...                        "incumbent_mean": 5.91, "start_mean": 5.94}])
+        >>> print(why_alone(d, 2))  # doctest: +NORMALIZE_WHITESPACE
+        0.0025 learned in its 2 opening steps (held-out loss 5.94 to 5.91), which a lower rate (0.000625)
+        cannot beat over so few steps
+    """
+    t = decision.tests[-1]
+    return (f"{t['incumbent']:.3g} learned in its {h} opening step{'s' if h != 1 else ''} (held-out loss "
+            f"{t['start_mean']:.4g} to {t['incumbent_mean']:.4g}), which a lower rate ({t['challenger']:.3g}) cannot "
+            "beat over so few steps")
+
+
 def challenge(incumbent: Reading, challenger: Reading) -> dict[str, Any]:
     """Does ``challenger`` replace ``incumbent``? Lower held-out loss by the one-sided paired t at
     :data:`ALPHA`, and no collapse.
@@ -220,7 +264,8 @@ def climb(run: Callable[[float], Reading], rates: Sequence[float],
             assert start is not None
             before = math.fsum(start) / len(start)
             after = readings[rates[0]].mean
-            decision.tests.append({"challenger": lr, "ran": False, "replaces": False,
+            decision.tests.append({"challenger": lr, "ran": False, "replaces": False, "incumbent": rates[0],
+                                   "incumbent_mean": after, "start_mean": before,
                                    "why": f"{lr:.3g} not run: {rates[0]:.3g} learned (held-out {after:.4g} from "
                                           f"{before:.4g}), which a lower rate cannot beat over the opening"})
             break
@@ -258,12 +303,13 @@ def gold_of(rows: Sequence[Any], asked: Sequence[int], answers: Sequence[tuple[i
     return [answers.index(a) if a in answers else -1 for a in (_answer(rows[i]) for i in asked)]
 
 
-def _first_scored(row: Any) -> int:
+def first_scored(row: Any) -> int:
+    """The position of a row's first scored token (its answer's start; the row's length where none is)."""
     return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
 
 
 def _answer(row: Any) -> tuple[int, ...]:
-    return tuple(row.input_ids[_first_scored(row):])
+    return tuple(row.input_ids[first_scored(row):])
 
 
 def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
@@ -275,7 +321,7 @@ def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers
 
     tried = []
     for i in held:
-        prompt = rows[i].input_ids[:_first_scored(rows[i])]
+        prompt = rows[i].input_ids[:first_scored(rows[i])]
         for ans in answers:
             tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
     means = row_losses(model, tried, None, device, pad_id=pad_id)

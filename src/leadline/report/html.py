@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from leadline.plan import RUN_PHASES, Plan, Value, readable
+from leadline.report.answers import answers_html
 from leadline.report.plots import matplotlib_available, plot_names, render_svg
 
 # The numbers a run is trained with, in the order a person reads them.
@@ -241,7 +242,6 @@ SHOWS = {
     "lookahead": "The held-out loss per rate after each horizon of training steps",
     "schedule": "The schedule's held-out checks during the run; red lines are rollbacks",
     "ending": "The run's last steps rerun from copies: the rate held against falling to zero over each length raced",
-    "passes": "The held-out loss at each pass's end, at the averaged weights: the run keeps the pass they favour",
     "opening": "The opening race: each rate's held-out loss after the same opening steps (and before any, where read)",
     "checks": "The guard's held-out checks during the run, each ±1 SE, and the rate below; red: rolled back",
     "curve": "The run's training loss at each step, on that step's own rows",
@@ -249,12 +249,12 @@ SHOWS = {
 
 
 def _drawn(name: str, ev: Any) -> dict[str, Any] | None:
-    """The evidence as a drawing asks for it: its own ``plot``, the opening race's readings, or
-    the ending's rerun."""
+    """The evidence as a drawing asks for it: its own ``plot``, the opening race's readings (where a
+    challenger ran), or the ending's rerun."""
     if isinstance(ev, dict) and "plot" in ev:
         return ev if ev["plot"] in plot_names() else None
     if name == "lr" and isinstance(ev, dict) and isinstance(ev.get("readings"), dict) and "rates" in ev:
-        return {**ev, "plot": "opening"}
+        return {**ev, "plot": "opening"} if len(ev["readings"]) > 1 else None  # a race the default ran alone: a point
     if name == "ending" and isinstance(ev, dict) and isinstance(ev.get("constant"), dict) \
             and isinstance(ev.get("decay"), dict):
         return {**ev, "plot": "ending"}
@@ -336,7 +336,8 @@ def _where(plan: Plan) -> str:
 
 def render_plan(plan: Plan, run: dict[str, Any] | None = None) -> str:
     """The plan as a self-contained HTML page: no scripts, no external files (plots inline SVG).
-    ``run``: the run's record (``run.json``), whose ``curve`` the report draws where it has one.
+    ``run``: the run's record (``run.json``), whose ``curve`` the report draws where it has one,
+    and whose ``answers`` (a classifier's accuracy before and after) it tabulates.
 
     Examples:
         >>> from leadline.plan import Plan, Value, readable
@@ -364,7 +365,8 @@ def render_plan(plan: Plan, run: dict[str, Any] | None = None) -> str:
         "<!DOCTYPE html><html><head><meta charset='utf-8'><meta name='viewport' content='width=device-width'>"
         f"<title>leadline plan</title><style>{_STYLE}</style></head><body><h1>leadline plan</h1>{about}"
         f"<p class='meta'>leadline {_esc(plan.version)}, {created}</p>"
-        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot, run)}{_values(plan)}{_where(plan)}</body></html>\n"
+        f"{_summary_card(plan)}{notes_html}{_figures(plan, can_plot, run)}{answers_html(run)}{_values(plan)}"
+        f"{_where(plan)}</body></html>\n"
     )
 
 

@@ -55,7 +55,7 @@ def plot_names() -> list[str]:
 
     Examples:
         >>> plot_names()  # doctest: +NORMALIZE_WHITESPACE
-        ['checks', 'curve', 'ending', 'first_step', 'lookahead', 'noise_probe', 'opening', 'passes', 'past_format',
+        ['checks', 'curve', 'ending', 'first_step', 'lookahead', 'noise_probe', 'opening', 'past_format',
          'ramp', 'schedule']
     """
     return sorted(_PLOTS)
@@ -281,25 +281,6 @@ def _ending(ev: dict[str, Any], ax: Any) -> None:
         ax.set_title(f"ending: the last {' and '.join(str(d.get('steps')) for d in decays)} steps rerun, to step {b}")
         return
     ax.set_title(f"ending: steps {a} to {b} rerun both ways" if a is not None else "ending: the last steps rerun")
-
-
-@register_plot("passes")
-def _passes(ev: dict[str, Any], ax: Any) -> None:
-    """The held-out loss at each pass's end (the averaged weights), the kept pass in green, and
-    where the run stopped early, a red line."""
-    readings = ev.get("readings", [])
-    steps = [r["step"] for r in readings]
-    ax.plot(steps, [r["mean"] for r in readings], marker="o", color="tab:gray", label="held-out loss at a pass's end")
-    kept = [r for r in readings if r["step"] == ev.get("kept_step")]
-    if kept:
-        ax.plot([kept[0]["step"]], [kept[0]["mean"]], marker="o", markersize=10, color="tab:green", linestyle="",
-                label="the pass kept")
-    if ev.get("stopped_at") is not None:
-        ax.axvline(ev["stopped_at"], color="tab:red", alpha=0.5, label="stopped: worse than the best")
-    ax.set_xlabel("step")
-    ax.set_ylabel("held-out loss")
-    ax.set_title(f"passes: the pass ending at step {ev.get('kept_step')} kept", fontsize=10)
-    ax.legend(fontsize=8)
 
 
 @register_plot("opening")

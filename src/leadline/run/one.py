@@ -30,6 +30,7 @@ from typing import Any
 
 from leadline.corpus import data_notes
 from leadline.plan import Plan
+from leadline.run.answers import answers_before
 from leadline.run.end import Guarded, guarded, read_test
 from leadline.run.fit import fit
 from leadline.run.job import Job, Prepared, join_held_out, prepare_job
@@ -64,7 +65,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
         job = prepare_job(model, tokenizer, data, opts, prepared)
         plan = plan_of(model, data, opts.fields, job)
         fit(job)
-        test_before = read_test(job.task)
+        test_before, answers = read_test(job.task), answers_before(job.task, tokenizer)
         opened = open_rate(job, opts.rate, opts.decide_share, found, keep=True)
     if opts.train_held_out:
         _train_held_out(plan, job, fixed_steps=bool(opts.total_steps))
@@ -75,6 +76,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     seconds = {**_seconds_of(ran), "run_seconds": time.perf_counter() - t_all, "derive_seconds": plan.derive_seconds,
                **({"load_seconds": load_seconds} if load_seconds is not None else {})}
     result = _result_of(job, opened, ran, opts, (test_before, test_after), seconds)
+    result.answers = answers and answers.after(job.check_rows if job.joined else None, result.test_source)
     set_run_phases(plan, job, opened, result)
     write(plan, result, model, out_dir)
     return plan, result

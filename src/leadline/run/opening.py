@@ -25,11 +25,14 @@ from leadline.rate.opening import (
     Reading,
     answer_set,
     answers_chosen,
+    challenger_ran,
     climb,
     collapsed,
+    default_rate_source,
     gold_of,
     horizon,
     opening_rates,
+    why_alone,
 )
 from leadline.rate.watch import StateCopy
 from leadline.rng import capture_rng, restore_rng
@@ -97,8 +100,9 @@ def open_rate(job: Job, rate: Value | None, decide_share: float, found: Found, k
 
 
 def _default_value(job: Job, lr: float, decide_share: float) -> Value:
-    return Value(lr, "constant", f"schedule-free AdamW's default for {job.trained_as}: a run of {job.steps} steps "
-                 f"is too short to race rates within {decide_share:.0%} of its steps", unit="per step")
+    short = ("the decision's share is 0 (--decide-share 0): the race has no steps" if not decide_share else
+             f"a run of {job.steps} steps is too short to race rates within {decide_share:.0%} of its steps")
+    return Value(lr, "constant", default_rate_source(job.trained_as, short), unit="per step")
 
 
 def _raced_value(job: Job, opening: Opening, decision: Decision, readings: dict[float, Reading],
@@ -112,6 +116,9 @@ def _raced_value(job: Job, opening: Opening, decision: Decision, readings: dict[
             "collapse_checked": opening.answers is not None}
     fate = (f"its {h} steps are the run's first" if keep else
             "its steps were not kept: the run trains from the weights the race started from")
+    if not challenger_ran(decision):  # the default alone: checked by the guard, not measured against another
+        return Value(decision.lr, "constant", f"{default_rate_source(job.trained_as, why_alone(decision, h))}; {fate}",
+                     evidence=race, unit="per step")
     return Value(decision.lr, "measured", f"won the opening race on {len(job.task.split.held_out)} held-out rows "
                  f"after {h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
 

@@ -100,6 +100,7 @@ class RunResult:
     seconds: dict[str, float] = field(default_factory=dict)
     passes: int | None = None  # the passes a run whose length was not given took (leadline.run.length)
     extra_pass_steps: int = 0  # the steps of its passes after the first
+    answers: Any = None  # a classifier's answers before and after (leadline.run.answers.Answers); None: free text
 
     @property
     def improved(self) -> bool:
@@ -116,7 +117,8 @@ class RunResult:
     def lines(self, plan: Any) -> list[str]:
         """What the terminal shows of the run after the plan: the rate and where it came from, the
         run's length, the decision's overhead, the guard and each rollback, the losses before and
-        after, and where the run did not improve, the one sentence that says so and what to try."""
+        after, a classifier's accuracy and answers before and after, and where the run did not
+        improve, the one sentence that says so and what to try."""
         from leadline.rate.guard import outcome_sentence
 
         cost, ran, out = self.cost, self.steps_run, []
@@ -141,6 +143,8 @@ class RunResult:
             t0, t1 = self.test_before, self.test_after
             out.append(f"{self.test_source} loss {t0.mean:.4f} ± {t0.se:.4f} before, {t1.mean:.4f} ± {t1.se:.4f} "
                        f"after on {t1.rows} rows no decision read")
+        if self.answers is not None:  # a classifier's rows: its accuracy and the answers' spread, beside the loss
+            out.extend(self.answers.lines())
         if not self.improved:
             out.append(textwrap.fill(outcome_sentence(self.outcome, b.mean if b else 0.0, a.mean if a else 0.0),
                                      width=99))
@@ -160,6 +164,7 @@ class RunResult:
             out["test_rows"] = self.test_after.rows
         if self.test_before is not None:
             out["test_loss_before"] = asdict(self.test_before)
+        out["answers"] = self.answers.as_dict() if self.answers is not None else None
         out.update({k: round(v, 3) for k, v in self.seconds.items()})
         return out
 
@@ -175,5 +180,8 @@ def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.Pat
         if result.outcome == "no_better_than_start":
             write_atomic(out / "run.json", json.dumps(result.as_dict(), indent=1, default=str))
         else:
+            from leadline.run.card import write_card
+
             save_run(model, out, result.as_dict())
+            write_card(out, plan, result.as_dict(), model)  # README.md: the base, the data, the values, the readings
     plan.to_json(out / "plan.json")

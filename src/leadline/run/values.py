@@ -3,7 +3,7 @@ kind and source), and its phase table (where the seconds, steps and reads went).
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from leadline.corpus import data_notes
@@ -13,6 +13,7 @@ from leadline.rate.guard import READ_SHARE
 from leadline.rate.opening import opening_rates
 from leadline.run.job import Job
 from leadline.run.length import stop_sentence
+from leadline.run.lora import Lora
 from leadline.run.opening import Opened
 from leadline.run.options import WARMUP_SHARE
 from leadline.run.precision import precision_of
@@ -25,6 +26,9 @@ def plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: Job) -> P
                 held_out=job.task.split.as_dict())
     plan.model = {"trained_as": job.trained_as, "trained_parameters": int(sum(p.numel() for p in job.params))}
     plan.set("precision", precision_of(model).as_value())  # the dtype, quantization and checkpointing it trains in
+    lora = Lora.of(model)  # the adapter it trains through: rank, alpha, targets, dropout
+    for name, value in (lora.as_values() if lora is not None else {}).items():
+        plan.set(name, value)
     plan.notes.extend(data_notes(job.profile))  # what leadline changed in the rows: cut, dropped, mixed formats
     return plan
 
@@ -60,7 +64,9 @@ def set_values(plan: Plan, job: Job, opened: Opened, rows_given: bool) -> None:
     plan.set("opening_steps", Value(opened.horizon, "derived", "each candidate's steps in the opening race: the "
                                     "loser's steps, where the lower rate runs, fit the decision's share of the run",
                                     unit="steps"))
-    plan.set("seq_len", Value(int(job.profile.seq_len), "measured", "the corpus's longest row", unit="tokens"))
+    corpus = job.profile.as_values()  # as derive's corpus profile states them: what the loss scores, and the length
+    plan.set("seq_len", replace(corpus["seq_len"], unit="tokens"))
+    plan.set("scored_tokens", corpus["scored_tokens"])
 
 
 def opening_phases(job: Job, opened: Opened) -> list[PhaseTime]:
@@ -76,14 +82,16 @@ def set_run_phases(plan: Plan, job: Job, opened: Opened, result: RunResult) -> N
     """The run's and the guard's rows of the phase table after the opening's, the guard's value,
     and the decision's overhead as a note."""
     s = result.seconds
-    guard_seconds = s["check_seconds"] + s["verdict_seconds"]
+    a = result.answers  # a classifier's answers, read before and after: part of the verdict
+    a_reads, a_seconds = (a.reads, a.seconds) if a is not None else (0, 0.0)
+    guard_seconds = s["check_seconds"] + s["verdict_seconds"] + a_seconds
     plan.phases = [*opening_phases(job, opened),
                    PhaseTime("run", s["steps_seconds"] - s["more_passes_seconds"],
                              result.steps_run - opened.kept_steps - result.extra_pass_steps,
                              step_seconds=s["steps_seconds"] - s["more_passes_seconds"]),
                    *([PhaseTime("passes", s["more_passes_seconds"], result.extra_pass_steps, ("total_steps",),
                                 step_seconds=s["more_passes_seconds"])] if result.extra_pass_steps else []),
-                   PhaseTime("guard", guard_seconds, 0, ("guard",), reads=result.cost.check_reads,
+                   PhaseTime("guard", guard_seconds, 0, ("guard",), reads=result.cost.check_reads + a_reads,
                              read_seconds=guard_seconds)]
     share = s["check_seconds"] / s["steps_seconds"] if s["steps_seconds"] > 0 else 0.0
     plan.set("guard", Value(result.rollbacks, "measured", _guard_sentence(result, share, READ_SHARE),
