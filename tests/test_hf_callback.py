@@ -106,7 +106,7 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
             seen.append(optimizer.param_groups[0]["lr"])
 
     Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb, Spy()]).train()
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
 
     sched = cb.schedule
     assert sched.rollbacks == 0  # else the halvings below would differ
@@ -192,7 +192,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
     own timings (no pairs timed), so the plan still has micro_batch, grad_accum and
     tokens_per_step that can train, and says the timed phases after it were not reached."""
     import leadline.hf.deriving as hf
-    from leadline.derive import phases
+    from leadline.lookahead.derive import phases
 
     clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same timings on every machine
     tok = make_tokenizer()
