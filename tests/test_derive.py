@@ -465,8 +465,8 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
 
     import torch
 
-    import leadline.lookahead.noise.past_format as pfm
     import leadline.lookahead.memory as memory
+    import leadline.lookahead.noise.past_format as pfm
     from leadline.lookahead.derive import phases
     from leadline.lookahead.runner import PhaseRunner
     from leadline.plan import Plan, Value

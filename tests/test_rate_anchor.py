@@ -113,8 +113,9 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     assert v["weight_decay"].value == 0.0 and v["weight_decay"].kind == "constant" and "docs/rate.md" in v["weight_decay"].source
 
 
-def test_import_leadline_rate_loads_no_torch():
-    code = "import sys, leadline.rate as r; r.lookahead_lr; r.LookaheadSchedule; print('torch' in sys.modules)"
+def test_import_leadline_rate_and_the_look_ahead_rate_loads_no_torch():
+    code = ("import sys, leadline.rate, leadline.lookahead.rate as r; r.lookahead_lr; r.LookaheadSchedule; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

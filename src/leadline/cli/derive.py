@@ -1,4 +1,10 @@
-"""``leadline derive``: the plan for a model and a data set, each number with its evidence."""
+"""``leadline derive``: the plan for a model and a data set, each number with its evidence.
+
+``--effort full`` (here and in ``leadline run``) derives with the look-ahead annex
+(:mod:`leadline.lookahead`): this module is the command line's door onto it, for the torchrun job,
+the look-ahead's branch kept beside the plan (:func:`keep_state`, :func:`continued_state`) and the
+scale-out table.
+"""
 
 from __future__ import annotations
 

@@ -4,6 +4,10 @@
 What was given is unpacked (a trainer's model, rows, length and loss policy), the torchrun job
 joined, the :class:`~leadline.run.task.Task` prepared and derive() run on its pieces; the values
 the model and the trainer say go on the plan, and the model is put back as it was.
+
+The race (the default effort) is the core's :func:`~leadline.run.one.run_in_one`. The full effort
+(``effort="full"``, and :func:`derive_parts`) runs derive() from the look-ahead annex
+(:mod:`leadline.lookahead.model`): this module is the core's door onto it for the library.
 """
 
 from __future__ import annotations
