@@ -1,7 +1,9 @@
 """Joining the job a process belongs to: torchrun's environment read, the process group started
-and ended. The job itself, :class:`~leadline.lookahead.world.World` and :func:`~leadline.lookahead.world.current_world`
-(this process's place in it and the few collectives leadline needs), is :mod:`leadline.lookahead.world`,
-below derive and this package; they are importable from here too.
+and ended. The job itself, :class:`~leadline.lookahead.world.World` and
+:func:`~leadline.lookahead.world.current_world` (this process's place in it and the few
+collectives leadline needs), is :mod:`leadline.lookahead.world`, below derive and this package;
+whether torchrun launched several processes is the core's :func:`leadline.torchrun.launched_by_torchrun`
+(the default run refuses a job in one sentence); they are importable from here too.
 
 Every method of a :class:`World` is a collective: every rank must call it, in the same order.
 leadline only calls them where every rank's control flow is the same by construction (see
