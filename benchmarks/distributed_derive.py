@@ -11,7 +11,7 @@ Subcommands (each writes one JSON; run them in this order):
   train     a run with a plan, alone or under DDP: AdamW at the plan's rate, betas and decay,
             the plan's warmup from alpha1, then constant (the plan's ``constant_with_warmup``),
             the plan's micro-batch x grad_accum x world rows a step (derive's own step
-            functions: leadline.hf.Task / leadline.distributed.WorldTask), total_steps of the
+            functions: leadline.hf.Task / leadline.lookahead.distributed.WorldTask), total_steps of the
             plan; then rank 0 scores the 842 debian_sections_test rows (each label by the
             log-likelihood of " label" + EOS, as e2e_debian.py does) and the held-out loss.
   scaleout  one GPU, two global batches (accumulation standing in for GPUs): the plan's own
@@ -135,8 +135,8 @@ def device_of(world: Any, args: argparse.Namespace) -> str:
 
 # ---- derive -------------------------------------------------------------------------------
 def cmd_derive(args: argparse.Namespace) -> dict[str, Any]:
-    from leadline.distributed import job_from_env, scale_out
     from leadline.hf import DeriveOptions, derive_for
+    from leadline.lookahead.distributed import job_from_env, scale_out
 
     with job_from_env(args.device) as world:
         dev = device_of(world, args)
@@ -171,13 +171,13 @@ def train_loop(model: Any, tok: Any, train: Path, plan: Any, world: Any, *, micr
     import torch
 
     from leadline.hf import prepare, trained_named_weights
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
 
     task, _ = prepare(model, tok, str(train), seq_len=plan.get("seq_len"), seed=int(plan.held_out.get("seed", 0) or 0))
     params = [p for _, p in trained_named_weights(model)]
     job = None
     if world is not None:
-        from leadline.distributed import WorldTask
+        from leadline.lookahead.distributed import WorldTask
 
         job = WorldTask(task, params, world)
         step_of, held = job.train_step_of, job.held_out_losses()
@@ -223,7 +223,7 @@ def train_loop(model: Any, tok: Any, train: Path, plan: Any, world: Any, *, micr
 
 def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from e2e_debian import judge, predictions
-    from leadline.distributed import job_from_env
+    from leadline.lookahead.distributed import job_from_env
     from leadline.plan import Plan
 
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text())["plan"])
@@ -247,7 +247,7 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---- scale-out ----------------------------------------------------------------------------
 def cmd_scaleout(args: argparse.Namespace) -> dict[str, Any]:
-    from leadline.noise import steps_and_tokens
+    from leadline.lookahead.noise import steps_and_tokens
     from leadline.plan import Plan
 
     plan = Plan.from_dict(json.loads(Path(args.plan).read_text())["plan"])

@@ -1,5 +1,5 @@
 """Can one rank end another rank's pending gloo collective? (CPU, 2 processes; why the stop
-line's other ranks leave at the group's timeout on gloo: src/leadline/distributed/stopline.py.)
+line's other ranks leave at the group's timeout on gloo: src/leadline/lookahead/distributed/stopline.py.)
 
 Rank 0 enters an all_reduce that rank 1 never joins; 1 s later rank 1 does one of the arms, then
 sleeps ``--hold`` seconds before it exits. Arms: ``abort_pg`` (``_abort_process_group()``, the

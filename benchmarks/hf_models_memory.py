@@ -304,7 +304,8 @@ def derive_and_ramp(model: Any, tok: Any, rows: Any, shape: str, base: str, card
                     args: argparse.Namespace, case: dict[str, Any], save: Any) -> tuple[Any, int]:
     """derive_for bounded by --derive-seconds, then derive's ramp alone up to --max-rows."""
     from leadline.hf import DeriveOptions, derive_for, prepare
-    from leadline.memory import TrainingStep, ramp
+    from leadline.lookahead.memory import ramp
+    from leadline.memory import TrainingStep
 
     t = time.perf_counter()
     if args.effort == "race":

@@ -35,7 +35,7 @@ def main() -> int:
 
     import torch
 
-    from leadline.rate import lookahead_lr, measure_first_step
+    from leadline.lookahead.rate import lookahead_lr, measure_first_step
 
     torch.set_num_threads(1)
     d, n, b = 64, 8192, 8

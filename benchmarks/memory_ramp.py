@@ -84,7 +84,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from leadline.memory import RoomShrank, WontFit, forbid_spill, measure_fit, ramp, watched  # noqa: E402
+from leadline.lookahead.memory import WontFit, ramp  # noqa: E402
+from leadline.memory import RoomShrank, forbid_spill, measure_fit, watched  # noqa: E402
 from leadline.memory.cap import SpillWatch  # noqa: E402
 from leadline.memory.model_step import ModelStep, add_lora, full_finetune, remove_lora  # noqa: E402
 from leadline.memory.readings import CudaMemory, is_oom  # noqa: E402

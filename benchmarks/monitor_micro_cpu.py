@@ -40,7 +40,7 @@ def main() -> int:
         spec.loader.exec_module(mod)
         NoiseMonitor = mod.NoiseMonitor
     else:
-        from leadline.noise import NoiseMonitor
+        from leadline.lookahead.noise import NoiseMonitor
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -67,7 +67,7 @@ def main() -> int:
 
     first = min(first_after_none() for _ in range(50))
     out = {"benchmark": "monitor_micro_cpu", "command": " ".join(sys.argv), "platform": platform.platform(),
-           "python": sys.version.split()[0], "torch": torch.__version__, "monitor_file": args.monitor_file or "leadline.noise.monitor",
+           "python": sys.version.split()[0], "torch": torch.__version__, "monitor_file": args.monitor_file or "leadline.lookahead.noise.monitor",
            "tensors": args.tensors, "numel": args.numel,
            "micro_within_a_step_us": within * 1e6, "first_micro_after_set_to_none_us": first * 1e6}
     Path(args.out).write_text(json.dumps(out, indent=1))

@@ -3,7 +3,7 @@
 
 SmolLM2-135M-Instruct, LoRA r16, float32, rows in debian_sections' format (prompt = description +
 "\\nSection:", completion = " " + label) or gsm_symbolic (question -> answer_cot). The probe
-(:func:`leadline.noise.measure_noise_scale`, 2 rows a draw) reads rows from the END of the
+(:func:`leadline.lookahead.noise.measure_noise_scale`, 2 rows a draw) reads rows from the END of the
 shuffled training order; training reads from its start, so no probed row was trained on.
 Also read: the noise with the weights at alpha1 (the first-step walk's point along Adam's first
 update, at ``--rows`` rows; "step" -1 in the readings). Training: AdamW at ``--lr`` (default the recipe's 2e-4; a rate chosen by nobody here),
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=60.0, help="each probe's time bound")
     ap.add_argument("--held-out", type=int, default=64, help="held-out rows for the first-step walk")
     ap.add_argument("--burn-in", action="store_true",
-                    help="instead of the fixed schedule: derive()'s own burn-in (leadline.noise.past_format) at --rows rows "
+                    help="instead of the fixed schedule: derive()'s own burn-in (leadline.lookahead.noise.past_format) at --rows rows "
                          "a step and alpha1/2, alpha1 measured at that batch")
     ap.add_argument("--burn-rate", type=float, default=None, help="the burn-in's rate (default alpha1/2)")
     ap.add_argument("--max-steps", type=int, default=None, help="the burn-in's bound in steps (derive: a quarter of the run's rows)")
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from leadline.hf import prepare
     from leadline.hf.loading import default_model_path, load_model, load_tokenizer
-    from leadline.noise import ModelGradFn, measure_noise_scale
+    from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     path = a.model or str(default_model_path())
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     at = sorted(int(x) for x in a.at.split(","))
     t0 = time.perf_counter()
     readings, losses = [read(0)], []
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     fs = measure_first_step(params, opt, task.train_step_of(a.rows, 1), task.held_out_losses(), at_alpha1=lambda: read(-1))
     at_alpha1 = {"alpha1": fs.alpha1, "base_loss": fs.base_loss, "loss": fs.loss, "reading": fs.at_alpha1}
@@ -150,9 +150,9 @@ def burn_in(a: Any, model: Any, task: Any, params: Any, opt: Any, train_step: An
     """derive()'s path: step-0 probe, alpha1 at --rows rows, the burn-in, one late reading."""
     import torch
 
-    from leadline.noise import ModelGradFn, measure_noise_scale
-    from leadline.noise.past_format import noise_past_format
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
+    from leadline.lookahead.noise.past_format import noise_past_format
+    from leadline.lookahead.rate import measure_first_step
 
     t0 = time.perf_counter()
     model.train()

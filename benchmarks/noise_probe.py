@@ -12,7 +12,7 @@ A. Two independent draws: the training rows shuffled (seed 0) and cut into two d
 B. Brute force: the estimator over every micro-batch of --big-rows (64) rows the training
    rows hold, in the same shuffled order (the file keeps runs of one label), no stopping rule; beside it the equal-token shortcut (the published 0.2.0
    estimator: every micro-batch taken as the mean size) on the same draws.
-C. B* and grad_accum: the ramp (leadline.memory.ramp, max_rows 256 — pichak kept 242 on
+C. B* and grad_accum: the ramp (leadline.lookahead.memory.ramp, max_rows 256 — pichak kept 242 on
    debian_sections) gives the rows that fit; t_micro and t_step are then measured by
    TrainingStep on real micro-batches of that many rows (medians of 5 synchronized repeats);
    tokens_per_step(draw A, ...) cuts the micro-batch to the step.
@@ -145,14 +145,14 @@ def summary(r: Any) -> dict[str, Any]:
 
 
 def probe(model: Any, mbs: list[Any], **kw: Any) -> Any:
-    from leadline.noise import ModelGradFn, measure_noise_scale
+    from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
 
     return measure_noise_scale(ModelGradFn(model, lambda i: mbs[i]), **kw)
 
 
 def equal_token_shortcut(records: list[Any]) -> dict[str, float]:
     """The published estimator on the same draws: every micro-batch taken as the mean size."""
-    from leadline.noise import mccandlish_two_batch
+    from leadline.lookahead.noise import mccandlish_two_batch
 
     g_sq, u_prev = [], 0.0
     for d in records:
@@ -186,7 +186,7 @@ def default_stop(r: Any) -> dict[str, Any] | None:
     """The estimate where the probe's default rule (settled, at least MIN_DRAWS) would have
     stopped: the first draw whose |G|² and S are above zero by one SE and whose tokens cover
     B_noise + SE (one SE taken as 1.0 here; the probe's Student-t factor is 1.07 at 8 draws)."""
-    from leadline.noise.probe import MIN_DRAWS
+    from leadline.lookahead.noise.probe import MIN_DRAWS
 
     for d in r.draws:
         b, se = d["estimate"], d["se"]
@@ -230,8 +230,9 @@ def section_step(model: Any, params: list[Any], rows: list[Any], pad: int, noise
     import torch
 
     from leadline.corpus import collate
-    from leadline.memory import TrainingStep, ramp
-    from leadline.noise import tokens_per_step
+    from leadline.lookahead.memory import ramp
+    from leadline.lookahead.noise import tokens_per_step
+    from leadline.memory import TrainingStep
 
     longest = max(len(r.input_ids) for r in rows)
     by_len = sorted(rows, key=lambda r: -len(r.input_ids))
@@ -337,7 +338,7 @@ def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, s
     import torch
 
     from leadline import stats
-    from leadline.noise import NoiseMonitor
+    from leadline.lookahead.noise import NoiseMonitor
 
     out: dict[str, Any] = {}
     accum, blocks = 4, args.blocks
@@ -385,7 +386,7 @@ def section_overhead(model: Any, params: list[Any], rows: list[Any], pad: int, s
 def section_drift(model: Any, params: list[Any], rows: list[Any], pad: int, halves: tuple[list[int], list[int]], args: Any) -> dict[str, Any]:
     import torch
 
-    from leadline.noise import NoiseMonitor
+    from leadline.lookahead.noise import NoiseMonitor
 
     accum, steps = 4, args.steps
     train = micro_batches([rows[i] for i in halves[0]], args.rows, pad)

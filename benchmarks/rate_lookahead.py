@@ -272,8 +272,8 @@ def sweep(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Call
 def sweep_mode(s: Setup, mode: str, rows: dict[str, list], steps: int, per_step: int, m: dict[str, Any],
             save: Callable[[], None], extra_arms: tuple[str, ...] = ("replay_best", "lookahead_constant", "lookahead_warmup_fresh")) -> None:
     """One mode of the sweep experiment: the six-rate sweep, then alpha1 + the look-ahead + a run at its rate."""
-    from leadline.rate import lookahead_lr, measure_first_step
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate import lookahead_lr, measure_first_step
+    from leadline.lookahead.rate.warmup import warmup_lr
     from leadline.stats import paired_difference
 
     def fresh() -> list[Any]:
@@ -370,13 +370,13 @@ def label_predictions(s: Setup, rows: list[dict[str, Any]], max_prompt: int) -> 
 def schedule(s: Setup, args: argparse.Namespace, result: dict[str, Any], save: Callable[[], None]) -> None:
     import torch
 
-    from leadline.rate import (
+    from leadline.lookahead.rate import (
         LookaheadSchedule,
         lookahead_from,
         lookahead_lr,
         measure_first_step,
     )
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
     from leadline.stats import mcnemar
 
     per_step = 4 if args.smoke else 16

@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from leadline.lookahead.noise import tokens_per_step
     from leadline.memory import TrainingStep
-    from leadline.noise import tokens_per_step
 
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=2 if a.tiny else 30,

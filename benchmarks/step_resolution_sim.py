@@ -1,6 +1,6 @@
 """The step's spread over many derives of one task on one card, when the card's timings jitter:
 three pairs of timings (one row and the rows that fit, in turn) against pairs taken until the step
-is resolved (``leadline.derive.batches.resolved_timings``). A simulation on the CPU: the card is a
+is resolved (``leadline.lookahead.derive.batches.resolved_timings``). A simulation on the CPU: the card is a
 step function whose time is the H200's shape of cost on gsm_symbolic (0.22 s fixed + 3.4 ms a row,
 30 rows fit, 96.8 scored tokens a row, B_noise 5,781 tokens past the format) times (1 + N(0, sd))
 a reading; ``sd`` 5%, 10% and 15% (the scoreboard's plans read one row at 0.18-0.24 s on the H200).
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from leadline.derive import batches  # noqa: E402
+from leadline.lookahead.derive import batches  # noqa: E402
 from leadline.memory.step import StepTiming  # noqa: E402
 from leadline.plan import Plan, Value  # noqa: E402
 from leadline.provenance import describe_machine  # noqa: E402

@@ -102,7 +102,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
     from leadline.stats import paired_difference
 
     lr, a1 = args.lr, args.alpha1

@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     start = model.weight.detach().clone()  # derive left the weights as it found them
 
     def train(lr: float, micro_batch: int, grad_accum: int, steps: int) -> float:
-        """A plain loop at a constant rate (`leadline.rate.LookaheadSchedule` would run the
+        """A plain loop at a constant rate (`leadline.lookahead.rate.LookaheadSchedule` would run the
         plan's schedule); the held-out loss after it."""
         with torch.no_grad():
             model.weight.copy_(start)

@@ -120,7 +120,7 @@ def install_clock(monkeypatch: Any, clock: FakeClock | None = None) -> FakeClock
     set themselves); ``monkeypatch`` undoes it."""
     import time
 
-    import leadline.noise.probe as probe
+    import leadline.lookahead.noise.probe as probe
 
     clock = clock if clock is not None else FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import DATA
 from leadline import InputError, Plan, Value
-from leadline.pieces import Corpus, Pieces
+from leadline.lookahead.pieces import Corpus, Pieces
 from leadline.provenance import tensors_digest
 
 
@@ -158,8 +158,8 @@ PHASES = ["anchor", "first_step", "rate", "warmup"]
 def test_exception_in_any_phase_restores_everything(phase, monkeypatch):
     import torch
 
-    import leadline.derive as d
-    from leadline.derive import phases
+    import leadline.lookahead.derive as d
+    from leadline.lookahead.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     digest = tensors_digest([w])
@@ -185,7 +185,7 @@ def test_exception_in_any_phase_restores_everything(phase, monkeypatch):
 
 def test_generic_derive_measures_the_rate_on_a_toy():
     w, opt, train_step_of, held_out = _toy()
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     plan = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20)
     assert plan["alpha1"].kind == "measured" and plan.alpha1 > 0
@@ -194,8 +194,8 @@ def test_generic_derive_measures_the_rate_on_a_toy():
 
 
 def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
-    import leadline.derive as d
-    from leadline.derive import phases
+    import leadline.lookahead.derive as d
+    from leadline.lookahead.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     resume = tmp_path / "derive.json"
@@ -227,8 +227,8 @@ def test_resume_continues_after_a_kill(tmp_path, monkeypatch):
 
 
 def test_max_seconds_lists_what_it_did_not_reach(monkeypatch, fake_clock):
-    import leadline.derive as d
-    from leadline.derive import phases
+    import leadline.lookahead.derive as d
+    from leadline.lookahead.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     real = phases.first_step
@@ -246,7 +246,7 @@ def test_max_seconds_lists_what_it_did_not_reach(monkeypatch, fake_clock):
 
 
 def test_max_seconds_counts_from_started_when_given(fake_clock):
-    import leadline.derive as d
+    import leadline.lookahead.derive as d
 
     w, opt, train_step_of, held_out = _toy()
     # a wrapper's set-up already spent the budget: no timed phase starts, the arithmetic still runs
@@ -256,7 +256,7 @@ def test_max_seconds_counts_from_started_when_given(fake_clock):
 
 
 def test_bad_arguments_are_one_sentence():
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     with pytest.raises(InputError, match="effort"):
         derive(effort="fast")
@@ -288,7 +288,7 @@ def _slowed(train_step_of, seconds, clock):
 def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch, fake_clock):
     import torch
 
-    import leadline.derive as d
+    import leadline.lookahead.derive as d
 
     w, opt, train_step_of, held_out = _toy()
     digest = tensors_digest([w])
@@ -314,7 +314,7 @@ def test_max_seconds_cuts_a_running_lookahead_and_restores_state(monkeypatch, fa
 
 
 def test_a_short_run_reads_fewer_rates_around_the_anchor_from_its_minimum_horizon():
-    import leadline.derive as d
+    import leadline.lookahead.derive as d
 
     w, opt, train_step_of, held_out = _toy()
     # 24 steps: the default grid (5 rates) cannot reach the 16-step minimum horizon on 2 x 24 steps
@@ -331,7 +331,7 @@ def test_a_short_run_reads_fewer_rates_around_the_anchor_from_its_minimum_horizo
 def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower_of_its_answer_and_the_anchor():
     from types import SimpleNamespace
 
-    from leadline.rate.policy import cut_rate
+    from leadline.lookahead.rate.policy import cut_rate
 
     plan = Plan()
     plan.set("lr_anchor", Value(4.57e-4, "constant", "rewrite / 32"))
@@ -346,7 +346,7 @@ def test_a_lookahead_its_budget_stops_before_the_minimum_horizon_gives_the_lower
 
 
 def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alpha1_and_the_anchor(fake_clock):
-    import leadline.derive as d
+    import leadline.lookahead.derive as d
 
     w, opt, train_step_of, held_out = _toy()
 
@@ -361,8 +361,8 @@ def test_a_lookahead_cut_before_its_first_horizon_falls_back_to_the_lower_of_alp
 
 
 def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch, fake_clock):
-    import leadline.derive as d
-    from leadline.derive import phases
+    import leadline.lookahead.derive as d
+    from leadline.lookahead.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     real = phases.first_step
@@ -372,7 +372,7 @@ def test_warmup_is_in_the_plan_even_when_time_ran_out(monkeypatch, fake_clock):
 
 
 def test_killed_inside_the_lookahead_resumes_to_the_uninterrupted_plan(tmp_path):
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     def run(resume=None, kill_at=None):
         w, opt, step_of, held = _toy()
@@ -416,8 +416,8 @@ def test_full_effort_on_the_tiny_model_runs_the_lookahead():
 
 
 def test_a_resume_file_from_another_run_is_refused(tmp_path, monkeypatch):
-    import leadline.derive as d
-    from leadline.derive import phases
+    import leadline.lookahead.derive as d
+    from leadline.lookahead.derive import phases
 
     w, opt, train_step_of, held_out = _toy()
     resume = tmp_path / "derive.json"
@@ -431,7 +431,7 @@ def test_a_resume_file_from_another_run_is_refused(tmp_path, monkeypatch):
 
 
 def test_prior_plan_is_checked_not_rederived():
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     w, opt, train_step_of, held_out = _toy()
     first = derive(pieces=Pieces(weights=[("w", w)], trained_as="weights", optimizer=opt, train_step_of=train_step_of, held_out_losses=held_out), total_steps=20, effort="full")
@@ -443,7 +443,7 @@ def test_prior_plan_is_checked_not_rederived():
 def test_max_seconds_stops_before_a_read_that_would_not_fit(fake_clock):
     """A held-out read that takes 0.3 s: derive does not start one it has no time left for, so
     it ends within max_seconds (before the fix it overran by up to one read)."""
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     w, opt, train_step_of, held_out = _toy()
 
@@ -465,11 +465,11 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
 
     import torch
 
-    import leadline.memory as memory
-    import leadline.noise.past_format as pfm
-    from leadline.derive import phases
+    import leadline.lookahead.memory as memory
+    import leadline.lookahead.noise.past_format as pfm
+    from leadline.lookahead.derive import phases
+    from leadline.lookahead.runner import PhaseRunner
     from leadline.plan import Plan, Value
-    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(3.0, "measured", "step 0", {"se_tokens": 0.5}, unit="scored tokens"))
@@ -507,7 +507,7 @@ def _grown_past_format(monkeypatch, rung_seconds, step_for="rows"):
 
 def _step_rows_at_four(step_for):
     """The rows the grown reading's step wants, timed at the 4 rows the first ramp kept."""
-    from leadline.noise.step import tokens_per_step
+    from leadline.lookahead.noise.step import tokens_per_step
 
     return tokens_per_step(200.0, rows_fit=4, tokens_per_micro_batch=8.0, t_step_seconds=0.01, t_micro_seconds=0.2,
                            corpus_scored_tokens=800, t_micro_one_row_seconds=[0.19] * 3,
@@ -529,7 +529,7 @@ def test_a_grown_reading_ramps_on_as_far_as_the_step_takes(monkeypatch, step_for
 
 def test_a_step_within_the_rows_measured_ramps_no_further(monkeypatch):
     """A step that wants no more rows than the first ramp kept: no rung is run past the format."""
-    import leadline.noise.step as st
+    import leadline.lookahead.noise.step as st
 
     real = st.rows_step_rule
     monkeypatch.setattr(st, "rows_step_rule", lambda *a, **k: {**real(*a, **k), "rows": 3})
@@ -550,7 +550,7 @@ def test_under_max_seconds_the_ramp_leaves_time_for_the_phases_after_it(fake_clo
     max_seconds=3 the ramp stops within its share of the time (0.3 of what is left) and keeps
     what it measured, and the phases after it still run (before the share, a CPU derive's ramp
     took the whole budget)."""
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
     from test_memory_fakes import FakeHost, FakeHostStep
 
     w, opt, train_step_of, held_out = _toy()
@@ -579,10 +579,10 @@ def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it
 
     import torch
 
-    import leadline.noise.past_format as pfm
-    from leadline.derive import phases
+    import leadline.lookahead.noise.past_format as pfm
+    from leadline.lookahead.derive import phases
+    from leadline.lookahead.runner import PhaseRunner
     from leadline.plan import Plan, Value
-    from leadline.runner import PhaseRunner
 
     plan = Plan()
     plan.set("noise_scale_tokens", Value(30.0, "measured", "step 0", {"se_tokens": 2.0}, unit="scored tokens"))
@@ -608,9 +608,9 @@ def test_past_the_format_a_corpus_too_small_for_a_burn_in_and_a_reading_after_it
 
 
 def test_from_leadline_import_derive_calls_derive_once_the_package_is_imported():
-    import leadline.derive.recipe  # noqa: F401  (Python now sets the package as leadline.derive)
+    import leadline.lookahead.derive.recipe  # noqa: F401  (Python now sets the package as leadline.lookahead.derive)
     from leadline import Corpus, derive
-    from leadline.distributed import scale_out
+    from leadline.lookahead.distributed import scale_out
     from leadline.plan import Plan
 
     assert derive(Corpus(seq_len=64), total_steps=10).total_steps == 10

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from leadline.pieces import Corpus, Pieces
+from leadline.lookahead.pieces import Corpus, Pieces
 from test_derive_golden import clock  # noqa: F401  (the fixture)
 
 SAME = ("tokens_per_step", "alpha1", "noise_scale_tokens", "noise_scale_past_format_tokens", "lr", "lr_anchor",
@@ -22,7 +22,7 @@ def _pieces(clock, fits: int) -> dict:  # noqa: F811
     import torch
 
     from helpers import DATA
-    from leadline.noise.synthetic import KnownNoise
+    from leadline.lookahead.noise.synthetic import KnownNoise
     from test_memory_fakes import FakeHost, FakeHostStep
 
     torch.manual_seed(0)
@@ -73,7 +73,7 @@ def _pieces(clock, fits: int) -> dict:  # noqa: F811
 
 
 def test_a_card_that_holds_fewer_rows_gets_the_same_plan_up_to_the_split(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     big = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full")
     small = derive(**_pieces(clock, fits=2), total_steps=40, effort="full")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from helpers import DATA, make_model, make_tokenizer
-from leadline.pieces import Corpus, Pieces
+from leadline.lookahead.pieces import Corpus, Pieces
 
 T = 32  # a short run: 4 rates from a 16-step horizon, which the budget stops at; the ending's copy is at 24
 DATA_FILE = str(DATA / "prompt_completion.jsonl")
@@ -33,9 +33,9 @@ def _trained(model):
 def derived(tmp_path_factory):
     """derive() on the rate's pieces alone (the corpus, the first step, the anchor, the look-ahead)
     at one row a step, as ``leadline derive`` builds them."""
-    from leadline.derive import derive
-    from leadline.derive.state import keep_run_state, load_run_state
     from leadline.hf import prepare, trained_named_weights
+    from leadline.lookahead.derive import derive
+    from leadline.lookahead.derive.state import keep_run_state, load_run_state
     from leadline.plan import Value
 
     tok = make_tokenizer()
@@ -58,7 +58,7 @@ def test_the_run_after_derive_is_the_run_that_took_derives_steps_itself(derived,
     import torch
 
     from leadline.hf import prepare
-    from leadline.rate import LookaheadSchedule, lookahead_from
+    from leadline.lookahead.rate import LookaheadSchedule, lookahead_from
     from leadline.train import train_with_plan
 
     tok, plan, state = derived
@@ -128,7 +128,7 @@ def test_a_run_that_cannot_continue_starts_over_and_says_why(derived):
 def test_derive_keeps_no_branch_that_ran_at_another_rate_than_the_plans():
     from types import SimpleNamespace
 
-    from leadline.derive.phases import keep_branch
+    from leadline.lookahead.derive.phases import keep_branch
     from leadline.plan import Plan
 
     plan = Plan()
@@ -138,8 +138,8 @@ def test_derive_keeps_no_branch_that_ran_at_another_rate_than_the_plans():
 
 
 def test_a_state_that_is_not_one_is_one_sentence(tmp_path):
-    from leadline.derive.state import load_run_state
     from leadline.errors import InputError
+    from leadline.lookahead.derive.state import load_run_state
 
     (tmp_path / "junk").mkdir()
     with pytest.raises(InputError, match="is not a state leadline derive wrote"):
@@ -151,7 +151,7 @@ def test_an_uncommitted_state_leaves_nothing_on_disk(tmp_path):
 
     import torch
 
-    from leadline.derive.state import keep_run_state, save_branch
+    from leadline.lookahead.derive.state import keep_run_state, save_branch
     from leadline.rate.state import Snapshot
 
     w = torch.nn.Parameter(torch.ones(3))

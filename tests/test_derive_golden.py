@@ -2,7 +2,7 @@
 as the plans stored in tests/data/derive_golden.json.
 
 The inputs are fakes whose every number is known: a training step whose timings the test sets,
-a gradient source with a known noise scale (:class:`~leadline.noise.synthetic.KnownNoise`), a
+a gradient source with a known noise scale (:class:`~leadline.lookahead.noise.synthetic.KnownNoise`), a
 least-squares loss whose best rate the optimizer finds, and a clock that moves only when a fake
 piece runs (a train step 50 ms a micro-batch, a held-out read 20 ms, a gradient draw 10 ms, a ramp rung its
 own seconds), so a ``max_seconds`` cut falls at the same step on every machine. A change that
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from helpers import DATA, FakeClock, install_clock
-from leadline.pieces import Corpus, Pieces
+from leadline.lookahead.pieces import Corpus, Pieces
 
 GOLDEN = Path(__file__).parent / "data" / "derive_golden.json"
 REPO = str(Path(__file__).resolve().parents[1])
@@ -46,7 +46,7 @@ def _pieces(clock: Clock, *, kill_at: int | None = None) -> dict:
     source, a fake step whose rows per second improve to 8 rows, the tokenized test corpus."""
     import torch
 
-    from leadline.noise.synthetic import KnownNoise
+    from leadline.lookahead.noise.synthetic import KnownNoise
     from test_memory_fakes import FakeHost, FakeHostStep
 
     torch.manual_seed(0)
@@ -106,7 +106,7 @@ def _record(plan) -> dict:
 
 
 def _scenarios(clock: Clock, tmp_path: Path) -> dict:
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     out = {}
     out["full"] = derive(**_pieces(clock), total_steps=40, effort="full")

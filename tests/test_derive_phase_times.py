@@ -28,7 +28,7 @@ def _counting(pieces: dict) -> tuple[dict, dict]:
 
 
 def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     pieces, calls = _counting(_pieces(clock))
     t0 = clock()
@@ -57,7 +57,7 @@ def test_the_phases_seconds_add_up_to_derives_wall_time(clock):  # noqa: F811
 
 
 def test_each_phase_says_how_much_of_it_was_steps_and_held_out_reads(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     pieces = _pieces(clock)
     reads = {"n": 0}
@@ -79,7 +79,7 @@ def test_each_phase_says_how_much_of_it_was_steps_and_held_out_reads(clock):  # 
 
 
 def test_a_cut_phase_keeps_its_seconds_and_the_table_still_adds_up(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     t0 = clock()
     plan = derive(**_pieces(clock), total_steps=400, effort="full", max_seconds=6.0, started=clock())
@@ -105,7 +105,7 @@ def test_the_table_is_in_the_report_and_survives_json():
 
 
 def test_a_step_the_caller_fixes_shapes_the_rate_phases_and_the_length(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     pieces = _pieces(clock)
     shapes = []

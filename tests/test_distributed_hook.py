@@ -42,7 +42,7 @@ def test_the_hook_reads_the_gradients_own_numbers(group, carry):
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from leadline.distributed.hook import NoiseHook
+    from leadline.lookahead.distributed.hook import NoiseHook
 
     model = _model()
     ddp = DistributedDataParallel(model, bucket_cap_mb=0.0005)  # ~500 bytes: several buckets
@@ -79,8 +79,8 @@ def test_the_hook_reads_the_gradients_own_numbers(group, carry):
 
 
 def test_read_without_a_backward_says_so(group):
-    from leadline.distributed.hook import NoiseHook
     from leadline.errors import InputError
+    from leadline.lookahead.distributed.hook import NoiseHook
 
     hook = NoiseHook()
     hook.begin(scale=1.0, weight=1.0)
@@ -94,8 +94,8 @@ def test_worldtask_refuses_an_fsdp_model_with_one_sentence_before_any_collective
     import torch
     from torch.distributed.fsdp import fully_shard
 
-    from leadline.distributed.job import WorldTask, is_sharded
     from leadline.errors import InputError
+    from leadline.lookahead.distributed.job import WorldTask, is_sharded
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     assert not is_sharded(model)
@@ -115,8 +115,8 @@ def test_fully_sharded_data_parallel_without_use_orig_params_is_refused_with_one
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from leadline.distributed.sharded_job import check_supported
     from leadline.errors import InputError
+    from leadline.lookahead.distributed.sharded_job import check_supported
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     check_supported(FullyShardedDataParallel(model, device_id=torch.device("cpu"), use_orig_params=True))

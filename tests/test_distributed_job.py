@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from helpers import DATA, free_port
-from leadline.pieces import Pieces
+from leadline.lookahead.pieces import Pieces
 
 WORLD = 2
 DEADLINE_S = 180.0
@@ -51,9 +51,9 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     """A: derive_for on the tiny LoRA Llama; then the single-process probe on the same rows."""
     import torch
 
-    from leadline.distributed import plan_digest
     from leadline.hf import prepare, trained_named_weights
-    from leadline.noise import ModelGradFn, measure_noise_scale
+    from leadline.lookahead.distributed import plan_digest
+    from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
     from leadline.provenance import tensors_digest
 
     model = _lora_model(tok, adapter_seed=rank)  # different adapters: derive must use rank 0's
@@ -169,7 +169,7 @@ def _scenario_budget(rank: int, tok: Any) -> dict[str, Any]:
     """E: a tight max_seconds, and rank 1's derive clock starting 2 s after rank 0's: by its own
     clock rank 0 would skip phases rank 1 runs, and the job would hang. The budget left is the
     least on any rank, so both skip the same phases."""
-    import leadline.derive.recipe as d
+    import leadline.lookahead.derive.recipe as d
     from leadline.hf import DeriveOptions, derive_for
 
     real = d.describe_data
@@ -210,9 +210,9 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from helpers import make_model
-    from leadline.distributed import ShardedGradFn
     from leadline.hf import prepare
-    from leadline.noise import ModelGradFn, measure_noise_scale
+    from leadline.lookahead.distributed import ShardedGradFn
+    from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
 
     model = make_model(vocab_size=len(tok))  # seeded: the same full fine-tune on every rank
     task, _ = prepare(model, tok, str(DATA / "text.jsonl"))
@@ -252,7 +252,7 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
         got2 = measure_noise_scale(grad_fn, k=6)
         # rank 0's time budget runs out after its first draws, rank 1 has none: both stop together
         clock = iter(range(10_000))
-        import leadline.noise.probe as probe_mod
+        import leadline.lookahead.noise.probe as probe_mod
 
         real_clock = probe_mod._clock
         probe_mod._clock = lambda: float(next(clock))  # one "second" a look at the clock
@@ -260,7 +260,7 @@ def _scenario_fsdp_noise(rank: int, tok: Any) -> dict[str, Any]:
             timed = measure_noise_scale(grad_fn, budget_s=5.0 if rank == 0 else None, max_k=50)
         finally:
             probe_mod._clock = real_clock
-        from leadline.derive import derive
+        from leadline.lookahead.derive import derive
 
         plan = derive(pieces=Pieces(gradients=grad_fn))  # the noise phase of derive() on the sharded model
     return {"ref": {"b": ref.b_noise_tokens, "se": ref.se_tokens, "micro_tokens": ref.micro_tokens},
@@ -298,8 +298,8 @@ def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, An
     """derive_for on a sharded full fine-tune: the plan, the weights and grads after, and on an
     unsharded copy alone, alpha1 at the world's first step and the anchor's rewrite scale."""
     from leadline import Plan
-    from leadline.distributed import plan_digest
-    from leadline.distributed.sharded import _local
+    from leadline.lookahead.distributed import plan_digest
+    from leadline.lookahead.distributed.sharded import _local
     from leadline.provenance import tensors_digest
 
     params = [p for p in model.parameters() if p.requires_grad]
@@ -320,7 +320,7 @@ def _alone(tok: Any, rows: int, held_out: int | float) -> dict[str, Any]:
     and the anchor's rewrite scale."""
     from helpers import make_model
     from leadline.hf import prepare, trained_named_weights
-    from leadline.rate import anchor_rate, measure_first_step
+    from leadline.lookahead.rate import anchor_rate, measure_first_step
 
     model = make_model(vocab_size=len(tok))
     task, _ = prepare(model, tok, str(DATA / "text.jsonl"), held_out=held_out)
@@ -345,7 +345,7 @@ def _scenario_fsdp_lora(rank: int, tok: Any) -> dict[str, Any]:
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from leadline.distributed import plan_digest
+    from leadline.lookahead.distributed import plan_digest
     from leadline.provenance import tensors_digest
 
     model = FullyShardedDataParallel(_lora_model(tok), device_id=torch.device("cpu"), use_orig_params=True)
@@ -396,11 +396,11 @@ def _scenario_fsdp_mix(rank: int, tok: Any) -> dict[str, Any]:
     import dataclasses
     import importlib
 
-    import leadline.distributed.sharded_job as sj
+    import leadline.lookahead.distributed.sharded_job as sj
 
-    ramp_mod = importlib.import_module("leadline.memory.ramp")  # the package's `ramp` is the function
+    probe_mod = importlib.import_module("leadline.memory.probe")  # the sharded ramp measures each step there
 
-    real_probe, real_mix_on = ramp_mod.probe, sj._mix_on
+    real_probe, real_mix_on = probe_mod.probe, sj._mix_on
 
     def probe(step: Any, mem: Any, rows: int, length: int, repeats: int = 1, phase: str = "search", empty: bool = True) -> Any:
         rung, timing = real_probe(step, mem, rows, length, repeats, phase, empty)
@@ -408,12 +408,12 @@ def _scenario_fsdp_mix(rank: int, tok: Any) -> dict[str, Any]:
             rung = dataclasses.replace(rung, retries=1, verdict="squeezed")
         return rung, timing
 
-    ramp_mod.probe, sj._mix_on = probe, (lambda mem: True)
+    probe_mod.probe, sj._mix_on = probe, (lambda mem: True)
     try:
         plan = _derive(_fsdp1(tok), tok)
     finally:
-        ramp_mod.probe, sj._mix_on = real_probe, real_mix_on
-    from leadline.distributed import plan_digest
+        probe_mod.probe, sj._mix_on = real_probe, real_mix_on
+    from leadline.lookahead.distributed import plan_digest
 
     return {"plan": plan.to_json(), "digest": plan_digest(plan), "rows_fit": plan.rows_fit, "seq_len": plan.seq_len,
             "source": plan["rows_fit"].source, "evidence": plan["rows_fit"].evidence}
@@ -516,7 +516,7 @@ def _scenario_fsdp_step_failure(rank: int, tok: Any) -> dict[str, Any]:
     """N (it aborts the job's process groups; the worker joins a new group after it): rank 0
     alone fails inside the forward of its first sharded training step (a rate phase's), while
     rank 1 goes on to the step's next collective. Both stop with rank 0's sentence."""
-    import leadline.distributed.sharded_job as sj
+    import leadline.lookahead.distributed.sharded_job as sj
 
     _short_group_timeout()
     model = _fsdp1(tok)
@@ -541,7 +541,7 @@ def _scenario_ddp_backward_failure(rank: int, tok: Any) -> dict[str, Any]:
     """O (it aborts the job's process groups): under DDP, rank 0 alone fails inside the
     all-reducing backward of its first training step (a rate phase's), while rank 1 waits in
     DDP's all-reduce. Both stop with rank 0's sentence."""
-    import leadline.distributed.job as job_mod
+    import leadline.lookahead.distributed.job as job_mod
 
     _short_group_timeout()
     model = _lora_model(tok)

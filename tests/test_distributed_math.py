@@ -1,4 +1,4 @@
-"""The pure math of leadline.distributed: the draws from an all-reduce against the
+"""The pure math of leadline.lookahead.distributed: the draws from an all-reduce against the
 single-process stream, the scale-out table on hand-computed numbers, the agreement's
 sentences, the plan's digest."""
 
@@ -9,8 +9,8 @@ import math
 import pytest
 
 from leadline import InputError, Plan, Value
-from leadline.distributed.noise_math import world_draws
-from leadline.distributed.scale_out import comm_seconds, ring_factor, scale_out, scale_out_table
+from leadline.lookahead.distributed.noise_math import world_draws
+from leadline.lookahead.distributed.scale_out import comm_seconds, ring_factor, scale_out, scale_out_table
 
 
 # ---- the draws ----------------------------------------------------------------------------
@@ -47,8 +47,8 @@ def _via_world(steps):
 
 
 def _via_stream(items):
-    """The single-process probe's stream (leadline.noise._stream.MeanStream) on (gradient, tokens)."""
-    from leadline.noise._stream import MeanStream
+    """The single-process probe's stream (leadline.lookahead.noise._stream.MeanStream) on (gradient, tokens)."""
+    from leadline.lookahead.noise._stream import MeanStream
 
     s = MeanStream()
     return [s.add([g], t) for g, t in items]
@@ -78,7 +78,7 @@ def test_on_more_ranks_each_draw_is_the_worlds_step_mean():
 
 
 def test_the_estimate_from_the_world_is_the_probes_estimate():
-    from leadline.noise.estimator import noise_scale_from_draws
+    from leadline.lookahead.noise.estimator import noise_scale_from_draws
 
     steps = _steps(2, 12, seed=3)
     a = noise_scale_from_draws(_via_world(steps))
@@ -169,7 +169,7 @@ def test_with_the_measured_fixed_cost_one_gpu_is_the_plans_step_and_more_gpus_pa
     """A micro-batch mostly fixed cost (a small model): the table takes the plan's cost model, so
     its one-GPU row is the step tokens_per_step chose, and its speed-ups fall below the
     proportional model's, which cannot see that smaller micro-batches per GPU save little."""
-    from leadline.noise.step import tokens_per_step
+    from leadline.lookahead.noise.step import tokens_per_step
 
     sp = tokens_per_step(218.0, rows_fit=184, tokens_per_micro_batch=368.0, t_step_seconds=0.01, t_micro_seconds=0.446,
                          t_micro_one_row_seconds=0.1848)
@@ -223,7 +223,7 @@ class FakeWorld:
 
 
 def test_agreement_passes_through_when_every_rank_is_fine():
-    from leadline.distributed.agree import agreed
+    from leadline.lookahead.distributed.agree import agreed
 
     w = FakeWorld(0, [0, 0], [None, None])
     assert agreed(w, lambda: 42, "work") == 42
@@ -231,7 +231,7 @@ def test_agreement_passes_through_when_every_rank_is_fine():
 
 
 def test_an_other_ranks_failure_is_raised_here_with_its_sentence():
-    from leadline.distributed.agree import OUT_OF_MEMORY, RankFailed, agreed
+    from leadline.lookahead.distributed.agree import OUT_OF_MEMORY, RankFailed, agreed
 
     w = FakeWorld(0, [0, OUT_OF_MEMORY], [None, ("the ramp ran out of memory on rank 1 of 2: no room", True)])
     with pytest.raises(RankFailed, match="ran out of memory on rank 1 of 2") as e:
@@ -242,7 +242,7 @@ def test_an_other_ranks_failure_is_raised_here_with_its_sentence():
 def test_this_ranks_failure_becomes_the_sentence_and_an_agreed_one_passes_through():
     import torch
 
-    from leadline.distributed.agree import RankFailed, agreed
+    from leadline.lookahead.distributed.agree import RankFailed, agreed
 
     def oom():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
@@ -259,7 +259,7 @@ def test_this_ranks_failure_becomes_the_sentence_and_an_agreed_one_passes_throug
 
 
 def test_plan_digest_and_disagreements():
-    from leadline.distributed.sync import disagreements, plan_digest
+    from leadline.lookahead.distributed.sync import disagreements, plan_digest
 
     p = _plan(lr=1e-4)
     again = Plan.from_json(p.to_json())
@@ -294,8 +294,8 @@ class FakeRank:
 
 
 def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_path):
-    from leadline.distributed.phases import AgreedPhaseRunner
-    from leadline.runner import PhaseRunner, Values
+    from leadline.lookahead.distributed.phases import AgreedPhaseRunner
+    from leadline.lookahead.runner import PhaseRunner, Values
 
     resume = tmp_path / "derive.json"
     done = Plan()
@@ -315,9 +315,9 @@ def test_the_agreed_runner_reads_rank_0s_resume_file_and_only_rank_0_writes(tmp_
 
 
 def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
-    from leadline.distributed.phases import AgreedPhaseRunner
+    from leadline.lookahead.distributed.phases import AgreedPhaseRunner
+    from leadline.lookahead.runner import Values
     from leadline.plan import Skipped
-    from leadline.runner import Values
 
     r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=FakeRank(1, other_left=-1.0))
     assert r.seconds_left() == -1.0  # the other rank is out of time: so is this one
@@ -328,8 +328,8 @@ def test_the_agreed_runner_budget_is_the_least_left_on_any_rank():
 
 
 def test_every_rank_stops_before_the_same_read_on_the_slowest_ranks_time():
-    from leadline.budget import OutOfTime
-    from leadline.distributed.phases import AgreedPhaseRunner
+    from leadline.lookahead.budget import OutOfTime
+    from leadline.lookahead.distributed.phases import AgreedPhaseRunner
 
     world = FakeRank(1, other_left=1e9)
     r = AgreedPhaseRunner(Plan(), max_seconds=100.0, world=world)
@@ -344,10 +344,10 @@ def test_every_rank_stops_before_the_same_read_on_the_slowest_ranks_time():
 
 
 def test_the_plan_keeps_no_scale_out_of_its_own():
-    """One scale_out: the function of leadline.distributed, which the CLI's table prints."""
+    """One scale_out: the function of leadline.lookahead.distributed, which the CLI's table prints."""
     from leadline import Plan, Value
     from leadline.cli.derive import plan_scale_out_table
-    from leadline.distributed.scale_out import scale_out
+    from leadline.lookahead.distributed.scale_out import scale_out
 
     p = Plan()
     for n, v in {"noise_scale_tokens": 4000.0, "micro_batch": 4, "grad_accum": 2, "t_micro_seconds": 0.05,

@@ -15,7 +15,7 @@ MODULES = sorted(".".join(p.relative_to(SRC).with_suffix("").parts) for p in (SR
 
 
 def test_the_modules_with_examples_are_found():
-    assert {"leadline.plan", "leadline.noise.step", "leadline.rate.schedule"} <= set(MODULES)
+    assert {"leadline.plan", "leadline.lookahead.noise.step", "leadline.lookahead.rate.schedule"} <= set(MODULES)
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -106,7 +106,7 @@ def test_the_ending_to_zero_inside_trainer_falls_to_zero_and_reruns_nothing(setu
             seen.append(optimizer.param_groups[0]["lr"])
 
     Trainer(model=model, args=args, train_dataset=ds, data_collator=collator, callbacks=[cb, Spy()]).train()
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
 
     sched = cb.schedule
     assert sched.rollbacks == 0  # else the halvings below would differ
@@ -170,18 +170,19 @@ def test_the_cap_is_lifted_when_training_raises(setup):
 
 
 def test_derive_for_counts_its_set_up_against_max_seconds(monkeypatch):
-    import leadline.hf.deriving as hf  # derive_for's set-up calls prepare from here
+    import leadline.hf.deriving as hf
+    import leadline.lookahead.model as model_pieces  # derive_for's full-effort set-up calls prepare from here
 
     clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same timings on every machine
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
-    real = hf.prepare
+    real = model_pieces.prepare
 
     def slow_prepare(*a, **k):  # a set-up that takes the whole budget
         clock.advance(1.2)
         return real(*a, **k)
 
-    monkeypatch.setattr(hf, "prepare", slow_prepare)
+    monkeypatch.setattr(model_pieces, "prepare", slow_prepare)
     plan = hf.derive_for(model, tok, str(DATA / "prompt_completion.jsonl"), total_steps=8, effort="full",
                          options=hf.DeriveOptions(max_seconds=1.0))
     assert any("not reached within max_seconds" in n for n in plan.notes), plan.notes
@@ -192,7 +193,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
     own timings (no pairs timed), so the plan still has micro_batch, grad_accum and
     tokens_per_step that can train, and says the timed phases after it were not reached."""
     import leadline.hf.deriving as hf
-    from leadline.derive import phases
+    from leadline.lookahead.derive import phases
 
     clock = install_clock(monkeypatch, FakeClock(tick=1e-4))  # every reading 0.1 ms: the same timings on every machine
     tok = make_tokenizer()

@@ -25,7 +25,7 @@ def _state(model):
 
 def test_derive_for_measures_the_rank_at_the_plans_shape_and_leaves_the_adapter_as_it_was():
     from leadline.hf import DeriveOptions, derive_for
-    from leadline.hf.rank import RANKS
+    from leadline.lookahead.fit_rank import RANKS
 
     tok = make_tokenizer()
     model = _lora(make_model(vocab_size=len(tok)))
@@ -45,7 +45,7 @@ def test_derive_for_measures_the_rank_at_the_plans_shape_and_leaves_the_adapter_
 
 
 def test_a_card_nothing_fits_on_says_so_and_still_puts_everything_back():
-    from leadline.hf.rank import rank_fit_for
+    from leadline.lookahead.fit_rank import rank_fit_for
 
     model = _lora(make_model())
     model.eval()
@@ -66,7 +66,7 @@ def test_fit_rank_is_refused_for_a_model_without_lora_before_anything_runs():
 
 
 def test_too_little_time_left_is_a_note_not_a_measurement():
-    from leadline.hf.rank import fit_rank_values
+    from leadline.lookahead.fit_rank import fit_rank_values
 
     plan = Plan()
     for name, value in {"micro_batch": 2, "seq_len": 16, "t_micro_seconds": 1.0, "t_step_seconds": 0.5}.items():

@@ -117,7 +117,7 @@ def test_plan_is_the_bottom_layer():
 
 
 def _home(module: str) -> str:
-    """The package a module belongs to: ``leadline.noise.step`` -> ``leadline.noise``; a module
+    """The package a module belongs to: ``leadline.lookahead.noise.step`` -> ``leadline.lookahead.noise``; a module
     directly under leadline is its own home."""
     parts = module.split(".")
     return ".".join(parts[:2])

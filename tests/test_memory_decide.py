@@ -2,15 +2,8 @@
 
 import pytest
 
-from leadline.memory.decide import (
-    RampSearch,
-    ThroughputSearch,
-    confirmation_lengths,
-    extrapolate_peak,
-    largest_passing,
-    length_candidates,
-    verdict_of,
-)
+from leadline.lookahead.memory.decide import RampSearch, ThroughputSearch, extrapolate_peak
+from leadline.memory.probe import confirmation_lengths, largest_passing, length_candidates, verdict_of
 
 
 def drive(search: RampSearch, fits_try, fits_confirm=lambda r: True):

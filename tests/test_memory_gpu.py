@@ -12,14 +12,13 @@ import pytest
 import torch
 
 from helpers import make_model
+from leadline.lookahead.memory import WontFit, ramp
 from leadline.memory import (
     RoomShrank,
     TrainingStep,
-    WontFit,
     forbid_spill,
     lift_cap,
     measure_fit,
-    ramp,
     watched,
 )
 from leadline.memory.model_step import ModelStep, full_finetune

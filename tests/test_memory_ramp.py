@@ -4,7 +4,7 @@ import pytest
 import torch.nn.modules.module as torch_module
 import torch.optim.optimizer as torch_optimizer
 
-from leadline.memory import RampResult, WontFit, ramp
+from leadline.lookahead.memory import RampResult, WontFit, ramp
 from test_memory_fakes import FakeAllocator, FakeHost, FakeHostStep, FakeStep
 
 
@@ -340,10 +340,12 @@ def test_too_long_does_not_start_a_host_rung_that_cannot_finish(monkeypatch):
     import sys
     import types
 
-    ramp_mod = sys.modules["leadline.memory.ramp"]  # the module: leadline.memory.ramp is also the function
+    ramp_mod = sys.modules["leadline.lookahead.memory.ramp"]  # the module: leadline.lookahead.memory.ramp is also the function
+    probe_mod = sys.modules["leadline.memory.probe"]  # each rung's step is timed there
 
     clock = [0.0]  # the ramp's clock, moved by the fake step as long as its repeats take
-    monkeypatch.setattr(ramp_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    for mod in (ramp_mod, probe_mod):
+        monkeypatch.setattr(mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
 
     class Timed(FakeHostStep):
         def __call__(self, rows, length, repeats=1):
@@ -370,9 +372,10 @@ def test_too_long_on_cuda_counts_the_confirmation_and_the_mix_a_try_would_start(
     import sys
     import types
 
-    ramp_mod = sys.modules["leadline.memory.ramp"]
+    ramp_mod = sys.modules["leadline.lookahead.memory.ramp"]
     clock = [0.0]
-    monkeypatch.setattr(ramp_mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    for mod in (ramp_mod, sys.modules["leadline.memory.probe"]):  # the ramp's clock, and each rung's timing
+        monkeypatch.setattr(mod, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     mem = FakeAllocator(total=1000, resident=100)  # 18 rows at 10 tokens is the truth
 
     def seconds_of(rows, length):  # a second a row at the full length, the clock moved by every repeat
@@ -413,7 +416,8 @@ def test_one_row_that_squeezes_through_the_length_mix_is_named_with_the_fragment
 
 
 def test_a_candidates_seconds_are_the_line_through_the_last_two_fitted_rungs():
-    from leadline.memory.ramp import Rung, candidate_seconds
+    from leadline.lookahead.memory.ramp import candidate_seconds
+    from leadline.memory.probe import Rung
 
     def rung(rows, seconds, verdict="fits", length=10, phase="search"):
         return Rung(rows, length, 0, 0, 0, verdict, seconds, phase, 1)

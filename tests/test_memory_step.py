@@ -119,7 +119,7 @@ def test_bad_inputs_are_one_sentence():
 
 def test_ramp_on_the_cpu_with_a_real_step_leaves_no_trace():
     from leadline import Plan
-    from leadline.memory import ramp
+    from leadline.lookahead.memory import ramp
 
     model, opt = tiny()
     before = snapshot(model)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from leadline.errors import InputError
-from leadline.noise.estimator import Draw, NoiseSums, mccandlish_two_batch, noise_scale_from_draws
+from leadline.lookahead.noise.estimator import Draw, NoiseSums, mccandlish_two_batch, noise_scale_from_draws
 
 
 def draws_of(gs, ts):
@@ -150,5 +150,5 @@ def test_groups_pool_to_the_truth_when_the_gradient_moves_between_them():
 
 
 def test_importing_the_noise_package_loads_no_torch():
-    code = "import sys, leadline.noise; assert 'torch' not in sys.modules, 'torch loaded'"
+    code = "import sys, leadline.lookahead.noise; assert 'torch' not in sys.modules, 'torch loaded'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from leadline.errors import InputError
-from leadline.noise import ModelGradFn, measure_noise_scale
+from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
 
 
 @dataclass

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from leadline.errors import InputError
-from leadline.noise import Controller, ModelGradFn, NoiseMonitor, measure_noise_scale
-from leadline.noise import monitor as monitor_module
-from leadline.noise.estimator import Draw, NoiseSums
-from leadline.noise.synthetic import KnownNoise
+from leadline.lookahead.noise import Controller, ModelGradFn, NoiseMonitor, measure_noise_scale
+from leadline.lookahead.noise import monitor as monitor_module
+from leadline.lookahead.noise.estimator import Draw, NoiseSums
+from leadline.lookahead.noise.synthetic import KnownNoise
 
 SHAPES = [(8, 64), (512,), (4, 8, 16), (512,)]  # 2048 numbers in four tensors
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from leadline.errors import InputError
-from leadline.noise import measure_noise_scale
-from leadline.noise.past_format import noise_past_format
-from leadline.noise.step import tokens_per_step
+from leadline.lookahead.noise import measure_noise_scale
+from leadline.lookahead.noise.past_format import noise_past_format
+from leadline.lookahead.noise.step import tokens_per_step
 from leadline.provenance import tensors_digest
 
 D = 40
@@ -132,7 +132,7 @@ def test_a_launch_bound_card_takes_the_step_the_noise_allows():
 def test_a_lower_bound_counts_when_the_bound_itself_is_above_step0():
     from types import SimpleNamespace
 
-    from leadline.noise.past_format import _above
+    from leadline.lookahead.noise.past_format import _above
 
     bound = SimpleNamespace(b_noise_tokens=40.0, se_tokens=None, resolved=False, lower_bound=True)
     assert _above(bound, 3.4, 0.6)
@@ -145,7 +145,7 @@ def test_a_lower_bound_counts_when_the_bound_itself_is_above_step0():
 
 
 def test_the_late_reading_is_bounded_when_the_mean_gradient_stays_lost(monkeypatch):
-    import leadline.noise.past_format as pfm
+    import leadline.lookahead.noise.past_format as pfm
 
     monkeypatch.setattr(pfm, "MAX_LATE_DRAWS", 12)
     w, opt, train_step, _ = _toy()
@@ -158,7 +158,7 @@ def test_the_late_reading_is_bounded_when_the_mean_gradient_stays_lost(monkeypat
 def test_the_late_reading_draws_each_row_once_and_at_least_its_fewest_draws():
     """No learning (the shared direction stays): the probe's own rule settles within a few draws.
     The reading past the format goes on to LATE_DRAWS and draws no micro-batch twice."""
-    from leadline.noise.past_format import LATE_DRAWS
+    from leadline.lookahead.noise.past_format import LATE_DRAWS
 
     w, opt, train_step, grad_fn = _toy()
     early = measure_noise_scale(lambda i: grad_fn(1000 + i))

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 
-import leadline.noise.probe as probe_mod
+import leadline.lookahead.noise.probe as probe_mod
 from leadline import Plan
 from leadline.errors import InputError
-from leadline.noise import NoiseScale, measure_noise_scale
-from leadline.noise.synthetic import KnownNoise
+from leadline.lookahead.noise import NoiseScale, measure_noise_scale
+from leadline.lookahead.noise.synthetic import KnownNoise
 
 
 @pytest.mark.parametrize("b_noise", [500, 5_000, 50_000, 200_000])

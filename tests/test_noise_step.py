@@ -5,13 +5,13 @@ import math
 import pytest
 
 from leadline.errors import InputError
-from leadline.noise import (
+from leadline.lookahead.noise import (
     NoiseScale,
     steps_and_tokens,
     time_optimal_tokens,
     tokens_per_step,
 )
-from leadline.noise.estimator import noise_scale_from_draws
+from leadline.lookahead.noise.estimator import noise_scale_from_draws
 
 
 def test_b_star_by_hand_and_grad_accum_follows():

@@ -10,8 +10,7 @@ import sys
 import pytest
 
 from leadline.errors import InputError
-from leadline.plan import Plan
-from leadline.rate.anchor import (
+from leadline.lookahead.rate.anchor import (
     LORA_NONZERO_B,
     LORA_ZERO_B,
     adam_sqrt_cut,
@@ -20,7 +19,8 @@ from leadline.rate.anchor import (
     lora_caveat,
     rewrite_scale,
 )
-from leadline.rate.warmup import linear_decay_lr, warmup_lr, warmup_steps_for, warmup_values
+from leadline.lookahead.rate.warmup import linear_decay_lr, warmup_lr, warmup_steps_for, warmup_values
+from leadline.plan import Plan
 
 
 def test_rewrite_scale_is_the_rms_entry_of_the_binding_tensor():
@@ -81,7 +81,7 @@ def test_anchor_rate_on_a_peft_lora_names_the_caveat_in_the_source():
         def forward(self, x):
             return self.fc(x)
 
-    from leadline.rate import anchor_rate
+    from leadline.lookahead.rate import anchor_rate
 
     torch.manual_seed(0)
     model = peft.get_peft_model(Net(), peft.LoraConfig(r=4, lora_alpha=8, target_modules=["fc"]))
@@ -113,8 +113,9 @@ def test_warmup_from_alpha1_and_the_linear_ending():
     assert v["weight_decay"].value == 0.0 and v["weight_decay"].kind == "constant" and "docs/rate.md" in v["weight_decay"].source
 
 
-def test_import_leadline_rate_loads_no_torch():
-    code = "import sys, leadline.rate as r; r.lookahead_lr; r.LookaheadSchedule; print('torch' in sys.modules)"
+def test_import_leadline_rate_and_the_look_ahead_rate_loads_no_torch():
+    code = ("import sys, leadline.rate, leadline.lookahead.rate as r; r.lookahead_lr; r.LookaheadSchedule; "
+            "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

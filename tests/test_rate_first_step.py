@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from leadline.rate.first_step import golden_section_log, walk
+from leadline.lookahead.rate.first_step import golden_section_log, walk
 
 torch = pytest.importorskip("torch")
 
@@ -73,7 +73,7 @@ def line_minimum(toy: Regression) -> float:
 
 
 def test_alpha1_is_the_line_minimum_and_nothing_changed():
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=1, dim=32)
     before = toy.state()
@@ -88,7 +88,7 @@ def test_alpha1_is_the_line_minimum_and_nothing_changed():
 
 
 def test_at_alpha1_reads_with_the_weights_at_alpha1_then_restores():
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=1, dim=32)
     before = toy.state()
@@ -105,7 +105,7 @@ def test_at_alpha1_reads_with_the_weights_at_alpha1_then_restores():
 
 
 def test_an_adamw_first_step_includes_its_decoupled_decay():
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=1, dim=32)
     with torch.no_grad():
@@ -121,7 +121,7 @@ def test_an_adamw_first_step_includes_its_decoupled_decay():
 
 
 def test_state_is_restored_after_an_exception_inside_train_step():
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=2)
     # a used optimizer with state, a gradient in place, a changed lr: all must come back
@@ -142,7 +142,7 @@ def test_state_is_restored_after_an_exception_inside_train_step():
 
 
 def test_no_fall_is_reported_not_invented():
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=0)
     with torch.no_grad():
@@ -158,14 +158,14 @@ def test_walk_does_not_read_rounding_as_a_fall():
     rounding (14.13 -> 14.1299 -> 14.1301) and brackets the real minimum near 1e-2."""
     import math
 
-    from leadline.rate.first_step import walk
+    from leadline.lookahead.rate.first_step import walk
 
     def f(lr):
         if lr < 1e-5:
             return 14.13 + (1e-4 if int(-math.log10(lr) * 10) % 2 else -1e-4)
         return 14.13 - 5 * math.exp(-((math.log10(lr) + 2) ** 2))
 
-    from leadline.rate.first_step import BF16_RESOLUTION
+    from leadline.run.precision import BF16_RESOLUTION
 
     w = walk(f, 14.13, resolution=BF16_RESOLUTION)
     assert w.bracket is not None and 1e-3 < w.bracket[1] < 1e-1
@@ -180,7 +180,7 @@ def test_the_refinement_stops_where_its_inner_points_read_within_their_error():
     difference without spread) refine to rel_tol."""
     import math as m
 
-    from leadline.rate import measure_first_step
+    from leadline.lookahead.rate import measure_first_step
 
     toy = Regression(seed=1, dim=32)
     fs = measure_first_step(toy.params, toy.opt, toy.train_step, toy.held_out, rel_tol=0.01)

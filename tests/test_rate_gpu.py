@@ -52,7 +52,7 @@ def test_under_a_tight_cap_snapshots_go_to_the_host():
 
 
 def test_a_lookahead_on_the_card_leaves_no_trace():
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     g = torch.Generator(device="cuda").manual_seed(0)
     w_star = 0.1 * torch.randn(32, device="cuda", generator=g)
@@ -82,8 +82,8 @@ def test_a_run_after_the_measurement_phases_is_the_run_from_a_fresh_start_on_the
     with a warmup after measure_first_step + lookahead_lr land where 12 steps from a fresh
     optimizer land (the same kernels in the same order: equal to float32 round-off)."""
     from helpers import make_model
-    from leadline.rate import lookahead_lr, measure_first_step
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate import lookahead_lr, measure_first_step
+    from leadline.lookahead.rate.warmup import warmup_lr
 
     torch.backends.cuda.matmul.allow_tf32 = False
     model = make_model(seed=0).cuda()

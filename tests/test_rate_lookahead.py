@@ -56,7 +56,7 @@ def test_trend_slope_carry_and_parabola_on_known_numbers():
 
 
 def test_only_a_falling_unsettled_trend_is_carried_to_the_run_length():
-    from leadline.rate.lookahead import answer_at_run_length
+    from leadline.lookahead.rate.lookahead import answer_at_run_length
 
     # falling and not settled: carried, lr * (T/n)^s
     lr, why = answer_at_run_length(0.01, 40, -1.0, 160, settled=False)
@@ -78,7 +78,7 @@ def test_only_a_falling_unsettled_trend_is_carried_to_the_run_length():
 def test_lookahead_lands_within_2x_of_the_best_constant_rate(seed):
     """Known answer: the regression's best constant rate for T = 128 Adam steps (warmup from
     alpha1), swept 2^(1/2) apart on the exact expected loss ||w - w*||^2 + noise^2."""
-    from leadline.rate import lookahead_lr, measure_first_step
+    from leadline.lookahead.rate import lookahead_lr, measure_first_step
 
     steps = 128
     toy = Regression(seed=seed, dim=32)
@@ -94,7 +94,7 @@ def test_lookahead_lands_within_2x_of_the_best_constant_rate(seed):
 
 
 def test_evidence_has_the_plot_shape_and_the_values_their_kinds():
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     toy = Regression(seed=1, dim=32)
     seen = []
@@ -112,7 +112,7 @@ def test_evidence_has_the_plot_shape_and_the_values_their_kinds():
 
 
 def test_a_diverging_rate_is_out_and_the_answer_stays_below_it():
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     toy = Regression(seed=1, dim=32)
     orig = toy.train_step
@@ -130,7 +130,7 @@ def test_a_diverging_rate_is_out_and_the_answer_stays_below_it():
 
 
 def test_no_trace_after_the_lookahead_and_after_an_exception():
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     toy = Regression(seed=3, dim=16, dropout=0.1)
     toy.opt.zero_grad()
@@ -148,7 +148,7 @@ def test_no_trace_after_the_lookahead_and_after_an_exception():
 
 def test_bad_arguments_say_what_to_pass():
     from leadline.errors import InputError
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     toy = Regression()
     with pytest.raises(InputError, match="alpha1"):
@@ -159,7 +159,7 @@ def test_bad_arguments_say_what_to_pass():
 
 
 def test_the_warmup_is_raced_at_the_run_length_and_kept_only_when_better():
-    from leadline.rate import lookahead_lr
+    from leadline.lookahead.rate import lookahead_lr
 
     toy = Regression(seed=1)
     # the toy's best rate over 24 steps is the grid's top: a warmup only slows it (a known loser)

@@ -1,4 +1,4 @@
-"""Known answers for the rate policy (leadline.rate.policy): which rate the plan takes from the
+"""Known answers for the rate policy (leadline.lookahead.rate.policy): which rate the plan takes from the
 numbers the rate phases measured. Pure decisions on small plans, no torch."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from leadline.lookahead.rate import policy
 from leadline.plan import Plan, Value
-from leadline.rate import policy
 
 
 def _plan(**numbers: float) -> Plan:

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from leadline.errors import InputError  # noqa: E402
+from leadline.lookahead.rate import LookaheadSchedule, lookahead_from  # noqa: E402
 from leadline.plan import Plan, Value  # noqa: E402
-from leadline.rate import LookaheadSchedule, lookahead_from  # noqa: E402
 from test_rate_toys import Regression  # noqa: E402
 
 

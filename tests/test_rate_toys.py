@@ -82,7 +82,7 @@ class Regression:
 
 def constant_rate_loss(seed: int, lr: float, steps: int, alpha1: float | None = None, warmup: int = 10, **kw) -> float:
     """Expected loss after ``steps`` Adam steps at a constant rate (warmup from alpha1 if given)."""
-    from leadline.rate.warmup import warmup_lr
+    from leadline.lookahead.rate.warmup import warmup_lr
 
     toy = Regression(seed=seed, **kw)
     for t in range(steps):

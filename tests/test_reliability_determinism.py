@@ -12,7 +12,7 @@ import math
 import random
 
 from helpers import DATA
-from leadline.pieces import Corpus, Pieces
+from leadline.lookahead.pieces import Corpus, Pieces
 from test_derive_golden import Clock, clock  # noqa: F401  (the fake clock and its fixture)
 
 RPS = {1: 10.0, 2: 14.0, 4: 16.8, 8: 16.8 * 1.04, 16: 15.7}  # rows per second at each rung: +4% from 4 to 8
@@ -34,8 +34,8 @@ def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:  # no
     whose every timed repeat is the true time times a uniform draw in [1 - jitter, 1 + jitter]."""
     import torch
 
+    from leadline.lookahead.noise.synthetic import KnownNoise
     from leadline.memory.step import StepTiming
-    from leadline.noise.synthetic import KnownNoise
 
     torch.manual_seed(0)
     w = torch.nn.Parameter(torch.randn(8, 4))
@@ -80,7 +80,7 @@ def _pieces(clock: Clock, jitter_seed: int, jitter: float = 0.05) -> dict:  # no
 
 
 def _derives(clock: Clock, seeds, effort: str = "full") -> list:  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     return [derive(**_pieces(clock, s), total_steps=40, effort=effort) for s in seeds]
 
@@ -118,7 +118,7 @@ def test_a_fixed_cost_within_the_repeats_spread_is_zero_and_the_step_holds():
     """t(r) = 0.01 s x r (no fixed cost), each repeat jittered by ±5%: the fixed cost read from
     the repeats is zero on every draw and the step is the same; read from the medians alone it
     came out between 0 and a few milliseconds, and the step moved with it."""
-    from leadline.noise import tokens_per_step
+    from leadline.lookahead.noise import tokens_per_step
 
     def draw(seed: int, repeats: bool):
         rng = random.Random(seed)
@@ -136,7 +136,7 @@ def test_a_fixed_cost_within_the_repeats_spread_is_zero_and_the_step_holds():
 
 
 def test_a_real_fixed_cost_is_kept_through_the_jitter():
-    from leadline.noise import tokens_per_step
+    from leadline.lookahead.noise import tokens_per_step
 
     rng = random.Random(0)
     for _ in range(20):
@@ -151,7 +151,7 @@ def test_the_ramp_rule_alone_under_jitter_rarely_takes_a_gain_below_its_threshol
     """The search alone, 400 seeded runs of ±5% jitter on each of 3 repeats, a true +4% from 4 to
     8 rows: the test over the repeats takes the doubling in under 4% of runs; the medians alone
     took it in about 40%."""
-    from leadline.memory.decide import ThroughputSearch
+    from leadline.lookahead.memory.decide import ThroughputSearch
 
     def kept(seed: int, repeats: bool) -> int:
         rng = random.Random(seed)

@@ -58,8 +58,9 @@ def test_the_record_race_ending_writes_is_read_as_it_is():
     """The toy of race_ending's own example: the decay from step 2 lands nearer and is kept."""
     import torch
 
-    from leadline.rate._run import EndingCopy, race_ending
-    from leadline.rate.state import Snapshot, run_steps
+    from leadline.lookahead.rate._run import EndingCopy, race_ending
+    from leadline.lookahead.rate.measuring import run_steps
+    from leadline.rate.state import Snapshot
 
     w = torch.zeros(4, requires_grad=True)
     opt = torch.optim.Adam([w])

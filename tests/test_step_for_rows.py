@@ -10,7 +10,7 @@ import random
 import pytest
 
 from leadline.errors import InputError
-from leadline.noise.step import rows_step_rule, tokens_per_step
+from leadline.lookahead.noise.step import rows_step_rule, tokens_per_step
 from test_derive_golden import clock  # noqa: F401  (the fixture)
 
 # gsm_symbolic's timings on the H200 (benchmarks/results/scoreboard_gsm_symbolic.json, leadline_full):
@@ -43,7 +43,7 @@ def test_the_rule_at_its_limits():
 
 
 def test_a_given_step_and_a_bad_name_are_refused_in_one_sentence():
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
 
     with pytest.raises(InputError, match="step_for must be one of time, rows"):
         tokens_per_step(6008.0, step_for="tokens", **GSM)
@@ -54,7 +54,7 @@ def test_a_given_step_and_a_bad_name_are_refused_in_one_sentence():
 
 
 def test_derive_for_the_rows_takes_a_smaller_step_the_same_on_a_smaller_card(clock):  # noqa: F811
-    from leadline.derive import derive
+    from leadline.lookahead.derive import derive
     from test_derive_card_independent import _pieces
 
     time = derive(**_pieces(clock, fits=10**6), total_steps=40, effort="full", step_for="time")
@@ -75,7 +75,7 @@ def test_the_world_step_for_the_rows_counts_the_all_reduce_as_a_steps_fixed_seco
     """Over W GPUs a micro-batch of W x rows_fit rows takes one t_micro: the rule reads the update
     and the all-reduce as the fixed seconds a step, t_micro / (W rows_fit) as a row's seconds, and
     spreads its rows over the world, one row a GPU at least."""
-    from leadline.distributed.phases import world_step
+    from leadline.lookahead.distributed.phases import world_step
 
     kw = {"world_size": 2, "rows_fit": 16, "tokens_per_row": 100.0, "t_step_seconds": 0.05,
           "t_micro_seconds": 0.4, "t_allreduce_seconds": 0.05}
@@ -106,7 +106,7 @@ def test_the_step_times_one_row_and_the_rows_that_fit_in_turn_so_a_drift_between
     """The ramp timed 32 rows while the card ran 1.4x slower; by the step phase it runs at full
     speed. Timed at those two moments the per-row cost read 5.4 ms instead of 2 and the step came
     out smaller; timed in turn, both shapes see the same card and the step is the drift-free one."""
-    from leadline.derive.batches import paired_timings, step
+    from leadline.lookahead.derive.batches import paired_timings, step
     from leadline.plan import Plan, Value
 
     slow = [True]
@@ -143,7 +143,7 @@ def test_the_step_times_one_row_and_the_rows_that_fit_in_turn_so_a_drift_between
 def test_the_card_is_timed_again_only_after_the_ramp_moved():
     """The step read again past the format reuses the step phase's paired timings at the same
     rows_fit (no micro-batch run) and gives the step those timings give; at other rows it times anew."""
-    from leadline.derive.batches import PAIRS, step
+    from leadline.lookahead.derive.batches import PAIRS, step
     from leadline.plan import Plan, Value
 
     calls = []
@@ -199,7 +199,7 @@ def test_more_pairs_are_timed_while_the_step_is_not_resolved_and_the_steps_of_ma
     """At 15% jitter a timing, three pairs leave the per-row cost loose: twenty derives of one
     task on one simulated card took steps far apart. Timing more pairs until the bootstrap's
     10th-90th percentile of the step is within 1.2x draws them closer, at a few more pairs."""
-    import leadline.derive.batches as batches
+    import leadline.lookahead.derive.batches as batches
 
     def steps(max_pairs: int) -> tuple[list[int], list[int]]:
         monkeypatch.setattr(batches.resolved_timings, "__defaults__", (batches.PAIRS, max_pairs, 1.2, None))
@@ -216,7 +216,7 @@ def test_more_pairs_are_timed_while_the_step_is_not_resolved_and_the_steps_of_ma
 
 
 def test_a_steady_card_takes_the_first_pairs_only_and_the_source_gives_the_interval():
-    from leadline.derive.batches import PAIRS, step
+    from leadline.lookahead.derive.batches import PAIRS, step
 
     calls = []
     card = _drifting_card([False])
@@ -235,7 +235,7 @@ def test_a_steady_card_takes_the_first_pairs_only_and_the_source_gives_the_inter
 
 
 def test_a_noise_scale_past_the_bootstraps_reach_is_decided_by_the_first_pairs(monkeypatch):
-    import leadline.derive.batches as batches
+    import leadline.lookahead.derive.batches as batches
 
     monkeypatch.setattr(batches, "MOST_ROWS", 50)  # B_noise 5,781 tokens at 96.8 a row: 60 rows
     sp = batches.step(_gsm_plan(), 5781.0, step_fn=_jittery_card(0, 0.15), step_for="rows").step

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import leadline.distributed.stopline as sl
+import leadline.lookahead.distributed.stopline as sl
 
 
 @pytest.fixture()

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from leadline.budget import OutOfTime
 from leadline.corpus.splits import split_rows
-from leadline.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
+from leadline.lookahead.budget import OutOfTime
+from leadline.lookahead.derive.timed import held_estimate, step_estimate, timed_reads, timed_steps
+from leadline.lookahead.runner import PhaseRunner
 from leadline.plan import Plan, Skipped, Value
-from leadline.runner import PhaseRunner
 
 
 def _plan(t_micro: float = 2.0, rows_fit: int = 4, t_step: float = 0.5) -> Plan:
@@ -73,8 +73,8 @@ def test_split_reader_says_its_rows():
 def test_a_ramp_that_cannot_end_is_not_started(fake_clock):
     from types import SimpleNamespace
 
-    from leadline.derive.phases import memory
-    from leadline.derive.strategy import OneProcess
+    from leadline.lookahead.derive.phases import memory
+    from leadline.lookahead.derive.strategy import OneProcess
 
     plan = Plan()
     plan.set("seq_len", Value(32, "measured", "corpus", unit="tokens"))
@@ -118,7 +118,7 @@ def test_training_a_plan_cut_short_names_the_cut_and_the_fix():
 def test_without_the_memory_phase_the_noise_draws_stand_in_for_the_first_estimates():
     from types import SimpleNamespace
 
-    from leadline.derive.recipe import _draw_row_seconds
+    from leadline.lookahead.derive.recipe import _draw_row_seconds
 
     # 4 draws of 2 rows in 8 s: a row's forward+backward 1 s; a 40-row read forward only 20 s
     per_row = _draw_row_seconds(SimpleNamespace(k=4, seconds=8.0), SimpleNamespace(rows_per_draw=2))
@@ -138,8 +138,8 @@ def test_a_first_read_is_not_started_past_the_budget_when_the_memory_phase_was_c
 
     import leadline.hf.deriving as hf
     from helpers import DATA, FakeClock, install_clock, make_model, make_tokenizer
-    from leadline.budget import OutOfTime
-    from leadline.derive import phases
+    from leadline.lookahead.budget import OutOfTime
+    from leadline.lookahead.derive import phases
 
     def cut(*a, **k):
         raise OutOfTime

@@ -42,8 +42,7 @@ def test_reads_float32_bf16_and_checkpointing():
 
 
 def test_a_four_bit_base_is_read_with_its_compute_dtype():
-    from leadline.rate.first_step import BF16_RESOLUTION
-    from leadline.run.precision import precision_of
+    from leadline.run.precision import BF16_RESOLUTION, precision_of
     from leadline.run.task import loss_resolution
 
     model = _lora(_four_bit(make_model()))

@@ -33,28 +33,28 @@ _LAZY: dict[str, str] = {
     "split_rows": "leadline.corpus",
     # memory
     "TrainingStep": "leadline.memory",
-    "ramp": "leadline.memory",
+    "ramp": "leadline.lookahead.memory",
     "forbid_spill": "leadline.memory",
     "lift_cap": "leadline.memory",
     "watched": "leadline.memory",
     "SpillWatch": "leadline.memory",
     "measure_fit": "leadline.memory",
-    # the noise scale and tokens per step
-    "measure_noise_scale": "leadline.noise",
-    "ModelGradFn": "leadline.noise",
-    "NoiseScale": "leadline.noise",
-    "tokens_per_step": "leadline.noise",
-    "NoiseMonitor": "leadline.noise",
-    "Controller": "leadline.noise",
-    # the rate
-    "measure_first_step": "leadline.rate",
-    "lookahead_lr": "leadline.rate",
-    "LookaheadSchedule": "leadline.rate",
-    "lookahead_from": "leadline.rate",
+    # the look-ahead effort (leadline.lookahead): the noise scale and tokens per step
+    "measure_noise_scale": "leadline.lookahead.noise",
+    "ModelGradFn": "leadline.lookahead.noise",
+    "NoiseScale": "leadline.lookahead.noise",
+    "tokens_per_step": "leadline.lookahead.noise",
+    "NoiseMonitor": "leadline.lookahead.noise",
+    "Controller": "leadline.lookahead.noise",
+    # the look-ahead's rate
+    "measure_first_step": "leadline.lookahead.rate",
+    "lookahead_lr": "leadline.lookahead.rate",
+    "LookaheadSchedule": "leadline.lookahead.rate",
+    "lookahead_from": "leadline.lookahead.rate",
     # derive
-    "derive": "leadline.derive",
-    "Corpus": "leadline.pieces",
-    "Pieces": "leadline.pieces",
+    "derive": "leadline.lookahead.derive",
+    "Corpus": "leadline.lookahead.pieces",
+    "Pieces": "leadline.lookahead.pieces",
 }
 
 __all__ = ["KINDS", "InputError", "LeadlineError", "Plan", "Value", "__version__", *sorted(_LAZY)]

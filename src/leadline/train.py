@@ -3,6 +3,12 @@ LookaheadSchedule checking every horizon on held-out rows, the spill cap on a CU
 the verdict on the test rows no decision used.
 
     result = train_with_plan(model, tokenizer, "train.jsonl", plan, out_dir="run")
+
+A race plan trains through the core's run (:func:`leadline.run.run_in_one`); a recipe plan
+(:func:`recipe_plan`) through the one loop at the recipe's rates. A look-ahead plan
+(``effort="full"``) trains under its LookaheadSchedule, which is the look-ahead effort's
+(:mod:`leadline.lookahead`): this module is the core's door onto it for training, in
+:func:`train_with_plan` and, through :func:`lookahead_schedule`, in ``LeadlineCallback``.
 """
 
 from __future__ import annotations
@@ -60,10 +66,10 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
     """The saved branch when this run can continue from it, and the record of the decision."""
     if state is None:
         return None, None
-    from leadline.derive.state import load_run_state
+    from leadline.lookahead.derive.state import load_run_state
+    from leadline.lookahead.rate import lookahead_from
+    from leadline.lookahead.rate.schedule import ending_copy_step
     from leadline.provenance import describe_data
-    from leadline.rate import lookahead_from
-    from leadline.rate.schedule import ending_copy_step
 
     rs = load_run_state(state)
     where = {"state": str(state), "steps": rs.steps, "lr": rs.lr}
@@ -78,6 +84,37 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
     if why is not None:
         return None, {**where, "from_step": 0, "why": why}
     return rs, {**where, "from_step": rs.steps}
+
+
+def ending_steps_for(share: float | None, total_steps: int) -> int | None:
+    """The raced ending's steps for ``share`` of a run of ``total_steps`` (None: the default,
+    the last half and 2h).
+
+    Examples:
+        >>> ending_steps_for(0.5, 85), ending_steps_for(None, 85)
+        (42, None)
+    """
+    if share is None:
+        return None
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share < 1:
+        raise InputError(f"ending_share={share!r} must be a share of the run between 0 and 1; pass e.g. 0.5 for the "
+                         "last half, or leave it out")
+    return max(1, round(share * total_steps))
+
+
+def lookahead_schedule(plan: Plan, params: list[Any], opt: Any, train_step: Callable[[int], Any],
+                       held_out_losses: Callable[[], Any] | None, *, total_steps: int,
+                       taken: tuple[int, float] | None = None, ending: Literal["raced", "to_zero"] = "raced",
+                       ending_steps: int | None = None) -> Any:
+    """The :class:`~leadline.lookahead.rate.LookaheadSchedule` a look-ahead plan trains with over
+    ``opt``, for ``total_steps`` steps: the plan's rate at each step, its checks every horizon on
+    the held-out rows, the ending (``raced`` over ``ending_steps``, or ``to_zero``); ``taken``: the
+    steps and rate of derive's kept branch the run continues from. :func:`train_with_plan` and
+    ``LeadlineCallback`` run it."""
+    from leadline.lookahead.rate.schedule import LookaheadSchedule, lookahead_from
+
+    config = lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps)
+    return LookaheadSchedule(params, opt, train_step, held_out_losses, config, total_steps=total_steps)
 
 
 def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
@@ -102,7 +139,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     A plan whose ``ending`` is ``linear`` (:func:`recipe_plan`) runs without the schedule:
     warmup from 0 over ``warmup_ratio`` of the steps, then linear decay to zero.
 
-    ``state``: the folder ``leadline derive`` kept beside the plan (:mod:`leadline.derive.state`):
+    ``state``: the folder ``leadline derive`` kept beside the plan (:mod:`leadline.lookahead.derive.state`):
     the look-ahead's winning branch. Where it is valid for this run (the same data, seed, length,
     rows a step and trained tensors at step 0, the plan's rate the branch's own, steps left
     before the raced ending) the run continues from its step n — its n steps
@@ -111,7 +148,7 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
 
     ``ending``: ``raced`` (the schedule reruns its last half and its last 2h steps with the rate
     decaying and keeps the best ending) or ``to_zero`` (the rate falls linearly to zero over the run's own steps
-    under the same checks; nothing raced): :mod:`leadline.rate.schedule`. ``ending_share``: the
+    under the same checks; nothing raced): :mod:`leadline.lookahead.rate.schedule`. ``ending_share``: the
     share of the run's steps the raced ending reruns, one length alone (default: the last half and 2h).
     ``record``: the caller's seconds (the load's, the derive's) put into ``run.json`` beside this
     call's own ``train_seconds``, so the file is written once with the whole cost in it (a race
@@ -120,8 +157,6 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     import torch
 
     from leadline.memory import forbid_spill
-    from leadline.rate import LookaheadSchedule, lookahead_from
-    from leadline.rate.schedule import ending_steps_for
     from leadline.run.loop import guarded_steps
     from leadline.run.task import trained_named_weights
 
@@ -155,9 +190,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     taken = (run_state.steps, run_state.lr) if run_state is not None else None
     before = _test_losses(task)
     model.train()
-    sched = (LookaheadSchedule(params, opt, train_step, held,
-                               lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps),
-                               total_steps=steps)
+    sched = (lookahead_schedule(plan, params, opt, train_step, held, total_steps=steps, taken=taken, ending=ending,
+                                ending_steps=ending_steps)
              if schedule else None)
     t0 = time.monotonic()
     with forbid_spill(task.device):

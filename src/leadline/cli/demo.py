@@ -302,13 +302,11 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
     the plan derive_plan makes on ``data``, then train_with_plan, continuing from the look-ahead's
     kept branch where the effort keeps one. Returns the plan and the run: its steps and rows a
     step, and the wall seconds of the derive and of the training call."""
-    import contextlib
 
     from leadline.cli import run as run_command
     from leadline.cli._common import Progress
-    from leadline.cli.derive import derive_plan, state_path
+    from leadline.cli.derive import derive_plan, keep_state, state_path
     from leadline.cli.train import ending_of, show_step
-    from leadline.derive.state import keep_run_state
     from leadline.train import train_with_plan
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -330,7 +328,7 @@ def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress
                       "derive_seconds": derive, "train_seconds": took - derive,
                       "extra": {"effort": args.effort, "cost": res.cost.as_dict(), "outcome": res.outcome}}
     plan_path = out / run_command.PLAN
-    keep = keep_run_state(state_path(plan_path)) if args.effort == "full" else contextlib.nullcontext()
+    keep = keep_state(state_path(plan_path) if args.effort == "full" else None)
     with keep as kept:
         t0 = time.perf_counter()
         plan = derive_plan(args, model, tokenizer, Progress() if progress else None)

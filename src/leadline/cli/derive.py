@@ -1,8 +1,15 @@
-"""``leadline derive``: the plan for a model and a data set, each number with its evidence."""
+"""``leadline derive``: the plan for a model and a data set, each number with its evidence.
+
+``--effort full`` (here and in ``leadline run``) derives with the look-ahead annex
+(:mod:`leadline.lookahead`): this module is the command line's door onto it, for the torchrun job,
+the look-ahead's branch kept beside the plan (:func:`keep_state`, :func:`continued_state`) and the
+scale-out table.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -10,7 +17,7 @@ from leadline.cli._common import MAX_EPOCHS, PLAN_NAME, Spelled, add_model_argum
 from leadline.plan import Plan
 
 if TYPE_CHECKING:
-    from leadline.derive.state import StateKeeper
+    from leadline.lookahead.derive.state import StateKeeper
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("--scale-out reads the plan's noise scale, and the race (the default effort) measures none; "
                          "pass --effort full with it")
     check_device(args.device)
-    from leadline.distributed.world import job_from_env, launched_by_torchrun
+    from leadline.torchrun import launched_by_torchrun
 
     if args.effort == "race" and launched_by_torchrun():
         raise InputError("the race (the default effort) runs in one process, and this is one of several under "
@@ -144,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         if not launched_by_torchrun():
             return _derive(args, out, main=True, state=None if args.no_state or args.effort != "full" else state)
         # under torchrun: every rank derives in step with the others; rank 0 writes and prints
+        from leadline.lookahead.distributed.world import job_from_env
+
         with job_from_env(args.device) as world:
             if world is not None and args.device in (None, "cuda") and world.device.startswith("cuda"):
                 args.device = world.device
@@ -197,15 +206,41 @@ def state_path(plan_path: str | Path) -> Path:
     return Path(plan_path).with_suffix(".state")
 
 
+def keep_state(state: Path | None) -> contextlib.AbstractContextManager[StateKeeper | None]:
+    """The block in which the full effort's derive keeps the look-ahead's winning branch for the
+    folder ``state`` (:func:`leadline.lookahead.derive.state.keep_run_state`): nothing reaches it
+    before the keeper commits, and what was not committed is removed on exit. None: nothing kept."""
+    if state is None:
+        return contextlib.nullcontext()
+    from leadline.lookahead.derive.state import keep_run_state
+
+    return keep_run_state(state)
+
+
+def continued_state(args: argparse.Namespace) -> str | None:
+    """``leadline train``'s state to continue from: --state, else the one beside --plan where it
+    exists; None with --fresh."""
+    from leadline.errors import InputError
+    from leadline.lookahead.derive.state import load_run_state
+
+    if args.fresh:
+        if args.state is not None:
+            raise InputError(f"--fresh starts over and --state {args.state} continues; drop one of them")
+        return None
+    if args.state is not None:
+        load_run_state(args.state)  # not a state: one sentence now, before the model loads
+        return str(args.state)
+    beside = state_path(args.plan)
+    return str(beside) if (Path(beside) / "state.json").exists() else None
+
+
 def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None = None) -> int:
-    import contextlib
     import time
 
     from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
-    from leadline.derive.state import keep_run_state
 
     t_load = time.perf_counter()
-    with ram_bound(args.device), (keep_run_state(state) if state is not None else contextlib.nullcontext()) as kept:
+    with ram_bound(args.device), keep_state(state) as kept:
         model, tok = load_for_training(args)
         bar = Progress() if main else None
         t0 = time.perf_counter()
@@ -352,6 +387,6 @@ def _warnings(args: argparse.Namespace, plan: Plan, rows_noted: bool = False) ->
 
 
 def plan_scale_out_table(plan: Plan) -> str:
-    from leadline.distributed.scale_out import scale_out
+    from leadline.lookahead.distributed.scale_out import scale_out
 
     return scale_out(plan).table()

@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import check_device, check_out_file, check_out_folder, resolve_html
     from leadline.cli.derive import check_effort, check_plan_inputs
-    from leadline.distributed.world import launched_by_torchrun
     from leadline.errors import InputError
+    from leadline.torchrun import launched_by_torchrun
 
     check_effort(args)
     out = Path(args.out)
@@ -116,13 +116,12 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     import time
 
     from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
-    from leadline.cli.derive import derive_plan, note_plan, state_path, write_plan
+    from leadline.cli.derive import derive_plan, keep_state, note_plan, state_path, write_plan
     from leadline.cli.train import ending_of, print_run, show_step
-    from leadline.derive.state import keep_run_state
     from leadline.train import train_with_plan
 
     plan_path = out / PLAN
-    keep = keep_run_state(state_path(plan_path))
+    keep = keep_state(state_path(plan_path))
     t_load = time.perf_counter()
     with ram_bound(args.device), keep as kept:  # on the CPU: an allocation past the RAM is a sentence
         model, tok = load_for_training(args)

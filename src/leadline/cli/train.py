@@ -95,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         ram_bound,
         read_plan,
     )
+    from leadline.cli.derive import continued_state
     from leadline.errors import InputError
     from leadline.plan import refuse_quick_plan
     from leadline.train import train_with_plan
@@ -137,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         check_run_length(data, steps=args.steps, rows_per_step=None if per_step is None else min(
             per_step, data.training_rows))
     check_device(args.device)
-    state = _state_of(args)
+    state = continued_state(args)
     if not args.recipe and plan.data.get("sha256"):
         from leadline.provenance import content_hash
 
@@ -274,25 +275,6 @@ def print_data_notes(command: str, notes: list[str]) -> None:
 
     for note in notes:
         print(f"leadline {command}: note: {note}", file=sys.stderr)
-
-
-def _state_of(args: argparse.Namespace) -> str | None:
-    """The state to continue from: --state, else the one beside --plan where it exists; None with --fresh."""
-    from pathlib import Path
-
-    from leadline.cli.derive import state_path
-    from leadline.derive.state import load_run_state
-    from leadline.errors import InputError
-
-    if args.fresh:
-        if args.state is not None:
-            raise InputError(f"--fresh starts over and --state {args.state} continues; drop one of them")
-        return None
-    if args.state is not None:
-        load_run_state(args.state)  # not a state: one sentence now, before the model loads
-        return str(args.state)
-    beside = state_path(args.plan)
-    return str(beside) if (Path(beside) / "state.json").exists() else None
 
 
 def show_step(rec: dict) -> None:

@@ -70,7 +70,7 @@ from leadline.rate.guard import MAX_ROLLBACKS
 
 
 class LeadlineCallback(TrainerCallback):
-    """Runs :class:`~leadline.rate.LookaheadSchedule` and the spill cap inside ``Trainer``.
+    """Runs :class:`~leadline.lookahead.rate.LookaheadSchedule` and the spill cap inside ``Trainer``.
 
     Args:
         plan: the derived plan (``lr``, ``alpha1``, ``warmup_steps``, the horizon); a race plan
@@ -144,7 +144,7 @@ class LeadlineCallback(TrainerCallback):
             raise InputError("LeadlineCallback needs held_out_losses and train_step for this plan's schedule; build it "
                              "with LeadlineCallback.for_plan(plan, trainer)")
         if ending_share is not None:
-            from leadline.rate.schedule import ending_steps_for
+            from leadline.train import ending_steps_for
 
             ending_steps_for(ending_share, 1)  # the share checked now, before Trainer starts
             if ending != "raced":
@@ -228,7 +228,6 @@ class LeadlineCallback(TrainerCallback):
         """Check the args' loss policy, cap the card, build the schedule over Trainer's optimizer
         and take over its ``lr_scheduler`` (the module docstring)."""
         from leadline.hf.trainer import check_policy
-        from leadline.rate import LookaheadSchedule, lookahead_from
 
         if optimizer is None or lr_scheduler is None:
             raise InputError("LeadlineCallback needs Trainer's optimizer and lr_scheduler at on_train_begin; use "
@@ -248,12 +247,11 @@ class LeadlineCallback(TrainerCallback):
             from leadline.memory import forbid_spill
 
             self._cap_handle = forbid_spill(device)
-        from leadline.rate.schedule import ending_steps_for
+        from leadline.train import ending_steps_for, lookahead_schedule
 
-        config = lookahead_from(self.plan, ending=self.ending_kind,
-                                ending_steps=ending_steps_for(self.ending_share, total))
-        self.schedule = LookaheadSchedule(params, optimizer, self.train_step, self.held_out_losses, config,
-                                          total_steps=total)
+        self.schedule = lookahead_schedule(self.plan, params, optimizer, self.train_step, self.held_out_losses,
+                                           total_steps=total, ending=self.ending_kind,
+                                           ending_steps=ending_steps_for(self.ending_share, total))
         self._driven = _DrivenScheduler(lr_scheduler, optimizer)
 
     def _begin_schedule_free(self, args: Any, state: Any, model: Any, optimizer: Any, lr_scheduler: Any) -> None:

@@ -4,6 +4,10 @@
 What was given is unpacked (a trainer's model, rows, length and loss policy), the torchrun job
 joined, the :class:`~leadline.run.task.Task` prepared and derive() run on its pieces; the values
 the model and the trainer say go on the plan, and the model is put back as it was.
+
+The race (the default effort) is the core's :func:`~leadline.run.one.run_in_one`. The full effort
+(``effort="full"``, and :func:`derive_parts`) runs derive() from the look-ahead annex
+(:mod:`leadline.lookahead.model`): this module is the core's door onto it for the library.
 """
 
 from __future__ import annotations
@@ -13,25 +17,17 @@ import os
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leadline.derive.strategy import strategy_for
 from leadline.errors import InputError
 from leadline.hf.trainer import is_trainer, loss_policy_of, tokenizer_of, trainer_checkpointing, trainer_rows
-from leadline.pieces import Corpus, Pieces
 from leadline.plan import Plan, Value
 from leadline.run import RunOptions, race_only
 from leadline.run.precision import check_trainable, checkpointing, precision_of
-from leadline.run.task import (
-    Task,
-    loss_resolution,
-    prepare,
-    probe_of,
-    rows_of,
-    trained_as_of,
-    trained_named_weights,
-)
-from leadline.strategy import Strategy
+from leadline.run.task import rows_of
+
+if TYPE_CHECKING:
+    from leadline.lookahead.model import ModelPieces
 
 __all__ = ["EFFORTS", "PARTS", "DeriveOptions", "derive_for", "derive_parts"]
 
@@ -202,34 +198,27 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
             batch: tuple[int, int] | None = None) -> Plan:
     import time
 
-    from leadline.derive import derive
+    from leadline.lookahead.model import derive_on, join_the_job, model_pieces  # the full effort: the annex
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     o = _options(options)
     if batch is not None and rows_per_step is not None:
         raise InputError("pass batch=(micro_batch, grad_accum) or rows_per_step, not both: each fixes the step")
     given = _given(model, tokenizer, train_dataset, total_steps, epochs, o.fit_rank)
-    p = _pieces(given, seq_len=seq_len, quantile=o.quantile, held_out=o.held_out, test=o.test, seed=seed,
-                probe_rows=o.probe_rows, fields=fields, trained_as=o.trained_as, batch=batch)
+    p = model_pieces(given.model, given.tokenizer, given.train_dataset, seq_len=seq_len, quantile=o.quantile,
+                     held_out=o.held_out, test=o.test, seed=seed, probe_rows=o.probe_rows, fields=fields,
+                     trained_as=o.trained_as, batch=batch)
     bar, on_progress = _bar(progress, o.on_progress)
     scoped = ExitStack()
     try:
         if given.checkpointed is not None:
             scoped.enter_context(checkpointing(p.inner, *given.checkpointed))
-        _join_job(p, batch)
+        join_the_job(p, batch)
         sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
-        rates = "rate" in measure  # alpha1 and the rate run when given the held-out reader
-        path = isinstance(given.train_dataset, (str, os.PathLike))
-        corpus = Corpus(given.train_dataset if path else rows_of(given.train_dataset), tokenizer=given.tokenizer,
-                        seq_len=p.task.seq_len, lengths=p.lengths, profile=p.prof, held_out=p.task.split.as_dict())
-        pieces = Pieces(step=p.step_fn if sizes else None,
-                        gradients=(p.grad_fn or probe_of(p.model, p.task, [w for _, w in p.named])) if sizes else None,
-                        weights=p.named, trained_as=p.kind, optimizer=p.task.optimizer, train_step_of=p.train_step_of,
-                        held_out_losses=(p.held_out_losses or p.task.held_out_losses()) if rates else None,
-                        loss_resolution=loss_resolution(p.inner), device=p.task.device, model_info=p.model_info)
-        plan = derive(corpus, pieces, effort=effort, total_steps=given.total_steps, epochs=given.epochs,
-                      rows_per_step=rows_per_step, step_for=o.step_for, max_seconds=o.max_seconds, started=started,
-                      on_progress=on_progress, resume=o.resume, prior=o.prior)
+        plan = derive_on(p, given.train_dataset, given.tokenizer, measure=measure, effort=effort,
+                         total_steps=given.total_steps, epochs=given.epochs, rows_per_step=rows_per_step,
+                         step_for=o.step_for, max_seconds=o.max_seconds, started=started, on_progress=on_progress,
+                         resume=o.resume, prior=o.prior)
         _given_values(plan, p, batch, given.policy)
         if o.trained_as is None and full_fine_tune(p.kind, p.model_info):
             plan.notes.append(FULL_NOTE)
@@ -254,7 +243,7 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
     measured with its gradient checkpointing), the model left as it was; the plan gets the values
     the model and the trainer say (precision, loss policy or the rows' formats, the full
     fine-tune's note)."""
-    from leadline.distributed.world import launched_by_torchrun
+    from leadline.torchrun import launched_by_torchrun
 
     _refuse_for_race(_options(options), progress, rows_per_step)
     if launched_by_torchrun():
@@ -377,63 +366,13 @@ def _given(model: Any, tokenizer: Any, train_dataset: Any, total_steps: int | No
         raise InputError("derive_for needs a Trainer/SFTTrainer, or a model, its tokenizer and the train_dataset; got "
                          "a model alone")
     if fit_rank:
-        from leadline.hf.rank import lora_config_of
+        from leadline.lookahead.fit_rank import lora_config_of
 
         m = given.model
         lora_config_of(m.module if hasattr(m, "module") else m)  # a full fine-tune is refused before anything runs
     if given.total_steps is None and given.epochs is None:
         given.epochs = 1.0
     return given
-
-
-@dataclass
-class _Pieces:
-    """The model as measured (in a torchrun job: unwrapped) and the pieces derive() is given."""
-
-    model: Any
-    inner: Any  # FullyShardedDataParallel's model, for what it says of itself
-    world: Strategy
-    sharded: bool
-    was_training: bool
-    task: Task
-    prof: Any
-    named: list[tuple[str, Any]]
-    kind: str
-    model_info: dict[str, Any]
-    step_fn: Any
-    train_step_of: Callable[[int, int], Any]
-    lengths: list[int]
-    grad_fn: Any = None
-    held_out_losses: Any = None
-    job: Any = None
-
-
-def _pieces(given: _Given, *, seq_len: int | None, quantile: float | None, held_out: int | float,
-            test: int | float, seed: int, probe_rows: int, fields: dict[str, str] | None, trained_as: str | None,
-            batch: tuple[int, int] | None) -> _Pieces:
-    """The job joined, the model checked, the task prepared and the one-process pieces built on it."""
-    from leadline.distributed.world import join_job
-    from leadline.memory import TrainingStep
-    from leadline.provenance import describe_model
-
-    model = given.model
-    # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
-    world = strategy_for(join_job(next(model.parameters()).device))
-    model, sharded = world.unwrap(model)
-    inner = model.module if sharded and hasattr(model, "module") else model
-    was_training = model.training
-    check_trainable(inner)  # a quantized base without an adapter, or off CUDA: one sentence before anything runs
-    task, prof = prepare(model, given.tokenizer, given.train_dataset, seq_len=seq_len, quantile=quantile,
-                         held_out=held_out, test=test, seed=seed, probe_rows=probe_rows, fields=fields)
-    named = trained_named_weights(model)
-    kind = trained_as or trained_as_of(inner)
-    model_info = describe_model(inner, trained_as=kind)
-    model.train()
-    step_fn = TrainingStep(task.loss_of, task.optimizer)
-    lengths = [len(task.rows[i].input_ids) for i in task.order[:64]]  # the corpus's length mix, for the ramp
-    train_step_of = task.train_step_of if batch is None else _at_batch(task.train_step_of, batch)
-    return _Pieces(model, inner, world, sharded, was_training, task, prof, named, kind, model_info, step_fn,
-                   train_step_of, lengths)
 
 
 def _bar(progress: bool | None, on_progress: Callable[[dict[str, Any]], None] | None
@@ -451,21 +390,7 @@ def _bar(progress: bool | None, on_progress: Callable[[dict[str, Any]], None] | 
     return bar, on_progress
 
 
-def _join_job(p: _Pieces, batch: tuple[int, int] | None) -> None:
-    """In a torchrun job, the pieces of the job's own: FSDP's sharded step, or DDP's wrapper."""
-    p.job = p.world.task_job(p.task, [w for _, w in p.named], p.sharded)
-    if p.job is not None and p.sharded:
-        p.step_fn = p.job.step_fn()
-        # the whole tensors' entries, not this rank's shards'
-        p.model_info.update(parameters=p.job.world_numel(list(p.model.parameters())),
-                            trained_parameters=p.job.world_numel(p.job.params))
-    if p.job is not None:
-        p.grad_fn, p.train_step_of, p.held_out_losses = p.job.grad_fn(), p.job.train_step_of, p.job.held_out_losses()
-        if batch is not None:
-            p.train_step_of = _at_batch(p.job.train_step_of, batch)
-
-
-def _given_values(plan: Plan, p: _Pieces, batch: tuple[int, int] | None, policy: dict[str, Any] | None) -> None:
+def _given_values(plan: Plan, p: ModelPieces, batch: tuple[int, int] | None, policy: dict[str, Any] | None) -> None:
     """The plan's values the model and the trainer say: the precision, the batch given, the loss policy."""
     plan.set("precision", precision_of(p.inner).as_value())
     if batch is not None:
@@ -479,7 +404,7 @@ def _given_values(plan: Plan, p: _Pieces, batch: tuple[int, int] | None, policy:
         plan.set("loss_policy", policy_value(policy, sum(r.scored_tokens for r in p.task.rows), len(p.task.rows)))
 
 
-def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_seconds: float | None,
+def _measured_after(plan: Plan, p: ModelPieces, *, sizes: bool, fit_rank: bool, max_seconds: float | None,
                     started: float) -> None:
     """What is measured on the plan after derive(): the rows that fit without checkpointing, the
     adapter's dtype note, and the LoRA rank that fits (``fit_rank``)."""
@@ -488,7 +413,7 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
     from leadline.memory.model_step import adapter_dtype_note
 
     if sizes and p.world.size == 1:  # every rank would ramp its own card
-        from leadline.run.precision import rows_fit_unchecked
+        from leadline.lookahead.model import rows_fit_unchecked
 
         left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
         unchecked = rows_fit_unchecked(p.inner, p.step_fn, plan, lengths=p.lengths, seconds_left=left)
@@ -501,23 +426,11 @@ def _measured_after(plan: Plan, p: _Pieces, *, sizes: bool, fit_rank: bool, max_
         plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run "
                           "`leadline fit` on one card")
     elif fit_rank:
-        from leadline.hf.rank import fit_rank_values
+        from leadline.lookahead.fit_rank import fit_rank_values
 
         left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
         for name, value in fit_rank_values(plan, p.model, seconds_left=left).items():
             plan.set(name, value)
-
-
-def _at_batch(train_step_of: Callable[[int, int], Any], batch: tuple[int, int]) -> Callable[[int, int], Any]:
-    """``train_step_of`` with every step at ``batch``, whatever the phase asks for."""
-    micro_batch, grad_accum = int(batch[0]), int(batch[1])
-    if micro_batch < 1 or grad_accum < 1:
-        raise InputError(f"batch={batch!r} must be (micro_batch, grad_accum), both >= 1")
-
-    def at(_micro_batch: int, _grad_accum: int) -> Any:
-        return train_step_of(micro_batch, grad_accum)
-
-    return at
 
 
 def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

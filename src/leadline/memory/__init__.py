@@ -1,16 +1,15 @@
-"""Memory: the batch a training run fits, the spill cap and its watch, the fit pre-flight.
+"""Memory: the spill cap and its watch, the fit pre-flight, the training step they measure.
 
 - :class:`TrainingStep` — one real training step at a shape (optimizer state and gradient
-  buffers in the peak, learning rate 0, the optimizer handed back fresh), timed.
-- :func:`ramp` -> :class:`RampResult` — the micro-batch from real steps: doubling, bisection,
-  confirmation twice in a row and through the length mix; off CUDA, where rows per second
-  stop improving within the RAM room.
+  buffers in the peak, learning rate 0, the optimizer handed back fresh), timed; a
+  :class:`Rung` is one such step measured (:mod:`leadline.memory.probe`).
 - :func:`forbid_spill` / :func:`lift_cap` / :class:`SpillWatch` / :func:`watched` — the cap
   at free + held, moved before every outermost forward and after every optimizer step.
 - :func:`measure_fit` -> :class:`FitResult`, :func:`rank_to_fit` -> :class:`RankFit` — the
   measured pre-flight and the largest LoRA rank the memory holds.
 
-Importing this package loads no torch; the functions load it when they run.
+The ramp (the micro-batch a training run fits, found with real steps) is the look-ahead effort's:
+:mod:`leadline.lookahead.memory`. Importing this package loads no torch; the functions load it when they run.
 """
 
 from __future__ import annotations
@@ -25,13 +24,12 @@ from leadline.memory.cap import (
     watched,
 )
 from leadline.memory.fit import FitResult, estimate_step_bytes, measure_fit
-from leadline.memory.ramp import RampResult, Rung, WontFit, ramp
+from leadline.memory.probe import Rung
 from leadline.memory.rank import RankFit, rank_to_fit
 from leadline.memory.step import StepTiming, TrainingStep
 
 __all__ = [
     "FitResult",
-    "RampResult",
     "RankFit",
     "RoomShrank",
     "Rung",
@@ -40,12 +38,10 @@ __all__ = [
     "StepTiming",
     "TrainingStep",
     "WatchReport",
-    "WontFit",
     "estimate_step_bytes",
     "forbid_spill",
     "lift_cap",
     "measure_fit",
-    "ramp",
     "rank_to_fit",
     "watched",
 ]

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.memory.decide import confirmation_lengths, largest_passing, length_candidates
 from leadline.memory.fit_result import FIT_VERDICTS, LONG_RUN_DRIFT, FitResult, _shape, fit_sentence
-from leadline.memory.ramp import Rung, probe
+from leadline.memory.probe import Rung, confirmation_lengths, largest_passing, length_candidates, probe
 from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
-from leadline.pieces import ModelStep, device_of
+from leadline.memory.step import ModelStep, device_of
 
 __all__ = ["FIT_VERDICTS", "LONG_RUN_DRIFT", "FitResult", "estimate_step_bytes", "fit_sentence", "measure_fit"]
 
@@ -60,7 +59,7 @@ def measure_fit(
             length at those rows (bisection, each candidate ``repeats`` steps in a row).
         repeats: steps in a row at the shape (>= 2: the steady state every later step sees).
         lengths: the corpus's row lengths. On CUDA a shape that ran its repeats then runs the
-            ramp's confirmation (:func:`~leadline.memory.decide.confirmation_lengths`): from an
+            ramp's confirmation (:func:`~leadline.memory.probe.confirmation_lengths`): from an
             emptied cache, the mix's lengths longest first, each followed by ``length``. Two
             steps at the length alone can pass a shape that retries in a run over the mix
             (measured: docs/memory.md); the verdict is then that of the first step that

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from leadline.memory.ramp import Rung
+from leadline.memory.probe import Rung
 from leadline.memory.readings import format_bytes
 from leadline.plan import Value
 
@@ -145,7 +145,7 @@ def fit_sentence(r: FitResult) -> str:
     """The one sentence for a :class:`FitResult`: the measured peak, the room, and what would fit.
 
     Examples:
-        >>> from leadline.memory.ramp import Rung
+        >>> from leadline.memory.probe import Rung
         >>> fit = FitResult(64, 128, "cpu", "over", 450_000_000, peak_bytes=605_000_000, suggested=True,
         ...                 rungs=[Rung(64, 128, 605_000_000, 605_000_000, 0, "fits", 1.2, "fit")])
         >>> fit.add_alternative("rows", "10 rows x 128 tokens (measured 443 MB)", True, rows=10)

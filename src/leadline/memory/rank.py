@@ -14,10 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.memory.decide import largest_passing
 from leadline.memory.fit import _shape, measure_fit
+from leadline.memory.probe import largest_passing
 from leadline.memory.readings import DeviceMemory, memory_for
-from leadline.pieces import ClosableStep, device_of
+from leadline.memory.step import ClosableStep, device_of
 from leadline.plan import Value
 
 

@@ -5,6 +5,10 @@ real run holds: the weights, the gradient buffers (present while the next micro-
 as in every accumulating run), the optimizer's state (present from the run's second step on),
 the activations of ``rows`` rows at ``length`` tokens, and the optimizer's own temporaries.
 It steps at learning rate 0, so the weights do not move, and hands the optimizer back fresh.
+
+What any training step a ramp, the fit pre-flight or derive() runs may say of itself is named here
+once, as :class:`typing.Protocol`: :class:`TimedStep` (the step at a shape, on its ``device``),
+:class:`ModelStep` (it exposes its model) and :class:`ClosableStep` (it holds memory to give back).
 """
 
 from __future__ import annotations
@@ -12,10 +16,49 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from leadline.errors import InputError
 from leadline.stats import median
+
+
+@runtime_checkable
+class TimedStep(Protocol):
+    """``step_fn(rows, length, repeats=1) -> StepTiming``: the real training step at a shape, on
+    ``device``. A :class:`~leadline.memory.TrainingStep` also has its ``optimizer``."""
+
+    device: Any
+
+    def __call__(self, rows: int, length: int, repeats: int = 1) -> Any: ...
+
+
+@runtime_checkable
+class ModelStep(Protocol):
+    """A training step that exposes the model it runs (an ``nn.Module``): the fit's estimate of
+    a step's bytes reads the model's shapes."""
+
+    model: Any
+
+
+@runtime_checkable
+class ClosableStep(Protocol):
+    """A training step that holds memory to give back (a model built for one rank): ``close()``
+    frees it."""
+
+    def close(self) -> None: ...
+
+
+def device_of(step_fn: Any) -> Any:
+    """The device a training step runs on, None where it does not say.
+
+    Examples:
+        >>> def step(rows, length, repeats=1): ...
+        >>> step.device = "cpu"
+        >>> device_of(step), device_of(lambda r, n, repeats=1: None)
+        ('cpu', None)
+    """
+    return step_fn.device if isinstance(step_fn, TimedStep) else None
+
 
 
 @dataclass(frozen=True)

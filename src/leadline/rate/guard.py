@@ -4,7 +4,7 @@ The seed's first lesson is a run that learns fast, spikes, collapses to one answ
 climb out at its rate. The guard is the answer it measured (check every horizon on held-out
 rows, put the best check back, halve the rate), as pure rules on numbers;
 :class:`leadline.rate.watch.Watch` feeds it readings and carries out what it says, for the run's
-loop (:mod:`leadline.run.loop`), the LookaheadSchedule (:mod:`leadline.rate.schedule`) and the
+loop (:mod:`leadline.run.loop`), the LookaheadSchedule (:mod:`leadline.lookahead.rate.schedule`) and the
 guard inside Trainer alike. The rules, fixed before any run of them:
 
 1. **Where it reads.** :data:`CHECKS` checks spread evenly over the steps after the start, the

@@ -6,7 +6,7 @@ every loop that trains under the guard:
 
 - the run's loop, :func:`leadline.run.loop.guarded_steps` (``leadline run``, and
   :func:`leadline.train.train_with_plan` for every plan);
-- the LookaheadSchedule's step hook (:class:`leadline.rate.schedule.LookaheadSchedule`: a plan of
+- the LookaheadSchedule's step hook (:class:`leadline.lookahead.rate.schedule.LookaheadSchedule`: a plan of
   the look-ahead in ``Trainer`` or in a loop of your own);
 - the guard inside ``Trainer`` (:class:`leadline.hf.guarded.TrainerGuard`).
 

@@ -1,5 +1,5 @@
 """The raced ending as a run prints it: what each ending read on the held-out rows, which was
-kept, and why in words, from the record :func:`leadline.rate._run.race_ending` writes.
+kept, and why in words, from the record :func:`leadline.lookahead.rate._run.race_ending` writes.
 
 The decay is the null: the best decayed ending is kept unless the constant ending is better by a
 one-sided paired t test, so the kept ending need not read the lowest; the second line says so

@@ -6,11 +6,7 @@ noise probe and the rate phases all run through the same forward and backward th
 what matters is that the model is set up as the run will use it (gradient checkpointing on when the
 run turns it on) and that the plan says how it was measured (``precision`` in the plan).
 The held-out loss of a bf16/fp16 forward is rounded at about 1e-3 of its size; the rate phases
-read it with that resolution.
-
-With checkpointing on, :func:`rows_fit_unchecked` also ramps with it off, so the plan holds
-what checkpointing buys: ``rows_fit`` (on, as the run trains) beside
-``rows_fit_without_checkpointing``.
+read it with that resolution (:data:`BF16_RESOLUTION`, against float32's :data:`RESOLUTION`).
 
 No bitsandbytes import; nothing changed but what :func:`checkpointing` sets and puts back.
 """
@@ -24,10 +20,18 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.pieces import optimizer_of
 from leadline.plan import Value
 
 HALF = ("bfloat16", "float16")
+
+RESOLUTION = 1e-6
+"""A fall or a rise smaller than this share of the base loss is not read as one (float32's grain
+on a mean loss)."""
+
+BF16_RESOLUTION = 1e-3
+"""The same for a model whose forward runs in bfloat16/float16: it rounds the loss at about this
+grain, and a walk that reads that rounding as a fall stops at a step far too small (measured:
+docs/rate.md)."""
 
 
 @dataclass(frozen=True)
@@ -240,48 +244,3 @@ def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) ->
             disable()
 
 
-def rows_fit_unchecked(model: Any, step: Any, plan: Any, lengths: Any = None,
-                       seconds_left: float | None = None) -> Value | None:
-    """``rows_fit_without_checkpointing``: derive's ramp run again with gradient checkpointing
-    off, up to the plan's ``rows_fit`` (checkpointing on never fits fewer rows), the weights,
-    optimizer and RNG put back after. None when the plan's model trains without checkpointing
-    or has no ``rows_fit``; a ``constant`` saying why when ``seconds_left`` is shorter than the
-    ramp with it on took; 0 rows, measured, when not even one row fits with it off.
-
-    Examples:
-        >>> import torch
-        >>> from leadline.plan import Plan
-        >>> plan = Plan()
-        >>> plan.set("rows_fit", Value(6, "measured", "the ramp", seconds=12.0))
-        >>> plan.set("seq_len", Value(512, "measured", "the corpus's lengths"))
-        >>> model = torch.nn.Linear(4, 2)
-        >>> rows_fit_unchecked(model, None, plan) is None  # trained without checkpointing: no second ramp
-        True
-        >>> model.is_gradient_checkpointing = True  # as a transformers model with it on says
-        >>> v = rows_fit_unchecked(model, None, plan, seconds_left=3.0)
-        >>> v.value, v.kind, v.source
-        (None, 'constant', 'not measured: 3 s were left of max_seconds, the ramp with checkpointing on took 12 s')
-    """
-    if not precision_of(model).checkpointing or "rows_fit" not in plan or "seq_len" not in plan:
-        return None
-    on = plan["rows_fit"]
-    if seconds_left is not None and seconds_left < on.seconds:
-        return Value(None, "constant", f"not measured: {seconds_left:.3g} s were left of max_seconds, the ramp with "
-                                       f"checkpointing on took {on.seconds:.3g} s", unit="rows")
-    from leadline.derive.no_trace import leave_no_trace
-    from leadline.memory import forbid_spill, ramp
-    from leadline.memory.ramp import WontFit
-
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizers = [o for o in (optimizer_of(step),) if o is not None]
-    try:
-        with leave_no_trace(params, optimizers), forbid_spill(step.device), checkpointing(model, False):
-            res = ramp(step, int(plan.get("seq_len")), lengths=lengths, max_rows=int(on.value))
-    except WontFit as e:  # checkpointing is what lets the run fit at all: a measurement, not a failure
-        evidence = e.result.evidence() if e.result is not None else {}
-        return Value(0, "measured", f"gradient checkpointing off: {e} (the run trains with it on: {on.value} rows "
-                                    "fit)", {**evidence, "rows_fit_with_checkpointing": on.value},
-                     float(getattr(e.result, "seconds", 0.0) or 0.0), "rows")
-    return Value(res.micro_batch, "measured",
-                 f"gradient checkpointing off (the run trains with it on: {on.value} rows fit): {res.source()}",
-                 {**res.evidence(), "rows_fit_with_checkpointing": on.value}, res.seconds, "rows")

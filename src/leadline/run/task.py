@@ -1,5 +1,6 @@
 """The task a Hugging Face model trains on: its rows split, tokenized and collated, the loss
-of a batch, the train step and the held-out reader, and the noise probe over its rows.
+of a batch, the train step and the held-out reader (the look-ahead effort's noise probe over its
+rows is :func:`leadline.lookahead.model.probe_of`).
 
 :func:`prepare` builds the :class:`Task`; the run (:func:`leadline.run.run_in_one`) prepares one
 and trains on it, :func:`leadline.hf.derive_for` prepares one and runs derive() on its pieces.
@@ -14,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.errors import InputError
-from leadline.noise.gradfn import ModelGradFn
 from leadline.run.precision import precision_of
 
-__all__ = ["MAX_HELD_OUT_ROWS", "Task", "loss_resolution", "prepare", "probe_of", "rows_of", "split_sizes",
-           "tokens_to_steps", "trained_as_of", "trained_named_weights"]
+__all__ = ["MAX_HELD_OUT_ROWS", "Task", "loss_resolution", "prepare", "rows_of", "split_sizes", "tokens_to_steps",
+           "trained_as_of", "trained_named_weights"]
 
 MAX_HELD_OUT_ROWS = 256
 """The held-out rows derive decides on, at most: every alpha1 evaluation and every look-ahead
@@ -297,36 +297,10 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     return task, prof
 
 
-def probe_of(model: Any, task: Task, params: list[Any]) -> Any:
-    """The probe's grad_fn over the task's rows, telling derive how many rows a draw reads."""
-    return _TaskProbe(model, task, params)
-
-
-class _CountedProbe(ModelGradFn):
-    """A :class:`~leadline.noise.ModelGradFn` over draws of ``rows_per_draw`` rows (a
-    :class:`~leadline.pieces.CountedSource`)."""
-
-    def __init__(self, model: Any, draws: Callable[[int], Any], params: list[Any], rows_per_draw: int) -> None:
-        super().__init__(model, draws, params=params)
-        self.rows_per_draw = rows_per_draw
-
-
-class _TaskProbe(_CountedProbe):
-    """The probe over the task's micro-batches; :meth:`with_rows` the same probe over draws of
-    ``rows`` rows (the late reading past the format): a :class:`~leadline.pieces.ResizableSource`."""
-
-    def __init__(self, model: Any, task: Task, params: list[Any]) -> None:
-        super().__init__(model, task.micro_batch_of, params, task.probe_rows)
-        self._task, self._given_params = task, params
-
-    def with_rows(self, rows: int) -> _CountedProbe:
-        return _CountedProbe(self.model, self._task.draws_of(rows), self._given_params, rows)
-
-
 def loss_resolution(model: Any) -> float:
     """The grain of the held-out loss: bf16/fp16 forwards (a 4-bit base computing in bf16
     included) round it at ~1e-3 of its size."""
-    from leadline.rate.first_step import BF16_RESOLUTION, RESOLUTION
+    from leadline.run.precision import BF16_RESOLUTION, RESOLUTION
 
     return BF16_RESOLUTION if precision_of(model).half else RESOLUTION
 
