@@ -1067,19 +1067,26 @@ def drop_stale(data: dict[str, Any], arms: str) -> frozenset[str]:
     return frozenset(stale)
 
 
-def drop_earlier_defaults(data: dict[str, Any], arms: str) -> frozenset[str]:
+def drop_earlier_defaults(data: dict[str, Any], arms: str, current: dict[str, Any] | None = None) -> frozenset[str]:
     """``--refresh-defaults``: the named ``leadline run`` arms' units (their seeds too) whose run did
-    not record ``passes`` (run before this version's defaults, rule D) run again; a unit that records
-    it stays, so the same command resumes.
+    not record this version's rules (``run.json``'s ``rules``, :func:`leadline.run.result.rules`;
+    rule D) run again; a unit that records them stays, so the same command resumes.
 
     Examples:
-        >>> data = {"units": {"leadline": {"run": {"steps": 9}}, "leadline_seed1": {"run": {"passes": 1}},
-        ...                   "leadline_seed2": {"failed": True}, "recipe": {"run": {}}}}
-        >>> sorted(drop_earlier_defaults(data, "leadline"))
+        >>> now = {"pass_rule": "half a pass"}
+        >>> data = {"units": {"leadline": {"run": {"steps": 9}}, "leadline_seed1": {"run": {"rules": now}},
+        ...                   "leadline_seed2": {"run": {"rules": {"pass_rule": "the check before"}}},
+        ...                   "recipe": {"run": {}}}}
+        >>> sorted(drop_earlier_defaults(data, "leadline", now))
         ['leadline', 'leadline_seed2']
     """
+    if current is None:
+        sys.path.insert(0, str(ROOT / "src"))
+        from leadline.run.result import rules
+
+        current = rules()
     return frozenset(u for name in filter(None, arms.split(",")) for u, rec in data["units"].items()
-                     if re.fullmatch(re.escape(name) + r"(_seed\d+)?", u) and "passes" not in (rec.get("run") or {}))
+                     if re.fullmatch(re.escape(name) + r"(_seed\d+)?", u) and (rec.get("run") or {}).get("rules") != current)
 
 
 def recipe_micro(rows_per_step: int, micro: int | None) -> int | None:
@@ -1570,7 +1577,28 @@ def seed_units(units: dict[str, Any], arm: str) -> dict[int, dict[str, Any]]:
         m = re.fullmatch(re.escape(arm) + r"(?:_seed(\d+))?", name)
         if m and isinstance(rec, dict) and not rec.get("failed") and rec.get("verdict"):
             out[int(m.group(1) or 0)] = rec
+    if arm in ("leadline", "leadline_held_out") and out:  # one version's rules a cell: the newest that ran
+        newest = max(rules_version(u) for u in out.values())
+        out = {k: u for k, u in out.items() if rules_version(u) == newest}
     return dict(sorted(out.items()))
+
+
+def rules_version(unit: dict[str, Any]) -> int:
+    """Which rules a ``leadline run`` unit ran under, oldest first: 0 before the pass rule, 1 the pass
+    rule's first form (its run records ``passes``, no ``rules``), 2 another version's ``rules``, 3
+    this version's (:func:`leadline.run.result.rules`). A board's cell takes the newest it has.
+
+    Examples:
+        >>> rules_version({"run": {}}), rules_version({"run": {"passes": 1}}), rules_version({"run": {"rules": {}}})
+        (0, 1, 2)
+    """
+    run = unit.get("run") or {}
+    if "rules" in run:
+        sys.path.insert(0, str(ROOT / "src"))
+        from leadline.run.result import rules
+
+        return 3 if run["rules"] == rules() else 2
+    return 1 if "passes" in run else 0
 
 
 def compare_seeds(kind: str, a: dict[int, dict[str, Any]], b: dict[int, dict[str, Any]],
@@ -1735,6 +1763,9 @@ def board_row(data: dict[str, Any], tally: Counter) -> str:
     kind, gold = data["kind"], data.get("gold", [])
     metric = "accuracy ↑" if kind == "classify" else "test CE ↓"
     cells = [seeds_value(data, seed_units(data["units"], name)) for name in BOARD_ARMS]
+    ran = seed_units(data["units"], "leadline")
+    if ran and rules_version(next(iter(ran.values()))) < 3:  # not this version's rules: the cell says so
+        cells[-1] += " (an earlier version's rules)"
     held = seed_units(data["units"], "leadline_held_out")
     if held:  # rule HO's comparison, in leadline's cell
         c = compare_seeds(kind, held, seed_units(data["units"], "leadline"), gold)
@@ -1833,7 +1864,45 @@ def table(paths: list[Path]) -> str:
     """The README's results: one table a task, from the tasks' results files, and where a task ran
     at more than one seed, the arms seed by seed (:func:`seeds_table`)."""
     boards = [(json.loads(path.read_text()), path) for path in paths]
-    return "\n".join([*(table_of(data, path) for data, path in boards), *seeds_table(boards), *speed_table(boards)])
+    return "\n".join([*sweep_runs_table([d for d, _ in boards]), *(table_of(data, path) for data, path in boards),
+                      *seeds_table(boards), *speed_table(boards)])
+
+
+def sweep_runs_table(boards: Sequence[dict[str, Any]]) -> list[str]:
+    """Every board with a sweep run: each of the sweep's runs (rate x passes) with its test metric on
+    every test row, or why it has none (not run, or failed and the first line of why), beside
+    schedule-free at its defaults and ``leadline run`` over their seeds. The pick and the regrets
+    need the whole sweep (:func:`sweep_result`); this table shows a sweep before it is whole."""
+    rows = []
+    for data in boards:
+        regime = data.get("regime") or "lora"
+        runs = sweep_units(regime)
+        if not any(u in data["units"] for u, _, _ in runs):
+            continue
+        cells = []
+        for u, _, _ in runs:
+            rec = data["units"].get(u)
+            v = (rec or {}).get("verdict") or {}
+            if rec is None:
+                cells.append("not run")
+            elif rec.get("failed") or not v:
+                tail = ((rec.get("train") or {}).get("output_tail") or "").strip().splitlines()
+                cells.append("failed" + (": out of memory" if any("out of memory" in t for t in tail) else ""))
+            else:
+                cells.append(f"{v[v['metric']]:.4f}")
+        head = [f"{lr:.3g} x{p}" for _, lr, p in runs]
+        rows.append((board_name(data), "accuracy ↑" if data["kind"] == "classify" else "test CE ↓", head, cells,
+                     seeds_value(data, seed_units(data["units"], "schedulefree")),
+                     seeds_value(data, seed_units(data["units"], "leadline"))))
+    if not rows:
+        return []
+    out = ["**The sweep's runs** (schedule-free on every row, seed 0; rate x passes; the test metric on every "
+           "test row; rule SW):", ""]
+    for name, metric, head, cells, sf, lead in rows:
+        out += [f"*{name}* ({metric}):", "", "| " + " | ".join([*head, "schedule-free (c x the board's passes)",
+                                                                 "leadline"]) + " |",
+                "|" + "---|" * (len(head) + 2), "| " + " | ".join([*cells, sf, lead]) + " |", ""]
+    return out
 
 
 def seconds_a_step(unit: dict[str, Any] | None) -> float | None:
@@ -2346,9 +2415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", default="", help="arms whose units recorded no train_rows (trained on leadline's "
                     "split, before every comparison arm trained on every row) run again, comma-separated; units "
                     "that record it stay, so the same command resumes")
-    ap.add_argument("--refresh-defaults", default="", help="leadline run arms whose units ran before this "
-                    "version's defaults (their run records no passes) run again, comma-separated; the same command "
-                    "resumes")
+    ap.add_argument("--refresh-defaults", default="", help="leadline run arms whose units ran under other rules "
+                    "than this version's (their run.json's rules) run again, comma-separated; the same command resumes")
     ap.add_argument("--smoke", action="store_true",
                     help="the harness's own check: every arm two steps, the sweep two rates, optuna two trials")
     ap.add_argument("--stop-after", type=float, default=1e9, help="start no new unit after this many seconds")

@@ -378,3 +378,18 @@ def test_the_pass_rule_reads_the_pass_ends_check_against_the_check_before_it(tmp
     assert len(ends) == min(res.passes, MAX_PASSES - 1)
     if res.passes < MAX_PASSES:
         assert "stopped when it was not" in plan["total_steps"].source or "guard" in plan["total_steps"].source
+
+
+def test_the_end_keeps_the_best_check_where_it_is_significantly_worse_however_little_it_gave_back():
+    """A wobble too small to roll a run back (under 5% of the fall) still decides the end: the best
+    check is kept where the end reads significantly worse than it."""
+    from leadline.rate.guard import GIVE_BACK, Guard
+
+    g = Guard(rate=2.5e-3, looks=4)
+    g.start(0, _noisy(8.6))
+    assert g.check(10, _noisy(0.24, seed=1)).action == "best"
+    assert g.check(20, _noisy(0.30, seed=1)).action == "keep"  # significant, 0.7% of the fall: no rollback
+    said = g.finish(30, _noisy(0.47, seed=1))
+    assert said.action == "restore" and said.to_step == 10 and g.kept_step == 10
+    assert g.records[-1]["versus_best"]["gave_back"] < GIVE_BACK
+    assert g.rate == 2.5e-3 and g.rollbacks == 0  # the end chose, it halved nothing

@@ -38,10 +38,14 @@ guard inside Trainer alike. The rules, fixed before any run of them:
 5. **Stop.** After :data:`MAX_ROLLBACKS` rollbacks a further worsening ends the run at the best
    check: the steps left are saved, not spent (a run of several passes learning its rows by
    heart ends here, as the pass rule did).
-6. **The end.** The run's end is kept unless it went wrong by rule 3 against the best check,
-   which is then put back. The kept model is read once more on every held-out row against the start's
-   reading: a kept model whose mean is not below the start's is *no better than its start*
-   (:func:`outcome`); the run then keeps the start's weights and says so.
+6. **The end.** The run's end is kept unless it is significantly worse than the best check (the
+   sequential bar at the last look, whatever share of the fall it gave back) or no better than
+   the start; the best check is then put back. Rule 3's share guards the run's course (a
+   rollback halves the rate and spends the steps since the best); choosing between two kept
+   states at the end changes nothing else, so the better one is kept. The kept model is read
+   once more on every held-out row against the start's reading: a kept model whose mean is not
+   below the start's is *no better than its start* (:func:`outcome`); the run then keeps the
+   start's weights and says so.
 
 Reference: the seed README's LookaheadSchedule (check, roll back, halve); Lan & DeMets 1983 for
 the sequential bar.
@@ -75,6 +79,8 @@ SPIKE_RATIO = 2.0
 ALPHA = 0.05
 GIVE_BACK = 0.05
 """The share of the start-to-best fall a significant worsening must give back to roll back (rule 3)."""
+END_RULE = "the best check where the end is significantly worse"
+"""What the end keeps (rule 6), as ``run.json``'s ``rules`` names it."""
 
 Action = Literal["start", "best", "keep", "rollback", "stop", "final", "restore"]
 
@@ -276,10 +282,13 @@ class Guard:
         return Step("rollback", to_step=target, lr=self.rate, further_back=further)
 
     def finish(self, step: int, losses: Sequence[float]) -> Step:
-        """The run's end: kept (``final``) unless significantly worse than the best (``restore``)."""
+        """The run's end: kept (``final``) unless significantly worse than the best or no better than
+        the start (``restore``, rule 6)."""
         if self.kept_step is not None:  # stopped: the best check is already the model
             return Step("stop", to_step=self.kept_step)
         wrong, v = self.went_wrong(losses, self.looks)
+        if wrong is None and v["worse"]:  # a worsening too small to roll back a run is enough to choose the best
+            wrong = {**v, "end": "significantly worse than the best check"}
         if wrong is not None:
             self.kept_step = self.best_step
             self._record(step, losses, "restore", to_step=self.best_step, versus_best=wrong, why="the end")

@@ -14,7 +14,7 @@ from leadline.rate.guard import Guard, Outcome, check_plan, check_steps, outcome
 from leadline.rate.opening import ANSWER_ROWS, answer_set, answers_chosen, collapsed, gold_of
 from leadline.rate.watch import Watch
 from leadline.run.job import Job
-from leadline.run.length import still_improving
+from leadline.run.length import half_a_pass_before, still_improving
 from leadline.run.loop import Looped, guarded_steps
 from leadline.run.opening import Opened
 from leadline.run.restore import as_found
@@ -52,42 +52,49 @@ def guarded(job: Job, opened: Opened, on_step: Callable[[dict[str, Any]], None] 
     rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
     rows = job.check_rows or rows  # where held-out rows trained, the checks keep to the rows that did not
     subset = [task.rows[i] for i in task.split.held_out[:rows]]
-    readings: list[list[float]] = []  # every check's per-row losses, for the pass rule
+    latest: list[list[float]] = []
+    by_step: dict[int, list[float]] = {0: list(opened.start_losses[:rows])}  # each check's per-row losses
 
     def read() -> list[float]:
-        readings.append(row_losses(task.model, subset, None, task.device, pad_id=task.pad_id))
-        return readings[-1]
+        latest.append(row_losses(task.model, subset, None, task.device, pad_id=task.pad_id))
+        return latest[-1]
+
+    def said(step: int, _: Any) -> None:  # a check that read: its losses kept by its step, for the pass rule
+        if latest:
+            by_step[step] = latest.pop()
 
     at = check_steps(job.steps, start, n_checks)
     guard = Guard(rate=opened.lr, looks=max(1, len(at) + (1 if start else 0)), incumbent=opened.incumbent)
-    watch = Watch(guard, job.params, opened.opt, read, model=task.model, checks=[s for s in at if s < job.steps])
+    watch = Watch(guard, job.params, opened.opt, read, model=task.model, checks=[s for s in at if s < job.steps],
+                  on_said=said)
     watch.start(0, opened.start_losses[:rows], copy=opened.start_copy)
     t = time.perf_counter()
     task.model.train()
     if start and opened.winner_losses is not None:  # the race's winner is the first check
-        readings.append(list(opened.winner_losses[:rows]))
-        watch.check(start, readings[-1], why="the opening race's winner")
+        by_step[start] = list(opened.winner_losses[:rows])
+        watch.check(start, by_step[start], why="the opening race's winner")
     done = guarded_steps(opened.opt, job.step, range(start, job.steps), watch=watch, on_step=on_step)
     job.pass_steps = job.steps
-    more = more_passes(job, opened, watch, readings, done, n_checks, on_step, opened.start_losses[:rows])
+    more = more_passes(job, opened, watch, by_step, done, n_checks, on_step)
     check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
     end = _end(job, opened, watch, read if job.joined else task.held_out_losses(), rows)
     return Guarded(done, guard, end, rows, check_reads + 1, check_seconds, time.perf_counter() - t, more)
 
 
-def more_passes(job: Job, opened: Opened, watch: Watch, readings: list[list[float]], done: Looped, n_checks: int,
-                on_step: Callable[[dict[str, Any]], None] | None, start_losses: list[float]) -> float:
+def more_passes(job: Job, opened: Opened, watch: Watch, by_step: dict[int, list[float]], done: Looped,
+                n_checks: int, on_step: Callable[[dict[str, Any]], None] | None) -> float:
     """The passes after the first (:mod:`leadline.run.length`): at each pass's end a check, and another
-    pass with the first pass's checks while that check is significantly below the one before it and
-    the guard kept it. ``done`` grows by their steps; returns their steps' seconds (reads left out)."""
+    pass with the first pass's checks while that check is significantly below the check half a pass
+    before it (:func:`~leadline.run.length.half_a_pass_before`) and the guard kept it. ``done`` grows
+    by their steps; returns their steps' seconds (reads left out)."""
     t, reads_before = time.perf_counter(), watch.read_seconds + watch.copy_seconds
     while job.passes_left > 0 and not done.stopped_at:
         job.passes_why = "cap"
-        before = readings[-1] if readings else list(start_losses)
         if watch.check(job.steps, why="the pass's end").action not in ("best", "keep"):
             job.passes_why = "guard"
             break
-        if not still_improving(readings[-1], before):
+        before = half_a_pass_before(sorted(by_step), job.steps, job.pass_steps)
+        if not still_improving(by_step[job.steps], by_step[before]):
             job.passes_why = "flat"
             break
         job.passes_left -= 1

@@ -7,10 +7,14 @@ the boards that decide it (``benchmarks/scoreboard.py`` rule RL):
 1. Where the caller gave no length (no ``--steps``, no ``--epochs``), the run plans one pass and
    may go on pass by pass, at most :data:`MAX_PASSES` in all.
 2. At each pass's end the guard reads a check there (a scheduled one). The run takes another
-   pass only when that check is significantly below the check before it on the same held-out
-   rows (:func:`still_improving`: a one-sided paired t at :data:`ALPHA`), and the guard neither
-   rolled back nor stopped there: a run whose last stretch still learns is not cut at a pass's
-   end, and a run that has flattened pays for no pass it does not need.
+   pass only when that check is significantly below the check half a pass before it
+   (:func:`half_a_pass_before`; the same held-out rows; :func:`still_improving`: a one-sided
+   paired t at :data:`ALPHA`), and the guard neither rolled back nor stopped there: a run whose
+   second half-pass still learns is not cut at the pass's end, and a run that has flattened pays
+   for no pass it does not need. (The first form of this rule compared the pass's end with the
+   check just before it, an eighth of a pass back: on the boards it took no second pass on any
+   run, where the sweep's runs at three passes read better than at one on most boards; half a
+   pass gives the test the stretch it needs to see a fall. ``docs/results.md``, "The sweep".)
 3. Each added pass gets the first pass's checks (the same rows, the same count), so the reads stay
    within the guard's share of the steps' time; the end and the kept model are the guard's as in
    one pass.
@@ -27,6 +31,8 @@ from leadline.rate.compare import compare
 
 MAX_PASSES = 5
 """The most passes a run whose length was not given takes."""
+PASS_RULE = "half a pass"
+"""What a pass's end is read against (rule 2), as ``run.json``'s ``rules`` names it."""
 ALPHA = 0.05
 
 
@@ -43,6 +49,21 @@ def still_improving(last: Sequence[float], before: Sequence[float], alpha: float
     return compare(last, before, alpha=alpha).better
 
 
+def half_a_pass_before(steps: Sequence[int], end: int, pass_steps: int) -> int:
+    """The check the pass's end is read against: the latest of ``steps`` (the checks read so far,
+    the start 0 among them) at or before half a pass before ``end``.
+
+    Examples:
+        >>> half_a_pass_before([0, 11, 25, 39, 53, 67, 81, 95, 109, 122], 122, 122)
+        53
+        >>> half_a_pass_before([0, 6, 12, 18], 18, 18), half_a_pass_before([0, 18, 24, 30, 36], 36, 18)
+        (6, 24)
+        >>> half_a_pass_before([0, 3], 3, 3)   # a pass too short for a check in it: the start
+        0
+    """
+    return max(s for s in steps if s <= end - pass_steps / 2)
+
+
 def stop_sentence(passes: int, reason: str) -> str:
     """Why the run took ``passes`` passes.
 
@@ -53,8 +74,8 @@ def stop_sentence(passes: int, reason: str) -> str:
         '5 passes: the most a run takes (its chec'
     """
     said = {
-        "flat": "the run went on while its held-out check at a pass's end was significantly below the check before "
-                "it, and stopped when it was not",
+        "flat": "the run went on while its held-out check at a pass's end was significantly below the check half a "
+                "pass before it, and stopped when it was not",
         "cap": "the most a run takes (its checks still improved at the last pass's end)",
         "guard": "the guard rolled back or stopped at the pass's end, so the run went no further",
         "given": "the length the caller gave",

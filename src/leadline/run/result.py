@@ -156,6 +156,7 @@ class RunResult:
             "steps", "micro_batch", "grad_accum", "lr", "train_rows", "seed", "optimizer", "curve", "checks",
             "outcome", "kept_step", "trained", "test_source", "data_notes", "passes", "extra_pass_steps")}
         out["cost"] = self.cost.as_dict()
+        out["rules"] = rules()
         for name in ("held_out_before", "held_out_after"):
             r = getattr(self, name)
             out[name] = asdict(r) if r is not None else None
@@ -185,3 +186,12 @@ def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.Pat
             save_run(model, out, result.as_dict())
             write_card(out, plan, result.as_dict(), model)  # README.md: the base, the data, the values, the readings
     plan.to_json(out / "plan.json")
+
+
+def rules() -> dict[str, Any]:
+    """The run's rules that a result depends on, by name (``run.json``'s ``rules``): a record of another
+    version's rules tells a board that its run was not this version's."""
+    from leadline.rate.guard import END_RULE, GIVE_BACK
+    from leadline.run.length import MAX_PASSES, PASS_RULE
+
+    return {"give_back": GIVE_BACK, "end": END_RULE, "pass_rule": PASS_RULE, "max_passes": MAX_PASSES}
