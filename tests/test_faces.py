@@ -45,3 +45,170 @@ def test_the_hugging_face_layer_keeps_exporting_the_tasks_names_from_the_run():
     for name in ("Task", "prepare", "tokens_to_steps", "trained_as_of", "trained_named_weights"):
         assert name in leadline.hf.__all__ and getattr(leadline.hf, name) is getattr(leadline.run.task, name)
     assert "DeriveOptions" in leadline.hf.__all__
+
+
+# ---- `leadline run --help` and `leadline derive --help` say what the default run does ---------------------------
+
+LOOKAHEAD_SAMPLES = {"--quantile": ["0.9"], "--max-seconds": ["600"], "--step-for": ["time"],
+                     "--ending": ["to-zero"], "--ending-share": ["0.5"], "--resume": ["resume.json"],
+                     "--prior": ["prior"], "--no-state": [], "--scale-out": [], "--fit-rank": []}
+"""A value for each flag only the look-ahead effort takes, other than its default."""
+SAMPLES = {"--model": ["m"], "--revision": ["v1"], "--field": ["prompt=prompt"], "--lora-rank": ["8"], "--full": [],
+           "--lora-alpha": ["8"], "--seed": ["1"], "--dtype": ["bfloat16"], "--load-in-4bit": [],
+           "--load-in-8bit": [], "--gradient-checkpointing": [], "--steps": ["2"], "--epochs": ["2"],
+           "--seq-len": ["32"], "--rows-per-step": ["2"], "--decide-share": ["0.1"], "--lr": ["0.001"],
+           "--test-share": ["0.1"], "--eval": ["EVAL"], "--train-held-out": [], "--no-train-held-out": [],
+           "--html": [], **LOOKAHEAD_SAMPLES}
+"""A value for every other flag a user may give (``--data``, ``--out``, ``--device`` and ``--effort`` are
+given on every line), other than its default."""
+
+
+def _parser(command: str):
+    import argparse
+
+    from leadline.cli import build_parser
+
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def _help(command: str, flag: str) -> str:
+    """The flag's help as ``--help`` prints it, on one line."""
+    action = _parser(command)._option_string_actions[flag]
+    text = action.help % {"default": action.default} if "%(default)" in action.help else action.help
+    return " ".join(text.split())
+
+
+def _lookahead_flags(command: str) -> set[str]:
+    from leadline.cli.derive import LOOKAHEAD_FLAGS
+
+    group = next(g for g in _parser(command)._action_groups if g.title == LOOKAHEAD_FLAGS)
+    return {s for a in group._group_actions for s in a.option_strings}
+
+
+def _refused(command: str, flag: str, effort: str, tmp_path, monkeypatch) -> str | None:
+    """What the command says of ``flag`` (with its sample value) at ``effort``: None where it is
+    taken (the command goes on to load the model, stubbed here), else the refusal's sentence."""
+    import importlib
+    import io
+    from contextlib import redirect_stderr
+
+    from helpers import DATA
+    from leadline import Plan
+    from leadline.cli import main
+
+    module = importlib.import_module(f"leadline.cli.{command}")
+    for stage in ("_run_race", "_run") if command == "run" else ("_derive",):
+        monkeypatch.setattr(module, stage, lambda *a, **k: 0)  # the checks before any load are what is read
+    monkeypatch.chdir(tmp_path)
+    if not (tmp_path / "prior").exists():  # --prior's plan
+        (tmp_path / "prior").mkdir()
+        Plan().to_json(tmp_path / "prior" / "plan.json")
+    data = str(DATA / "prompt_completion.jsonl")
+    value = [data if v == "EVAL" else v for v in SAMPLES[flag]]
+    argv = [command, *(["--model", "m"] if command == "derive" and flag != "--model" else []), "--data", data,
+            "--out", str(tmp_path / f"out-{flag.strip('-')}-{effort}"), "--device", "cpu", "--effort", effort, flag,
+            *value]
+    said = io.StringIO()
+    with redirect_stderr(said):
+        rc = main(argv)
+    assert rc in (0, 2), (argv, rc, said.getvalue())
+    return None if rc == 0 else said.getvalue()
+
+
+def test_every_flag_of_the_commands_has_a_sample():
+    for command in ("run", "derive"):
+        flags = {s for a in _parser(command)._actions for s in a.option_strings if s.startswith("--")}
+        missing = flags - set(SAMPLES) - {"--help", "--data", "--out", "--device", "--effort"}
+        assert not missing, f"leadline {command}: add a sample value for {sorted(missing)} to SAMPLES"
+
+
+def test_the_flags_the_default_run_refuses_are_the_look_ahead_group_and_full_takes_them(tmp_path, monkeypatch):
+    """Each flag of ``leadline run`` and ``leadline derive`` given alone at the default effort:
+    the ones refused are exactly the ``--help`` group "only with --effort full", and each of those
+    is taken by ``--effort full``."""
+    for command in ("run", "derive"):
+        parser = _parser(command)
+        assert parser.get_default("effort") == "race"
+        flags = sorted(s for a in parser._actions for s in a.option_strings if s in SAMPLES)
+        refused = {}
+        for flag in flags:
+            said = _refused(command, flag, "race", tmp_path, monkeypatch)
+            if said is not None:
+                refused[flag] = said
+        group = _lookahead_flags(command)
+        assert set(refused) == group, (command, sorted(set(refused) ^ group), refused)
+        for flag, said in refused.items():
+            assert flag in said and "--effort full" in said, (command, flag, said)  # the flag named, and the fix
+        for flag in sorted(group):
+            assert _refused(command, flag, "full", tmp_path, monkeypatch) is None, (command, flag)
+    assert {"--quantile", "--max-seconds", "--step-for", "--ending", "--ending-share"} <= _lookahead_flags("run")
+
+
+def test_no_help_outside_the_look_ahead_group_names_only_the_look_ahead():
+    """A flag the default run takes says what it does there: no help outside the group opens with
+    "with --effort full"."""
+    for command in ("run", "derive"):
+        group = _lookahead_flags(command)
+        for action in _parser(command)._actions:
+            flag = action.option_strings[0] if action.option_strings else None
+            if flag is None or flag in group or flag == "-h":
+                continue
+            assert not _help(command, flag).startswith("with --effort full"), (command, flag)
+
+
+def test_the_out_of_memory_hint_names_flags_the_default_run_takes():
+    import re
+
+    from leadline.cli import OUT_OF_MEMORY_FIX
+
+    for command in ("run", "derive"):
+        named = set(re.findall(r"--[a-z0-9-]+", OUT_OF_MEMORY_FIX[command]))
+        assert named and not named & _lookahead_flags(command), (command, named)
+        assert named <= set(_parser(command)._option_string_actions), (command, named)
+
+
+def _stated(command: str, flag: str, pattern: str) -> str:
+    import re
+
+    m = re.search(pattern, _help(command, flag))
+    assert m, f"leadline {command} {flag}: its help states no default matching {pattern!r}: {_help(command, flag)}"
+    return m.group(1)
+
+
+def test_each_default_the_run_help_states_is_the_one_the_run_uses(tmp_path):
+    """The defaults ``leadline run --help`` states, read from its text, against what a bare
+    ``leadline run`` asks of the run: the rows a step, the passes, the decide share, the held-out
+    rows trained, and the adapter's rank and alpha as the model loads."""
+    from helpers import DATA, make_model, make_tokenizer, save_model_dir
+    from leadline.cli._common import load_for_training
+    from leadline.cli.run import run_options
+    from leadline.rate.opening import DECIDE_SHARE
+    from leadline.run.job import prepare_job
+    from leadline.run.length import MAX_PASSES
+    from leadline.run.lora import ALPHA_PER_RANK, DEFAULT_RANK
+    from leadline.run.options import ROWS_PER_STEP
+
+    rows = int(_stated("run", "--rows-per-step", r"default: (\d+)\b"))
+    passes = int(_stated("run", "--epochs", r"at most (\d+) passes in all"))
+    share = float(_stated("run", "--decide-share", r"\(default ([0-9.]+)"))
+    held_out = _stated("run", "--train-held-out", r"\(default: (on|off)\b")
+    rank = int(_stated("run", "--lora-rank", r"\(default (\d+)\)"))
+    alpha = int(_stated("run", "--lora-alpha", r"default: twice the rank, (\d+) at rank 16\)"))
+    assert "the passes --epochs describes" in _help("run", "--steps")
+    assert (rows, passes, share, held_out, rank) == (ROWS_PER_STEP, MAX_PASSES, DECIDE_SHARE, "on", DEFAULT_RANK)
+    assert alpha == ALPHA_PER_RANK * DEFAULT_RANK and ALPHA_PER_RANK == 2 and DEFAULT_RANK == 16  # "twice", "at 16"
+
+    data = str(DATA / "prompt_completion.jsonl")
+    args = _parser("run").parse_args(["--model", str(save_model_dir(tmp_path / "tiny")), "--data", data,
+                                      "--out", str(tmp_path / "out"), "--device", "cpu"])
+    options = run_options(args)
+    assert options.decide_share == share and options.train_held_out is (held_out == "on")
+    tok = make_tokenizer()
+    job = prepare_job(make_model(vocab_size=len(tok)), tok, data, options)
+    assert job.rows_per_step == rows and job.passes_left + 1 == passes  # one pass planned, the rest may follow
+    assert job.steps == len(job.task.order) // rows
+    model, _ = load_for_training(args)
+    lora = model.peft_config["default"]
+    assert (lora.r, lora.lora_alpha) == (rank, alpha)
