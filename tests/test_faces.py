@@ -1,17 +1,25 @@
-"""The package's faces say what it does: ``leadline`` names the default run and loads no torch to
-do so; ``leadline.rate`` names the opening race and the guard as the default way to decide the
-rate; ``leadline.hf`` keeps the task's names it always exported, now from the run's own home."""
+"""The package's faces say what it does: ``leadline.__all__`` is the documented API, the default
+run first, and ``import leadline`` loads no torch; the look-ahead's names resolve from their home
+and are not in it; ``leadline.rate`` names the opening race and the guard as the default way to
+decide the rate; ``leadline.hf`` keeps the task's names it always exported; ``leadline run
+--help`` and ``leadline derive --help`` state the defaults the run uses and put every flag the
+default run refuses under "only with --effort full"."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
+API = {"run_in_one", "RunOptions", "RunResult", "race_only", "derive_for", "train_with_plan", "LeadlineCallback",
+       "training_arguments", "load_model", "load_tokenizer", "Plan", "Value", "InputError", "LeadlineError",
+       "__version__"}
+"""The documented API: the default run, a Hugging Face model's plan, run and Trainer, the plan's
+types, the errors (the README's "From Python")."""
+
 
 def test_the_top_level_names_the_default_run_and_stays_free_of_torch():
     code = (
         "import sys, leadline\n"
-        "assert {'run_in_one', 'RunResult'} <= set(leadline.__all__), leadline.__all__\n"
         "from leadline import RunResult, run_in_one\n"
         "from leadline.run import run_in_one as run\n"
         "from leadline.run.result import RunResult as Result\n"
@@ -20,6 +28,34 @@ def test_the_top_level_names_the_default_run_and_stays_free_of_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0 and "HEAVY []" in out.stdout, out.stdout + out.stderr
+
+
+def test_all_is_the_documented_api_and_each_name_is_its_homes():
+    import leadline
+    import leadline.hf
+    import leadline.run
+    import leadline.train
+
+    assert set(leadline.__all__) == API and len(leadline.__all__) == len(API)
+    homes = {"run_in_one": leadline.run, "RunOptions": leadline.run, "race_only": leadline.run,
+             "derive_for": leadline.hf, "LeadlineCallback": leadline.hf, "training_arguments": leadline.hf,
+             "load_model": leadline.hf, "load_tokenizer": leadline.hf, "train_with_plan": leadline.train}
+    for name, home in homes.items():
+        assert getattr(leadline, name) is getattr(home, name), name
+
+
+def test_the_look_ahead_is_not_in_all_and_its_earlier_names_still_resolve():
+    import leadline
+    import leadline.lookahead.derive
+    import leadline.lookahead.pieces
+    import leadline.lookahead.rate
+
+    assert not [n for n in leadline.__all__ if getattr(getattr(leadline, n), "__module__", "").startswith(
+        "leadline.lookahead")]
+    assert leadline.derive is leadline.lookahead.derive.derive and leadline.Corpus is leadline.lookahead.pieces.Corpus
+    assert leadline.LookaheadSchedule is leadline.lookahead.rate.LookaheadSchedule
+    for name in ("derive", "Corpus", "Pieces", "LookaheadSchedule", "measure_noise_scale", "ramp", "stats"):
+        assert name not in leadline.__all__ and getattr(leadline, name) is not None
 
 
 def test_every_name_the_top_level_exports_resolves():
