@@ -248,3 +248,22 @@ def test_each_default_the_run_help_states_is_the_one_the_run_uses(tmp_path):
     model, _ = load_for_training(args)
     lora = model.peft_config["default"]
     assert (lora.r, lora.lora_alpha) == (rank, alpha)
+
+
+def test_the_readme_is_short_and_reads_in_its_order():
+    """At most 250 lines: what it is, the two commands, the example with its output, the results
+    table between its markers, then the API; the rest lives in docs/ and is linked."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, len(readme.splitlines())
+    first_section = readme.index("\n## ")
+    assert readme.index("make demo") < first_section and readme.index("make test") < first_section
+    assert "derive and train" not in readme and "trains it" in readme[:first_section]
+    assert "docs/results.md`, \"The sweep\")" in readme[:first_section]
+    order = ["## One command", "## An example: `make demo`", "<!-- scoreboard:start -->", "<!-- scoreboard:end -->",
+             "## From Python", "leadline.__all__"]
+    places = [readme.index(mark) for mark in order]
+    assert places == sorted(places), order
+    for name in API - {"__version__", "LeadlineError"}:
+        assert f"`{name}" in readme[readme.index("## From Python"):], f"the README's API does not name {name}"

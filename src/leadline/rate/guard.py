@@ -21,8 +21,8 @@ guard inside Trainer alike. The rules, fixed before any run of them:
 3. **A check.** The per-row losses against the best check's, one-sided paired t at the
    sequential bar (:func:`leadline.rate.compare.compare`, O'Brien-Fleming spending over the
    planned looks). A check **rolls back** when it went wrong, not when it wobbled:
-   - its mean is not below the start's: at once, whatever the bar says (the seed's first
-     lesson: a run that read worse than it started is not waited on);
+   - its mean is not below the start's: at once, whatever the bar says (a run that reads worse
+     than it started is not waited on);
    - or it is significantly worse than the best check *and* gave back at least
      :data:`GIVE_BACK` of the fall from the start to the best (:func:`gave_back`). The share was
      fixed from the recorded runs' rollbacks (``benchmarks/guard_replay.py``): the one-pass runs
