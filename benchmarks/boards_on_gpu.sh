@@ -31,6 +31,9 @@
 #   PACK       the archive's name (default boards): two of these scripts side by side in one call
 #              (boards with other ARMS) each bring back their own
 #   TIMEOUT    the seconds one unit may run (scoreboard.py --timeout; default 400)
+#   JUDGE_TOKENS  the most tokens a judge's scoring pass holds logits for (scoreboard.py --judge-tokens;
+#              default 8192: each board's judge holds float32 logits over the whole vocabulary, and
+#              eight judges at 64 rows a pass took most of an 80 GB card)
 # A board file already under RESULTS resumes: its finished units do not run again.
 set -uo pipefail
 
@@ -45,6 +48,7 @@ SERIAL=${SERIAL:-0}
 STOP=${STOP:-420}
 PACK=${PACK:-boards}
 TIMEOUT=${TIMEOUT:-400}
+JUDGE_TOKENS=${JUDGE_TOKENS:-8192}
 PY=${PYTHON:-python3}
 export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
@@ -77,7 +81,7 @@ board() {  # one board, its log under /tmp
   [[ -f $RESULTS/$name.json || ! -f benchmarks/results/$name.json ]] || cp "benchmarks/results/$name.json" "$RESULTS/"
   $PY benchmarks/scoreboard.py --task "$task" --regime "$regime" --model "$MODEL" --data-dir "$DATA" \
       --out "$RESULTS/$name.json" \
-      --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --timeout "$TIMEOUT" --work "/tmp/scoreboard_$regime" \
+      --arms "$ARMS" --seeds "$SEEDS" --parallel "$PARALLEL" --em-rows 100 --stop-after "$left" --timeout "$TIMEOUT" --judge-tokens "$JUDGE_TOKENS" --work "/tmp/scoreboard_$regime" \
       ${CARD:+--card-gb $CARD} "${alone[@]}" ${EXTRA:-} > "/tmp/board_${task}_${regime}.log" 2>&1
 }
 if [[ $SERIAL == 1 ]]; then

@@ -2415,6 +2415,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh", default="", help="arms whose units recorded no train_rows (trained on leadline's "
                     "split, before every comparison arm trained on every row) run again, comma-separated; units "
                     "that record it stay, so the same command resumes")
+    ap.add_argument("--judge-tokens", type=int, default=None, metavar="N",
+                    help="the most tokens one of the judge's scoring passes holds logits for (default: 4096 with "
+                    "--card-gb, else 64 rows a pass); boards side by side on one card each hold a judge, and its "
+                    "float32 logits over the vocabulary are most of its memory")
     ap.add_argument("--refresh-defaults", default="", help="leadline run arms whose units ran under other rules "
                     "than this version's (their run.json's rules) run again, comma-separated; the same command resumes")
     ap.add_argument("--smoke", action="store_true",
@@ -2499,7 +2503,8 @@ def main(argv: list[str] | None = None) -> int:
     board.rerun = (drop_units(board.data, args.rerun) | drop_stale(board.data, args.refresh)
                    | drop_earlier_defaults(board.data, args.refresh_defaults))
     board.save()
-    judge = Judge(args.model, task, args.em_rows, token_budget=4096 if args.card_gb > 0 else None)
+    judge = Judge(args.model, task, args.em_rows,
+                  token_budget=args.judge_tokens or (4096 if args.card_gb > 0 else None))
     arms = Arms(args, task, board, judge)
     arms.untrained()
     holder = hold_card(args.card_gb) if args.card_gb > 0 else None  # after the judge's model: the arms see the small card

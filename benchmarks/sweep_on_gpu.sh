@@ -10,8 +10,9 @@
 #   again once, then stays);
 # - the small boards (320 rows): the sweep, and leadline, schedule-free and the recipe at seeds 0-2.
 # Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
-# default 560), RESULTS (default /root/results: outside the tree, so a later call resumes from it),
-# MODEL, DATA as boards_on_gpu.sh.
+# default 560), SEEDED_PARALLEL (runs side by side on each seeded board; default 2 on a card over
+# 100 GB, else 1: with two a board and uncapped judges, an 80 GB card ran out of memory), RESULTS (default
+# /root/results: outside the tree, so a later call resumes from it), MODEL, DATA as boards_on_gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export MODEL=${MODEL:-/tmp/smol_hf} STOP=${STOP:-500} TIMEOUT=${TIMEOUT:-560} RESULTS=${RESULTS:-/root/results}
@@ -20,8 +21,10 @@ export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:Tr
 if [[ ! -d $MODEL ]]; then  # once, before the two scripts that would each write it
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
 fi
+card_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
+SEEDED_PARALLEL=${SEEDED_PARALLEL:-$(( ${card_mib:-0} > 100000 ? 2 : 1 ))}  # two a board on a 141 GB card
 SEEDED="debian_sections:lora man_sections:lora py_modules:lora code_trace:lora gsm_symbolic:full debian_summary:long"
-BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=3 PACK=seeded \
+BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=$SEEDED_PARALLEL PACK=seeded \
   EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/seeded.log 2>&1 &
 BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=1 \
   PACK=small benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &

@@ -257,3 +257,22 @@ def test_a_run_of_several_passes_is_read_by_the_guard_and_says_which_check_it_ke
 
     if matplotlib_available():  # the report draws the checks with the kept one marked
         assert "id='figure-guard'" in (out / "report.html").read_text()
+
+
+def test_run_json_names_every_second_of_the_process(model_dir, tmp_path):
+    """The seconds before the load, the load, the run (its parts within it) and the writing after it
+    are named, and together they are no more than the process's own age at the end."""
+    from leadline.cli._common import process_seconds
+
+    if process_seconds() is None:
+        pytest.skip("this platform does not say when a process started")
+    out = tmp_path / "run"
+    with contextlib.redirect_stdout(io.StringIO()):
+        main(["run", "--model", str(model_dir), "--data", str(DATA / "prompt_completion.jsonl"), "--lora-rank", "4",
+              "--steps", "4", "--device", "cpu", "--rows-per-step", "4", "--out", str(out)])
+    res = json.loads((out / "run.json").read_text())
+    named = ("before_load_seconds", "load_seconds", "run_seconds", "after_run_seconds")
+    assert all(res[k] >= 0 for k in (*named, "prepare_seconds", "process_seconds"))
+    assert sum(res[k] for k in named) <= res["process_seconds"] + 0.1  # one clock tick and rounding of slack
+    parts = ("prepare_seconds", "derive_seconds", "steps_seconds", "check_seconds", "verdict_seconds")
+    assert sum(res[k] for k in parts) <= res["run_seconds"] + 0.01

@@ -637,3 +637,25 @@ def resolve_html(html: str | bool | None, folder: Path) -> Path | None:
     if html is None or html is False:
         return None
     return folder / "report.html" if html is True else Path(html)
+
+
+def process_seconds() -> float | None:
+    """Wall seconds since this process started (Linux: ``/proc/self/stat``'s start against
+    ``/proc/uptime``), so a run can name every second from the start, its imports included; None
+    where the platform does not say.
+
+    Examples:
+        >>> s = process_seconds()
+        >>> s is None or 0.0 <= s < 10 * 24 * 3600
+        True
+    """
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from leadline.cli._common import add_model_arguments
 from leadline.cli.derive import add_html_argument, add_plan_arguments
@@ -158,13 +158,14 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     (:func:`leadline.run.run_in_one`); ``run.json`` written once, with the load's seconds in it."""
     import time
 
-    from leadline.cli._common import load_for_training, lora_values_of, model_record, ram_bound
+    from leadline.cli._common import load_for_training, lora_values_of, model_record, process_seconds, ram_bound
     from leadline.progress import StepBar
     from leadline.run import run_in_one
     from leadline.run.card import write_card
     from leadline.run.result import EXIT_NOT_IMPROVED
 
     options = run_options(args)
+    before_load = process_seconds()  # the interpreter, the imports and the checks before the model's load
     t_load = time.perf_counter()
     with ram_bound(args.device):
         model, tok = load_for_training(args)
@@ -184,6 +185,7 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
             from leadline.report.html import write_html
 
             write_html(plan, args.html, run=res.as_dict())
+        _name_every_second(out, res, before_load, time.perf_counter() - t_load - load - res.seconds["run_seconds"])
     print(plan.report(long=False, path=str(out / PLAN)))
     for note in res.data_notes:  # what leadline changed in the rows, on stderr as every command says it
         print(f"leadline run: note: {note}", file=sys.stderr)
@@ -191,6 +193,20 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     print(f"load {load:.1f} s + run {time.perf_counter() - t_load - load:.1f} s; wrote {out}")
     return 0 if res.improved else EXIT_NOT_IMPROVED
 
+
+def _name_every_second(out: Path, res: Any, before_load: float | None, after_run: float) -> None:
+    """``run.json`` written again with the process's every second named: before the load (the
+    interpreter, the imports, the checks), the load, the run's own (``run_seconds``, its parts beside
+    it), the writing after it (the plan, the adapter's card, the report), and the whole process."""
+    import json
+
+    from leadline._io import write_atomic
+    from leadline.cli._common import process_seconds
+
+    record = res.as_dict()
+    record.update({k: round(v, 3) for k, v in (("before_load_seconds", before_load), ("after_run_seconds", after_run),
+                                               ("process_seconds", process_seconds())) if v is not None})
+    write_atomic(out / "run.json", json.dumps(record, indent=1, default=str))
 
 
 def run_options(args: argparse.Namespace) -> RunOptions:

@@ -24,10 +24,8 @@ guard inside Trainer alike. The rules, fixed before any run of them:
    - its mean is not below the start's: at once, whatever the bar says (a run that reads worse
      than it started is not waited on);
    - or it is significantly worse than the best check *and* gave back at least
-     :data:`GIVE_BACK` of the fall from the start to the best (:func:`gave_back`). The share was
-     fixed from the recorded runs' rollbacks (``benchmarks/guard_replay.py``): the one-pass runs
-     whose rollbacks halved a healthy rate had given back 0.1-4.2%, the three-pass runs whose
-     rollbacks kept their best test loss 8%.
+     :data:`GIVE_BACK` of the fall from the start to the best (:func:`gave_back`; why that share:
+     ``docs/rate.md``, "The guard").
    Else a lower mean is the new best; else keep going. A non-finite step loss still rolls back at
    once, and a spike still calls a check at once (rule 2), judged by the same rule.
 4. **A rollback** puts the best check's weights and optimizer state back and multiplies the rate

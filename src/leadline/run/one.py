@@ -63,6 +63,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     t_all = time.perf_counter()
     with as_found(model, keep=True) as found:  # kept where the race ends: the run goes on from its winner
         job = prepare_job(model, tokenizer, data, opts, prepared)
+        prepare_seconds = time.perf_counter() - t_all  # the rows read, tokenized and split
         plan = plan_of(model, data, opts.fields, job)
         fit(job)
         test_before, answers = read_test(job.task), answers_before(job.task, tokenizer)
@@ -74,6 +75,7 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     set_values(plan, job, opened, rows_given=opts.rows_per_step is not None)
     plan.derive_seconds = job.fit_seconds + opened.seconds
     seconds = {**_seconds_of(ran), "run_seconds": time.perf_counter() - t_all, "derive_seconds": plan.derive_seconds,
+               "prepare_seconds": prepare_seconds,
                **({"load_seconds": load_seconds} if load_seconds is not None else {})}
     result = _result_of(job, opened, ran, opts, (test_before, test_after), seconds)
     result.answers = answers and answers.after(job.check_rows if job.joined else None, result.test_source)

@@ -13,7 +13,7 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from leadline._io import save_run, write_atomic
 
@@ -188,7 +188,16 @@ def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.Pat
     plan.to_json(out / "plan.json")
 
 
-def rules() -> dict[str, Any]:
+class Rules(TypedDict):
+    """The rules a run's result depends on (``run.json``'s ``rules``)."""
+
+    give_back: float  # the guard's share of the fall a rollback needs (leadline.rate.guard.GIVE_BACK)
+    end: str  # what the end keeps (leadline.rate.guard.END_RULE)
+    pass_rule: str  # what a pass's end is read against (leadline.run.length.PASS_RULE)
+    max_passes: int  # the most passes a run of no given length takes
+
+
+def rules() -> Rules:
     """The run's rules that a result depends on, by name (``run.json``'s ``rules``): a record of another
     version's rules tells a board that its run was not this version's."""
     from leadline.rate.guard import END_RULE, GIVE_BACK

@@ -235,10 +235,11 @@ class LookaheadSchedule:
     Examples:
         Four weights trained from 0 toward 0.01, one held-out row each, at 0.0025: Adam moves
         every entry by about lr a step, so the run reaches the target at step 4 and overshoots.
-        The check at step 6 is significantly worse than the best (step 4): step 4 is put back
-        and the rate halved. The check at step 8 fails again from it without improving on it, so
-        step 4 is suspect: the schedule goes one check further back, to step 2, halves again and
-        goes on at 0.000625:
+        The check at step 6 is significantly worse than the best (step 4) and gives back 8% of the
+        fall from the start: step 4 is put back and the rate halved. The check at step 8 is worse
+        by only 1.3% of the fall, a wobble: kept. The check at step 10 fails again from step 4
+        (5.2%) without improving on it, so step 4 is suspect: the schedule goes one check further
+        back, to step 2, halves again and goes on at 0.000625:
 
         >>> import torch
         >>> w = torch.zeros(4, requires_grad=True)
@@ -255,7 +256,7 @@ class LookaheadSchedule:
         >>> sched.h, sched.rollbacks, sched.rate
         (2, 2, 0.000625)
         >>> [(c["step"], c["action"], c.get("to_step")) for c in sched.checks[2:6]]
-        [(4, 'best', None), (6, 'rollback', 4), (8, 'rollback', 2), (10, 'best', None)]
+        [(4, 'best', None), (6, 'rollback', 4), (8, 'keep', None), (10, 'rollback', 2)]
     """
 
     def __init__(self, params: Sequence[Any], opt: Any, train_step: Callable[[int], Any],
