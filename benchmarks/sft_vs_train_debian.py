@@ -9,7 +9,7 @@ labels scored by the log-likelihood of its completion under the trained adapter 
 Arms:
   train    leadline derive --dtype bfloat16 --gradient-checkpointing --effort full --epochs 1, then
            leadline train --plan (checkpointing on, as SFTConfig's default has it)
-  sft      the README's SFTTrainer snippet: SFTTrainer(model in bf16, SFTConfig(bf16=True,
+  sft      docs/hf.md's SFTTrainer snippet: SFTTrainer(model in bf16, SFTConfig(bf16=True,
            num_train_epochs=1), peft_config=LoRA r16); derive_for(probe); a second SFTTrainer with
            training_arguments(plan, config) and LeadlineCallback.for_plan(plan, probe)
 
@@ -62,7 +62,7 @@ def smoke_data(folder: Path) -> Path:
 
 
 def sft_arm(model_path: str, train: Path, out: Path, smoke: bool) -> dict[str, Any]:
-    """The README's SFTTrainer path on a bf16 base; returns the plan, the callback's evidence and
+    """docs/hf.md's SFTTrainer path on a bf16 base; returns the plan, the callback's evidence and
     the trained PEFT model."""
     import torch
     from datasets import load_dataset

@@ -18,7 +18,8 @@ import argparse
 
 import torch
 
-from leadline import Corpus, Pieces, derive
+from leadline.lookahead.derive import derive
+from leadline.lookahead.pieces import Corpus, Pieces
 from leadline.memory import TrainingStep
 
 

@@ -1,5 +1,5 @@
-"""The Python blocks of the README and docs/*.md run as written, on the tiny model: the Trainer
-and SFTTrainer ones with only the documented model id, data file and run length swapped for
+"""The Python blocks of the README and docs/*.md run as written, on the tiny model: docs/hf.md's
+Trainer and SFTTrainer ones with only the documented model id, data file and run length swapped for
 local ones (and on the CPU, which SFTConfig's bf16 default refuses unless told), docs/hf.md's
 blocks after them on their trainer; the README's first Python one verbatim, on the tiny model
 written as a GGUF file; the docs' API blocks with the names their page defines around them. A
@@ -33,7 +33,7 @@ def snippets() -> list[str]:
     return [b for b in blocks() if MODEL_ID in b]
 
 
-def test_the_readme_has_both_snippets():
+def test_the_docs_have_both_snippets():
     found = snippets()
     assert len(found) == 2
     assert any("SFTTrainer(" in b for b in found) and any("Trainer(" in b and "SFTTrainer" not in b for b in found)
@@ -123,7 +123,7 @@ COVERED = {
         "test_cli_paths.py::test_the_readme_loads_an_adapter_on_a_folder_and_on_a_gguf",
     ("README.md", 'load_model("my-model")'): "test_the_python_snippet_runs_as_written_on_a_gguf",
     ("README.md", 'plan.to_json("plan.json")'): "test_the_python_snippet_runs_as_written_on_a_gguf",
-    ("README.md", "SFTTrainer(model=model_id"): "test_snippet_runs_as_written[SFTTrainer]",
+    ("docs/hf.md", "SFTTrainer(model=model_id"): "test_snippet_runs_as_written[SFTTrainer]",
     ("docs/hf.md", "probe = Trainer(model=model"): "test_snippet_runs_as_written[Trainer]",
     ("docs/hf.md", "found = find_batch_size(trainer)  # found.suggestion()"): "test_snippet_runs_as_written[SFTTrainer]",
     ("docs/hf.md", "callbacks=[LeadlineCallback(plan)]"): "test_snippet_runs_as_written[SFTTrainer]",

@@ -33,10 +33,13 @@ COMMANDS: dict[str, str] = {
 }
 
 
+_SMALLER = ("pass a shorter --seq-len or --gradient-checkpointing (with LoRA on CUDA, --load-in-4bit too), or free "
+            "memory")
+"""What the default run (and derive) take to need less memory: flags ``--effort race`` accepts."""
 OUT_OF_MEMORY_FIX = {
-    "derive": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
+    "derive": _SMALLER,
     "train": "derive the plan again with a shorter --seq-len, or free memory",
-    "run": "pass a shorter --seq-len (or --quantile 0.99), or free memory",
+    "run": _SMALLER,
     "fit": "pass a shorter --seq-len or a smaller --micro-batch",
 }
 

@@ -33,6 +33,8 @@ BUNDLED_HELP = "the bundled SmolLM2-135M-Instruct, a Q4_1 GGUF from the package 
 
 def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True, bundled: bool = False) -> None:
     """The model options; with ``bundled``, ``--model`` defaults to the bundled model."""
+    from leadline.run.lora import ALPHA_PER_RANK, DEFAULT_RANK
+
     if bundled:
         p.add_argument("--model", default=None, help=f"{MODEL_HELP} (default: {BUNDLED_HELP})")
     else:
@@ -43,12 +45,12 @@ def add_model_arguments(p: argparse.ArgumentParser, *, data: bool = True, bundle
                        help="training rows, jsonl (text, prompt/completion, messages, input_ids/labels, ...)")
         add_field_argument(p)
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--lora-rank", type=int, default=16, metavar="R",
-                   help="train LoRA adapters of rank R on every linear layer (default 16)")
+    g.add_argument("--lora-rank", type=int, default=DEFAULT_RANK, metavar="R",
+                   help="train LoRA adapters of rank R on every linear layer (default %(default)s)")
     g.add_argument("--full", action="store_true", help="train every weight (a full fine-tune)")
     p.add_argument("--lora-alpha", type=float, default=None, metavar="A",
-                   help="the LoRA adapter's alpha: its update is scaled by A / rank (default: twice the rank, 32 at "
-                   "rank 16)")
+                   help="the LoRA adapter's alpha: its update is scaled by A / rank (default: twice the rank, "
+                   f"{ALPHA_PER_RANK * DEFAULT_RANK} at rank {DEFAULT_RANK})")
     p.add_argument("--device", default=None, help="cuda, cuda:1 or cpu (default: the GPU if there is one)")
     p.add_argument("--seed", type=int, default=0,
                    help="the seed of the split, the row order and the adapter's init (default 0)")

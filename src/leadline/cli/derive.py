@@ -22,26 +22,29 @@ if TYPE_CHECKING:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
-    add_plan_arguments(p, effort="race", efforts=("race", "full"),
-                       effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps (the plan "
-                       "alone: `leadline run` keeps the race's steps); full: the look-ahead")
-    p.add_argument("--resume", metavar="FILE",
-                   help="continue a cut-off derive from this file (written after each phase; default: none, start "
-                   "afresh)")
-    p.add_argument("--prior", metavar="PLAN",
-                   help="check an earlier plan (its folder or its plan.json) with short measurements instead of "
-                   "starting over (default: none)")
+    lookahead = add_plan_arguments(p, effort="race", efforts=("race", "full"),
+                                   effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps "
+                                   "(the plan alone: `leadline run` keeps the race's steps); full: the look-ahead")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a folder for the plan: DIR/{PLAN_NAME} (written atomically) and, with --effort full, the "
                    "look-ahead's branch in DIR/plan.state; created where it does not exist (a path ending in .json "
                    "is still taken as the plan's file, a spelling to be removed)")
-    p.add_argument("--no-state", action="store_true",
-                   help="with --effort full: do not keep the look-ahead's winning branch beside the plan "
-                   "(`leadline train --plan DIR` continues from it instead of starting over)")
     add_html_argument(p)
-    p.add_argument("--scale-out", action="store_true", help="print the data-parallel scale-out table")
-    p.add_argument("--fit-rank", action="store_true",
-                   help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch and length")
+    lookahead.add_argument("--resume", metavar="FILE",
+                           help="continue a cut-off derive from this file (written after each phase; default: none, "
+                           "start afresh)")
+    lookahead.add_argument("--prior", metavar="PLAN",
+                           help="check an earlier plan (its folder or its plan.json) with short measurements instead "
+                           "of starting over (default: none)")
+    lookahead.add_argument("--no-state", action="store_true",
+                           help="do not keep the look-ahead's winning branch beside the plan (`leadline train --plan "
+                           "DIR` continues from it instead of starting over)")
+    lookahead.add_argument("--scale-out", action="store_true",
+                           help="print the data-parallel scale-out table (it reads the noise scale the look-ahead "
+                           "measures)")
+    lookahead.add_argument("--fit-rank", action="store_true",
+                           help="also measure the largest LoRA rank whose real step fits at the plan's micro-batch "
+                           "and length")
 
 
 def add_html_argument(p: argparse.ArgumentParser) -> None:
@@ -50,37 +53,49 @@ def add_html_argument(p: argparse.ArgumentParser) -> None:
                    help="also write the plan's HTML report to PATH (given bare: DIR/report.html; default: none)")
 
 
+LOOKAHEAD_FLAGS = "only with --effort full (the look-ahead effort)"
+"""The title in ``--help`` of the flags only the look-ahead effort takes."""
+
+
 def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: str,
-                       efforts: tuple[str, ...] = ("race", "full")) -> None:
+                       efforts: tuple[str, ...] = ("race", "full")) -> argparse._ArgumentGroup:
     """The options that shape the plan (``leadline derive`` and ``leadline run``): the effort,
-    the run's length, the training length and the bound on the derive. ``--effort`` is checked by
+    the run's length, the training length and the rows a step; returns the ``--help`` group of
+    the flags only ``--effort full`` takes (the bound on the derive, the length by a quantile, the
+    measured step), for the command to add its own. ``--effort`` is checked by
     :func:`check_effort` (a removed effort is named in one sentence, not argparse's list)."""
+    from leadline.run.length import MAX_PASSES
+    from leadline.run.options import ROWS_PER_STEP
+
     p.add_argument("--effort", default=effort, metavar="{" + ",".join(efforts) + "}",
                    help=f"{effort_help} (default %(default)s)")
     p.set_defaults(efforts=efforts)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--steps", type=int, metavar="N",
-                   help="the run's length in optimizer steps (default: leadline run goes pass by pass while its "
-                   "held-out check at a pass's end still improves, at most 5 passes; --effort full one pass; "
-                   f"at most {MAX_EPOCHS} passes)")
+                   help="the run's length in optimizer steps (default: the passes --epochs describes)")
     g.add_argument("--epochs", type=float, metavar="E",
-                   help="the run's length in passes over the training rows (default: leadline run goes pass by pass "
-                   "while its held-out check at a pass's end still improves, at most 5; --effort full 1; at most "
-                   f"{MAX_EPOCHS})")
+                   help=f"the run's length in passes over the training rows, at most {MAX_EPOCHS} (default: one pass, "
+                   "then `leadline run` adds passes while a pass's end reads significantly below its check half a "
+                   f"pass before, at most {MAX_PASSES} passes in all; --effort full: one pass)")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help="the length to train at (default: the longest row, cut to the model's positions)")
-    p.add_argument("--quantile", type=float, metavar="Q",
-                   help="instead, the length that keeps this share of rows whole (default: none, every row whole)")
-    p.add_argument("--max-seconds", type=float, metavar="S",
-                   help="a bound on the whole derive in seconds; what it does not reach is listed (default: no bound)")
     p.add_argument("--rows-per-step", type=int, metavar="N", action=Spelled,
-                   help="a batch the run must keep: N rows an optimizer step (the card decides the micro-batch and "
-                   "accumulation, the rate is decided at it; default: 16 in leadline run, the measured step with "
-                   "--effort full)")
-    p.add_argument("--step-for", choices=("rows", "time"), default=None,
-                   help="what the measured step optimizes: rows (default: the smallest step whose time a row is what "
-                   "the least-time step pays a row to reach the loss of its rows at a small step) or time (the least "
-                   "time to a loss); docs/noise.md")
+                   help="the rows an optimizer step takes; the micro-batch and accumulation are fitted to the card "
+                   f"and the rate is decided at this step (default: {ROWS_PER_STEP}, a constant; --effort full "
+                   "measures the step)")
+    lookahead = p.add_argument_group(LOOKAHEAD_FLAGS, "The default effort (race) refuses each of these in one "
+                                     "sentence.")
+    lookahead.add_argument("--quantile", type=float, metavar="Q",
+                           help="instead of --seq-len, the length that keeps this share of rows whole (default: "
+                           "none, every row whole)")
+    lookahead.add_argument("--max-seconds", type=float, metavar="S",
+                           help="a bound on the whole derive in seconds; what it does not reach is listed (default: "
+                           "no bound)")
+    lookahead.add_argument("--step-for", choices=("rows", "time"), default=None,
+                           help="how the measured step is sized: rows (default: the fewest rows a step whose time a "
+                           "row is within what the least-time step pays a row to reach the same loss) or time (the "
+                           "least time to a loss); docs/noise.md")
+    return lookahead
 
 
 def out_paths(flag: str, given: str | Path) -> tuple[Path, Path]:

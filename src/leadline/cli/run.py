@@ -14,42 +14,48 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.cli._common import add_model_arguments
 from leadline.cli.derive import add_html_argument, add_plan_arguments
 from leadline.cli.train import add_ending_argument, check_ending_share, ending_flag
+
+if TYPE_CHECKING:
+    from leadline.run import RunOptions
 
 PLAN = "plan.json"
 REPORT = "report.html"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from leadline.rate.opening import DECIDE_SHARE
+
     add_model_arguments(p, bundled=True)
-    add_plan_arguments(p, effort="race", efforts=("race", "full"),
-                       effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps and the "
-                       "winner's steps kept, in at most --decide-share of the run; full: the look-ahead measures the "
-                       "rate and the run continues from its steps")
-    p.add_argument("--decide-share", type=float, default=0.2, metavar="S",
-                   help="with --effort race: the share of the run's steps the decision may spend on steps it does not "
-                   "keep (default %(default)s)")
+    lookahead = add_plan_arguments(p, effort="race", efforts=("race", "full"),
+                                   effort_help="race: schedule-free AdamW, its rate raced on the run's opening steps "
+                                   "and the winner's steps kept, in at most --decide-share of the run; full: the "
+                                   "look-ahead measures the rate and the run continues from its steps")
+    p.add_argument("--decide-share", type=float, default=DECIDE_SHARE, metavar="S",
+                   help="the share of the run's steps the opening race may spend on steps it does not keep (default "
+                   "%(default)s; 0: no race)")
     p.add_argument("--lr", type=float, default=None, metavar="X",
-                   help="with --effort race: train at this rate (no race), under the same guard (default: none, "
-                   "the race decides)")
+                   help="train at this rate (no race), under the same guard (default: none, the race decides; "
+                   "--effort full refuses it)")
     p.add_argument("--test-share", type=float, default=0.0, metavar="S",
-                   help="with --effort race: keep this share of the rows out of training and deciding, and read the "
-                   "model on them before and after (default: none; every row not held out for the decisions trains)")
+                   help="keep this share of the rows out of training and deciding, and read the model on them before "
+                   "and after (default: none; every row not held out for the decisions trains; --effort full "
+                   "refuses it)")
     p.add_argument("--eval", default=None, metavar="FILE",
-                   help="with --effort race: your own rows (the training data's format) to read the model on before "
-                   "and after the run (default: none)")
+                   help="your own rows (the training data's format) to read the model on before and after the run "
+                   "(default: none; --effort full refuses it)")
     p.add_argument("--train-held-out", action=argparse.BooleanOptionalAction, default=None,
-                   help="with --effort race: after the opening race, the held-out rows the guard's checks do not "
-                   "read train too, late in the first pass; the checks and the verdict read the rest (default: on; "
-                   "--no-train-held-out keeps every held-out row out of training)")
+                   help="after the opening race, the held-out rows the guard's checks do not read train too, late in "
+                   "the first pass; the checks and the verdict read the rest (default: on; --no-train-held-out keeps "
+                   "every held-out row out of training; --effort full refuses either)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     add_html_argument(p)
-    add_ending_argument(p)
+    add_ending_argument(lookahead)
     # what `leadline derive` has and `leadline run` does not: a run derives afresh, at the model's own rank
     p.set_defaults(resume=None, prior=None, fit_rank=False)
 
@@ -58,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from leadline.cli._common import check_device, check_out_file, check_out_folder, resolve_html
     from leadline.cli.derive import check_effort, check_plan_inputs
     from leadline.errors import InputError
+    from leadline.rate.opening import DECIDE_SHARE
     from leadline.torchrun import launched_by_torchrun
 
     check_effort(args)
@@ -96,11 +103,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--eval {args.eval}: no such file; pass a JSONL file of rows in the training data's "
                              "format")
         if not 0 <= args.decide_share < 1:
-            raise InputError(f"--decide-share {args.decide_share:g} must be a share in [0, 1); pass 0.2 (the default) "
-                             "or 0 for no race")
+            raise InputError(f"--decide-share {args.decide_share:g} must be a share in [0, 1); pass {DECIDE_SHARE:g} "
+                             "(the default) or 0 for no race")
         if args.max_seconds is not None or args.quantile is not None or args.step_for is not None:
-            raise InputError("--max-seconds, --quantile and --step-for shape the full effort's derive; "
-                             "--effort race (the default) has no derive apart from the run: leave them out")
+            raise InputError("--max-seconds, --quantile and --step-for shape the full effort's derive; --effort race "
+                             "(the default) has no derive apart from the run: leave them out or pass --effort full")
     check_device(args.device)
     made = not out.exists()
     try:
@@ -151,35 +158,21 @@ def _run_race(args: argparse.Namespace, out: Path) -> int:
     (:func:`leadline.run.run_in_one`); ``run.json`` written once, with the load's seconds in it."""
     import time
 
-    from leadline.cli._common import (
-        fields_of,
-        load_for_training,
-        lora_values_of,
-        model_record,
-        process_seconds,
-        ram_bound,
-    )
-    from leadline.plan import Value
+    from leadline.cli._common import load_for_training, lora_values_of, model_record, process_seconds, ram_bound
     from leadline.progress import StepBar
-    from leadline.run import RunOptions, run_in_one
+    from leadline.run import run_in_one
     from leadline.run.card import write_card
     from leadline.run.result import EXIT_NOT_IMPROVED
 
-    fields = fields_of(args) or None
+    options = run_options(args)
     before_load = process_seconds()  # the interpreter, the imports and the checks before the model's load
     t_load = time.perf_counter()
     with ram_bound(args.device):
         model, tok = load_for_training(args)
         load = time.perf_counter() - t_load
         out.mkdir(exist_ok=True)
-        rate = (Value(args.lr, "given", "the caller's rate (--lr): no race; the guard checks the run all the same",
-                      unit="per step") if args.lr is not None else None)
         bar = StepBar()  # a tqdm bar on a terminal, a line every 10 steps elsewhere
         try:
-            options = RunOptions(total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step,
-                                 decide_share=args.decide_share, seed=args.seed, seq_len=args.seq_len, fields=fields,
-                                 test_share=args.test_share, eval_data=args.eval,
-                                 train_held_out=args.train_held_out is not False, rate=rate)
             plan, res = run_in_one(model, tok, args.data, options, out_dir=out, on_step=bar, load_seconds=load)
         finally:
             bar.close()
@@ -214,3 +207,19 @@ def _name_every_second(out: Path, res: Any, before_load: float | None, after_run
     record.update({k: round(v, 3) for k, v in (("before_load_seconds", before_load), ("after_run_seconds", after_run),
                                                ("process_seconds", process_seconds())) if v is not None})
     write_atomic(out / "run.json", json.dumps(record, indent=1, default=str))
+
+
+def run_options(args: argparse.Namespace) -> RunOptions:
+    """The default run's :class:`~leadline.run.RunOptions` from its flags: a flag left out is
+    None, and RunOptions falls back on the recipe's constant (the rows a step, the decide share);
+    ``--train-held-out`` is on unless ``--no-train-held-out``; ``--lr`` is a given rate, no race."""
+    from leadline.cli._common import fields_of
+    from leadline.plan import Value
+    from leadline.run import RunOptions
+
+    rate = (Value(args.lr, "given", "the caller's rate (--lr): no race; the guard checks the run all the same",
+                  unit="per step") if args.lr is not None else None)
+    return RunOptions(total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step,
+                      decide_share=args.decide_share, seed=args.seed, seq_len=args.seq_len,
+                      fields=fields_of(args) or None, test_share=args.test_share, eval_data=args.eval,
+                      train_held_out=args.train_held_out is not False, rate=rate)

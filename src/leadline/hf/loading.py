@@ -397,8 +397,10 @@ def load_trainable(path: str | os.PathLike[str] | ModelSource, *, device: Any, d
         from peft import LoraConfig, get_peft_model
     except ImportError:
         raise InputError("LoRA needs peft; pip install 'leadline[hf]' or pass --full") from None
-    cfg = LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear", lora_dropout=0.0,
-                     task_type="CAUSAL_LM", revision=source.revision)
+    from leadline.run.lora import ALPHA_PER_RANK
+
+    cfg = LoraConfig(r=lora_rank, lora_alpha=ALPHA_PER_RANK * lora_rank, target_modules="all-linear",
+                     lora_dropout=0.0, task_type="CAUSAL_LM", revision=source.revision)
     import warnings
 
     with warnings.catch_warnings():  # PEFT reads a property transformers 5 renamed: its warning is not the user's

@@ -21,6 +21,8 @@ from leadline.plan import Value
 
 DEFAULT_RANK = 16
 """The rank leadline's commands give an adapter where ``--lora-rank`` does not."""
+ALPHA_PER_RANK = 2
+"""The adapter's alpha over its rank where ``--lora-alpha`` is not given: its update scaled by 2."""
 
 
 @dataclass(frozen=True)
