@@ -188,7 +188,7 @@ def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.Pat
     plan.to_json(out / "plan.json")
 
 
-def rules() -> dict[str, Any]:
+def rules() -> dict[str, float | str]:
     """The run's rules that a result depends on, by name (``run.json``'s ``rules``): a record of another
     version's rules tells a board that its run was not this version's."""
     from leadline.rate.guard import END_RULE, GIVE_BACK
