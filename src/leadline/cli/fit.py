@@ -150,7 +150,7 @@ def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) 
     would otherwise walk real steps of up to that many rows)."""
     from leadline.errors import InputError
     from leadline.memory import estimate_step_bytes
-    from leadline.memory.readings import format_bytes, memory_for
+    from leadline.memory_readings import format_bytes, memory_for
 
     est = estimate_step_bytes(model, args.micro_batch, args.seq_len)
     room = memory_for(next(model.parameters()).device, card_bytes=card_bytes).room()
@@ -218,7 +218,7 @@ def _lengths(data: str, model_path: Any, seq_len: int) -> list[int]:
 
 
 def _gb(n: int | None) -> str:
-    from leadline.memory.readings import format_bytes
+    from leadline.memory_readings import format_bytes
 
     return format_bytes(n)
 

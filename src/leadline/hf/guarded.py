@@ -238,7 +238,7 @@ def guard_copies_refused(params: Sequence[Any]) -> str | None:
         >>> guard_copies_refused([torch.zeros(4)]) is None
         True
     """
-    from leadline.memory.readings import host_memory_bytes
+    from leadline.memory_readings import host_memory_bytes
 
     tensors = sum(p.numel() * p.element_size() for p in params)
     need = tensors * (1 + STATE_FACTOR * Guard(rate=0.0, looks=1).keep)  # the start, keep - 1 bests, the spare

@@ -27,7 +27,7 @@ from typing import Any
 
 from leadline.errors import LeadlineError
 from leadline.memory._hooks import OutermostHooks
-from leadline.memory.readings import DeviceMemory, format_bytes, memory_for, normalize_device
+from leadline.memory_readings import DeviceMemory, format_bytes, memory_for, normalize_device
 
 MAX_CAP_MOVES = 1000
 RECENT_READINGS = 256
@@ -40,7 +40,7 @@ class RoomShrank(LeadlineError):
         Another program takes 1 GB of the card, then the step runs out of memory:
 
         >>> import textwrap
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> try:
         ...     with forbid_spill(memory=card, wddm=False):
@@ -109,7 +109,7 @@ class SpillWatch:
     """Moves the cap to free + held before outermost forwards and after optimizer steps.
 
     Args:
-        memory: the device's :class:`~leadline.memory.readings.DeviceMemory`.
+        memory: the device's :class:`~leadline.memory_readings.DeviceMemory`.
         max_overhead: the readings' cost as a share of elapsed time (0.01: 1%). After a reading
             that cost c seconds, the next one waits c / max_overhead.
         ceiling_bytes: a cap the process had before (never raised above it).
@@ -127,7 +127,7 @@ class SpillWatch:
     Examples:
         One reading, no hooks installed: the cap moves to free + held, never above the ceiling.
 
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> reading = SpillWatch(card).read()
         >>> reading["room_bytes"], reading["cap_bytes"], card.cap
@@ -314,7 +314,7 @@ class SpillCap:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    from leadline.memory.readings import is_oom
+    from leadline.memory_readings import is_oom
 
     return is_oom(exc)
 
@@ -335,13 +335,13 @@ def forbid_spill(
 
     Args:
         device: ``"cuda:N"`` (default: the current CUDA device, or the CPU without CUDA).
-        card_bytes: treat the card as this big (see :class:`~leadline.memory.readings.CudaMemory`).
+        card_bytes: treat the card as this big (see :class:`~leadline.memory_readings.CudaMemory`).
         memory: the readings to use (tests pass a fake allocator); overrides device.
         max_overhead: the watch's reading cost as a share of elapsed time.
         wddm: read the Windows spill counters (default: where they are available).
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> with forbid_spill(memory=card, wddm=False) as cap:
         ...     print(cap.active, card.cap, watched("cuda:0").readings)
@@ -396,7 +396,7 @@ def lift_cap(device: Any = None) -> WatchReport:
     Returns the watch's final report. Safe to call when nothing is capped.
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> card.cap = 4 * 10**9  # a cap the process had before
         >>> cap = forbid_spill(memory=card, wddm=False)

@@ -25,8 +25,8 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.memory.fit_result import FIT_VERDICTS, LONG_RUN_DRIFT, FitResult, _shape, fit_sentence
 from leadline.memory.probe import Rung, confirmation_lengths, largest_passing, length_candidates, probe
-from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
 from leadline.memory.step import ModelStep, device_of
+from leadline.memory_readings import DeviceMemory, format_bytes, memory_for
 
 __all__ = ["FIT_VERDICTS", "LONG_RUN_DRIFT", "FitResult", "estimate_step_bytes", "fit_sentence", "measure_fit"]
 
@@ -73,7 +73,7 @@ def measure_fit(
         Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 1 MB a token:
 
         >>> import textwrap
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> from leadline.memory.step import StepTiming
         >>> host = FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # a step sets host.peak
         >>> def step(rows, length, repeats=1):

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from leadline.memory.probe import Rung
-from leadline.memory.readings import format_bytes
+from leadline.memory_readings import format_bytes
 from leadline.plan import Value
 
 FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")

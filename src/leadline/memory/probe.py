@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from leadline.memory.readings import DeviceMemory, is_oom
+from leadline.memory_readings import DeviceMemory, is_oom
 
 VERDICTS = ("fits", "squeezed", "oom")
 
@@ -73,7 +73,7 @@ def probe(step: Any, memory: DeviceMemory, rows: int, length: int, repeats: int 
     Returns the rung and the step's timing (None after an OOM).
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> from leadline.memory.step import StepTiming
         >>> def step(rows, length, repeats=1):  # 0.2 s a forward+backward

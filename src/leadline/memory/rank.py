@@ -16,8 +16,8 @@ from typing import Any
 from leadline.errors import InputError
 from leadline.memory.fit import _shape, measure_fit
 from leadline.memory.probe import largest_passing
-from leadline.memory.readings import DeviceMemory, memory_for
 from leadline.memory.step import ClosableStep, device_of
+from leadline.memory_readings import DeviceMemory, memory_for
 from leadline.plan import Value
 
 
@@ -70,7 +70,7 @@ def rank_to_fit(
     Examples:
         Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 0.1 GB a rank:
 
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> from leadline.memory.step import StepTiming
         >>> host = FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # a step sets host.peak
         >>> def step_at_rank(rank):

@@ -310,24 +310,3 @@ def first_scored(row: Any) -> int:
 
 def _answer(row: Any) -> tuple[int, ...]:
     return tuple(row.input_ids[first_scored(row):])
-
-
-def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
-                   device: Any, pad_id: int) -> list[int]:
-    """For each held-out row, the index of the answer with the highest summed log-probability
-    after the row's prompt (one batched read of every row with every answer)."""
-    from leadline.corpus import TokenizedRow
-    from leadline.corpus.losses import row_losses
-
-    tried = []
-    for i in held:
-        prompt = rows[i].input_ids[:first_scored(rows[i])]
-        for ans in answers:
-            tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
-    means = row_losses(model, tried, None, device, pad_id=pad_id)
-    k = len(answers)
-    out = []
-    for j in range(len(held)):
-        nll = [means[j * k + a] * max(1, tried[j * k + a].scored_tokens) for a in range(k)]
-        out.append(min(range(k), key=nll.__getitem__))
-    return out

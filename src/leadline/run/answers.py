@@ -5,7 +5,7 @@ The answers are the opening race's (:func:`leadline.rate.opening.answer_set`): t
 completions of the training rows, from 2 to :data:`~leadline.rate.opening.MAX_ANSWERS`; free text
 (more of them) has none, and neither do rows without a prompt (plain text). A row's choice is the
 answer with the highest summed log-probability after the row's prompt
-(:func:`leadline.rate.opening.answers_chosen`), so nothing is generated and nothing is parsed:
+(:func:`answers_chosen`), so nothing is generated and nothing is parsed:
 
     accuracy = (rows whose choice is their own completion) / rows
     chosen[a] = (rows whose choice is a) / rows
@@ -27,6 +27,27 @@ from leadline.rate.opening import first_scored
 SHOWN = 8
 """The answers the terminal lists by name (the most frequent among the rows' own); ``run.json``
 holds every one."""
+
+
+def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
+                   device: Any, pad_id: int) -> list[int]:
+    """For each held-out row, the index of the answer with the highest summed log-probability
+    after the row's prompt (one batched read of every row with every answer)."""
+    from leadline.corpus import TokenizedRow
+    from leadline.corpus.losses import row_losses
+
+    tried = []
+    for i in held:
+        prompt = rows[i].input_ids[:first_scored(rows[i])]
+        for ans in answers:
+            tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
+    means = row_losses(model, tried, None, device, pad_id=pad_id)
+    k = len(answers)
+    out = []
+    for j in range(len(held)):
+        nll = [means[j * k + a] * max(1, tried[j * k + a].scored_tokens) for a in range(k)]
+        out.append(min(range(k), key=nll.__getitem__))
+    return out
 
 
 @dataclass(frozen=True)
@@ -181,8 +202,6 @@ class AnswerReader:
                 for a in (tuple(rows[i].input_ids[first_scored(rows[i]):]) for i in self._indices(part, n))]
 
     def _choose(self, part: str, n: int | None = None) -> list[int]:
-        from leadline.rate.opening import answers_chosen
-
         idx = self._indices(part, n)
         if not idx:
             return []

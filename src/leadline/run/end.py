@@ -11,8 +11,9 @@ from typing import Any
 
 from leadline.corpus.losses import row_losses
 from leadline.rate.guard import Guard, Outcome, check_plan, check_steps, outcome
-from leadline.rate.opening import ANSWER_ROWS, answer_set, answers_chosen, collapsed, gold_of
+from leadline.rate.opening import ANSWER_ROWS, answer_set, collapsed, gold_of
 from leadline.rate.watch import Watch
+from leadline.run.answers import answers_chosen
 from leadline.run.job import Job
 from leadline.run.length import half_a_pass_before, still_improving
 from leadline.run.loop import Looped, guarded_steps

@@ -24,7 +24,6 @@ from leadline.rate.opening import (
     Decision,
     Reading,
     answer_set,
-    answers_chosen,
     challenger_ran,
     climb,
     collapsed,
@@ -36,6 +35,7 @@ from leadline.rate.opening import (
 )
 from leadline.rate.watch import StateCopy
 from leadline.rng import capture_rng, restore_rng
+from leadline.run.answers import answers_chosen
 from leadline.run.job import Job
 from leadline.run.restore import Found, as_found
 

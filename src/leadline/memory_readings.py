@@ -15,7 +15,8 @@ Everything that asks the card or the host about memory goes through a :class:`De
 
 The ramp, the cap, the watch and the fit pre-flight only see this interface, so the tests hand
 them a fake allocator with recorded peaks, retries and OOMs. torch is imported inside the
-methods: importing this module stays light.
+methods: importing this module stays light. It stands under :mod:`leadline.memory` and
+:mod:`leadline.rate` (the snapshots ask it for the card's room), beside :mod:`leadline.stats`.
 """
 
 from __future__ import annotations
