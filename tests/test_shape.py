@@ -183,6 +183,21 @@ MOST_PARAMETERS_IN_THE_CORE = 8
 MORE_PARAMETERS = {
     "leadline.run.task.prepare": "the task's public builder (leadline.hf.prepare), shared with derive()'s look-ahead, "
                                  "each argument a keyword its callers name",
+    "leadline.hf.deriving.derive_for": "the library's one call (README.md, docs/hf.md): the common arguments as "
+                                       "keywords, the rest in DeriveOptions (held at 12 below)",
+    "leadline.train.train_with_plan": "the reference run (README.md, docs/rate.md): out_dir=, total_steps=, "
+                                      "schedule=, on_step=, state=, ending=, ending_share=, record= as its callers "
+                                      "name them",
+    "leadline.memory.fit.measure_fit": "the fit pre-flight (leadline.measure_fit, docs/memory.md): each option a "
+                                       "keyword that leadline fit, the rank search and the docs name",
+    "leadline.hf.callback.LeadlineCallback.__init__": "Trainer's callback (docs/hf.md, docs/rate.md): the plan's "
+                                                      "readers and ending=, ending_share= as users pass them",
+    "leadline.rate.watch.Watch.__init__": "the one check-and-rollback, built by the run's end, the guard inside "
+                                          "Trainer and the look-ahead annex's LookaheadSchedule, whose call "
+                                          "(spikes=, place=, on_said=) the core does not edit",
+    "leadline.corpus.profile.profile_corpus": "leadline.profile_corpus, its keywords as docs/corpus.md lists them",
+    "leadline.hf.find.find_lr": "leadline.hf.find_lr (docs/hf.md): a trainer, or a model with its tokenizer and "
+                                "rows, and the search's keywords",
 }
 """Core functions allowed more than :data:`MOST_PARAMETERS_IN_THE_CORE`: public signatures whose
 keywords users and the docs name, each with the reason."""

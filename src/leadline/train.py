@@ -112,18 +112,18 @@ def ending_steps_for(share: float | None, total_steps: int) -> int | None:
     return max(1, round(share * total_steps))
 
 
-def lookahead_schedule(plan: Plan, params: list[Any], opt: Any, train_step: Callable[[int], Any],
-                       held_out_losses: Callable[[], Any] | None, *, total_steps: int,
-                       taken: tuple[int, float] | None = None, ending: Literal["raced", "to_zero"] = "raced",
-                       ending_steps: int | None = None) -> Any:
+def lookahead_schedule(plan: Plan, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+                       train_step: Callable[[int], float], held_out_losses: Callable[[], list[float]] | None, *,
+                       total_steps: int, ending: Literal["raced", "to_zero"] = "raced",
+                       ending_steps: int | None = None) -> LookaheadSchedule:
     """The :class:`~leadline.lookahead.rate.LookaheadSchedule` a look-ahead plan trains with over
     ``opt``, for ``total_steps`` steps: the plan's rate at each step, its checks every horizon on
-    the held-out rows, the ending (``raced`` over ``ending_steps``, or ``to_zero``); ``taken``: the
-    steps and rate of derive's kept branch the run continues from. :func:`train_with_plan` and
-    ``LeadlineCallback`` run it."""
+    the held-out rows, the ending (``raced`` over ``ending_steps``, or ``to_zero``).
+    ``LeadlineCallback`` runs it; :func:`train_with_plan` builds its own, which may continue from
+    derive's kept branch."""
     from leadline.lookahead.rate.schedule import LookaheadSchedule, lookahead_from
 
-    config = lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps)
+    config = lookahead_from(plan, ending=ending, ending_steps=ending_steps)
     return LookaheadSchedule(params, opt, train_step, held_out_losses, config, total_steps=total_steps)
 
 
@@ -167,8 +167,8 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     refuse_quick_plan(plan)
     t_call = time.perf_counter()
     if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
-        return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
-                                on_step=on_step, ending=ending, ending_share=ending_share)
+        _refuse_an_ending(ending, ending_share)
+        return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps, on_step=on_step)
     run = _set_up(model, tokenizer, data, plan, total_steps, ending, ending_share)
     linear = plan.get("ending") == "linear"
     schedule = schedule and not linear
@@ -240,11 +240,14 @@ def _rates(plan: Plan, run: _Run, run_state: RunState | None, *, schedule: bool,
     steps and rate), or for a recipe plan its warmup and linear decay; the schedule too, or None."""
     recipe_rate = _recipe_rate(plan, run.steps, run.opt) if linear else None
     held = run.task.held_out_losses() if run.task.split.held_out else None  # a recipe on every row reads none
-    taken = (run_state.steps, run_state.lr) if run_state is not None else None
-    sched = (lookahead_schedule(plan, run.params, run.opt, run.train_step, held, total_steps=run.steps, taken=taken,
-                                ending=ending, ending_steps=run.ending_steps)
-             if schedule else None)
-    return sched, (sched.before if sched is not None else recipe_rate)
+    if not schedule:
+        return None, recipe_rate
+    from leadline.lookahead.rate.schedule import LookaheadSchedule, lookahead_from
+
+    taken = (run_state.steps, run_state.lr) if run_state is not None else None  # the kept branch's steps and rate
+    config = lookahead_from(plan, taken=taken, ending=ending, ending_steps=run.ending_steps)
+    sched = LookaheadSchedule(run.params, run.opt, run.train_step, held, config, total_steps=run.steps)
+    return sched, sched.before
 
 
 def _train_steps(run: _Run, run_state: RunState | None, sched: LookaheadSchedule | None,
@@ -267,16 +270,20 @@ def _train_steps(run: _Run, run_state: RunState | None, sched: LookaheadSchedule
     return done.curve, ended
 
 
-def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: Any, total_steps: int | None,
-                     on_step: Callable[[dict[str, Any]], None] | None, ending: str,
-                     ending_share: float | None) -> dict[str, Any]:
+def _refuse_an_ending(ending: str, ending_share: float | None) -> None:
+    """A race plan has no ending to set."""
+    if ending != "raced" or ending_share is not None:
+        raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
+                         "ending to set; leave ending and ending_share out")
+
+
+def _train_race_plan(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, plan: Plan, *,
+                     out_dir: str | os.PathLike[str] | None, total_steps: int | None,
+                     on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
     AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
     from leadline.run import RunOptions, run_in_one
 
-    if ending != "raced" or ending_share is not None:
-        raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
-                         "ending to set; leave ending and ending_share out")
     _need(plan, "micro_batch", "lr")
     rows = int(plan.get("rows_per_step") or int(plan.micro_batch) * int(plan.get("grad_accum", 1)))
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0
