@@ -135,7 +135,8 @@ def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
     return lr * max(0.0, (total - step) / max(1, total - warmup))
 
 
-def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
+def train_with_plan(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, plan: Plan, *,
+                    out_dir: str | os.PathLike[str] | None = None,
                     total_steps: int | None = None, schedule: bool = True,
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,

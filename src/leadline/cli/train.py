@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from leadline.cli._common import Spelled, add_model_arguments, add_old_spelling
 
@@ -79,7 +79,7 @@ def check_ending_share(args: argparse.Namespace) -> None:
                          "one of them")
 
 
-def ending_of(args: argparse.Namespace) -> Any:
+def ending_of(args: argparse.Namespace) -> Literal["raced", "to_zero"]:
     """--ending as the schedule names it (``raced`` or ``to_zero``)."""
     return "to_zero" if args.ending == "to-zero" else "raced"
 
@@ -219,7 +219,7 @@ def _exit_code(res: dict[str, Any]) -> int:
     return EXIT_NOT_IMPROVED
 
 
-def check_flags_have_effect(args: argparse.Namespace, plan: Any) -> None:
+def check_flags_have_effect(args: argparse.Namespace, plan: Plan) -> None:
     """A flag that would change nothing with this plan and these flags is refused, naming it and
     the fix; with ``--recipe`` the recipe's flags left out take the recipe's defaults."""
     from leadline.cli._common import flag_of
@@ -264,7 +264,7 @@ def check_schedule_flags(args: argparse.Namespace) -> None:
                          f"drop one of the two")
 
 
-def _plan_rows_per_step(plan: Any) -> int | None:
+def _plan_rows_per_step(plan: Plan) -> int | None:
     """The rows an optimizer step of the plan takes (micro-batch x accumulation), where it says."""
     mb, accum = plan.get("micro_batch"), plan.get("grad_accum") or 1
     return int(mb) * int(accum) if isinstance(mb, int) and isinstance(accum, int) else None

@@ -207,7 +207,7 @@ class RowReader:
                 except UnicodeDecodeError:
                     self.problems.record(where, "is not UTF-8 text")
 
-    def parse(self, raw: Any, where: str) -> Example | None:
+    def parse(self, raw: object, where: str) -> Example | None:
         """The row as an :class:`Example`, or None after recording why it cannot be used.
 
         Examples:

@@ -27,6 +27,10 @@ from leadline.run.precision import check_trainable, checkpointing, precision_of
 from leadline.run.task import rows_of
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, Trainer
+
+    from leadline.corpus.rows import RowSource
     from leadline.lookahead.model import ModelPieces
 
 __all__ = ["EFFORTS", "PARTS", "DeriveOptions", "derive_for", "derive_parts"]
@@ -80,9 +84,10 @@ class DeriveOptions:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
 
 
-def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
-               epochs: float | None = None, effort: str = "race", seq_len: int | None = None, seed: int = 0,
-               fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
+def derive_for(model: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+               train_dataset: RowSource | None = None, *, total_steps: int | None = None, epochs: float | None = None,
+               effort: str = "race", seq_len: int | None = None, seed: int = 0, fields: dict[str, str] | None = None,
+               rows_per_step: int | None = None, progress: bool | None = None,
                options: DeriveOptions | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
@@ -157,7 +162,8 @@ def check_effort(effort: object) -> None:
                          "rate on the run's opening steps, full runs the look-ahead")
 
 
-def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, measure: Sequence[str] = PARTS,
+def derive_parts(model: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+                 train_dataset: RowSource | None = None, *, measure: Sequence[str] = PARTS,
                  batch: tuple[int, int] | None = None, **kw: Any) -> Plan:
     """:func:`derive_for` running only the phases of ``measure``: ``"batch"`` (the noise
     scale, the memory ramp and the step: ``rows_fit``, ``micro_batch``, ``grad_accum``) and

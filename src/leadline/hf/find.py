@@ -26,7 +26,10 @@ from leadline.plan import Plan
 from leadline.run.fit import halved
 
 if TYPE_CHECKING:
-    from transformers import TrainingArguments
+    import torch
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+    from leadline.corpus.rows import RowSource
 
 __all__ = ["FoundBatchSize", "FoundRate", "find_batch_size", "find_lr"]
 
@@ -179,8 +182,9 @@ class FoundRate(_Found):
         return [n for n in ("lr", "optimizer", "alpha1", "warmup_steps") if n in self.plan]
 
 
-def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *,
-                    max_seconds: float | None = None, progress: bool | None = None, seed: int = 0) -> FoundBatchSize:
+def find_batch_size(trainer: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+                    train_dataset: RowSource | None = None, *, max_seconds: float | None = None,
+                    progress: bool | None = None, seed: int = 0) -> FoundBatchSize:
     """The micro-batch and accumulation a trainer should run: derive's noise scale, memory
     ramp and step (B* = sqrt(B_noise x tokens per micro-batch x t_step / t_micro), McCandlish
     et al. 2018, <https://arxiv.org/abs/1812.06162>), on the trainer's own rows and model as it
@@ -219,9 +223,10 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
     return FoundBatchSize(plan, "micro_batch", ("rows_fit", "micro_batch"))
 
 
-def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, micro_batch: int | None = None,
-            grad_accum: int | None = None, effort: str = "race", max_seconds: float | None = None,
-            progress: bool | None = None, seed: int = 0) -> FoundRate:
+def find_lr(trainer: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+            train_dataset: RowSource | None = None, *, micro_batch: int | None = None, grad_accum: int | None = None,
+            effort: str = "race", max_seconds: float | None = None, progress: bool | None = None,
+            seed: int = 0) -> FoundRate:
     """The learning rate for the trainer's batch, for its run's length.
 
     ``effort="race"`` (the default, as ``derive_for``'s and ``leadline run``'s): schedule-free

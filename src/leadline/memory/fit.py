@@ -20,7 +20,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.memory.cap import forbid_spill
@@ -28,6 +28,9 @@ from leadline.memory.fit_result import FIT_VERDICTS, LONG_RUN_DRIFT, FitResult, 
 from leadline.memory.probe import Rung, confirmation_lengths, largest_passing, length_candidates, probe
 from leadline.memory.step import ModelStep, StepTiming, device_of
 from leadline.memory_readings import DeviceMemory, format_bytes, memory_for
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FIT_VERDICTS", "LONG_RUN_DRIFT", "FitResult", "estimate_step_bytes", "fit_sentence", "measure_fit"]
 
@@ -244,7 +247,7 @@ def _suggest(result: FitResult, step: Any, mem: DeviceMemory, guard: _Guard, rep
 
 
 # ---- the estimate that guards the card ---------------------------------------------------
-def estimate_step_bytes(model: Any, rows: int, length: int, *, optimizer_states: int = 2) -> int | None:
+def estimate_step_bytes(model: torch.nn.Module, rows: int, length: int, *, optimizer_states: int = 2) -> int | None:
     """A rough estimate of a training step's peak, used only to refuse absurd shapes unrun.
 
     weights + gradients of the trained parameters + ``optimizer_states`` states per trained

@@ -83,7 +83,7 @@ class FitResult:
         drift = LONG_RUN_DRIFT if self.device.startswith("cuda") else 0.0
         return int(-(-self.peak_bytes * (1.0 + drift) // 1))
 
-    def add_alternative(self, what: str, text: str, fits: bool, **detail: Any) -> None:
+    def add_alternative(self, what: str, text: str, fits: bool, **detail: object) -> None:
         """Record one alternative (``what``: rows, length, checkpointing, rank) for the sentence.
 
         Examples:

@@ -11,7 +11,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.memory.fit import _shape, measure_fit
@@ -19,6 +19,9 @@ from leadline.memory.probe import largest_passing
 from leadline.memory.step import ClosableStep, device_of
 from leadline.memory_readings import DeviceMemory, memory_for
 from leadline.plan import Value
+
+if TYPE_CHECKING:
+    from leadline.memory.step import StepTiming
 
 
 # ---- the rank the memory holds ------------------------------------------------------------
@@ -52,7 +55,7 @@ class RankFit:
 
 
 def rank_to_fit(
-    step_at_rank: Callable[[int], Any],
+    step_at_rank: Callable[[int], Callable[..., StepTiming]],
     rows: int,
     length: int,
     *,

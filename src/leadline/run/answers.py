@@ -20,17 +20,25 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.rate.opening import first_scored
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from leadline.corpus import TokenizedRow
+    from leadline.memory_readings import Device
+    from leadline.run.task import Task
 
 SHOWN = 8
 """The answers the terminal lists by name (the most frequent among the rows' own); ``run.json``
 holds every one."""
 
 
-def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
-                   device: Any, pad_id: int) -> list[int]:
+def answers_chosen(model: torch.nn.Module, rows: Sequence[TokenizedRow], held: Sequence[int],
+                   answers: Sequence[tuple[int, ...]], device: Device, pad_id: int) -> list[int]:
     """For each held-out row, the index of the answer with the highest summed log-probability
     after the row's prompt (one batched read of every row with every answer)."""
     from leadline.corpus import TokenizedRow
@@ -163,7 +171,7 @@ class AnswerReader:
     seconds: float = 0.0
 
     @classmethod
-    def of(cls, task: Any, decode: Callable[[Sequence[int]], str]) -> AnswerReader | None:
+    def of(cls, task: Task, decode: Callable[[Sequence[int]], str]) -> AnswerReader | None:
         """The reader where the training rows have a few distinct completions after a prompt, else None."""
         from leadline.rate.opening import answer_set
 
@@ -253,7 +261,7 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def answers_before(task: Any, tokenizer: Any) -> AnswerReader | None:
+def answers_before(task: Task, tokenizer: PreTrainedTokenizerBase) -> AnswerReader | None:
     """Where the rows are a classifier's, the start's answers on the held-out and test rows; None for free text."""
     reader = AnswerReader.of(task, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     if reader is not None:
