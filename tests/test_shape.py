@@ -294,6 +294,58 @@ def test_the_any_count_reads_parameters_results_and_public_methods_only():
     assert _any_in_public_signatures(source) == {"f": 5, "C.m": 2}
 
 
+MOST_FLOORS = 10
+"""The floors the package stands on, a folder of it one room: a room stands one floor above the
+highest room it imports (imports inside functions and under ``TYPE_CHECKING`` counted), the rooms
+that import none of leadline on the ground. ``__main__`` -> ``cli/`` -> ``hf/`` -> ``train.py``
+-> ``lookahead/`` -> ``run/`` -> ``corpus/`` -> ``plan.py`` -> ``_io.py`` -> ``errors.py``."""
+
+
+def _room(module: str) -> str:
+    """A module's room: its top-level folder under ``leadline`` (``run/``), or the module itself."""
+    parts = MODULES[module].relative_to(SRC).parts
+    return parts[0] + "/" if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def _floors(rooms: dict[str, set[str]]) -> dict[str, int]:
+    """Each room's floor (1: it imports no other room); a circle of rooms fails."""
+    floors: dict[str, int] = {}
+    climbing: list[str] = []
+
+    def floor(room: str) -> int:
+        if room in floors:
+            return floors[room]
+        assert room not in climbing, f"rooms import each other: {' -> '.join([*climbing, room])}"
+        climbing.append(room)
+        floors[room] = 1 + max((floor(r) for r in rooms.get(room, ()) if r != room), default=0)
+        climbing.pop()
+        return floors[room]
+
+    for room in rooms:
+        floor(room)
+    return floors
+
+
+def test_the_package_stands_on_at_most_ten_floors():
+    rooms: dict[str, set[str]] = {}
+    for name in MODULES:
+        for module, what in _imports(name, type_checking=True):
+            target = f"{module}.{what}" if what and f"{module}.{what}" in MODULES else module
+            if target in MODULES:
+                rooms.setdefault(_room(name), set()).add(_room(target))
+    floors = _floors(rooms)
+    assert floors["errors"] == 1 and floors["run/"] < floors["hf/"] < floors["cli/"]  # the rooms were read
+    top = max(floors.values())
+    tower = sorted(floors, key=lambda r: -floors[r])[:4]
+    assert top <= MOST_FLOORS, f"{top} floors, more than {MOST_FLOORS}; the highest rooms: {tower}"
+
+
+def test_the_floor_of_a_room_is_one_above_the_highest_it_imports():
+    assert _floors({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == {"c": 1, "b": 2, "a": 3}
+    with pytest.raises(AssertionError, match="rooms import each other"):
+        _floors({"a": {"b"}, "b": {"a"}})
+
+
 RECIPE_MOST_LINES = 300
 """run/one.py's lines at most: the recipe read in one sitting, its steps in the modules beside it."""
 
