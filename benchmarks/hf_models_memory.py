@@ -200,7 +200,7 @@ def steps(task: Any, b: int, lengths: list[int], n: int, until: float | None = N
     ``time.perf_counter()``) stops them early, ``steps_done`` saying how far they got."""
     import torch
 
-    from leadline.memory.readings import is_oom
+    from leadline.memory_readings import is_oom
 
     params = [p for p in task.model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-5)

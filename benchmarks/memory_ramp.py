@@ -88,7 +88,7 @@ from leadline.lookahead.memory import WontFit, ramp  # noqa: E402
 from leadline.memory import RoomShrank, forbid_spill, measure_fit, watched  # noqa: E402
 from leadline.memory.cap import SpillWatch  # noqa: E402
 from leadline.memory.model_step import ModelStep, add_lora, full_finetune, remove_lora  # noqa: E402
-from leadline.memory.readings import CudaMemory, is_oom  # noqa: E402
+from leadline.memory_readings import CudaMemory, is_oom  # noqa: E402
 from leadline.stats import mean_se, median  # noqa: E402
 
 GB = 10**9

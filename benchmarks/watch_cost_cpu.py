@@ -58,7 +58,7 @@ def measure_case(name: str, lora: bool, args: argparse.Namespace) -> dict[str, A
     from torch.nn.modules.module import register_module_forward_pre_hook
 
     from leadline.memory import SpillWatch
-    from leadline.memory.readings import HostMemory
+    from leadline.memory_readings import HostMemory
     from leadline.stats import mean_se
 
     model = build(lora)

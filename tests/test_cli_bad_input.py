@@ -241,7 +241,7 @@ def test_a_row_past_the_models_positions_is_said_once_and_refused_where_one_row_
     err = capsys.readouterr().err
     notes = [line for line in err.splitlines() if "longer than the model's" in line or "positions" in line]
     assert len(notes) == 1 and "rows are cut to 512 tokens" in notes[0] and "--seq-len N" in notes[0], err
-    monkeypatch.setattr("leadline.memory.readings.memory_for", _SmallRoom)
+    monkeypatch.setattr("leadline.memory_readings.memory_for", _SmallRoom)
     said = _refused(capsys, [*argv, "--out", str(tmp_path / "no")], "its longest row is", "cut to the model's 512",
                     "pass --seq-len")
     n = int(said.split("pass --seq-len ")[1].split()[0])

@@ -33,7 +33,7 @@ def _lora(model):
 
 
 def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, tmp_path):
-    from leadline.cli.demo import TRAINING_NUMBERS, Cut, header, run_demo
+    from leadline.cli.demo import TRAINING_NUMBERS, Cut, DemoRows, header, run_demo
 
     model = _lora(make_model(vocab_size=len(tokenizer)))
     start = [p.detach().clone() for p in model.parameters() if p.requires_grad]
@@ -41,7 +41,7 @@ def test_the_demo_judges_four_arms_by_accuracy_on_the_same_test_rows(tokenizer, 
     # rows the tiny tokenizer was trained on, four sections: the tiny model learns them
     rows = read_jsonl(DATA / "prompt_completion.jsonl")
     cut = Cut(train_rows=30, test_rows=None, description_chars=40)
-    rec = run_demo(model, tokenizer, rows[:30], rows[30:], tmp_path, cut, say=lines.append, progress=False,
+    rec = run_demo(model, tokenizer, DemoRows(rows[:30], rows[30:], cut), tmp_path, say=lines.append, progress=False,
                    model_name="tiny + LoRA r4")
 
     assert {"plan.json", "report.html", "demo.json", "train.jsonl", "leadline_run", "recipe_run"} <= {

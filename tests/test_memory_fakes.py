@@ -11,8 +11,8 @@ emptied, by ``empty_cache``, an OOM or a retry), for fragmentation that depends 
 
 from __future__ import annotations
 
-from leadline.memory.readings import DeviceMemory
 from leadline.memory.step import StepTiming
+from leadline.memory_readings import DeviceMemory
 
 
 class FakeAllocator(DeviceMemory):

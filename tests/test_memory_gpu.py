@@ -22,7 +22,7 @@ from leadline.memory import (
     watched,
 )
 from leadline.memory.model_step import ModelStep, full_finetune
-from leadline.memory.readings import CudaMemory
+from leadline.memory_readings import CudaMemory
 
 pytestmark = pytest.mark.gpu
 MB = 2**20

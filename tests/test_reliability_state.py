@@ -191,7 +191,7 @@ def test_the_ram_bound_turns_an_allocation_past_the_ram_into_an_error_and_is_lif
     code = (
         "import resource, torch\n"
         "from leadline.cli._common import ram_bound\n"
-        "from leadline.memory.readings import host_memory_bytes, is_oom\n"
+        "from leadline.memory_readings import host_memory_bytes, is_oom\n"
         "before = resource.getrlimit(resource.RLIMIT_DATA)\n"
         "available = host_memory_bytes()[0]\n"
         "with ram_bound('cpu', share=0.05) as bound:\n"
@@ -215,7 +215,7 @@ def test_the_systems_enomem_is_an_out_of_memory_sentence_and_another_os_error_is
     import leadline.cli._common as common
     from helpers import save_model_dir
     from leadline.cli import main
-    from leadline.memory.readings import is_oom
+    from leadline.memory_readings import is_oom
 
     assert is_oom(OSError(errno.ENOMEM, "Cannot allocate memory")) and not is_oom(OSError(errno.ENOENT, "gone"))
     model = save_model_dir(tmp_path / "tiny")

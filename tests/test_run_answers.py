@@ -25,13 +25,13 @@ def _task(golds: list[int], answers: list[tuple[int, ...]], held: int):
 
 def test_accuracy_and_spread_are_read_from_the_choices_against_each_rows_own_answer(monkeypatch):
     """A known answer: the choices the model makes are given, so the accuracy and the shares are counted."""
-    import leadline.rate.opening as opening
+    import leadline.run.answers as reading
     from leadline.run.answers import AnswerReader
 
     answers = [(11,), (12,), (13, 14)]
     task = _task([0, 1, 2, 0, 0, 1, 2, 0], answers, held=4)  # held out: 0, 1, 2, 0; the answers in training order
     chosen = iter([[0, 0, 0, 0], [0, 1, 2, 1]])  # before: one answer for every row; after: three right of four
-    monkeypatch.setattr(opening, "answers_chosen", lambda *a, **k: next(chosen))
+    monkeypatch.setattr(reading, "answers_chosen", lambda *a, **k: next(chosen))
     reader = AnswerReader.of(task, lambda ids: {11: "games", 12: "net", 13: "sound"}[ids[0]])
     reader.before()
     got = reader.after()

@@ -164,7 +164,7 @@ def test_a_given_rate_runs_under_the_guard_and_the_model_kept_is_no_worse_than_i
 def test_a_run_whose_kept_model_collapses_says_so_and_exits_three(tmp_path, monkeypatch, capsys):
     """The kept model answers one section for every held-out row (its answers faked): the command
     prints the sentence, writes the adapter marked in run.json, and exits 3."""
-    import leadline.rate.opening as rule
+    import leadline.run.end as rule
     from helpers import save_model_dir
     from leadline.cli import main
 

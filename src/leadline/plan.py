@@ -153,7 +153,7 @@ def _setting(x: Any) -> str:
 _SETTING_WORDS = {"checkpointing": "gradient checkpointing"}
 
 
-def readable(obj: Any) -> str:
+def readable(obj: object) -> str:
     """A dict (or list) value in words, never Python's repr: the precision a model trains in
     reads ``float32, no quantization, gradient checkpointing off``; any other key reads
     ``key value`` (a flag ``key on``/``off``, None ``no key``).
@@ -228,7 +228,7 @@ def _json_lines(obj: Any, width: int, indent: str = "", lead: int = 0) -> str:
     return "[\n" + ",\n".join(items) + f"\n{indent}]"
 
 
-def format_number(x: Any) -> str:
+def format_number(x: object) -> str:
     """Numbers as a person reads them: ints with separators, floats to 3-4 significant digits."""
     if isinstance(x, bool) or x is None or isinstance(x, str):
         return str(x)

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 TEXT_CHARS = 60
 
 
-def sig3(x: Any) -> str:
+def sig3(x: object) -> str:
     """``x`` at 3 significant digits (ints with separators below 1e6, floats 1.23e-04 style
     outside [1e-3, 1e5)); lists as a tuple; anything else as text.
 

@@ -12,14 +12,17 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline._version import __version__
 
+if TYPE_CHECKING:
+    import torch
 
-def describe_machine(device: Any = None) -> dict[str, Any]:
+
+def describe_machine(device: str | int | torch.device | None = None) -> dict[str, Any]:
     """The host and, where torch is loaded, the accelerator: name, memory, driver, torch version.
 
     Without ``device`` and with torch not yet imported, only the host is read (no torch import);
@@ -71,7 +74,8 @@ def _nvidia_driver() -> str | None:
     return None
 
 
-def describe_model(model: Any = None, *, name: str | None = None, trained_as: str | None = None) -> dict[str, Any]:
+def describe_model(model: torch.nn.Module | None = None, *, name: str | None = None,
+                   trained_as: str | None = None) -> dict[str, Any]:
     """The model's name, its trained (requires_grad) parameter count and how they are trained.
 
     The name is ``name``, else the config's ``_name_or_path``, else the class name.
@@ -101,7 +105,7 @@ def describe_model(model: Any = None, *, name: str | None = None, trained_as: st
     return out
 
 
-def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
+def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Mapping[str, object]]) -> str:
     """sha256 of a file's bytes, or of the rows as canonical JSON (sorted keys, one per line).
 
     Examples:
@@ -129,7 +133,7 @@ def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Any]) -> str:
     return h.hexdigest()
 
 
-def tensors_digest(tensors: Sequence[Any]) -> str:
+def tensors_digest(tensors: Sequence[torch.Tensor]) -> str:
     """sha256 over the bytes of ``tensors`` (moved to the CPU): equal digests, equal weights."""
     h = hashlib.sha256()
     for t in tensors:
@@ -140,7 +144,8 @@ def tensors_digest(tensors: Sequence[Any]) -> str:
     return h.hexdigest()
 
 
-def describe_data(path_or_rows: Any, rows: int | None = None) -> dict[str, Any]:
+def describe_data(path_or_rows: str | os.PathLike[str] | Iterable[Mapping[str, object]],
+                  rows: int | None = None) -> dict[str, Any]:
     """The data's path (None: it came in memory), its row count and its :func:`content_hash`.
 
     A path's row count is ``rows`` as given (the file is hashed, not parsed); rows in memory

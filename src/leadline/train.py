@@ -17,12 +17,23 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from leadline.errors import InputError
 from leadline.plan import Plan, refuse_quick_plan
 from leadline.stats import mean_se
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from leadline.corpus import CorpusProfile
+    from leadline.corpus.rows import RowSource
+    from leadline.lookahead.derive.state import RunState
+    from leadline.lookahead.rate.schedule import LookaheadSchedule
+    from leadline.run.task import Task
 
 
 def _need(plan: Plan, *names: str) -> None:
@@ -59,10 +70,8 @@ def recipe_plan(lr: float = 2e-4, rows_per_step: int = 16, warmup_ratio: float =
     return p
 
 
-def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any], accum: int, steps: int, *,
-                  schedule: bool, linear: bool,
-                  ending: Literal["raced", "to_zero"] = "raced",
-                  ending_steps: int | None = None) -> tuple[Any, dict[str, Any] | None]:
+def _continuation(state: str | os.PathLike[str] | None, plan: Plan, data: RowSource, run: _Run, *, schedule: bool,
+                  linear: bool, ending: Literal["raced", "to_zero"]) -> tuple[RunState | None, dict[str, Any] | None]:
     """The saved branch when this run can continue from it, and the record of the decision."""
     if state is None:
         return None, None
@@ -76,11 +85,12 @@ def _continuation(state: Any, plan: Plan, data: Any, task: Any, params: list[Any
     if linear:
         return None, {**where, "from_step": 0, "why": "the recipe's run does not use it"}
     facts = {"data_sha256": describe_data(data).get("sha256"), "seed": plan.held_out.get("seed", 0),
-             "seq_len": task.seq_len, "rows_per_step": int(plan.micro_batch) * accum,
-             "trained_parameters": int(sum(p.numel() for p in params))}
-    config = lookahead_from(plan, taken=(rs.steps, rs.lr), ending=ending, ending_steps=ending_steps)
-    why = rs.why_not(facts, params=params, plan_lr=float(plan.lr), plan_warmup_steps=int(plan.get("warmup_steps", 0)),
-                     total_steps=steps, ending_from=ending_copy_step(config, steps) if schedule else None)
+             "seq_len": run.task.seq_len, "rows_per_step": int(plan.micro_batch) * run.accum,
+             "trained_parameters": int(sum(p.numel() for p in run.params))}
+    config = lookahead_from(plan, taken=(rs.steps, rs.lr), ending=ending, ending_steps=run.ending_steps)
+    why = rs.why_not(facts, params=run.params, plan_lr=float(plan.lr),
+                     plan_warmup_steps=int(plan.get("warmup_steps", 0)), total_steps=run.steps,
+                     ending_from=ending_copy_step(config, run.steps) if schedule else None)
     if why is not None:
         return None, {**where, "from_step": 0, "why": why}
     return rs, {**where, "from_step": rs.steps}
@@ -102,18 +112,18 @@ def ending_steps_for(share: float | None, total_steps: int) -> int | None:
     return max(1, round(share * total_steps))
 
 
-def lookahead_schedule(plan: Plan, params: list[Any], opt: Any, train_step: Callable[[int], Any],
-                       held_out_losses: Callable[[], Any] | None, *, total_steps: int,
-                       taken: tuple[int, float] | None = None, ending: Literal["raced", "to_zero"] = "raced",
-                       ending_steps: int | None = None) -> Any:
+def lookahead_schedule(plan: Plan, params: list[torch.nn.Parameter], opt: torch.optim.Optimizer,
+                       train_step: Callable[[int], float], held_out_losses: Callable[[], list[float]] | None, *,
+                       total_steps: int, ending: Literal["raced", "to_zero"] = "raced",
+                       ending_steps: int | None = None) -> LookaheadSchedule:
     """The :class:`~leadline.lookahead.rate.LookaheadSchedule` a look-ahead plan trains with over
     ``opt``, for ``total_steps`` steps: the plan's rate at each step, its checks every horizon on
-    the held-out rows, the ending (``raced`` over ``ending_steps``, or ``to_zero``); ``taken``: the
-    steps and rate of derive's kept branch the run continues from. :func:`train_with_plan` and
-    ``LeadlineCallback`` run it."""
+    the held-out rows, the ending (``raced`` over ``ending_steps``, or ``to_zero``).
+    ``LeadlineCallback`` runs it; :func:`train_with_plan` builds its own, which may continue from
+    derive's kept branch."""
     from leadline.lookahead.rate.schedule import LookaheadSchedule, lookahead_from
 
-    config = lookahead_from(plan, taken=taken, ending=ending, ending_steps=ending_steps)
+    config = lookahead_from(plan, ending=ending, ending_steps=ending_steps)
     return LookaheadSchedule(params, opt, train_step, held_out_losses, config, total_steps=total_steps)
 
 
@@ -125,7 +135,8 @@ def linear_lr(step: int, lr: float, warmup: int, total: int) -> float:
     return lr * max(0.0, (total - step) / max(1, total - warmup))
 
 
-def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: str | os.PathLike[str] | None = None,
+def train_with_plan(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, plan: Plan, *,
+                    out_dir: str | os.PathLike[str] | None = None,
                     total_steps: int | None = None, schedule: bool = True,
                     on_step: Callable[[dict[str, Any]], None] | None = None,
                     state: str | os.PathLike[str] | None = None,
@@ -154,63 +165,26 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     call's own ``train_seconds``, so the file is written once with the whole cost in it (a race
     plan's run writes its own seconds: :func:`leadline.run.run_in_one`).
     """
-    import torch
-
-    from leadline.memory import forbid_spill
-    from leadline.run.loop import guarded_steps
-    from leadline.run.task import trained_named_weights
-
     refuse_quick_plan(plan)
     t_call = time.perf_counter()
     if plan.get("optimizer") == "schedule_free_adamw":  # a race plan: schedule-free at its raced rate, no ending
-        return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps,
-                                on_step=on_step, ending=ending, ending_share=ending_share)
-    steps = _checked_steps(plan, total_steps)
-    if ending_share is not None:
-        ending_steps_for(ending_share, 1)  # the share checked before any work
-        if ending != "raced":
-            raise InputError(f"ending_share sets the length of the LookaheadSchedule's raced ending, and "
-                             f"ending={ending!r} races none; leave ending_share out")
-    task, profile = _task(model, tokenizer, data, plan)
-    named = trained_named_weights(model)
-    params = [p for _, p in named]
-    betas = tuple(plan.get("betas") or (0.9, 0.999))
-    opt = torch.optim.AdamW(params, lr=float(plan.lr), betas=betas, weight_decay=float(plan.get("weight_decay", 0.0)))
-    accum = int(plan.get("grad_accum", 1))
-    train_step = task.train_step_of(int(plan.micro_batch), accum)
-    if steps == -1:
-        steps = max(1, len(task.order) // (int(plan.micro_batch) * accum))
+        _refuse_an_ending(ending, ending_share)
+        return _train_race_plan(model, tokenizer, data, plan, out_dir=out_dir, total_steps=total_steps, on_step=on_step)
+    run = _set_up(model, tokenizer, data, plan, total_steps, ending, ending_share)
     linear = plan.get("ending") == "linear"
     schedule = schedule and not linear
-    recipe_rate = _recipe_rate(plan, steps, opt) if linear else None
-    held = task.held_out_losses() if task.split.held_out else None  # a recipe on every row reads none
-    ending_steps = ending_steps_for(ending_share, steps)
-    run_state, continued = _continuation(state, plan, data, task, params, accum, steps, schedule=schedule,
-                                         linear=linear, ending=ending, ending_steps=ending_steps)
-    taken = (run_state.steps, run_state.lr) if run_state is not None else None
-    before = _test_losses(task)
+    run_state, continued = _continuation(state, plan, data, run, schedule=schedule, linear=linear, ending=ending)
+    before = _test_losses(run.task)
     model.train()
-    sched = (lookahead_schedule(plan, params, opt, train_step, held, total_steps=steps, taken=taken, ending=ending,
-                                ending_steps=ending_steps)
-             if schedule else None)
+    sched, rate_of_step = _rates(plan, run, run_state, schedule=schedule, linear=linear, ending=ending)
     t0 = time.monotonic()
-    with forbid_spill(task.device):
-        start = _continue(run_state, sched, params, opt)
-        rate_of_step = sched.before if sched is not None else recipe_rate
-        done = guarded_steps(opt, train_step, range(start, steps), watch=sched.watch if sched is not None else None,
-                             before=rate_of_step, on_step=on_step)
-        if done.diverged_at is not None:
-            raise InputError(f"the training loss became non-finite at step {done.diverged_at}; the rate "
-                             f"{opt.param_groups[0]['lr']:.3g} is too high for these rows")
-        curve = done.curve
-        ending = sched.finish() if sched is not None else None
-    opt.zero_grad(set_to_none=True)
-    after = _test_losses(task)
+    curve, ended = _train_steps(run, run_state, sched, rate_of_step, on_step)
+    after = _test_losses(run.task)
     result: dict[str, Any] = {
-        "steps": steps, "micro_batch": int(plan.micro_batch), "grad_accum": accum,
+        "steps": run.steps, "micro_batch": int(plan.micro_batch), "grad_accum": run.accum,
         "seconds": time.monotonic() - t0, "curve": curve,
-        "schedule": sched.evidence() if sched is not None else None, "ending": ending,
-        "continued": continued, "test_rows": len(task.split.test), "data_notes": _data_notes(profile),
+        "schedule": sched.evidence() if sched is not None else None, "ending": ended,
+        "continued": continued, "test_rows": len(run.task.split.test), "data_notes": _data_notes(run.profile),
     }
     _add_test_verdict(result, before, after)
     if record is not None:
@@ -221,16 +195,96 @@ def train_with_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_di
     return result
 
 
-def _train_race_plan(model: Any, tokenizer: Any, data: Any, plan: Plan, *, out_dir: Any, total_steps: int | None,
-                     on_step: Callable[[dict[str, Any]], None] | None, ending: str,
-                     ending_share: float | None) -> dict[str, Any]:
+@dataclass
+class _Run:
+    """A plan's run set up: the task (rows split as derive split them), the trained tensors, the
+    optimizer, the step of ``grad_accum`` micro-batches, the length and the raced ending's steps."""
+
+    task: Task
+    profile: CorpusProfile
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    accum: int
+    train_step: Callable[[int], float]
+    steps: int
+    ending_steps: int | None
+
+
+def _set_up(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, plan: Plan,
+            total_steps: int | None, ending: Literal["raced", "to_zero"], ending_share: float | None) -> _Run:
+    """The run's length and ending checked before any work, then the rows split and the AdamW the
+    plan names over the trained tensors."""
+    import torch
+
+    from leadline.run.task import trained_named_weights
+
+    steps = _checked_steps(plan, total_steps)
+    if ending_share is not None:
+        ending_steps_for(ending_share, 1)  # the share checked before any work
+        if ending != "raced":
+            raise InputError(f"ending_share sets the length of the LookaheadSchedule's raced ending, and "
+                             f"ending={ending!r} races none; leave ending_share out")
+    task, profile = _task(model, tokenizer, data, plan)
+    params = [p for _, p in trained_named_weights(model)]
+    betas = tuple(plan.get("betas") or (0.9, 0.999))
+    opt = torch.optim.AdamW(params, lr=float(plan.lr), betas=betas, weight_decay=float(plan.get("weight_decay", 0.0)))
+    accum = int(plan.get("grad_accum", 1))
+    train_step = task.train_step_of(int(plan.micro_batch), accum)
+    if steps == -1:
+        steps = max(1, len(task.order) // (int(plan.micro_batch) * accum))
+    return _Run(task, profile, params, opt, accum, train_step, steps, ending_steps_for(ending_share, steps))
+
+
+def _rates(plan: Plan, run: _Run, run_state: RunState | None, *, schedule: bool, linear: bool,
+           ending: Literal["raced", "to_zero"]) -> tuple[LookaheadSchedule | None, Callable[[int], None] | None]:
+    """What sets each step's rate: the plan's LookaheadSchedule (continuing from the kept branch's
+    steps and rate), or for a recipe plan its warmup and linear decay; the schedule too, or None."""
+    recipe_rate = _recipe_rate(plan, run.steps, run.opt) if linear else None
+    held = run.task.held_out_losses() if run.task.split.held_out else None  # a recipe on every row reads none
+    if not schedule:
+        return None, recipe_rate
+    from leadline.lookahead.rate.schedule import LookaheadSchedule, lookahead_from
+
+    taken = (run_state.steps, run_state.lr) if run_state is not None else None  # the kept branch's steps and rate
+    config = lookahead_from(plan, taken=taken, ending=ending, ending_steps=run.ending_steps)
+    sched = LookaheadSchedule(run.params, run.opt, run.train_step, held, config, total_steps=run.steps)
+    return sched, sched.before
+
+
+def _train_steps(run: _Run, run_state: RunState | None, sched: LookaheadSchedule | None,
+                 rate_of_step: Callable[[int], None] | None,
+                 on_step: Callable[[dict[str, Any]], None] | None) -> tuple[list[dict[str, Any]], Any]:
+    """The run's steps through the one loop under the spill cap, from the kept branch's step (or 0):
+    the curve, and the schedule's ending (None without one)."""
+    from leadline.memory import forbid_spill
+    from leadline.run.loop import guarded_steps
+
+    with forbid_spill(run.task.device):
+        start = _continue(run_state, sched, run.params, run.opt)
+        done = guarded_steps(run.opt, run.train_step, range(start, run.steps),
+                             watch=sched.watch if sched is not None else None, before=rate_of_step, on_step=on_step)
+        if done.diverged_at is not None:
+            raise InputError(f"the training loss became non-finite at step {done.diverged_at}; the rate "
+                             f"{run.opt.param_groups[0]['lr']:.3g} is too high for these rows")
+        ended = sched.finish() if sched is not None else None
+    run.opt.zero_grad(set_to_none=True)
+    return done.curve, ended
+
+
+def _refuse_an_ending(ending: str, ending_share: float | None) -> None:
+    """A race plan has no ending to set."""
+    if ending != "raced" or ending_share is not None:
+        raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
+                         "ending to set; leave ending and ending_share out")
+
+
+def _train_race_plan(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, plan: Plan, *,
+                     out_dir: str | os.PathLike[str] | None, total_steps: int | None,
+                     on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
     """A race plan (``leadline derive``'s default, ``derive_for(effort="race")``): schedule-free
     AdamW at the plan's rate, warmup and step from the start, the run's rows split as the plan's."""
     from leadline.run import RunOptions, run_in_one
 
-    if ending != "raced" or ending_share is not None:
-        raise InputError("this plan trains with schedule-free AdamW, whose averaged weights are the model: it has no "
-                         "ending to set; leave ending and ending_share out")
     _need(plan, "micro_batch", "lr")
     rows = int(plan.get("rows_per_step") or int(plan.micro_batch) * int(plan.get("grad_accum", 1)))
     seed = int(plan.held_out.get("seed", 0)) if isinstance(plan.held_out, dict) else 0

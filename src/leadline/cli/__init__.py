@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"leadline {args.command}: {e}", file=sys.stderr)
         return 2
     except (MemoryError, RuntimeError, OSError) as e:
-        from leadline.memory.readings import is_oom
+        from leadline.memory_readings import is_oom
 
         if not is_oom(e):
             raise

@@ -141,7 +141,7 @@ def _data_limit(share: float) -> int | None:
     try:
         import resource  # noqa: F401
 
-        from leadline.memory.readings import host_memory_bytes
+        from leadline.memory_readings import host_memory_bytes
 
         with open("/proc/self/status", encoding="ascii") as f:
             data = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmData:"))
@@ -549,7 +549,7 @@ def check_length(args: argparse.Namespace, model: Any, tok: Any, data: DataRows 
 def _check_one_row_fits(args: argparse.Namespace, model: Any, positions: int, length: int) -> None:
     """One row at the model's positions, refused where the estimate puts it over the room."""
     from leadline.memory import estimate_step_bytes
-    from leadline.memory.readings import format_bytes, memory_for
+    from leadline.memory_readings import format_bytes, memory_for
 
     try:
         device = next(model.parameters()).device

@@ -32,9 +32,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 # The numbers that drive training, in the order a person reads them.
 TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmup_steps", "total_steps", "ending",
@@ -104,7 +108,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"training rows (default: {CPU_CUT.train_rows} on the CPU, all 512 on a GPU)")
 
 
-def shorten(row: dict[str, Any], chars: int | None) -> dict[str, Any]:
+def shorten(row: dict[str, str], chars: int | None) -> dict[str, str]:
     """The row with its package description cut to ``chars`` characters at a word boundary."""
     head, sep, desc_and_tail = row["prompt"].partition("Package description: ")
     desc, nl, tail = desc_and_tail.partition("\n")
@@ -118,8 +122,8 @@ def _trained(model: Any) -> list[Any]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def classify(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], labels: Sequence[str],
-             batch: int = 32) -> list[str]:
+def classify(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: Sequence[dict[str, str]],
+             labels: Sequence[str], batch: int = 32) -> list[str]:
     """Each row's answer: the label (a completion such as ``" net"``) whose tokens and the end of
     text, after the row's prompt, have the highest summed log-probability under ``model``.
 
@@ -227,7 +231,7 @@ def _scores_cached(model: Any, seqs: list[tuple[list[int], int]], k: int, pad: i
     return scores
 
 
-def labels_of(*parts: Sequence[dict[str, Any]]) -> list[str]:
+def labels_of(*parts: Sequence[dict[str, str]]) -> list[str]:
     """The classes: every distinct completion of the rows, sorted."""
     return sorted({r["completion"] for rows in parts for r in rows})
 
@@ -242,18 +246,33 @@ def _reset(model: Any, start: list[Any]) -> None:
     torch.manual_seed(0)
 
 
-def run_demo(model: Any, tokenizer: Any, train: list[dict[str, Any]], test: list[dict[str, Any]], out: Path, cut: Cut,
-             *, say: Callable[[str], Any] = print, progress: bool | None = True,
+@dataclass(frozen=True)
+class DemoRows:
+    """The rows the demo runs on: its training and test rows as read, and how much of them it takes."""
+
+    train: list[dict[str, str]]
+    test: list[dict[str, str]]
+    cut: Cut
+
+    def taken(self) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """The training and test rows the cut keeps, their descriptions shortened to it."""
+        cut = self.cut
+        return ([shorten(r, cut.description_chars) for r in self.train[: cut.train_rows or None]],
+                [shorten(r, cut.description_chars) for r in self.test[: cut.test_rows or None]])
+
+
+def run_demo(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: DemoRows, out: Path, *,
+             say: Callable[[str], object] = print, progress: bool | None = True,
              model_name: str | None = None) -> dict[str, Any]:
-    """Judge the four arms (see the module) on ``test``, each trained from the model's weights
-    as given on ``train``.
+    """Judge the four arms (see the module) on the test rows, each trained from the model's weights
+    as given on the training rows (``rows``: both, and the cut the demo takes of them).
 
     Returns the demo's record (also written to ``out/demo.json``): the cut, each arm's accuracy,
     steps and seconds, McNemar of leadline against the recipe and against schedule-free, and
     leadline's whole cost as a ratio of the recipe's. The model ends at the weights it was given.
     """
-    train = [shorten(r, cut.description_chars) for r in train[: cut.train_rows or None]]
-    test = [shorten(r, cut.description_chars) for r in test[: cut.test_rows or None]]
+    cut = rows.cut
+    train, test = rows.taken()
     labels = labels_of(train, test)
     gold = [r["completion"] for r in test]
 
@@ -363,7 +382,8 @@ def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) ->
             "train_seconds": time.perf_counter() - t0}
 
 
-def recipe_steps(model: Any, tokenizer: Any, rows: list[dict[str, Any]], seed: int = 0) -> int:
+def recipe_steps(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]],
+                 seed: int = 0) -> int:
     """The optimizer steps of one pass at 16 rows a step over every row given (what the recipe and
     schedule-free take), computed without training."""
     from leadline.run.task import prepare
@@ -471,7 +491,7 @@ def _write_record(plan: Any, out: Path, cut: Cut, labels: list[str], arms: dict[
     return record
 
 
-def header(where: str, cut: Cut, train: Sequence[Any], test: Sequence[Any]) -> str:
+def header(where: str, cut: Cut, train: Sequence[dict[str, str]], test: Sequence[dict[str, str]]) -> str:
     """The demo's first line: where it runs, and the rows of each part it runs on (the test rows
     :func:`run_demo` judges every arm on)."""
     n_train, n_test = len(train[: cut.train_rows or None]), len(test[: cut.test_rows or None])
@@ -514,7 +534,7 @@ def run(args: argparse.Namespace) -> int:
                                LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", lora_dropout=0.0,
                                           task_type="CAUSAL_LM"))
         print(f"model loaded: {time.perf_counter() - t0:.0f} s", flush=True)
-        run_demo(model, tok, train, test, out, cut, say=lambda s: print(s, flush=True),
+        run_demo(model, tok, DemoRows(train, test, cut), out, say=lambda s: print(s, flush=True),
                  model_name="SmolLM2-135M-Instruct (Q4_1 GGUF) + LoRA r16")
     return 0
 

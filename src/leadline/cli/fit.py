@@ -14,9 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.cli._common import BUNDLED_HELP, MODEL_HELP, Spelled, add_old_spelling, add_revision_argument
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.memory import FitResult
+    from leadline.memory.model_step import ModelStep
 
 DEFAULT_RANK = 16
 
@@ -61,17 +67,43 @@ def _positive(name: str, value: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import check_data_file, check_device, flag_of, located_model
-    from leadline.errors import InputError
+    from leadline.cli._common import check_data_file, located_model
     from leadline.hf.loading import check_lora_rank, load_model
-    from leadline.memory import estimate_step_bytes, measure_fit, rank_to_fit
-    from leadline.memory.model_step import (
-        ModelStep,
-        add_lora,
-        full_finetune,
-        lora_step_factory,
-        remove_lora,
-    )
+    from leadline.memory.model_step import add_lora, full_finetune
+
+    bits, rank = _checked_flags(args)
+    if args.data:  # a bad file fails before the model is located (a GGUF converted) and loads
+        check_data_file("--data", args.data, "pass the training jsonl whose length mix the step runs through")
+    source = located_model(args, bits)  # the bundled model where --model is not given
+    lengths = _lengths(args.data, source, args.seq_len) if args.data else None
+    model = load_model(source, device=args.device, dtype=_dtype(args.dtype), bits=bits)
+    _check_positions(model, args.seq_len)
+    if rank is not None:
+        check_lora_rank(model, rank)
+    card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
+    trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
+    model = full_finetune(model) if rank is None else add_lora(model, rank)
+    if args.gradient_checkpointing:
+        _checkpointing(model, True)
+    _check_absurd(model, args, card_bytes)
+    result = _fit_and_alternatives(args, model, rank, card_bytes, lengths)
+    if args.json:
+        out = result.as_dict()
+        out["model"] = args.model
+        out["trained_as"] = trained_as
+        print(json.dumps(out, indent=1))
+    else:
+        shape = f"{args.micro_batch} rows x {args.seq_len} tokens"
+        print(f"leadline fit: {args.model}, {trained_as}, {shape} on {result.device}")
+        print(result.sentence)
+    return 0 if result.fits else 1
+
+
+def _checked_flags(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """The shape's flags checked before anything loads: the quantization's bits and the LoRA rank
+    (None: ``--full``)."""
+    from leadline.cli._common import check_device, flag_of
+    from leadline.errors import InputError
 
     if args.micro_batch is None:
         raise InputError("--micro-batch is required: the rows a forward pass whose step is measured; pass e.g. "
@@ -87,58 +119,59 @@ def run(args: argparse.Namespace) -> int:
     if bits is not None and args.full:
         raise InputError(f"--load-in-{bits}bit trains through a LoRA adapter, not --full; drop --full or the "
                          "quantization")
-    rank = None if args.full else (args.lora_rank or DEFAULT_RANK)
-    if args.data:  # a bad file fails before the model is located (a GGUF converted) and loads
-        check_data_file("--data", args.data, "pass the training jsonl whose length mix the step runs through")
-    source = located_model(args, bits)  # the bundled model where --model is not given
-    lengths = _lengths(args.data, source, args.seq_len) if args.data else None
-    model = load_model(source, device=args.device, dtype=_dtype(args.dtype), bits=bits)
-    _check_positions(model, args.seq_len)
-    if rank is not None:
-        check_lora_rank(model, rank)
-    card_bytes = int(args.card_gb * 1e9) if args.card_gb else None
-    trained_as = "full fine-tune" if rank is None else f"LoRA rank {rank}{'' if args.lora_rank else ' (the default)'}"
-    model = full_finetune(model) if rank is None else add_lora(model, rank)
-    if args.gradient_checkpointing:
-        _checkpointing(model, True)
-    _check_absurd(model, args, card_bytes)
+    return bits, None if args.full else (args.lora_rank or DEFAULT_RANK)
+
+
+def _fit_and_alternatives(args: argparse.Namespace, model: torch.nn.Module, rank: int | None,
+                          card_bytes: int | None, lengths: list[int] | None) -> FitResult:
+    """The step measured at the flags' shape and, where it does not fit, what would: gradient
+    checkpointing, fewer adapted modules, a lower LoRA rank (each measured)."""
+    from leadline.memory import estimate_step_bytes, measure_fit
+    from leadline.memory.model_step import ModelStep
+
     step = ModelStep(model)
     result = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, lengths=lengths,
                          estimate=lambda r, n: estimate_step_bytes(model, r, n), suggest=not args.no_suggest)
     if not result.fits and not args.no_suggest:
         if not args.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
-            _checkpointing(model, True)
-            try:
-                ckpt = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, suggest=False,
-                                   estimate=lambda r, n: estimate_step_bytes(model, r, n))
-            finally:
-                _checkpointing(model, False)
-            peak = f"measured {_gb(ckpt.peak_bytes)}" if ckpt.peak_bytes else ckpt.verdict
-            result.add_alternative("checkpointing", f"gradient checkpointing ({peak})", ckpt.fits,
-                                   verdict=ckpt.verdict, peak_bytes=ckpt.peak_bytes)
-            result.rungs.extend(ckpt.rungs)
+            _checkpointing_alternative(result, step, model, args, card_bytes)
         if rank is not None:
             _adapters_alternative(result, step, model, args, card_bytes)
         if rank is not None and rank > 1:
-            del step
-            base = remove_lora(model)
-            lower = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256) if r < rank]
-            found = rank_to_fit(lora_step_factory(base), args.micro_batch, args.seq_len, ranks=lower,
-                                card_bytes=card_bytes)
-            if found.rank is not None:
-                result.add_alternative("rank", f"LoRA rank {found.rank}", True, rank=found.rank, tried=found.tried)
-            else:
-                result.add_alternative("rank", f"not even LoRA rank {lower[0]}", False, tried=found.tried)
-    if args.json:
-        out = result.as_dict()
-        out["model"] = args.model
-        out["trained_as"] = trained_as
-        print(json.dumps(out, indent=1))
+            del step  # the adapted model's step let go before the base is taken back for the ranks' steps
+            _rank_alternative(result, model, args, rank, card_bytes)
+    return result
+
+
+def _checkpointing_alternative(result: FitResult, step: ModelStep, model: torch.nn.Module, args: argparse.Namespace,
+                               card_bytes: int | None) -> None:
+    from leadline.memory import estimate_step_bytes, measure_fit
+
+    _checkpointing(model, True)
+    try:
+        ckpt = measure_fit(step, args.micro_batch, args.seq_len, card_bytes=card_bytes, suggest=False,
+                           estimate=lambda r, n: estimate_step_bytes(model, r, n))
+    finally:
+        _checkpointing(model, False)
+    peak = f"measured {_gb(ckpt.peak_bytes)}" if ckpt.peak_bytes else ckpt.verdict
+    result.add_alternative("checkpointing", f"gradient checkpointing ({peak})", ckpt.fits,
+                           verdict=ckpt.verdict, peak_bytes=ckpt.peak_bytes)
+    result.rungs.extend(ckpt.rungs)
+
+
+def _rank_alternative(result: FitResult, model: torch.nn.Module, args: argparse.Namespace, rank: int,
+                      card_bytes: int | None) -> None:
+    """The largest lower LoRA rank whose step fits, on the base with the adapter taken off."""
+    from leadline.memory import rank_to_fit
+    from leadline.memory.model_step import lora_step_factory, remove_lora
+
+    base = remove_lora(model)
+    lower = [r for r in (1, 2, 4, 8, 16, 32, 64, 128, 256) if r < rank]
+    found = rank_to_fit(lora_step_factory(base), args.micro_batch, args.seq_len, ranks=lower, card_bytes=card_bytes)
+    if found.rank is not None:
+        result.add_alternative("rank", f"LoRA rank {found.rank}", True, rank=found.rank, tried=found.tried)
     else:
-        shape = f"{args.micro_batch} rows x {args.seq_len} tokens"
-        print(f"leadline fit: {args.model}, {trained_as}, {shape} on {result.device}")
-        print(result.sentence)
-    return 0 if result.fits else 1
+        result.add_alternative("rank", f"not even LoRA rank {lower[0]}", False, tried=found.tried)
 
 
 ABSURD = 4.0  # a shape estimated over this many times the room is bad input, not a measurement
@@ -150,7 +183,7 @@ def _check_absurd(model: Any, args: argparse.Namespace, card_bytes: int | None) 
     would otherwise walk real steps of up to that many rows)."""
     from leadline.errors import InputError
     from leadline.memory import estimate_step_bytes
-    from leadline.memory.readings import format_bytes, memory_for
+    from leadline.memory_readings import format_bytes, memory_for
 
     est = estimate_step_bytes(model, args.micro_batch, args.seq_len)
     room = memory_for(next(model.parameters()).device, card_bytes=card_bytes).room()
@@ -185,7 +218,8 @@ def _dtype(name: str | None) -> Any:
     return getattr(torch, name)
 
 
-def _adapters_alternative(result: Any, step: Any, model: Any, args: argparse.Namespace, card_bytes: int | None) -> None:
+def _adapters_alternative(result: FitResult, step: ModelStep, model: torch.nn.Module, args: argparse.Namespace,
+                          card_bytes: int | None) -> None:
     """Where PEFT keeps the adapters in float32 on a 16-bit model, measure the step with them in
     the model's dtype and add it to what would fit."""
     from leadline.memory import estimate_step_bytes, measure_fit
@@ -218,7 +252,7 @@ def _lengths(data: str, model_path: Any, seq_len: int) -> list[int]:
 
 
 def _gb(n: int | None) -> str:
-    from leadline.memory.readings import format_bytes
+    from leadline.memory_readings import format_bytes
 
     return format_bytes(n)
 

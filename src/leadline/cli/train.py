@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from leadline.cli._common import Spelled, add_model_arguments, add_old_spelling
 
 if TYPE_CHECKING:
     import os
+
+    from leadline.cli._common import DataRows
+    from leadline.plan import Plan
 
 
 RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
@@ -76,29 +79,37 @@ def check_ending_share(args: argparse.Namespace) -> None:
                          "one of them")
 
 
-def ending_of(args: argparse.Namespace) -> Any:
+def ending_of(args: argparse.Namespace) -> Literal["raced", "to_zero"]:
     """--ending as the schedule names it (``raced`` or ``to_zero``)."""
     return "to_zero" if args.ending == "to-zero" else "raced"
 
 
 def run(args: argparse.Namespace) -> int:
-    from leadline.cli._common import (
-        check_data_rows,
-        check_device,
-        check_out_folder,
-        check_positive,
-        check_run_length,
-        fields_of,
-        flag_of,
-        load_for_training,
-        plan_file,
-        ram_bound,
-        read_plan,
-    )
+    from leadline.cli._common import check_data_rows, check_device, fields_of
     from leadline.cli.derive import continued_state
+
+    plan = _checked_plan(args)
+    fields = fields_of(args) or plan.data.get("fields") or {}
+    data = check_data_rows("--data", args.data, fields, "pass the jsonl the plan was derived on")
+    _check_length(args, plan, data)
+    check_device(args.device)
+    state = continued_state(args)
+    _check_plan_data(args, plan)
+    if args.recipe:
+        plan = _recipe_from(args, plan)
+    if fields:
+        plan.data["fields"] = fields  # the rows read by the fields the plan was derived with, or --field's
+    res = _load_and_train(args, plan, state)
+    print_data_notes("train", res.get("data_notes") or [])
+    print_run(res, args.out)
+    return _exit_code(res)
+
+
+def _checked_plan(args: argparse.Namespace) -> Plan:
+    """The plan ``--plan`` names, read, with the flags checked against it before the data is read."""
+    from leadline.cli._common import check_out_folder, plan_file, read_plan
     from leadline.errors import InputError
     from leadline.plan import refuse_quick_plan
-    from leadline.train import train_with_plan
 
     check_out_folder("--out", args.out)
     args.plan = str(plan_file("--plan", args.plan))  # the folder derive wrote, or its plan.json
@@ -116,45 +127,70 @@ def run(args: argparse.Namespace) -> int:
                "--max-seconds S` and a larger S") if cut else "derive it again with `leadline derive` on this --data"
         raise InputError(f"the plan {args.plan} has no {' or '.join(missing)}, so it cannot train; {why}")
     check_schedule_flags(args)
+    if args.recipe:
+        _check_recipe_flags(args)
+    return plan
+
+
+def _check_recipe_flags(args: argparse.Namespace) -> None:
+    from leadline.cli._common import check_positive, flag_of
+    from leadline.errors import InputError
+
     rows_flag = flag_of(args, "rows_per_step", "--rows-per-step")
+    if args.rows_per_step < 1:
+        raise InputError(f"{rows_flag} {args.rows_per_step} must be a whole number of rows a step >= 1; pass e.g. "
+                         f"{rows_flag} 16")
+    if args.micro_batch is not None and (args.micro_batch < 1 or args.rows_per_step % args.micro_batch):
+        raise InputError(f"--micro-batch {args.micro_batch} must divide {rows_flag} {args.rows_per_step}; pass "
+                         "e.g. --micro-batch "
+                         f"{recipe_micro_batch(args.rows_per_step, max(1, args.rows_per_step // 4))}")
+    check_positive("--lr", args.lr, example="2e-4")
+    if not 0.0 <= args.warmup_ratio < 1.0:
+        raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
+                         "including) 1; pass e.g. --warmup-ratio 0.03")
+
+
+def _check_length(args: argparse.Namespace, plan: Plan, data: DataRows) -> None:
+    from leadline.cli._common import check_run_length, flag_of
+
     if args.recipe:
-        if args.rows_per_step < 1:
-            raise InputError(f"{rows_flag} {args.rows_per_step} must be a whole number of rows a step >= 1; pass e.g. "
-                             f"{rows_flag} 16")
-        if args.micro_batch is not None and (args.micro_batch < 1 or args.rows_per_step % args.micro_batch):
-            raise InputError(f"--micro-batch {args.micro_batch} must divide {rows_flag} {args.rows_per_step}; pass "
-                             "e.g. --micro-batch "
-                             f"{recipe_micro_batch(args.rows_per_step, max(1, args.rows_per_step // 4))}")
-        check_positive("--lr", args.lr, example="2e-4")
-        if not 0.0 <= args.warmup_ratio < 1.0:
-            raise InputError(f"--warmup-ratio {args.warmup_ratio:g} must be a share of the steps from 0 up to (not "
-                             "including) 1; pass e.g. --warmup-ratio 0.03")
-    fields = fields_of(args) or plan.data.get("fields") or {}
-    data = check_data_rows("--data", args.data, fields, "pass the jsonl the plan was derived on")
-    if args.recipe:
-        check_run_length(data, steps=args.steps, rows_per_step=args.rows_per_step, rows_flag=rows_flag)
+        check_run_length(data, steps=args.steps, rows_per_step=args.rows_per_step,
+                         rows_flag=flag_of(args, "rows_per_step", "--rows-per-step"))
     else:  # the plan's step was derived on these rows: only the length is the user's
         per_step = _plan_rows_per_step(plan)
         check_run_length(data, steps=args.steps, rows_per_step=None if per_step is None else min(
             per_step, data.training_rows))
-    check_device(args.device)
-    state = continued_state(args)
+
+
+def _check_plan_data(args: argparse.Namespace, plan: Plan) -> None:
+    """A derived plan trains only on the data it was derived on (its content hash)."""
     if not args.recipe and plan.data.get("sha256"):
+        from leadline.errors import InputError
         from leadline.provenance import content_hash
 
         if content_hash(args.data) != plan.data["sha256"]:
             raise InputError(f"the plan {args.plan} was derived on other data than --data {args.data} (the content "
                              "hash differs); pass the data it was derived on or derive again")
-    if args.recipe:
-        from leadline.train import recipe_plan
 
-        derived = plan
-        plan = recipe_plan(lr=args.lr, rows_per_step=args.rows_per_step, warmup_ratio=args.warmup_ratio,
-                           micro_batch=args.micro_batch or recipe_micro_batch(
-                               args.rows_per_step, derived.get("rows_fit", derived.get("micro_batch"))),
-                           seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
-    if fields:
-        plan.data["fields"] = fields  # the rows read by the fields the plan was derived with, or --field's
+
+def _recipe_from(args: argparse.Namespace, derived: Plan) -> Plan:
+    """The recipe's plan (``--recipe``): the flags' rate, rows a step and warmup, the derived plan's
+    length, seed and the rows that fit."""
+    from leadline.train import recipe_plan
+
+    return recipe_plan(lr=args.lr, rows_per_step=args.rows_per_step, warmup_ratio=args.warmup_ratio,
+                       micro_batch=args.micro_batch or recipe_micro_batch(
+                           args.rows_per_step, derived.get("rows_fit", derived.get("micro_batch"))),
+                       seq_len=derived.get("seq_len"), seed=int(derived.held_out.get("seed", 0)))
+
+
+def _load_and_train(args: argparse.Namespace, plan: Plan, state: str | None) -> dict[str, Any]:
+    """The model loaded once and trained with ``plan`` (a derived plan's model must train as many
+    parameters as it was derived for)."""
+    from leadline.cli._common import load_for_training, ram_bound
+    from leadline.errors import InputError
+    from leadline.train import train_with_plan
+
     with ram_bound(args.device):  # on the CPU: an allocation past the RAM is a sentence, not the OOM killer
         model, tok = load_for_training(args)
         want = plan.model.get("trained_parameters")
@@ -162,24 +198,28 @@ def run(args: argparse.Namespace) -> int:
         if not args.recipe and isinstance(want, int) and want != have:
             raise InputError(f"the plan {args.plan} was derived for a model with {want:,} trained parameters, "
                              f"this one trains {have:,}; pass the same --model and --lora-rank/--full")
-        res = train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
-                              schedule=not args.no_schedule, on_step=show_step, state=None if args.recipe else state,
-                              ending=ending_of(args), ending_share=args.ending_share)
-    print_data_notes("train", res.get("data_notes") or [])
-    print_run(res, args.out)
-    if res.get("outcome", "improved") != "improved":  # a race plan's guarded run that did not improve
-        import textwrap
-
-        from leadline.rate.guard import outcome_sentence
-        from leadline.run.result import EXIT_NOT_IMPROVED
-
-        b, a = res.get("held_out_before") or {}, res.get("held_out_after") or {}
-        print(textwrap.fill(outcome_sentence(res["outcome"], b.get("mean", 0.0), a.get("mean", 0.0)), width=99))
-        return EXIT_NOT_IMPROVED
-    return 0
+        return train_with_plan(model, tok, args.data, plan, out_dir=args.out, total_steps=args.steps,
+                               schedule=not args.no_schedule, on_step=show_step,
+                               state=None if args.recipe else state, ending=ending_of(args),
+                               ending_share=args.ending_share)
 
 
-def check_flags_have_effect(args: argparse.Namespace, plan: Any) -> None:
+def _exit_code(res: dict[str, Any]) -> int:
+    """0, or :data:`~leadline.run.result.EXIT_NOT_IMPROVED` with the outcome's sentence where a race
+    plan's guarded run did not improve."""
+    if res.get("outcome", "improved") == "improved":
+        return 0
+    import textwrap
+
+    from leadline.rate.guard import outcome_sentence
+    from leadline.run.result import EXIT_NOT_IMPROVED
+
+    b, a = res.get("held_out_before") or {}, res.get("held_out_after") or {}
+    print(textwrap.fill(outcome_sentence(res["outcome"], b.get("mean", 0.0), a.get("mean", 0.0)), width=99))
+    return EXIT_NOT_IMPROVED
+
+
+def check_flags_have_effect(args: argparse.Namespace, plan: Plan) -> None:
     """A flag that would change nothing with this plan and these flags is refused, naming it and
     the fix; with ``--recipe`` the recipe's flags left out take the recipe's defaults."""
     from leadline.cli._common import flag_of
@@ -224,7 +264,7 @@ def check_schedule_flags(args: argparse.Namespace) -> None:
                          f"drop one of the two")
 
 
-def _plan_rows_per_step(plan: Any) -> int | None:
+def _plan_rows_per_step(plan: Plan) -> int | None:
     """The rows an optimizer step of the plan takes (micro-batch x accumulation), where it says."""
     mb, accum = plan.get("micro_batch"), plan.get("grad_accum") or 1
     return int(mb) * int(accum) if isinstance(mb, int) and isinstance(accum, int) else None

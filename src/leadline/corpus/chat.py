@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
-def template_of(tokenizer: Any) -> str | None:
+def template_of(tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The tokenizer's default chat template text, or None when it has none.
 
     Examples:
@@ -69,7 +72,7 @@ class TemplateError(Exception):
     """
 
 
-def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
+def render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], generation_prompt: bool = False) -> str:
     """The chat as text through the tokenizer's chat template; a template that fails is a :class:`TemplateError`.
 
     Examples:
@@ -91,7 +94,8 @@ def render(tokenizer: Any, messages: list[dict[str, Any]], generation_prompt: bo
     return out
 
 
-def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
+def assistant_spans(tokenizer: PreTrainedTokenizerBase,
+                    messages: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
     """The rendered chat and the character spans of its assistant turns (prefix difference).
 
     A turn's span runs from the end of ``messages[:i]`` rendered with the generation prompt to
@@ -124,7 +128,7 @@ def assistant_spans(tokenizer: Any, messages: list[dict[str, Any]]) -> tuple[str
     return full, spans
 
 
-def completion_span(tokenizer: Any, prompt: list[dict[str, Any]],
+def completion_span(tokenizer: PreTrainedTokenizerBase, prompt: list[dict[str, Any]],
                     completion: list[dict[str, Any]]) -> tuple[str, list[tuple[int, int]]]:
     """A conversational prompt/completion rendered, and the span of the completion: what follows
     the prompt rendered with its generation prompt.
@@ -166,7 +170,7 @@ def token_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, in
     return out
 
 
-def masked_labels(ids: Sequence[int], mask: Sequence[Any]) -> list[int]:
+def masked_labels(ids: Sequence[int], mask: Sequence[bool | int]) -> list[int]:
     """``labels``: the id where the mask is set, -100 elsewhere.
 
     Examples:

@@ -6,10 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus.tokenize import TokenizedRow
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.memory_readings import Device
 
 ATTENTION = ("padded", "block_mask", "varlen")
 
@@ -58,7 +63,7 @@ class MicroBatch:
         """The padded length of each line, in tokens."""
         return int(self.input_ids.shape[1])
 
-    def to(self, device: Any, non_blocking: bool = True) -> MicroBatch:
+    def to(self, device: Device, non_blocking: bool = True) -> MicroBatch:
         """The same batch with its tensors on ``device``; the host counts stay host ints.
 
         Examples:
@@ -90,7 +95,7 @@ class MicroBatch:
         return {**packed, "attention_mask": block_causal_mask(self.position_ids, self.mask_dtype)}
 
 
-def block_causal_mask(position_ids: Any, dtype: Any = None) -> Any:
+def block_causal_mask(position_ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """The ``(b, 1, L, L)`` mask that lets a token see the earlier tokens of its own row only.
 
     Rows are told apart by ``position_ids`` restarting at 0. Boolean (True = attend) when

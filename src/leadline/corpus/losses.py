@@ -9,12 +9,15 @@ the vocabulary projection only at the positions the loss scores.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus.collate import collate
 from leadline.corpus.tokenize import TokenizedRow
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 MAX_TOKENS = 16384
 """Padded tokens a forward of the reader holds when no ``micro_batch`` is given. On a
@@ -55,7 +58,8 @@ def _oom_types() -> tuple[type[BaseException], ...]:
                              getattr(torch.cuda, "OutOfMemoryError", None)) if t is not None)
 
 
-def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None = None, device: Any = None, *,
+def row_losses(model: torch.nn.Module, rows: Sequence[TokenizedRow], micro_batch: int | None = None,
+               device: torch.device | str | None = None, *,
                pad_id: int = 0,
                max_tokens: int = MAX_TOKENS) -> list[float]:
     """Per-row mean cross-entropy over each row's scored tokens, in the order of ``rows``.
@@ -95,9 +99,24 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
         ...
         leadline.errors.InputError: row_losses needs micro_batch an int >= 1 (or None for forwards of up to ...
     """
-    import torch
-    import torch.nn.functional as F
+    _check_arguments(rows, micro_batch, max_tokens)
+    if device is None:
+        device = next(model.parameters()).device
+    lengths = [len(r.input_ids) for r in rows]
+    order = sorted(range(len(rows)), key=lambda i: lengths[i])
+    pending = _chunks(order, lengths, micro_batch, max_tokens)
+    keep = _accepts_logits_to_keep(model)
+    out = [0.0] * len(rows)
 
+    def read(chunk: list[int]) -> None:
+        for i, loss in zip(chunk, _chunk_losses(model, [rows[i] for i in chunk], pad_id, device, keep)):
+            out[i] = loss
+
+    _read_in_eval(model, pending, read, device)
+    return out
+
+
+def _check_arguments(rows: Sequence[TokenizedRow], micro_batch: int | None, max_tokens: int) -> None:
     if micro_batch is not None and (isinstance(micro_batch, bool) or not isinstance(micro_batch, int)
                                     or micro_batch < 1):
         raise InputError("row_losses needs micro_batch an int >= 1 (or None for forwards of up to max_tokens), got "
@@ -108,36 +127,42 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
         if r.scored_tokens < 1:
             raise InputError(f"row {i} ({r.where or 'in memory'}) has no scored token, so it has no mean loss; drop it "
                              "from the held-out rows")
-    if device is None:
-        device = next(model.parameters()).device
-    lengths = [len(r.input_ids) for r in rows]
-    order = sorted(range(len(rows)), key=lambda i: lengths[i])
-    pending = _chunks(order, lengths, micro_batch, max_tokens)
-    keep = _accepts_logits_to_keep(model)
+
+
+def _chunk_losses(model: torch.nn.Module, rows: list[TokenizedRow], pad_id: int, device: torch.device | str,
+                  keep: bool) -> list[float]:
+    """One forward of ``rows``: each row's mean loss over its scored tokens, the logits computed
+    only at the positions some row scores (``keep``: through the model's ``logits_to_keep``)."""
+    import torch.nn.functional as F
+
+    counts = [r.scored_tokens for r in rows]
+    mb = collate(rows, pad_id)
+    shifted = mb.labels[:, 1:]
+    cols = (shifted != -100).any(dim=0).nonzero().flatten()  # the positions some row scores
+    mb = mb.to(device)
+    targets = shifted.index_select(1, cols).to(device)
+    if keep:
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                       logits_to_keep=cols.to(device)).logits
+    else:
+        logits = model(input_ids=mb.input_ids,
+                       attention_mask=mb.attention_mask).logits.index_select(1, cols.to(device))
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
+                         reduction="none")
+    sums = ce.view(len(rows), -1).sum(dim=1).tolist()
+    return [s / c for s, c in zip(sums, counts)]
+
+
+def _read_in_eval(model: torch.nn.Module, pending: list[list[int]], read: Callable[[list[int]], None],
+                  device: torch.device | str) -> None:
+    """``read`` each chunk of ``pending`` in eval mode under ``torch.no_grad()``; a chunk that runs
+    out of memory is split in two and read again (a single row's is raised). ``model.training``
+    is put back on every exit path."""
+    import torch
+
     oom = _oom_types()
-    out = [0.0] * len(rows)
     was_training = model.training
     model.eval()
-
-    def read(chunk: list[int]) -> None:
-        counts = [rows[i].scored_tokens for i in chunk]
-        mb = collate([rows[i] for i in chunk], pad_id)
-        shifted = mb.labels[:, 1:]
-        cols = (shifted != -100).any(dim=0).nonzero().flatten()  # the positions some row scores
-        mb = mb.to(device)
-        targets = shifted.index_select(1, cols).to(device)
-        if keep:
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                           logits_to_keep=cols.to(device)).logits
-        else:
-            logits = model(input_ids=mb.input_ids,
-                           attention_mask=mb.attention_mask).logits.index_select(1, cols.to(device))
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), ignore_index=-100,
-                             reduction="none")
-        sums = ce.view(len(chunk), -1).sum(dim=1).tolist()
-        for i, s, c in zip(chunk, sums, counts):
-            out[i] = s / c
-
     try:
         with torch.no_grad():
             while pending:
@@ -156,4 +181,3 @@ def row_losses(model: Any, rows: Sequence[TokenizedRow], micro_batch: int | None
                     pending[:0] = [chunk[:half], chunk[half:]]
     finally:
         model.train(was_training)
-    return out

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus.collate import MicroBatch, collate
 from leadline.corpus.tokenize import TokenizedRow
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
 
 _VARLEN = ("flash_attention_2", "flash_attention_3")
 _BLOCK = {"sdpa": None, "eager": "additive"}
@@ -86,7 +89,7 @@ def pack_groups(lengths: Sequence[int], seq_len: int) -> list[list[int]]:
     return groups
 
 
-def attention_for(model: Any) -> tuple[str, Any, str | None]:
+def attention_for(model: torch.nn.Module) -> tuple[str, torch.dtype | None, str | None]:
     """How ``model`` keeps packed rows apart: (attention, mask dtype, note when it cannot).
 
     Read from ``model.config._attn_implementation``: ``flash_attention_2/3`` -> ``varlen``;
@@ -122,7 +125,8 @@ def attention_for(model: Any) -> tuple[str, Any, str | None]:
             "micro-batch)")
 
 
-def pack_steps(rows: Sequence[TokenizedRow], seq_len: int, *, model: Any = None, attention: str = "auto") -> Packing:
+def pack_steps(rows: Sequence[TokenizedRow], seq_len: int, *, model: torch.nn.Module | None = None,
+               attention: str = "auto") -> Packing:
     """Pack ``rows`` into sequences of at most ``seq_len`` tokens with per-row boundaries.
 
     Args:

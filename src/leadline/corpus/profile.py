@@ -6,18 +6,20 @@ One streaming pass: rows are read and tokenized in batches and folded into histo
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus import lengths as L
-from leadline.corpus.rows import Problems, RowReader
+from leadline.corpus.rows import Problems, RowReader, RowSource
 from leadline.corpus.tokenize import RowEncoder, TokenizedRow, batches
 from leadline.errors import InputError
 from leadline.plan import Value, format_number
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 _KIND_NAMES = {
     "text": "text",
@@ -195,6 +197,29 @@ class CorpusProfile:
             ('derived', 'truncation cuts 1 rows and 57.14% of the scored tokens')
         """
         src = self.source
+        return {
+            "rows": Value(self.rows, "measured",
+                          f"rows read from {src}" + (f"; {self.mixed_formats}" if self.mixed_formats else ""),
+                          {"formats": self.formats, "ignored_fields": self.ignored_fields,
+                           "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
+            "tokens_read": Value(self.tokens_read, "measured",
+                                 f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
+                                 {"tokens_untruncated": self.tokens_untruncated}, unit="tokens"),
+            "scored_tokens": Value(self.scored_tokens, "measured",
+                                   f"labels the loss scores in {src} at seq_len {self.seq_len}, after the causal shift",
+                                   {"loss_policy": self.loss_policy,
+                                    "scored_tokens_untruncated": self.scored_tokens_untruncated},
+                                   seconds=self.seconds, unit="tokens"),
+            "scored_tokens_per_row": Value(self.scored_tokens_per_row, "measured",
+                                           f"scored tokens per row of {src} at seq_len {self.seq_len}, the mean",
+                                           {"untruncated": self.scored_per_row, "bins_untruncated": self.scored_bins},
+                                           unit="tokens"),
+            "seq_len": self._seq_len_value(),
+        }
+
+    def _seq_len_value(self) -> Value:
+        """``seq_len`` with its rule's kind and source, and the truncation it causes as its evidence."""
+        src = self.source
         truncation = {
             "truncated_rows": self.truncated_rows,
             "truncated_scored_tokens": self.truncated_scored_tokens,
@@ -223,25 +248,7 @@ class CorpusProfile:
                         f"given; truncation at it cuts {self.truncated_rows:,} rows of {src} and "
                         f"{self.truncated_scored_share:.2%} of the scored tokens",
                         {"rule": "given", "lengths": self.lengths, "length_bins": self.length_bins, **truncation})
-        return {
-            "rows": Value(self.rows, "measured",
-                          f"rows read from {src}" + (f"; {self.mixed_formats}" if self.mixed_formats else ""),
-                          {"formats": self.formats, "ignored_fields": self.ignored_fields,
-                           "skipped_rows": self.skipped_rows, "sha256": self.sha256}),
-            "tokens_read": Value(self.tokens_read, "measured",
-                                 f"tokens of {src} at seq_len {self.seq_len}, as the training loader tokenizes them",
-                                 {"tokens_untruncated": self.tokens_untruncated}, unit="tokens"),
-            "scored_tokens": Value(self.scored_tokens, "measured",
-                                   f"labels the loss scores in {src} at seq_len {self.seq_len}, after the causal shift",
-                                   {"loss_policy": self.loss_policy,
-                                    "scored_tokens_untruncated": self.scored_tokens_untruncated},
-                                   seconds=self.seconds, unit="tokens"),
-            "scored_tokens_per_row": Value(self.scored_tokens_per_row, "measured",
-                                           f"scored tokens per row of {src} at seq_len {self.seq_len}, the mean",
-                                           {"untruncated": self.scored_per_row, "bins_untruncated": self.scored_bins},
-                                           unit="tokens"),
-            "seq_len": seq,
-        }
+        return seq
 
 
 def _spread(q: dict[str, int]) -> str:
@@ -303,18 +310,11 @@ class _Histograms:
         return {int(k): int(c) for k, c in enumerate(arr.tolist()) if c}
 
 
-def profile_corpus(
-    path_or_rows: str | os.PathLike[str] | Iterable[Any],
-    tokenizer: Any = None,
-    seq_len: int | None = None,
-    quantile: float | None = None,
-    *,
-    fields: Mapping[str, str] | None = None,
-    bad_rows: str = "raise",
-    batch_size: int = 1000,
-    on_progress: Callable[[RowReader], None] | None = None,
-    positions: int | None = None,
-) -> CorpusProfile:
+def profile_corpus(path_or_rows: RowSource, tokenizer: PreTrainedTokenizerBase | None = None,
+                   seq_len: int | None = None, quantile: float | None = None, *,
+                   fields: Mapping[str, str] | None = None, bad_rows: str = "raise", batch_size: int = 1000,
+                   on_progress: Callable[[RowReader], None] | None = None,
+                   positions: int | None = None) -> CorpusProfile:
     """Profile a corpus: rows, tokens read, scored tokens, the length, the loss policy.
 
     Args:
@@ -351,6 +351,25 @@ def profile_corpus(
         ...
         leadline.errors.InputError: rows[1] has 4 tokens before its first scored token, so at seq_len 3 nothing is ...
     """
+    _check_length_arguments(seq_len, quantile, positions)
+    hist = _histograms()
+    t0 = time.perf_counter()
+    problems = Problems(bad_rows)
+    reader = RowReader(path_or_rows, fields=fields, problems=problems)
+    enc = RowEncoder(tokenizer, problems)
+    _stream(reader, enc, hist, problems, seq_len, batch_size, on_progress)
+    problems.finish()
+    lengths = hist.as_dict(hist.lengths)
+    if not lengths:
+        raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
+    length, rule = _length_and_rule(lengths, seq_len, quantile, positions)
+    profile = _summarize(reader, enc, problems, hist, length, rule, quantile, time.perf_counter() - t0)
+    profile.longest_where, profile.positions = hist.longest[1], positions
+    profile.changes = changes_of(profile)
+    return profile
+
+
+def _check_length_arguments(seq_len: int | None, quantile: float | None, positions: int | None) -> None:
     if seq_len is not None and quantile is not None:
         raise InputError("pass seq_len or quantile, not both; seq_len fixes the length, quantile derives it from the "
                          "rows")
@@ -361,28 +380,24 @@ def profile_corpus(
                          f"{positions}); pass {positions} or less")
     if quantile is not None and not 0.0 < float(quantile) <= 1.0:
         raise InputError(f"quantile must be in (0, 1], got {quantile}; pass e.g. 0.99 to keep 99% of rows whole")
+
+
+def _histograms() -> _Histograms:
     try:
-        hist = _Histograms()
+        return _Histograms()
     except ImportError:
         raise InputError("profiling a corpus needs numpy; pip install 'leadline[hf]'") from None
-    t0 = time.perf_counter()
-    problems = Problems(bad_rows)
-    reader = RowReader(path_or_rows, fields=fields, problems=problems)
-    enc = RowEncoder(tokenizer, problems)
+
+
+def _stream(reader: RowReader, enc: RowEncoder, hist: _Histograms, problems: Problems, seq_len: int | None,
+            batch_size: int, on_progress: Callable[[RowReader], None] | None) -> None:
+    """The one pass: the rows read and tokenized ``batch_size`` at a time, folded into ``hist``."""
     for batch in batches(reader, max(1, int(batch_size))):
         rows = enc.encode(batch)
         if rows:
             hist.add(rows, seq_len, problems)
         if on_progress is not None:
             on_progress(reader)
-    problems.finish()
-    lengths = hist.as_dict(hist.lengths)
-    if not lengths:
-        raise InputError(f"{reader.source} has no usable row ({problems.summary()}); fix the rows or pass another file")
-    profile = _summarize(reader, enc, problems, hist, lengths, seq_len, quantile, time.perf_counter() - t0, positions)
-    profile.longest_where, profile.positions = hist.longest[1], positions
-    profile.changes = changes_of(profile)
-    return profile
 
 
 def changes_of(profile: CorpusProfile) -> list[str]:
@@ -446,21 +461,28 @@ def data_notes(profile: CorpusProfile) -> list[str]:
     return list(profile.changes)
 
 
-def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, lengths: dict[int, int],
-               seq_len: int | None, quantile: float | None, seconds: float,
-               positions: int | None = None) -> CorpusProfile:
-    scored_at = hist.as_dict(hist.scored_at)
-    first = hist.as_dict(hist.first_scored)
-    per_row = hist.as_dict(hist.scored_per_row)
-    longest = max(lengths)
+def _length_and_rule(lengths: dict[int, int], seq_len: int | None, quantile: float | None,
+                     positions: int | None) -> tuple[int, str]:
+    """The length to train at and its rule: ``given``, ``quantile`` or ``longest``; ``positions``
+    where the model reads fewer."""
     if seq_len is not None:
         length, rule = seq_len, "given"
     elif quantile is not None:
         length, rule = L.length_at_quantile(lengths, float(quantile)), "quantile"
     else:
-        length, rule = longest, "longest"
+        length, rule = max(lengths), "longest"
     if positions is not None and length > positions:
         length, rule = positions, "positions"
+    return length, rule
+
+
+def _summarize(reader: RowReader, enc: RowEncoder, problems: Problems, hist: _Histograms, length: int, rule: str,
+               quantile: float | None, seconds: float) -> CorpusProfile:
+    lengths = hist.as_dict(hist.lengths)
+    scored_at = hist.as_dict(hist.scored_at)
+    first = hist.as_dict(hist.first_scored)
+    per_row = hist.as_dict(hist.scored_per_row)
+    longest = max(lengths)
     rows = L.total(lengths)
     scored_whole = L.total(scored_at)
     cut = L.count_at_or_above(scored_at, length)

@@ -40,6 +40,9 @@ ROLES = ("text", "prompt", "completion", "messages", "input_ids", "labels", "ins
 KNOWN = "text, prompt+completion, messages, input_ids(+labels), instruction+output, question+answer"
 _SHOWN = 3  # problems quoted by name in a report
 GIVEN = "the rows given"  # the source of rows passed in memory
+RowSource = str | os.PathLike[str] | Iterable[Mapping[str, object]]
+"""Where rows come from: a path to a JSON Lines file, or the rows in memory (dicts in one of the
+formats above; already tokenized rows pass too)."""
 
 
 @dataclass(frozen=True)
@@ -204,7 +207,7 @@ class RowReader:
                 except UnicodeDecodeError:
                     self.problems.record(where, "is not UTF-8 text")
 
-    def parse(self, raw: Any, where: str) -> Example | None:
+    def parse(self, raw: object, where: str) -> Example | None:
         """The row as an :class:`Example`, or None after recording why it cannot be used.
 
         Examples:
@@ -431,7 +434,7 @@ def _json_type(x: Any) -> str:
     return type(x).__name__
 
 
-def read_rows(path_or_rows: str | os.PathLike[str] | Iterable[Any], *, fields: Mapping[str, str] | None = None,
+def read_rows(path_or_rows: RowSource, *, fields: Mapping[str, str] | None = None,
               bad_rows: str = "raise") -> Iterator[Example]:
     """Stream the usable rows of a JSON Lines file or of an in-memory list as :class:`Example`.
 

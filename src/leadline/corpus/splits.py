@@ -10,9 +10,15 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.corpus.tokenize import TokenizedRow
+    from leadline.memory_readings import Device
 
 
 @dataclass(frozen=True)
@@ -36,8 +42,9 @@ class Split:
         """The form ``plan.held_out`` stores: the three index lists and the seed (see the class)."""
         return {"train": list(self.train), "held_out": list(self.held_out), "test": list(self.test), "seed": self.seed}
 
-    def reader(self, model: Any, rows: Sequence[Any], part: str = "held_out", *, micro_batch: int | None = None,
-               device: Any = None, pad_id: int = 0) -> Callable[[], list[float]]:
+    def reader(self, model: torch.nn.Module, rows: Sequence[TokenizedRow], part: str = "held_out", *,
+               micro_batch: int | None = None, device: Device | None = None,
+               pad_id: int = 0) -> Callable[[], list[float]]:
         """A function returning the per-row mean losses of ``part``'s rows under ``model`` as it is
         when called (what ``LookaheadSchedule(held_out_losses_per_row=...)`` takes).
 

@@ -26,11 +26,17 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from leadline.corpus import chat
-from leadline.corpus.rows import Example, Problems, RowReader
+from leadline.corpus.rows import Example, Problems, RowReader, RowSource
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Item = TypeVar("Item")
+"""What :func:`batches` groups."""
 
 
 @dataclass
@@ -329,7 +335,7 @@ class RowEncoder:
         return lines
 
 
-def batches(it: Iterable[Any], size: int) -> Iterator[list[Any]]:
+def batches(it: Iterable[Item], size: int) -> Iterator[list[Item]]:
     """``it`` in lists of ``size`` items, the last one shorter; streams (holds one list at a time).
 
     Examples:
@@ -342,8 +348,8 @@ def batches(it: Iterable[Any], size: int) -> Iterator[list[Any]]:
 
 
 def tokenize_rows(
-    path_or_rows: Any,
-    tokenizer: Any,
+    path_or_rows: RowSource | Iterable[Example],
+    tokenizer: PreTrainedTokenizerBase | None,
     *,
     fields: Mapping[str, str] | None = None,
     bad_rows: str = "raise",

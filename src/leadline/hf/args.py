@@ -6,10 +6,13 @@ Pure mapping: no transformers import until an ``args`` object is given.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.plan import Plan
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
 
 # plan value -> TrainingArguments field
 _FIELDS = {
@@ -110,7 +113,8 @@ def sft_fields(plan: Plan) -> dict[str, Any]:
     return out
 
 
-def training_arguments(plan: Plan, args: Any = None, **overrides: Any) -> Any:
+def training_arguments(plan: Plan, args: TrainingArguments | None = None,
+                       **overrides: object) -> TrainingArguments | dict[str, Any]:
     """``args`` (a TrainingArguments or TRL SFTConfig) with the plan's fields filled in; a
     new object, ``args`` itself is not changed. Without ``args``, the fields as a dict.
     Keyword ``overrides`` win over the plan.

@@ -59,7 +59,7 @@ averaged ones. The callback adds what is missing (``LeadlineCallback(plan)``, no
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from transformers import TrainerCallback
 
@@ -67,6 +67,12 @@ from leadline.errors import InputError
 from leadline.hf.args import SCHEDULE_FREE
 from leadline.plan import Plan, refuse_quick_plan
 from leadline.rate.guard import MAX_ROLLBACKS
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainerControl, TrainerState, TrainingArguments
+
+    from leadline.corpus.rows import RowSource
 
 
 class LeadlineCallback(TrainerCallback):
@@ -169,8 +175,8 @@ class LeadlineCallback(TrainerCallback):
         self.guard_refused: str | None = None  # why the guard did not run, where memory refused its copies
 
     @classmethod
-    def for_plan(cls, plan: Plan, model: Any, tokenizer: Any = None, train_dataset: Any = None,
-                 **kw: Any) -> LeadlineCallback:
+    def for_plan(cls, plan: Plan, model: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+                 train_dataset: RowSource | None = None, **kw: Any) -> LeadlineCallback:
         """Build the held-out reader and the train step from the data the plan was derived on
         (same seed, same length, so the held-out rows are the plan's): the trainer the plan
         was derived on (``for_plan(plan, trainer)``), or the model, tokenizer and data. Data
@@ -223,8 +229,9 @@ class LeadlineCallback(TrainerCallback):
         return list(self.schedule.checks) if self.schedule is not None else []
 
     # ---- Trainer's events ---------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       lr_scheduler: Any = None, **kw: Any) -> None:
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                       lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None, **kw: object) -> None:
         """Check the args' loss policy, cap the card, build the schedule over Trainer's optimizer
         and take over its ``lr_scheduler`` (the module docstring)."""
         from leadline.hf.trainer import check_policy
@@ -304,7 +311,8 @@ class LeadlineCallback(TrainerCallback):
                                             or getattr(control, "should_evaluate", False) or done):
             self._averaging.eval()
 
-    def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                      **kw: object) -> None:
         """``schedule.before(step)``: the check, a rollback where one is due, the step's rate. A race
         plan: ``optimizer.train()``, the training weights back after a save or an evaluation."""
         if self._averaging is not None:
@@ -312,7 +320,7 @@ class LeadlineCallback(TrainerCallback):
         if self.schedule is not None and not self.schedule.finished:
             self.schedule.before(int(state.global_step))
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: object) -> None:
         """At the last step, ``schedule.finish()``: the raced ending kept. A race plan: the guard's check,
         rollback or stop, and at the last step (or the stop) its end; then the averaged weights into the
         model before a save or an evaluation (Trainer's, which follow this event)."""
@@ -327,16 +335,17 @@ class LeadlineCallback(TrainerCallback):
                 and int(state.global_step) >= self.schedule.total_steps):
             self.ending = self.schedule.finish()
 
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_epoch_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: object) -> None:
         """A race plan: the averaged weights into the model before an epoch's save or evaluation."""
         self._average_if_read(state, control)
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+    def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+               logs: dict[str, float] | None = None, **kw: object) -> None:
         """A race plan with the guard: the loss Trainer logged, watched for a spike (the module docstring)."""
         if self._guard is not None and logs and isinstance(logs.get("loss"), (int, float)):
             self._guard.watch(float(logs["loss"]))
 
-    def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: object) -> None:
         """Finish a run that stopped early, then :meth:`close`; a race plan's model left holding
         the averaged weights."""
         if self._guard is not None:  # a run Trainer ended before its last step: its end decided now

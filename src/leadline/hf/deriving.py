@@ -27,6 +27,10 @@ from leadline.run.precision import check_trainable, checkpointing, precision_of
 from leadline.run.task import rows_of
 
 if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, Trainer
+
+    from leadline.corpus.rows import RowSource
     from leadline.lookahead.model import ModelPieces
 
 __all__ = ["EFFORTS", "PARTS", "DeriveOptions", "derive_for", "derive_parts"]
@@ -80,9 +84,10 @@ class DeriveOptions:
         return [f.name for f in dataclasses.fields(self) if getattr(self, f.name) != f.default]
 
 
-def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, total_steps: int | None = None,
-               epochs: float | None = None, effort: str = "race", seq_len: int | None = None, seed: int = 0,
-               fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
+def derive_for(model: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+               train_dataset: RowSource | None = None, *, total_steps: int | None = None, epochs: float | None = None,
+               effort: str = "race", seq_len: int | None = None, seed: int = 0, fields: dict[str, str] | None = None,
+               rows_per_step: int | None = None, progress: bool | None = None,
                options: DeriveOptions | None = None) -> Plan:
     """derive() for a Hugging Face causal LM (PEFT or not) and a data set in any corpus
     format: builds the TrainingStep, ModelGradFn, held-out reader and named weights itself.
@@ -119,9 +124,26 @@ def derive_for(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, 
         max_seconds shapes derive()'s phases, which effort='race' (the default) does not run; leave it out, or pass ...
     """
     check_effort(effort)
+    asked = _Asked(total_steps=total_steps, epochs=epochs, effort=effort, seq_len=seq_len, seed=seed, fields=fields,
+                   rows_per_step=rows_per_step, progress=progress, options=options)
     if effort == "race":
-        return _race_for(**locals())
-    return derive_parts(**locals())
+        return _race_for(model, tokenizer, train_dataset, asked)
+    return _derive(model, tokenizer, train_dataset, asked)
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """derive_for's keywords (:func:`derive_parts`'s ``kw``), read by the race and by the full effort."""
+
+    total_steps: int | None = None
+    epochs: float | None = None
+    effort: str = "full"
+    seq_len: int | None = None
+    seed: int = 0
+    fields: dict[str, str] | None = None
+    rows_per_step: int | None = None
+    progress: bool | None = None
+    options: DeriveOptions | None = None
 
 
 def check_effort(effort: object) -> None:
@@ -140,7 +162,8 @@ def check_effort(effort: object) -> None:
                          "rate on the run's opening steps, full runs the look-ahead")
 
 
-def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *, measure: Sequence[str] = PARTS,
+def derive_parts(model: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+                 train_dataset: RowSource | None = None, *, measure: Sequence[str] = PARTS,
                  batch: tuple[int, int] | None = None, **kw: Any) -> Plan:
     """:func:`derive_for` running only the phases of ``measure``: ``"batch"`` (the noise
     scale, the memory ramp and the step: ``rows_fit``, ``micro_batch``, ``grad_accum``) and
@@ -188,35 +211,32 @@ def derive_parts(model: Any, tokenizer: Any = None, train_dataset: Any = None, *
     unknown = sorted(set(measure) - set(PARTS))
     if unknown or not measure:
         raise InputError(f"measure={tuple(measure)!r} must name some of {', '.join(PARTS)}")
-    return _derive(model, tokenizer, train_dataset, measure=tuple(measure), batch=batch, **kw)
+    return _derive(model, tokenizer, train_dataset, _Asked(**kw), measure=tuple(measure), batch=batch)
 
 
-def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int | None = None,
-            epochs: float | None = None, effort: str = "full", seq_len: int | None = None, seed: int = 0,
-            fields: dict[str, str] | None = None, rows_per_step: int | None = None, progress: bool | None = None,
-            options: DeriveOptions | None = None, measure: tuple[str, ...] = ("batch", "rate"),
+def _derive(model: Any, tokenizer: Any, train_dataset: Any, asked: _Asked, *, measure: tuple[str, ...] = PARTS,
             batch: tuple[int, int] | None = None) -> Plan:
     import time
 
     from leadline.lookahead.model import derive_on, join_the_job, model_pieces  # the full effort: the annex
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
-    o = _options(options)
-    if batch is not None and rows_per_step is not None:
+    o = _options(asked.options)
+    if batch is not None and asked.rows_per_step is not None:
         raise InputError("pass batch=(micro_batch, grad_accum) or rows_per_step, not both: each fixes the step")
-    given = _given(model, tokenizer, train_dataset, total_steps, epochs, o.fit_rank)
-    p = model_pieces(given.model, given.tokenizer, given.train_dataset, seq_len=seq_len, quantile=o.quantile,
-                     held_out=o.held_out, test=o.test, seed=seed, probe_rows=o.probe_rows, fields=fields,
+    given = _given(model, tokenizer, train_dataset, asked.total_steps, asked.epochs, o.fit_rank)
+    p = model_pieces(given.model, given.tokenizer, given.train_dataset, seq_len=asked.seq_len, quantile=o.quantile,
+                     held_out=o.held_out, test=o.test, seed=asked.seed, probe_rows=o.probe_rows, fields=asked.fields,
                      trained_as=o.trained_as, batch=batch)
-    bar, on_progress = _bar(progress, o.on_progress)
+    bar, on_progress = _bar(asked.progress, o.on_progress)
     scoped = ExitStack()
     try:
         if given.checkpointed is not None:
             scoped.enter_context(checkpointing(p.inner, *given.checkpointed))
         join_the_job(p, batch)
         sizes = "batch" in measure  # the noise, the ramp and the step run when they are given their pieces
-        plan = derive_on(p, given.train_dataset, given.tokenizer, measure=measure, effort=effort,
-                         total_steps=given.total_steps, epochs=given.epochs, rows_per_step=rows_per_step,
+        plan = derive_on(p, given.train_dataset, given.tokenizer, measure=measure, effort=asked.effort,
+                         total_steps=given.total_steps, epochs=given.epochs, rows_per_step=asked.rows_per_step,
                          step_for=o.step_for, max_seconds=o.max_seconds, started=started, on_progress=on_progress,
                          resume=o.resume, prior=o.prior)
         _given_values(plan, p, batch, given.policy)
@@ -236,27 +256,25 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, *, total_steps: int 
     return plan
 
 
-def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, total_steps: int | None,
-              epochs: float | None, seq_len: int | None, seed: int, fields: dict[str, str] | None,
-              rows_per_step: int | None, progress: bool | None, options: DeriveOptions | None) -> Plan:
+def _race_for(model: Any, tokenizer: Any, train_dataset: Any, asked: _Asked) -> Plan:
     """derive_for's race: :func:`~leadline.run.race_only` on what was given (a trainer unpacked,
     measured with its gradient checkpointing), the model left as it was; the plan gets the values
     the model and the trainer say (precision, loss policy or the rows' formats, the full
     fine-tune's note)."""
     from leadline.torchrun import launched_by_torchrun
 
-    _refuse_for_race(_options(options), progress, rows_per_step)
+    _refuse_for_race(_options(asked.options), asked.progress, asked.rows_per_step)
     if launched_by_torchrun():
         raise InputError("effort='race' races in one process, and this is one of several under torchrun; pass "
                          "effort='full' (docs/distributed.md), or derive outside torchrun")
-    given = _given(model, tokenizer, train_dataset, total_steps, epochs, False)
+    given = _given(model, tokenizer, train_dataset, asked.total_steps, asked.epochs, False)
     check_trainable(given.model)
     with ExitStack() as scoped:
         if given.checkpointed is not None:
             scoped.enter_context(checkpointing(given.model, *given.checkpointed))
         plan = race_only(given.model, given.tokenizer, given.train_dataset, RunOptions(
-            total_steps=given.total_steps, epochs=given.epochs, rows_per_step=rows_per_step, seed=seed,
-            seq_len=seq_len, fields=fields))
+            total_steps=given.total_steps, epochs=given.epochs, rows_per_step=asked.rows_per_step, seed=asked.seed,
+            seq_len=asked.seq_len, fields=asked.fields))
         plan.set("precision", precision_of(given.model).as_value())  # checkpointing on, as the run has it
     if given.policy is not None:
         from leadline.corpus.tokenize import count_scored
@@ -265,7 +283,7 @@ def _race_for(model: Any, tokenizer: Any, train_dataset: Any, *, effort: str, to
         rows = given.train_dataset
         plan.set("loss_policy", policy_value(given.policy, sum(count_scored(r["labels"]) for r in rows), len(rows)))
     else:
-        plan.set("rows", _rows_read(given.train_dataset, fields))
+        plan.set("rows", _rows_read(given.train_dataset, asked.fields))
     parameters = sum(p.numel() for p in given.model.parameters())
     if full_fine_tune(plan.model["trained_as"], {**plan.model, "parameters": parameters}):
         plan.notes.append(FULL_NOTE)

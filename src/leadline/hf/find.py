@@ -19,11 +19,17 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.plan import Plan
 from leadline.run.fit import halved
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+    from leadline.corpus.rows import RowSource
 
 __all__ = ["FoundBatchSize", "FoundRate", "find_batch_size", "find_lr"]
 
@@ -176,8 +182,9 @@ class FoundRate(_Found):
         return [n for n in ("lr", "optimizer", "alpha1", "warmup_steps") if n in self.plan]
 
 
-def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *,
-                    max_seconds: float | None = None, progress: bool | None = None, seed: int = 0) -> FoundBatchSize:
+def find_batch_size(trainer: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+                    train_dataset: RowSource | None = None, *, max_seconds: float | None = None,
+                    progress: bool | None = None, seed: int = 0) -> FoundBatchSize:
     """The micro-batch and accumulation a trainer should run: derive's noise scale, memory
     ramp and step (B* = sqrt(B_noise x tokens per micro-batch x t_step / t_micro), McCandlish
     et al. 2018, <https://arxiv.org/abs/1812.06162>), on the trainer's own rows and model as it
@@ -216,9 +223,10 @@ def find_batch_size(trainer: Any, tokenizer: Any = None, train_dataset: Any = No
     return FoundBatchSize(plan, "micro_batch", ("rows_fit", "micro_batch"))
 
 
-def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, micro_batch: int | None = None,
-            grad_accum: int | None = None, effort: str = "race", max_seconds: float | None = None,
-            progress: bool | None = None, seed: int = 0) -> FoundRate:
+def find_lr(trainer: Trainer | torch.nn.Module, tokenizer: PreTrainedTokenizerBase | None = None,
+            train_dataset: RowSource | None = None, *, micro_batch: int | None = None, grad_accum: int | None = None,
+            effort: str = "race", max_seconds: float | None = None, progress: bool | None = None,
+            seed: int = 0) -> FoundRate:
     """The learning rate for the trainer's batch, for its run's length.
 
     ``effort="race"`` (the default, as ``derive_for``'s and ``leadline run``'s): schedule-free
@@ -272,26 +280,38 @@ def find_lr(trainer: Any, tokenizer: Any = None, train_dataset: Any = None, *, m
         ...     print(e)
         find_lr needs the step's batch: pass micro_batch= (and grad_accum=), or a Trainer whose arguments hold it
     """
-    return _found_rate(trainer, tokenizer, train_dataset, micro_batch, grad_accum, effort, max_seconds, progress, seed)
+    search = _RateSearch(micro_batch, grad_accum, effort, max_seconds, progress, seed)
+    return _found_rate(trainer, tokenizer, train_dataset, search)
 
 
-def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, micro_batch: int | None, grad_accum: int | None,
-                effort: str, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
+@dataclass(frozen=True)
+class _RateSearch:
+    """find_lr's keywords: the step's batch, the effort, the bound on time, the progress bar, the seed."""
+
+    micro_batch: int | None
+    grad_accum: int | None
+    effort: str
+    max_seconds: float | None
+    progress: bool | None
+    seed: int
+
+
+def _found_rate(trainer: Any, tokenizer: Any, train_dataset: Any, search: _RateSearch) -> FoundRate:
     """find_lr's search: the opening race's rate, or derive's rate phases at the trainer's batch."""
     from leadline.hf.deriving import DeriveOptions, check_effort, derive_parts
     from leadline.hf.trainer import is_trainer
 
-    check_effort(effort)
+    check_effort(search.effort)
     args = trainer.args if is_trainer(trainer) else None
-    if effort == "race":
-        return _race_rate(trainer, tokenizer, train_dataset, args, micro_batch, grad_accum, max_seconds, progress, seed)
-    batch = _step_batch(args, micro_batch, grad_accum)
+    if search.effort == "race":
+        return _race_rate(trainer, tokenizer, train_dataset, args, search)
+    batch = _step_batch(args, search.micro_batch, search.grad_accum)
     length = _length_of(trainer, batch[0] * batch[1])
-    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=batch,
-                        effort=effort, progress=progress, seed=seed, options=DeriveOptions(max_seconds=max_seconds),
-                        **length)
+    plan = derive_parts(trainer, tokenizer, train_dataset, measure=("rate",), batch=batch, effort=search.effort,
+                        progress=search.progress, seed=search.seed,
+                        options=DeriveOptions(max_seconds=search.max_seconds), **length)
     if "lr" not in plan:
-        raise InputError(_unfinished("find_lr", "lr", plan, max_seconds))
+        raise InputError(_unfinished("find_lr", "lr", plan, search.max_seconds))
     return FoundRate(plan, "lr", ("lr", "alpha1"))
 
 
@@ -306,8 +326,8 @@ def _step_batch(args: Any, micro_batch: int | None, grad_accum: int | None) -> t
     return micro_batch, grad_accum
 
 
-def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micro_batch: int | None,
-               grad_accum: int | None, max_seconds: float | None, progress: bool | None, seed: int) -> FoundRate:
+def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: TrainingArguments | None,
+               search: _RateSearch) -> FoundRate:
     """find_lr's race: derive_for's, at the trainer's rows a step, for a trainer that runs
     schedule-free AdamW."""
     from leadline.hf.deriving import DeriveOptions, derive_for
@@ -317,11 +337,11 @@ def _race_rate(trainer: Any, tokenizer: Any, train_dataset: Any, args: Any, micr
         raise InputError(f"find_lr's race measures schedule-free AdamW's rate, and the trainer's optim is {optim!r}; "
                          "set optim='schedule_free_adamw' and lr_scheduler_type='constant' in its arguments "
                          "(training_arguments(plan, args) sets both), or pass effort='full' for an AdamW rate")
-    micro_batch = micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
-    grad_accum = grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
+    micro_batch = search.micro_batch or (int(args.per_device_train_batch_size) if args is not None else None)
+    grad_accum = search.grad_accum or (int(args.gradient_accumulation_steps) if args is not None else 1)
     rows_per_step = micro_batch * grad_accum if micro_batch else None
-    plan = derive_for(trainer, tokenizer, train_dataset, effort="race", progress=progress, seed=seed,
-                      rows_per_step=rows_per_step, options=DeriveOptions(max_seconds=max_seconds),
+    plan = derive_for(trainer, tokenizer, train_dataset, effort="race", progress=search.progress, seed=search.seed,
+                      rows_per_step=rows_per_step, options=DeriveOptions(max_seconds=search.max_seconds),
                       **_length_of(trainer, rows_per_step))
     return FoundRate(plan, "lr", ("lr",))
 

@@ -37,11 +37,17 @@ whose copies would take over half the available host memory runs without the gua
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.plan import Value
 from leadline.rate.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps, outcome
 from leadline.rate.watch import StateCopy, Watch
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import TrainerControl, TrainingArguments
+
+    from leadline.run.task import Task
 
 STATE_FACTOR = 3
 """A copy with its optimizer state, in copies of the trained tensors: the tensors, and schedule-free
@@ -103,7 +109,8 @@ class TrainerGuard:
     def stopped_at(self) -> int | None:
         return None if self.watcher is None else self.watcher.stopped_at
 
-    def begin(self, model: Any, params: Sequence[Any], opt: Any, scheduler: Any, *, total: int,
+    def begin(self, model: torch.nn.Module, params: Sequence[torch.nn.Parameter], opt: torch.optim.Optimizer,
+              scheduler: torch.optim.lr_scheduler.LRScheduler, *, total: int,
               rows_per_step: int) -> None:
         """The start read on every held-out row, its copy taken, the checks planned (the module docstring)."""
         self.model, self.params, self.opt, self.scheduler, self.total = model, list(params), opt, scheduler, total
@@ -131,7 +138,7 @@ class TrainerGuard:
         if self.watcher is not None and not self.finished:
             self.watcher.see(loss)
 
-    def after_step(self, step: int, control: Any) -> None:
+    def after_step(self, step: int, control: TrainerControl) -> None:
         """A step's end: a check where one is scheduled or the watch called one, what the guard says carried out;
         a stop ends the run there."""
         if self.watcher is None or self.finished:
@@ -187,7 +194,7 @@ class TrainerGuard:
         return Value(rollbacks, "measured", said, evidence=self.evidence(), unit="rollbacks")
 
 
-def subset_reader(task: Any) -> Callable[[int], Callable[[], list[float]]]:
+def subset_reader(task: Task) -> Callable[[int], Callable[[], list[float]]]:
     """``of(rows)``: a reader of the task's first ``rows`` held-out rows, the rows a check reads."""
     from leadline.corpus.losses import row_losses
 
@@ -198,7 +205,7 @@ def subset_reader(task: Any) -> Callable[[int], Callable[[], list[float]]]:
     return of
 
 
-def rows_per_step_of(args: Any, planned: int | None = None) -> int:
+def rows_per_step_of(args: TrainingArguments, planned: int | None = None) -> int:
     """The rows one optimizer step of Trainer takes: its micro-batch x accumulation x processes
     (``planned``, the plan's ``rows_per_step``, where the args hold no batch).
 
@@ -226,7 +233,7 @@ def _reading(losses: Sequence[float] | None) -> dict[str, Any] | None:
     return {"mean": r.mean, "se": r.se, "rows": r.rows}
 
 
-def guard_copies_refused(params: Sequence[Any]) -> str | None:
+def guard_copies_refused(params: Sequence[torch.nn.Parameter]) -> str | None:
     """Why the guard cannot run, or None: at most the start's copy (the tensors alone: its optimizer
     is fresh) and, with their optimizer state (:data:`STATE_FACTOR`), the kept checks after the start
     and the reads' spare; they go on the card where it has room for them twice, else in host memory,
@@ -238,7 +245,7 @@ def guard_copies_refused(params: Sequence[Any]) -> str | None:
         >>> guard_copies_refused([torch.zeros(4)]) is None
         True
     """
-    from leadline.memory.readings import host_memory_bytes
+    from leadline.memory_readings import host_memory_bytes
 
     tensors = sum(p.numel() * p.element_size() for p in params)
     need = tensors * (1 + STATE_FACTOR * Guard(rate=0.0, looks=1).keep)  # the start, keep - 1 bests, the spare

@@ -17,9 +17,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from leadline.errors import InputError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from leadline.memory_readings import Device
 
 
 @dataclass(frozen=True)
@@ -166,7 +172,8 @@ def _split_gguf(path: str | os.PathLike[str]) -> tuple[str, str | None]:
     raise InputError(f"model {p} is neither a folder nor a .gguf file; pass one of those")
 
 
-def load_tokenizer(path: str | os.PathLike[str] | ModelSource, *, revision: str | None = None) -> Any:
+def load_tokenizer(path: str | os.PathLike[str] | ModelSource, *,
+                   revision: str | None = None) -> PreTrainedTokenizerBase:
     """The fast tokenizer of a Hugging Face folder, a GGUF file (its converted folder in the
     cache) or a Hub id at ``revision``, with a pad token set (the EOS when the tokenizer has none,
     as the training loader pads).
@@ -204,8 +211,8 @@ def load_tokenizer(path: str | os.PathLike[str] | ModelSource, *, revision: str 
     return tok
 
 
-def load_model(path: str | os.PathLike[str] | ModelSource, *, dtype: Any = None, device: Any = None,
-               bits: int | None = None, revision: str | None = None) -> Any:
+def load_model(path: str | os.PathLike[str] | ModelSource, *, dtype: torch.dtype | None = None,
+               device: Device | None = None, bits: int | None = None, revision: str | None = None) -> PreTrainedModel:
     """A causal LM from a Hugging Face folder, a GGUF file (its converted folder in the cache) or
     a Hub id at ``revision``, on ``device`` (default: the GPU if there is one, else the CPU), in
     ``dtype`` (default: bfloat16 on a GPU that has it, else float32).
@@ -315,7 +322,7 @@ def check_bits(source: ModelSource, bits: int) -> None:
                          "save_pretrained() wrote")
 
 
-def _load_quantized(source: ModelSource, bits: int, dtype: Any, device: Any) -> Any:
+def _load_quantized(source: ModelSource, bits: int, dtype: torch.dtype, device: Device | None) -> PreTrainedModel:
     """The base quantized by bitsandbytes as it loads, or one sentence on why it cannot be."""
     import importlib.util
 
@@ -339,7 +346,7 @@ def _load_quantized(source: ModelSource, bits: int, dtype: Any, device: Any) -> 
                          "unquantized") from None
 
 
-def check_lora_rank(model: Any, rank: int) -> None:
+def check_lora_rank(model: torch.nn.Module, rank: int) -> None:
     """A LoRA rank above the model's width trains nothing a smaller one would not: refused."""
     cfg = getattr(model, "config", None)
     width = getattr(cfg, "hidden_size", None) or getattr(cfg, "n_embd", None) or getattr(cfg, "d_model", None)
@@ -348,7 +355,7 @@ def check_lora_rank(model: Any, rank: int) -> None:
                          f"nothing, pass --lora-rank {min(width, 16)} or less, or --full")
 
 
-def check_full(model: Any, path: str | os.PathLike[str]) -> None:
+def check_full(model: torch.nn.Module, path: str | os.PathLike[str]) -> None:
     """Training every weight of a base that loads quantized: refused in one sentence."""
     from leadline.run.precision import precision_of
 
@@ -359,9 +366,10 @@ def check_full(model: Any, path: str | os.PathLike[str]) -> None:
                          "--lora-rank R to choose) or pass the model unquantized (a Hugging Face folder)")
 
 
-def load_trainable(path: str | os.PathLike[str] | ModelSource, *, device: Any, dtype: str = "float32",
+def load_trainable(path: str | os.PathLike[str] | ModelSource, *, device: Device | None, dtype: str = "float32",
                    bits: int | None = None, lora_rank: int | None = 16, seed: int = 0,
-                   gradient_checkpointing: bool = False, revision: str | None = None) -> tuple[Any, Any]:
+                   gradient_checkpointing: bool = False,
+                   revision: str | None = None) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
     """The model leadline's commands train and its tokenizer: the base loaded (``bits``: 4 or 8
     through bitsandbytes), a LoRA adapter of ``lora_rank`` on every linear layer (alpha twice the
     rank, the Hub ``revision`` of its base recorded), or with ``lora_rank=None`` every weight

@@ -17,10 +17,13 @@ Pure reading: no model call, nothing trained; transformers is never imported her
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from leadline.errors import InputError
 from leadline.plan import Plan, Value
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase, Trainer, TrainingArguments
 
 POLICY_FIELDS = ("assistant_only_loss", "completion_only_loss", "packing")
 """The SFTConfig fields that decide which tokens the loss scores and how rows are laid out."""
@@ -31,7 +34,7 @@ _COLLATED = ("input_ids", "labels", "attention_mask", "seq_lengths", "position_i
 ``completion`` beside the tokens) are what Trainer's ``remove_unused_columns`` drops."""
 
 
-def is_trainer(obj: Any) -> bool:
+def is_trainer(obj: object) -> TypeGuard[Trainer]:
     """A ``transformers.Trainer`` (TRL's trainers are subclasses), told by what it holds:
     ``model``, ``args``, ``train_dataset``, ``data_collator`` and ``create_optimizer``.
 
@@ -46,7 +49,7 @@ def is_trainer(obj: Any) -> bool:
     return all(hasattr(obj, a) for a in ("model", "args", "train_dataset", "data_collator", "create_optimizer"))
 
 
-def tokenizer_of(trainer: Any) -> Any:
+def tokenizer_of(trainer: Trainer) -> PreTrainedTokenizerBase:
     """The trainer's tokenizer: its ``processing_class``, else its collator's; one sentence when
     it holds neither.
 
@@ -67,7 +70,7 @@ def tokenizer_of(trainer: Any) -> Any:
     return tok
 
 
-def loss_policy_of(trainer: Any) -> dict[str, Any]:
+def loss_policy_of(trainer: Trainer) -> dict[str, Any]:
     """The trainer's loss policy as data: its class, TRL's policy fields (None for a plain
     Trainer) and ``max_length``.
 
@@ -91,7 +94,7 @@ def loss_policy_of(trainer: Any) -> dict[str, Any]:
     return policy
 
 
-def trainer_rows(trainer: Any) -> list[dict[str, list[int]]]:
+def trainer_rows(trainer: Trainer) -> list[dict[str, list[int]]]:
     """The trainer's processed rows as ``{"input_ids", "labels"}``, collated one at a time by
     the trainer's own collator (see the module docstring); rows with nothing to score (a packed
     sequence of prompts alone) are left out: they add no gradient.
@@ -183,7 +186,7 @@ def policy_of_plan(plan: Plan) -> dict[str, Any]:
     return policy
 
 
-def check_policy(plan: Plan, args: Any) -> None:
+def check_policy(plan: Plan, args: TrainingArguments) -> None:
     """One sentence when ``args`` (an SFTConfig) trains another loss than the plan was derived for.
 
     A field ``args`` lacks (a plain TrainingArguments) is not checked, nor TRL's
@@ -212,7 +215,7 @@ def check_policy(plan: Plan, args: Any) -> None:
                              "build the args with training_arguments(plan, args) or derive again on this trainer")
 
 
-def trainer_checkpointing(trainer: Any) -> tuple[bool, dict[str, Any] | None]:
+def trainer_checkpointing(trainer: Trainer) -> tuple[bool, dict[str, Any] | None]:
     """Whether the trainer's run turns gradient checkpointing on (Trainer does it in train()),
     and the kwargs it passes, less the ones Trainer takes for itself (``every_n_layers``,
     ``offload``, ``selective``).

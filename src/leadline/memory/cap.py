@@ -23,11 +23,17 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import LeadlineError
 from leadline.memory._hooks import OutermostHooks
-from leadline.memory.readings import DeviceMemory, format_bytes, memory_for, normalize_device
+from leadline.memory_readings import DeviceMemory, format_bytes, memory_for, normalize_device
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from leadline.measure.wddm import WddmCounters
+    from leadline.memory_readings import Device
 
 MAX_CAP_MOVES = 1000
 RECENT_READINGS = 256
@@ -40,7 +46,7 @@ class RoomShrank(LeadlineError):
         Another program takes 1 GB of the card, then the step runs out of memory:
 
         >>> import textwrap
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> try:
         ...     with forbid_spill(memory=card, wddm=False):
@@ -109,7 +115,7 @@ class SpillWatch:
     """Moves the cap to free + held before outermost forwards and after optimizer steps.
 
     Args:
-        memory: the device's :class:`~leadline.memory.readings.DeviceMemory`.
+        memory: the device's :class:`~leadline.memory_readings.DeviceMemory`.
         max_overhead: the readings' cost as a share of elapsed time (0.01: 1%). After a reading
             that cost c seconds, the next one waits c / max_overhead.
         ceiling_bytes: a cap the process had before (never raised above it).
@@ -127,7 +133,7 @@ class SpillWatch:
     Examples:
         One reading, no hooks installed: the cap moves to free + held, never above the ceiling.
 
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> reading = SpillWatch(card).read()
         >>> reading["room_bytes"], reading["cap_bytes"], card.cap
@@ -306,7 +312,8 @@ class SpillCap:
     def __enter__(self) -> SpillCap:
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         sentence = explain_oom(self.device) if exc is not None and _is_oom(exc) and self.watch is not None else None
         self.lift()
         if sentence is not None:
@@ -314,19 +321,13 @@ class SpillCap:
 
 
 def _is_oom(exc: BaseException) -> bool:
-    from leadline.memory.readings import is_oom
+    from leadline.memory_readings import is_oom
 
     return is_oom(exc)
 
 
-def forbid_spill(
-    device: Any = None,
-    *,
-    card_bytes: int | None = None,
-    memory: DeviceMemory | None = None,
-    max_overhead: float = 0.01,
-    wddm: bool | None = None,
-) -> SpillCap:
+def forbid_spill(device: Device | None = None, *, card_bytes: int | None = None, memory: DeviceMemory | None = None,
+                 max_overhead: float = 0.01, wddm: bool | None = None) -> SpillCap:
     """Cap this process at the dedicated memory it can have (free + held) and watch it.
 
     Usable as a function (the cap stays until :func:`lift_cap`) and as a context manager
@@ -335,13 +336,13 @@ def forbid_spill(
 
     Args:
         device: ``"cuda:N"`` (default: the current CUDA device, or the CPU without CUDA).
-        card_bytes: treat the card as this big (see :class:`~leadline.memory.readings.CudaMemory`).
+        card_bytes: treat the card as this big (see :class:`~leadline.memory_readings.CudaMemory`).
         memory: the readings to use (tests pass a fake allocator); overrides device.
         max_overhead: the watch's reading cost as a share of elapsed time.
         wddm: read the Windows spill counters (default: where they are available).
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> with forbid_spill(memory=card, wddm=False) as cap:
         ...     print(cap.active, card.cap, watched("cuda:0").readings)
@@ -364,17 +365,7 @@ def forbid_spill(
         mem = memory_for(dev, card_bytes=card_bytes)
     if not mem.on_cuda:
         return SpillCap(dev, mem, None, None, owner=False)
-    counters = None
-    if wddm is None or wddm:
-        from leadline.measure import wddm as _wddm
-
-        if _wddm.available():
-            counters = _wddm.WddmCounters(pid=os.getpid())
-        elif wddm:
-            from leadline.errors import InputError
-
-            raise InputError("wddm=True needs the Windows WDDM counters, which this platform does not have; leave wddm "
-                             "unset")
+    counters = _spill_counters(wddm)
     previous = mem.get_cap()
     watch = SpillWatch(mem, max_overhead=max_overhead, ceiling_bytes=previous, counters=counters)
     handle = SpillCap(dev, mem, watch, previous, owner=True)
@@ -390,13 +381,29 @@ def forbid_spill(
     return handle
 
 
-def lift_cap(device: Any = None) -> WatchReport:
+def _spill_counters(wddm: bool | None) -> WddmCounters | None:
+    """The Windows spill counters of this process where ``wddm`` asks for them (None: where they
+    are available); ``wddm=True`` where they are not is refused."""
+    if wddm is None or wddm:
+        from leadline.measure import wddm as _wddm
+
+        if _wddm.available():
+            return _wddm.WddmCounters(pid=os.getpid())
+        if wddm:
+            from leadline.errors import InputError
+
+            raise InputError("wddm=True needs the Windows WDDM counters, which this platform does not have; leave wddm "
+                             "unset")
+    return None
+
+
+def lift_cap(device: Device | None = None) -> WatchReport:
     """Remove the watch's hooks and restore the cap the process had before :func:`forbid_spill`.
 
     Returns the watch's final report. Safe to call when nothing is capped.
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> card = FixedMemory("cuda:0", total=6 * 10**9, free=2 * 10**9, held=10**9)  # 1 GB held by this process
         >>> card.cap = 4 * 10**9  # a cap the process had before
         >>> cap = forbid_spill(memory=card, wddm=False)
@@ -427,7 +434,7 @@ def lift_cap(device: Any = None) -> WatchReport:
     return report
 
 
-def watched(device: Any = None) -> WatchReport:
+def watched(device: Device | None = None) -> WatchReport:
     """What the watch on ``device`` saw: its live report while the cap is on, the last one
     after :func:`lift_cap`, an empty one when none ever ran.
 
@@ -445,7 +452,7 @@ def watched(device: Any = None) -> WatchReport:
     return WatchReport(device=dev)
 
 
-def current_watch(device: Any = None) -> SpillWatch | None:
+def current_watch(device: Device | None = None) -> SpillWatch | None:
     """The active watch on ``device``, or None.
 
     Examples:
@@ -457,7 +464,7 @@ def current_watch(device: Any = None) -> SpillWatch | None:
     return handle.watch if handle is not None else None
 
 
-def explain_oom(device: Any = None) -> str:
+def explain_oom(device: Device | None = None) -> str:
     """One sentence for an OOM under the cap: the cap, the room at the start and now, what to do.
 
     Examples:

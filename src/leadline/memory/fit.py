@@ -20,51 +20,39 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
+from leadline.memory.cap import forbid_spill
 from leadline.memory.fit_result import FIT_VERDICTS, LONG_RUN_DRIFT, FitResult, _shape, fit_sentence
 from leadline.memory.probe import Rung, confirmation_lengths, largest_passing, length_candidates, probe
-from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
-from leadline.memory.step import ModelStep, device_of
+from leadline.memory.step import ModelStep, StepTiming, device_of
+from leadline.memory_readings import DeviceMemory, format_bytes, memory_for
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["FIT_VERDICTS", "LONG_RUN_DRIFT", "FitResult", "estimate_step_bytes", "fit_sentence", "measure_fit"]
 
 
-def measure_fit(
-    step: Any,
-    rows: int,
-    length: int,
-    *,
-    memory: DeviceMemory | None = None,
-    card_bytes: int | None = None,
-    estimate: Callable[[int, int], int | None] | None = None,
-    suggest: bool = True,
-    repeats: int = 2,
-    max_over: float = 4.0,
-    lengths: Sequence[int] | None = None,
-    mix_steps: int = 16,
-) -> FitResult:
+def measure_fit(step: Callable[..., StepTiming], rows: int, length: int, *, memory: DeviceMemory | None = None,
+                card_bytes: int | None = None, estimate: Callable[[int, int], int | None] | None = None,
+                suggest: bool = True, repeats: int = 2, max_over: float = 4.0, lengths: Sequence[int] | None = None,
+                mix_steps: int = 16) -> FitResult:
     """Measure whether a training step of ``rows`` x ``length`` fits, and what would if not.
 
     Args:
-        step: the run's :class:`~leadline.memory.step.TrainingStep`.
-        rows, length: the configured shape.
-        memory: the readings (default: the step's device); card_bytes: a smaller card (or, off
-            CUDA, a RAM limit).
-        estimate: ``(rows, length) -> bytes`` (e.g. :func:`estimate_step_bytes` bound to the
-            model; the default for a step with a ``model`` attribute): a shape estimated over
-            ``max_over`` x the room (1x off CUDA) is not run.
+        step, rows, length: the run's :class:`~leadline.memory.step.TrainingStep`, at the configured shape.
+        memory: the readings (default: the step's device); card_bytes: a smaller card (off CUDA, a RAM limit).
+        estimate: ``(rows, length) -> bytes`` (default for a step with a ``model``: :func:`estimate_step_bytes`):
+            a shape estimated over ``max_over`` x the room (1x off CUDA) is not run.
         suggest: when it does not fit, measure the most rows at that length and the longest
             length at those rows (bisection, each candidate ``repeats`` steps in a row).
         repeats: steps in a row at the shape (>= 2: the steady state every later step sees).
-        lengths: the corpus's row lengths. On CUDA a shape that ran its repeats then runs the
-            ramp's confirmation (:func:`~leadline.memory.probe.confirmation_lengths`): from an
-            emptied cache, the mix's lengths longest first, each followed by ``length``. Two
-            steps at the length alone can pass a shape that retries in a run over the mix
-            (measured: docs/memory.md); the verdict is then that of the first step that
-            retried or ran out.
-        mix_steps: the most steps the mix runs.
+        lengths, mix_steps: the corpus's row lengths. On CUDA a shape that ran its repeats then
+            runs at most ``mix_steps`` steps of the ramp's confirmation
+            (:func:`~leadline.memory.probe.confirmation_lengths`; why: docs/memory.md); the
+            verdict is then that of the first step that retried or ran out.
 
     Returns:
         :class:`FitResult`; ``.sentence`` is the verdict in one sentence.
@@ -73,7 +61,7 @@ def measure_fit(
         Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 1 MB a token:
 
         >>> import textwrap
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> from leadline.memory.step import StepTiming
         >>> host = FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # a step sets host.peak
         >>> def step(rows, length, repeats=1):
@@ -91,41 +79,57 @@ def measure_fit(
         room on cpu; what would fit: 54 rows x 128 tokens (measured 7.91 GB) or 64 rows x 108 tokens
         (measured 7.91 GB) (not measured: gradient checkpointing or a lower LoRA rank)
     """
-    rows, length = int(rows), int(length)
-    if rows < 1 or length < 1:
-        raise InputError(f"measure_fit needs rows >= 1 and length >= 1, got rows={rows}, length={length}")
+    rows, length = _checked_shape(rows, length)
     mem = memory if memory is not None else memory_for(device_of(step), card_bytes=card_bytes)
     repeats = max(2, int(repeats))
-    if estimate is None and isinstance(step, ModelStep) and step.model is not None:
-        model = step.model
-        estimate = lambda r, n: estimate_step_bytes(model, r, n)  # noqa: E731
+    estimate = estimate if estimate is not None else _model_estimate(step)
     t0 = time.perf_counter()
-    from leadline.memory.cap import forbid_spill
-
     with forbid_spill(memory=mem) as cap:
         room = cap.watch.read("fit")["cap_bytes"] if cap.watch is not None else mem.room()
         guard = _Guard(room, max_over if mem.on_cuda else 1.0, estimate)
         result = FitResult(rows, length, mem.device, "too_large", room, max_over=max_over,
                            estimate_bytes=estimate(rows, length) if estimate is not None else None)
         if guard.allows(rows, length):
-            if not mem.on_cuda and rows > 1:
-                result.rungs.extend(guard.scout(step, mem, rows, length))
-            if guard.allows(rows, length):
-                rung = _run(result, step, mem, rows, length, repeats, "fit")
-                result.peak_bytes, result.reserved_bytes, result.retries = (rung.peak_bytes, rung.reserved_bytes,
-                                                                            rung.retries)
-                result.verdict = rung.verdict
-                if rung.verdict == "fits" and mem.on_cuda:
-                    _confirm_mix(result, step, mem, rows, length, confirmation_lengths(length, lengths, mix_steps))
-                if rung.verdict == "fits" and not mem.on_cuda and (rung.peak_bytes or 0) > room:
-                    result.verdict = "over"
-            else:
-                result.verdict = "over"
-                result.peak_bytes = int(guard.predicted(rows, length) or 0)
+            _measure_shape(result, step, mem, guard, repeats, lengths, mix_steps)
         if not result.fits and suggest:
             _suggest(result, step, mem, guard, repeats)
     result.seconds = time.perf_counter() - t0
     return result
+
+
+def _checked_shape(rows: int, length: int) -> tuple[int, int]:
+    rows, length = int(rows), int(length)
+    if rows < 1 or length < 1:
+        raise InputError(f"measure_fit needs rows >= 1 and length >= 1, got rows={rows}, length={length}")
+    return rows, length
+
+
+def _model_estimate(step: Callable[..., StepTiming]) -> Callable[[int, int], int | None] | None:
+    """:func:`estimate_step_bytes` bound to the step's model, for a step that exposes one."""
+    if isinstance(step, ModelStep) and step.model is not None:
+        model = step.model
+        return lambda r, n: estimate_step_bytes(model, r, n)
+    return None
+
+
+def _measure_shape(result: FitResult, step: Callable[..., StepTiming], mem: DeviceMemory, guard: _Guard,
+                   repeats: int, lengths: Sequence[int] | None, mix_steps: int) -> None:
+    """The configured shape run (off CUDA scouted first), and on CUDA confirmed over the mix:
+    ``result``'s verdict and peak."""
+    rows, length = result.rows, result.length
+    if not mem.on_cuda and rows > 1:
+        result.rungs.extend(guard.scout(step, mem, rows, length))
+    if not guard.allows(rows, length):
+        result.verdict = "over"
+        result.peak_bytes = int(guard.predicted(rows, length) or 0)
+        return
+    rung = _run(result, step, mem, rows, length, repeats, "fit")
+    result.peak_bytes, result.reserved_bytes, result.retries = rung.peak_bytes, rung.reserved_bytes, rung.retries
+    result.verdict = rung.verdict
+    if rung.verdict == "fits" and mem.on_cuda:
+        _confirm_mix(result, step, mem, rows, length, confirmation_lengths(length, lengths, mix_steps))
+    if rung.verdict == "fits" and not mem.on_cuda and (rung.peak_bytes or 0) > guard.room:
+        result.verdict = "over"
 
 
 @dataclass
@@ -243,7 +247,7 @@ def _suggest(result: FitResult, step: Any, mem: DeviceMemory, guard: _Guard, rep
 
 
 # ---- the estimate that guards the card ---------------------------------------------------
-def estimate_step_bytes(model: Any, rows: int, length: int, *, optimizer_states: int = 2) -> int | None:
+def estimate_step_bytes(model: torch.nn.Module, rows: int, length: int, *, optimizer_states: int = 2) -> int | None:
     """A rough estimate of a training step's peak, used only to refuse absurd shapes unrun.
 
     weights + gradients of the trained parameters + ``optimizer_states`` states per trained

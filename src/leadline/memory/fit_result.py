@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from leadline.memory.probe import Rung
-from leadline.memory.readings import format_bytes
+from leadline.memory_readings import format_bytes
 from leadline.plan import Value
 
 FIT_VERDICTS = ("fits", "squeezed", "oom", "over", "too_large")
@@ -83,7 +83,7 @@ class FitResult:
         drift = LONG_RUN_DRIFT if self.device.startswith("cuda") else 0.0
         return int(-(-self.peak_bytes * (1.0 + drift) // 1))
 
-    def add_alternative(self, what: str, text: str, fits: bool, **detail: Any) -> None:
+    def add_alternative(self, what: str, text: str, fits: bool, **detail: object) -> None:
         """Record one alternative (``what``: rows, length, checkpointing, rank) for the sentence.
 
         Examples:

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from leadline.errors import InputError
 from leadline.memory.step import TrainingStep
 
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
 
-def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
+
+def synthetic_loss_of(model: torch.nn.Module, seed: int = 0) -> Callable[[int, int], torch.Tensor]:
     """``loss_of(rows, length)``: the model's causal-LM loss on ``rows`` x ``length`` token ids
     drawn from a generator seeded with ``seed`` (the same ids at every call of a shape).
 
@@ -46,7 +50,7 @@ def synthetic_loss_of(model: Any, seed: int = 0) -> Callable[[int, int], Any]:
         raise InputError("the model's config has no vocab_size; pass a causal LM from transformers")
     device = next(model.parameters()).device
 
-    def loss_of(rows: int, length: int) -> Any:
+    def loss_of(rows: int, length: int) -> torch.Tensor:
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, vocab, (rows, length), generator=g).to(device)
         return model(input_ids=ids, labels=ids, use_cache=False).loss
@@ -68,8 +72,8 @@ class ModelStep(TrainingStep):
         leadline.errors.InputError: the model has no trained parameters (requires_grad); pass --full or a LoRA rank
     """
 
-    def __init__(self, model: Any, *, lr: float = 1e-4, seed: int = 0,
-                 on_close: Callable[[], Any] | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, *, lr: float = 1e-4, seed: int = 0,
+                 on_close: Callable[[], torch.nn.Module] | None = None) -> None:
         import torch
 
         trained = [p for p in model.parameters() if p.requires_grad]
@@ -80,13 +84,13 @@ class ModelStep(TrainingStep):
         self.model = model
         self._on_close = on_close
 
-    def close(self) -> Any:
+    def close(self) -> torch.nn.Module:
         out = self._on_close() if self._on_close is not None else self.model
         self._on_close = None
         return out
 
 
-def add_lora(model: Any, rank: int) -> Any:
+def add_lora(model: torch.nn.Module, rank: int) -> PeftModel:
     """The model with LoRA adapters of rank ``rank`` on every linear layer (PEFT ``all-linear``,
     ``lora_alpha`` = 2 x rank, no dropout), the base frozen. ``remove_lora`` gives the base
     model back.
@@ -112,12 +116,12 @@ def add_lora(model: Any, rank: int) -> Any:
         return get_peft_model(model, cfg)
 
 
-def remove_lora(peft_model: Any) -> Any:
+def remove_lora(peft_model: PeftModel) -> torch.nn.Module:
     """The base model with the adapters removed (not merged)."""
     return peft_model.unload()
 
 
-def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
+def adapter_dtype_gap(model: torch.nn.Module) -> tuple[torch.dtype, torch.dtype] | None:
     """(the adapters' dtype, the base weights' dtype) when the trained LoRA tensors are float32
     on a 16-bit model, else None.
 
@@ -145,7 +149,7 @@ def adapter_dtype_gap(model: Any) -> tuple[Any, Any] | None:
     return (adapter, weights) if adapter == torch.float32 and weights in low else None
 
 
-def adapter_dtype_note(model: Any) -> str | None:
+def adapter_dtype_note(model: torch.nn.Module) -> str | None:
     """A plan note when the model's LoRA adapters are float32 on a 16-bit model, else None.
 
     Examples:
@@ -168,7 +172,7 @@ def adapter_dtype_note(model: Any) -> str | None:
             f"bfloat16 (benchmarks/lora_adapter_dtype_cpu.py); `leadline fit` measures both on your card")
 
 
-def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
+def cast_adapters(model: torch.nn.Module, dtype: torch.dtype) -> Callable[[], None]:
     """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
     over them still holds them); returns the function that casts them back, values included, and
     sets their gradients to None.
@@ -201,7 +205,7 @@ def cast_adapters(model: Any, dtype: Any) -> Callable[[], None]:
     return restore
 
 
-def full_finetune(model: Any) -> Any:
+def full_finetune(model: torch.nn.Module) -> torch.nn.Module:
     """Every weight trained (``requires_grad`` on every parameter); the same model back.
 
     Examples:
@@ -215,7 +219,7 @@ def full_finetune(model: Any) -> Any:
     return model
 
 
-def lora_step_factory(base: Any, **step_kw: Any) -> Callable[[int], ModelStep]:
+def lora_step_factory(base: torch.nn.Module, **step_kw: float) -> Callable[[int], ModelStep]:
     """``step_at_rank(r)`` for :func:`~leadline.memory.rank.rank_to_fit`: adapters of rank r on
     ``base`` and a fresh optimizer; the step's ``close()`` removes the adapters."""
 

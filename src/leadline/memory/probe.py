@@ -15,9 +15,12 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leadline.memory.readings import DeviceMemory, is_oom
+from leadline.memory_readings import DeviceMemory, is_oom
+
+if TYPE_CHECKING:
+    from leadline.memory.step import StepTiming
 
 VERDICTS = ("fits", "squeezed", "oom")
 
@@ -66,14 +69,14 @@ class Rung:
         return asdict(self)
 
 
-def probe(step: Any, memory: DeviceMemory, rows: int, length: int, repeats: int = 1,
-          phase: str = "search", empty_cache_first: bool = True) -> tuple[Rung, Any]:
+def probe(step: Callable[..., StepTiming], memory: DeviceMemory, rows: int, length: int, repeats: int = 1,
+          phase: str = "search", empty_cache_first: bool = True) -> tuple[Rung, StepTiming | None]:
     """Run ``step(rows, length, repeats)`` once, reading the peak and the allocator's retries
     around it. An OOM is caught and returned as a rung with verdict ``oom``; other errors rise.
     Returns the rung and the step's timing (None after an OOM).
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> from leadline.memory.step import StepTiming
         >>> def step(rows, length, repeats=1):  # 0.2 s a forward+backward

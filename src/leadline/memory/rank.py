@@ -11,14 +11,17 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.memory.fit import _shape, measure_fit
 from leadline.memory.probe import largest_passing
-from leadline.memory.readings import DeviceMemory, memory_for
 from leadline.memory.step import ClosableStep, device_of
+from leadline.memory_readings import DeviceMemory, memory_for
 from leadline.plan import Value
+
+if TYPE_CHECKING:
+    from leadline.memory.step import StepTiming
 
 
 # ---- the rank the memory holds ------------------------------------------------------------
@@ -52,7 +55,7 @@ class RankFit:
 
 
 def rank_to_fit(
-    step_at_rank: Callable[[int], Any],
+    step_at_rank: Callable[[int], Callable[..., StepTiming]],
     rows: int,
     length: int,
     *,
@@ -70,7 +73,7 @@ def rank_to_fit(
     Examples:
         Off CUDA, on a host with 8 GB of room, a step whose peak is 1 GB plus 0.1 GB a rank:
 
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> from leadline.memory.step import StepTiming
         >>> host = FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # a step sets host.peak
         >>> def step_at_rank(rank):

@@ -16,10 +16,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from leadline.errors import InputError
 from leadline.stats import median
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.memory_readings import Device
 
 
 @runtime_checkable
@@ -48,7 +53,7 @@ class ClosableStep(Protocol):
     def close(self) -> None: ...
 
 
-def device_of(step_fn: Any) -> Any:
+def device_of(step_fn: object) -> Device | None:
     """The device a training step runs on, None where it does not say.
 
     Examples:
@@ -163,7 +168,7 @@ class TrainingStep:
         self.resident = tuple(resident)
 
     # ---- what the step touches ----------------------------------------------------------
-    def params(self) -> list[Any]:
+    def params(self) -> list[torch.nn.Parameter]:
         return [p for g in self.optimizer.param_groups for p in g["params"]]
 
     @property

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from leadline.errors import InputError
 from leadline.rate.compare import compare
@@ -95,7 +95,7 @@ def horizon(total_steps: int, decide_share: float = DECIDE_SHARE) -> int:
     return h if h >= 2 else 0
 
 
-def collapsed(choices: Sequence[Any], gold: Sequence[Any]) -> bool:
+def collapsed(choices: Sequence[Hashable], gold: Sequence[Hashable]) -> bool:
     """One answer over 60% of the choices where the gold's majority is under 40%.
 
     Examples:
@@ -279,7 +279,18 @@ def climb(run: Callable[[float], Reading], rates: Sequence[float],
 
 
 # ---- answers: the collapse check ------------------------------------------------------------
-def answer_set(rows: Sequence[Any], train: Sequence[int]) -> list[tuple[int, ...]] | None:
+class LabeledRow(Protocol):
+    """A tokenized row as the answer rules read it (:class:`leadline.corpus.TokenizedRow` is one):
+    its token ids and its labels, ``-100`` where a token is not scored."""
+
+    @property
+    def input_ids(self) -> Sequence[int]: ...
+
+    @property
+    def labels(self) -> Sequence[int]: ...
+
+
+def answer_set(rows: Sequence[LabeledRow], train: Sequence[int]) -> list[tuple[int, ...]] | None:
     """The distinct completions (scored token ids) of the training rows, or None where there are
     more than :data:`MAX_ANSWERS` (free text: no collapse to check)."""
     seen: dict[tuple[int, ...], None] = {}
@@ -290,7 +301,7 @@ def answer_set(rows: Sequence[Any], train: Sequence[int]) -> list[tuple[int, ...
     return list(seen) if len(seen) >= 2 else None
 
 
-def gold_of(rows: Sequence[Any], asked: Sequence[int], answers: Sequence[tuple[int, ...]]) -> list[int]:
+def gold_of(rows: Sequence[LabeledRow], asked: Sequence[int], answers: Sequence[tuple[int, ...]]) -> list[int]:
     """Each asked row's own answer (its scored tokens) as an index into ``answers``; -1 where it
     is none of them.
 
@@ -303,31 +314,10 @@ def gold_of(rows: Sequence[Any], asked: Sequence[int], answers: Sequence[tuple[i
     return [answers.index(a) if a in answers else -1 for a in (_answer(rows[i]) for i in asked)]
 
 
-def first_scored(row: Any) -> int:
+def first_scored(row: LabeledRow) -> int:
     """The position of a row's first scored token (its answer's start; the row's length where none is)."""
     return next((p for p, lab in enumerate(row.labels) if lab != -100), len(row.labels))
 
 
-def _answer(row: Any) -> tuple[int, ...]:
+def _answer(row: LabeledRow) -> tuple[int, ...]:
     return tuple(row.input_ids[first_scored(row):])
-
-
-def answers_chosen(model: Any, rows: Sequence[Any], held: Sequence[int], answers: Sequence[tuple[int, ...]],
-                   device: Any, pad_id: int) -> list[int]:
-    """For each held-out row, the index of the answer with the highest summed log-probability
-    after the row's prompt (one batched read of every row with every answer)."""
-    from leadline.corpus import TokenizedRow
-    from leadline.corpus.losses import row_losses
-
-    tried = []
-    for i in held:
-        prompt = rows[i].input_ids[:first_scored(rows[i])]
-        for ans in answers:
-            tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
-    means = row_losses(model, tried, None, device, pad_id=pad_id)
-    k = len(answers)
-    out = []
-    for j in range(len(held)):
-        nll = [means[j * k + a] * max(1, tried[j * k + a].scored_tokens) for a in range(k)]
-        out.append(min(range(k), key=nll.__getitem__))
-    return out

@@ -38,8 +38,8 @@ def _state_bytes(params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> 
 
 def card_room_bytes(device: torch.device) -> int:
     """What this process could still allocate on ``device``: min(free + reserved, the process
-    cap) - allocated, read through :mod:`leadline.memory.readings` (the one place memory is read)."""
-    from leadline.memory.readings import CudaMemory
+    cap) - allocated, read through :mod:`leadline.memory_readings` (the one place memory is read)."""
+    from leadline.memory_readings import CudaMemory
 
     mem = CudaMemory(device)
     free, _total = mem.free_total()

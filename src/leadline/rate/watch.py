@@ -35,9 +35,14 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.rate.guard import SPIKE_WINDOW, Guard, Step, spiked
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.rate.state import Snapshot
 
 
 class StateCopy:
@@ -57,16 +62,16 @@ class StateCopy:
         ([0.0, 0.0], 0, 0.1)
     """
 
-    def __init__(self, snapshot: Any, groups: list[dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Snapshot, groups: list[dict[str, Any]]) -> None:
         self.snapshot, self.groups = snapshot, groups
 
     @staticmethod
-    def _groups(opt: Any) -> list[dict[str, Any]]:
+    def _groups(opt: torch.optim.Optimizer) -> list[dict[str, Any]]:
         return [{k: copy.deepcopy(v) for k, v in g.items() if k not in ("params", "lr", "train_mode")}
                 for g in opt.param_groups]
 
     @classmethod
-    def take(cls, params: Sequence[Any], opt: Any, *, place: str = "auto") -> StateCopy:
+    def take(cls, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, place: str = "auto") -> StateCopy:
         from leadline.rate.state import Snapshot
 
         return cls(Snapshot.take(params, opt, rng=False, place=place), cls._groups(opt))
@@ -76,12 +81,12 @@ class StateCopy:
         """A copy of an optimizer that has taken no step (no state): a rollback to it restarts the warmup."""
         return not any(self.snapshot.opt_state)
 
-    def save(self, params: Sequence[Any], opt: Any) -> None:
+    def save(self, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer) -> None:
         """Copy again into the same buffers."""
         self.snapshot.save(params, opt, rng=False)
         self.groups = self._groups(opt)
 
-    def load(self, params: Sequence[Any], opt: Any, *, weights_only: bool = False) -> None:
+    def load(self, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer, *, weights_only: bool = False) -> None:
         """Put it back bit for bit (``weights_only``: the tensors alone, after a read)."""
         import torch
 
@@ -95,8 +100,8 @@ class StateCopy:
             g.update(copy.deepcopy(kept))
 
 
-def read_averaged(opt: Any, model: Any, params: Sequence[Any], read: Callable[[], Sequence[float]],
-                  spare: Callable[[], StateCopy]) -> list[float]:
+def read_averaged(opt: torch.optim.Optimizer, model: torch.nn.Module | None, params: Sequence[torch.Tensor],
+                  read: Callable[[], Sequence[float]], spare: Callable[[], StateCopy]) -> list[float]:
     """The held-out losses at the optimizer's averaged weights (its ``eval()`` where it has one; the
     training weights saved in ``spare()`` first and put back after, on every exit path), the model
     in eval mode for the read (``model`` None: the reader sets its own mode)."""
@@ -152,8 +157,9 @@ class Watch:
         (0.1, [0, 4, 8])
     """
 
-    def __init__(self, guard: Guard, params: Sequence[Any], opt: Any, read: Callable[[], Sequence[float]], *,
-                 model: Any = None, checks: Iterable[int] = (), spikes: bool = True, place: str = "auto",
+    def __init__(self, guard: Guard, params: Sequence[torch.Tensor], opt: torch.optim.Optimizer,
+                 read: Callable[[], Sequence[float]], *, model: torch.nn.Module | None = None,
+                 checks: Iterable[int] = (), spikes: bool = True, place: str = "auto",
                  set_rate: Callable[[float], None] | None = None,
                  on_said: Callable[[int, Step], None] | None = None) -> None:
         from leadline.rate.state import group_ratios
@@ -273,6 +279,6 @@ class Watch:
         return said
 
 
-def _set_lr(opt: Any, lr: float, ratios: Sequence[float]) -> None:
+def _set_lr(opt: torch.optim.Optimizer, lr: float, ratios: Sequence[float]) -> None:
     for g, r in zip(opt.param_groups, ratios):
         g["lr"] = lr * r

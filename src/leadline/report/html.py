@@ -48,7 +48,7 @@ def _esc(x: Any) -> str:
     return html.escape(str(x))
 
 
-def sig(x: Any, digits: int = 3) -> str:
+def sig(x: object, digits: int = 3) -> str:
     """A number as a person reads it: ``digits`` significant digits, ints with separators
     (below 10^7), floats outside [1e-3, 1e6) in exponent form, ``—`` for a missing one; text as
     it is.

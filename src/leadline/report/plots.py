@@ -76,7 +76,7 @@ def matplotlib_available() -> bool:
     return True
 
 
-def render_svg(evidence: Any, chosen: Any = None) -> str | None:
+def render_svg(evidence: object, chosen: object = None) -> str | None:
     """The SVG drawing for ``evidence`` (inline-ready, no XML header), or None if it has none.
     ``chosen``: the value the evidence decided, marked on the drawing where it has a place.
     None too where matplotlib is missing.

@@ -5,7 +5,7 @@ The answers are the opening race's (:func:`leadline.rate.opening.answer_set`): t
 completions of the training rows, from 2 to :data:`~leadline.rate.opening.MAX_ANSWERS`; free text
 (more of them) has none, and neither do rows without a prompt (plain text). A row's choice is the
 answer with the highest summed log-probability after the row's prompt
-(:func:`leadline.rate.opening.answers_chosen`), so nothing is generated and nothing is parsed:
+(:func:`answers_chosen`), so nothing is generated and nothing is parsed:
 
     accuracy = (rows whose choice is their own completion) / rows
     chosen[a] = (rows whose choice is a) / rows
@@ -20,13 +20,42 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.rate.opening import first_scored
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from leadline.corpus import TokenizedRow
+    from leadline.memory_readings import Device
+    from leadline.run.task import Task
 
 SHOWN = 8
 """The answers the terminal lists by name (the most frequent among the rows' own); ``run.json``
 holds every one."""
+
+
+def answers_chosen(model: torch.nn.Module, rows: Sequence[TokenizedRow], held: Sequence[int],
+                   answers: Sequence[tuple[int, ...]], device: Device, pad_id: int) -> list[int]:
+    """For each held-out row, the index of the answer with the highest summed log-probability
+    after the row's prompt (one batched read of every row with every answer)."""
+    from leadline.corpus import TokenizedRow
+    from leadline.corpus.losses import row_losses
+
+    tried = []
+    for i in held:
+        prompt = rows[i].input_ids[:first_scored(rows[i])]
+        for ans in answers:
+            tried.append(TokenizedRow.from_labels(list(prompt) + list(ans), [-100] * len(prompt) + list(ans)))
+    means = row_losses(model, tried, None, device, pad_id=pad_id)
+    k = len(answers)
+    out = []
+    for j in range(len(held)):
+        nll = [means[j * k + a] * max(1, tried[j * k + a].scored_tokens) for a in range(k)]
+        out.append(min(range(k), key=nll.__getitem__))
+    return out
 
 
 @dataclass(frozen=True)
@@ -142,7 +171,7 @@ class AnswerReader:
     seconds: float = 0.0
 
     @classmethod
-    def of(cls, task: Any, decode: Callable[[Sequence[int]], str]) -> AnswerReader | None:
+    def of(cls, task: Task, decode: Callable[[Sequence[int]], str]) -> AnswerReader | None:
         """The reader where the training rows have a few distinct completions after a prompt, else None."""
         from leadline.rate.opening import answer_set
 
@@ -181,8 +210,6 @@ class AnswerReader:
                 for a in (tuple(rows[i].input_ids[first_scored(rows[i]):]) for i in self._indices(part, n))]
 
     def _choose(self, part: str, n: int | None = None) -> list[int]:
-        from leadline.rate.opening import answers_chosen
-
         idx = self._indices(part, n)
         if not idx:
             return []
@@ -234,7 +261,7 @@ def _pct(x: float) -> str:
     return f"{x:.0%}"
 
 
-def answers_before(task: Any, tokenizer: Any) -> AnswerReader | None:
+def answers_before(task: Task, tokenizer: PreTrainedTokenizerBase) -> AnswerReader | None:
     """Where the rows are a classifier's, the start's answers on the held-out and test rows; None for free text."""
     reader = AnswerReader.of(task, lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
     if reader is not None:

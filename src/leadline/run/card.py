@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import os
+
+    import torch
+
+    from leadline.plan import Plan
 
 MAIN_VALUES = ("lr", "optimizer", "total_steps", "rows_per_step", "micro_batch", "grad_accum", "warmup_steps",
                "weight_decay", "seq_len", "scored_tokens", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout",
@@ -17,7 +24,7 @@ MAIN_VALUES = ("lr", "optimizer", "total_steps", "rows_per_step", "micro_batch",
 """The plan's values the card lists, where the plan has them."""
 
 
-def base_of(model: Any) -> str:
+def base_of(model: torch.nn.Module) -> str:
     """The base model's name or path, as the saved adapter names it.
 
     Examples:
@@ -34,7 +41,7 @@ def base_of(model: Any) -> str:
     return str(getattr(getattr(model, "config", None), "name_or_path", "") or "unknown")
 
 
-def model_card(plan: Any, record: dict[str, Any], base: str, folder: str = ".") -> str:
+def model_card(plan: Plan, record: dict[str, Any], base: str, folder: str = ".") -> str:
     """The card: front matter, then the base, the data (its file, rows and hash), the plan's main
     values with their kinds, the held-out (and eval) readings before and after, the outcome, and
     how to load it from ``folder``.
@@ -84,7 +91,7 @@ def model_card(plan: Any, record: dict[str, Any], base: str, folder: str = ".") 
     return "\n".join([*lines, "```", ""])
 
 
-def write_card(folder: Any, plan: Any, record: dict[str, Any], model: Any) -> Path:
+def write_card(folder: str | os.PathLike[str], plan: Plan, record: dict[str, Any], model: torch.nn.Module) -> Path:
     """The card written whole as ``folder/README.md`` (over PEFT's template); returns its path."""
     from leadline._io import write_atomic
 

@@ -7,18 +7,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus.losses import row_losses
 from leadline.rate.guard import Guard, Outcome, check_plan, check_steps, outcome
-from leadline.rate.opening import ANSWER_ROWS, answer_set, answers_chosen, collapsed, gold_of
+from leadline.rate.opening import ANSWER_ROWS, answer_set, collapsed, gold_of
 from leadline.rate.watch import Watch
+from leadline.run.answers import answers_chosen
 from leadline.run.job import Job
 from leadline.run.length import half_a_pass_before, still_improving
 from leadline.run.loop import Looped, guarded_steps
 from leadline.run.opening import Opened
 from leadline.run.restore import as_found
 from leadline.run.result import Reading
+
+if TYPE_CHECKING:
+    from leadline.run.task import Task
 
 
 @dataclass
@@ -127,7 +131,7 @@ def _end(job: Job, opened: Opened, watch: Watch, read_all: Callable[[], list[flo
     return End(start, Reading.of(losses), result, time.perf_counter() - t)
 
 
-def _collapsed(opened: Opened, task: Any, rows: int | None = None) -> bool:
+def _collapsed(opened: Opened, task: Task, rows: int | None = None) -> bool:
     """The kept model's answers on the held-out rows (the first ``rows`` where the rest trained), where
     the data has a small set of answers: one answer over 60% where the gold's majority is under 40%
     (the race's rule)."""
@@ -140,7 +144,7 @@ def _collapsed(opened: Opened, task: Any, rows: int | None = None) -> bool:
     return collapsed(answers_chosen(task.model, task.rows, asked, answers, task.device, task.pad_id), gold)
 
 
-def read_test(task: Any) -> Reading | None:
+def read_test(task: Task) -> Reading | None:
     """The test rows' losses (a test share, or the user's eval rows) in eval mode, the model's mode
     put back after; None where the split has none."""
     if not task.split.test:

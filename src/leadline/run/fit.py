@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.run.job import Job
+
+if TYPE_CHECKING:
+    from leadline.run.task import Task
 
 
 def fit(job: Job) -> None:
@@ -30,7 +33,7 @@ def halved(micro_batch: int, rows_per_step: int) -> int:
     return max(d for d in range(1, micro_batch) if rows_per_step % d == 0 and d <= micro_batch // 2)
 
 
-def micro_batch(task: Any, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
+def micro_batch(task: Task, rows_per_step: int) -> tuple[int, list[dict[str, Any]]]:
     """The most rows of a step (a divisor of it) whose forward and backward at the corpus's longest
     rows runs: each out-of-memory error halves it. Off a CUDA card the whole step runs at once."""
     import torch

@@ -7,12 +7,18 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.rate.guard import check_plan
 from leadline.run.length import MAX_PASSES
 from leadline.run.options import ROWS_PER_STEP, WARMUP_SHARE, RunOptions
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from leadline.corpus.rows import RowSource
 
 
 def run_steps_of(rows: int, rows_per_step: int, total_steps: int | None, epochs: float | None) -> int:
@@ -69,8 +75,8 @@ class Prepared:
     seed: int
     fields: dict[str, str] | None
 
-    def fits(self, model: Any, tokenizer: Any, data: Any, seed: int, seq_len: int | None,
-             fields: dict[str, str] | None) -> bool:
+    def fits(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, seed: int,
+             seq_len: int | None, fields: dict[str, str] | None) -> bool:
         """Whether these are the rows a run of ``model`` on ``data`` would prepare: the same model,
         tokenizer and data (the same object, or the same path), seed, fields and sequence length.
 
@@ -89,7 +95,8 @@ class Prepared:
                 and (fields or None) == (self.fields or None) and seq_len in (None, self.task.seq_len))
 
 
-def prepare_job(model: Any, tokenizer: Any, data: Any, options: RunOptions, prepared: Prepared | None = None) -> Job:
+def prepare_job(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource, options: RunOptions,
+                prepared: Prepared | None = None) -> Job:
     """The rows tokenized and split (or a race's ``prepared`` rows, where they fit and no test rows
     are asked for), the trained tensors, the run's length and warmup."""
     from leadline.run.task import prepare, trained_as_of, trained_named_weights

@@ -17,7 +17,12 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.rate.watch import Watch
 
 
 @dataclass
@@ -31,9 +36,10 @@ class Looped:
     diverged_at: int | None = None
 
 
-def guarded_steps(opt: Any, step: Callable[[int], float], todo: range, *, watch: Any = None,
+def guarded_steps(opt: torch.optim.Optimizer, step: Callable[[int], float], todo: range, *,
+                  watch: Watch | None = None,
                   before: Callable[[int], None] | None = None,
-                  on_step: Callable[[dict[str, Any]], Any] | None = None, t0: float | None = None) -> Looped:
+                  on_step: Callable[[dict[str, Any]], object] | None = None, t0: float | None = None) -> Looped:
     """Take the steps ``todo``: ``before(s)`` (a schedule's rate and checks) then ``step(s)`` (the
     forward and backward, returning the loss) and the optimizer's step; the ``watch``
     (:class:`leadline.rate.watch.Watch`) sees each loss and acts at each step's end; without one,

@@ -15,9 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from leadline.plan import Value
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_RANK = 16
 """The rank leadline's commands give an adapter where ``--lora-rank`` does not."""
@@ -49,7 +52,7 @@ class Lora:
     dropout: float
 
     @classmethod
-    def of(cls, model: Any) -> Lora | None:
+    def of(cls, model: torch.nn.Module) -> Lora | None:
         """The model's first LoRA adapter, or None (every weight trains, or another kind of adapter)."""
         configs = getattr(model, "peft_config", None)
         cfg = next(iter(configs.values()), None) if isinstance(configs, Mapping) else None
@@ -94,7 +97,7 @@ def cli_sources(rank_given: bool, alpha_given: bool) -> dict[str, tuple[str, str
     }
 
 
-def set_alpha(model: Any, alpha: float) -> None:
+def set_alpha(model: torch.nn.Module, alpha: float) -> None:
     """Set the LoRA adapter's alpha after it was made: each LoRA layer's scale becomes alpha / rank
     (alpha / sqrt(rank) with rsLoRA), and the adapter's config says so, so the saved adapter loads
     with the same scale. Before the first step the adapter's update is zero (``B = 0``), so this is

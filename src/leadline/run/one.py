@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.corpus import data_notes
 from leadline.plan import Plan
@@ -40,8 +40,15 @@ from leadline.run.restore import as_found
 from leadline.run.result import Reading, RunCost, RunResult, write
 from leadline.run.values import opening_phases, plan_of, set_run_phases, set_values
 
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
-def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None = None, *,
+    from leadline.corpus.rows import RowSource
+
+
+def run_in_one(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource,
+               options: RunOptions | None = None, *,
                out_dir: str | os.PathLike[str] | None = None, on_step: Callable[[dict[str, Any]], None] | None = None,
                load_seconds: float | None = None, prepared: Prepared | None = None) -> tuple[Plan, RunResult]:
     """Decide the rate on the run's opening steps and train to the end under the guard, in one process.
@@ -84,7 +91,8 @@ def run_in_one(model: Any, tokenizer: Any, data: Any, options: RunOptions | None
     return plan, result
 
 
-def race_only(model: Any, tokenizer: Any, data: Any, options: RunOptions | None = None, *,
+def race_only(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: RowSource,
+              options: RunOptions | None = None, *,
               out_dir: str | os.PathLike[str] | None = None) -> Plan:
     """The rate decided by the run's opening race (or given, ``options.rate``), and nothing trained:
     the model, its mode, its gradients and the RNG states put back bit for bit (``derive_for``,

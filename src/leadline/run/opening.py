@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.plan import Value
@@ -24,7 +24,6 @@ from leadline.rate.opening import (
     Decision,
     Reading,
     answer_set,
-    answers_chosen,
     challenger_ran,
     climb,
     collapsed,
@@ -36,8 +35,14 @@ from leadline.rate.opening import (
 )
 from leadline.rate.watch import StateCopy
 from leadline.rng import capture_rng, restore_rng
+from leadline.run.answers import answers_chosen
 from leadline.run.job import Job
 from leadline.run.restore import Found, as_found
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.run.task import Task
 
 
 @dataclass
@@ -123,7 +128,7 @@ def _raced_value(job: Job, opening: Opening, decision: Decision, readings: dict[
                  f"after {h} steps: {decision.sentence()}; {fate}", evidence=race, unit="per step")
 
 
-def optimizer(params: list[Any], lr: float, warmup: int) -> Any:
+def optimizer(params: list[torch.nn.Parameter], lr: float, warmup: int) -> torch.optim.Optimizer:
     """Schedule-free AdamW over ``params`` at ``lr``, its warmup over ``warmup`` steps, no weight decay."""
     try:
         import schedulefree
@@ -138,7 +143,8 @@ class Opening:
     own optimizer, reads the held-out rows at its averaged weights, and keeps what the winner
     needs to go on (its weights in train mode, its optimizer, the RNG state)."""
 
-    def __init__(self, task: Any, params: list[Any], step: Callable[[int], float], h: int, warmup: int) -> None:
+    def __init__(self, task: Task, params: list[torch.nn.Parameter], step: Callable[[int], float], h: int,
+                 warmup: int) -> None:
         import torch
 
         self.task, self.params, self.step, self.h, self.warmup = task, params, step, h, warmup
@@ -195,7 +201,7 @@ class Opening:
         self.kept.clear()
         self.start = []
 
-    def resume(self, lr: float) -> Any:
+    def resume(self, lr: float) -> torch.optim.Optimizer:
         """The winner's weights, RNG and optimizer put back; the others' copies freed."""
         weights, opt, rng = self.kept[lr]
         with self.torch.no_grad():
@@ -207,7 +213,7 @@ class Opening:
         return opt
 
 
-def _take_steps(opt: Any, step: Callable[[int], float], steps: range,
+def _take_steps(opt: torch.optim.Optimizer, step: Callable[[int], float], steps: range,
                 on_step: Callable[[dict[str, Any]], None] | None = None, t0: float | None = None) -> bool:
     """The optimizer steps ``steps`` through the run's one loop (no guard: the race reads its own);
     False at the first non-finite loss (the step not taken)."""

@@ -17,10 +17,13 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.plan import Value
+
+if TYPE_CHECKING:
+    import torch
 
 HALF = ("bfloat16", "float16")
 
@@ -96,11 +99,11 @@ class Precision:
                      f"and the rate phases ran through that forward and backward; {grain}", evidence=asdict(self))
 
 
-def _name(dtype: Any) -> str:
+def _name(dtype: torch.dtype | str) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _quant_config(model: Any) -> dict[str, Any] | None:
+def _quant_config(model: torch.nn.Module) -> dict[str, Any] | None:
     cfg = getattr(getattr(model, "config", None), "quantization_config", None)
     if cfg is None:
         return None
@@ -110,7 +113,7 @@ def _quant_config(model: Any) -> dict[str, Any] | None:
     return as_dict if "bitsandbytes" in method else {**as_dict, "_other": method}
 
 
-def precision_of(model: Any) -> Precision:
+def precision_of(model: torch.nn.Module) -> Precision:
     """Read :class:`Precision` from a (PEFT) causal LM.
 
     ``dtype``: the dtype holding most frozen floating-point entries (every entry for a full
@@ -154,7 +157,7 @@ def precision_of(model: Any) -> Precision:
     return Precision(dtype, quantization, compute, ckpt, hasattr(model, "peft_config"))
 
 
-def check_trainable(model: Any) -> Precision:
+def check_trainable(model: torch.nn.Module) -> Precision:
     """The precision, or one sentence when a quantized base is trained without an adapter or
     its quantization cannot train on this machine (bitsandbytes: a CUDA GPU).
 
@@ -196,7 +199,7 @@ def check_trainable(model: Any) -> Precision:
 
 
 @contextmanager
-def checkpointing(model: Any, on: bool, kwargs: dict[str, Any] | None = None) -> Iterator[None]:
+def checkpointing(model: torch.nn.Module, on: bool, kwargs: dict[str, Any] | None = None) -> Iterator[None]:
     """Gradient checkpointing set to ``on`` inside the block as Trainer sets it for the run
     (``activation_checkpointing_enable`` with the trainer's kwargs), put back on every exit.
     Nothing is touched when it is already as asked; a model that cannot turn it on is refused.

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from leadline.rng import capture_rng, restore_rng
+
+if TYPE_CHECKING:
+    import torch
 
 Part = Literal["mode", "grads", "rng"]
 PARTS: tuple[Part, ...] = ("mode", "grads", "rng")
@@ -19,7 +22,7 @@ class Found:
     """What :func:`as_found` put back on exit: the model's mode, the RNG states, and the undo
     steps a block registered (run last registered, first)."""
 
-    def __init__(self, model: Any, parts: tuple[Part, ...]) -> None:
+    def __init__(self, model: torch.nn.Module, parts: tuple[Part, ...]) -> None:
         self.model, self.parts = model, parts
         self.training = bool(model.training)
         self.rng = capture_rng() if "rng" in parts else None
@@ -41,7 +44,7 @@ class Found:
 
 
 @contextmanager
-def as_found(model: Any, *parts: Part, keep: bool = False) -> Iterator[Found]:
+def as_found(model: torch.nn.Module, *parts: Part, keep: bool = False) -> Iterator[Found]:
     """The model as the block found it, on every exit path: its train/eval mode (``"mode"``), its
     gradients freed (``"grads"``: a block that took steps leaves none), the RNG streams where they
     stood (``"rng"``), and the undo steps the block registered (:meth:`Found.callback`). No

@@ -13,9 +13,14 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from leadline._io import save_run, write_atomic
+
+if TYPE_CHECKING:
+    import torch
+
+    from leadline.plan import Plan
 
 EXIT_NOT_IMPROVED = 3
 """``leadline run``'s exit status when the kept model is no better than the start on the held-out
@@ -114,7 +119,7 @@ class RunResult:
     def steps_run(self) -> int:
         return self.steps - self.cost.steps_not_run
 
-    def lines(self, plan: Any) -> list[str]:
+    def lines(self, plan: Plan) -> list[str]:
         """What the terminal shows of the run after the plan: the rate and where it came from, the
         run's length, the decision's overhead, the guard and each rollback, the losses before and
         after, a classifier's accuracy and answers before and after, and where the run did not
@@ -170,7 +175,7 @@ class RunResult:
         return out
 
 
-def write(plan: Any, result: RunResult | None, model: Any, out_dir: str | os.PathLike[str] | None) -> None:
+def write(plan: Plan, result: RunResult | None, model: torch.nn.Module, out_dir: str | os.PathLike[str] | None) -> None:
     """Into ``out_dir`` (nothing where None): ``plan.json``, and with a result the adapter or the
     weights (none where the run ended no better than its start) and ``run.json``, each written whole."""
     if out_dir is None:

@@ -12,10 +12,17 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.run.precision import precision_of
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from leadline.corpus import CorpusProfile, MicroBatch, Split, TokenizedRow
+    from leadline.corpus.rows import RowSource
 
 __all__ = ["MAX_HELD_OUT_ROWS", "Task", "loss_resolution", "prepare", "rows_of", "split_sizes", "tokens_to_steps",
            "trained_as_of", "trained_named_weights"]
@@ -25,7 +32,7 @@ MAX_HELD_OUT_ROWS = 256
 comparison reads all of them, so their count bounds the rate phases' time (measured: docs/hf.md)."""
 
 
-def rows_of(train_dataset: Any) -> Any:
+def rows_of(train_dataset: RowSource) -> RowSource:
     """A path stays a path; a ``datasets.Dataset`` or any iterable of dicts becomes a list.
 
     Examples:
@@ -48,7 +55,7 @@ def rows_of(train_dataset: Any) -> Any:
                          f"{type(train_dataset).__name__}") from None
 
 
-def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
+def trained_named_weights(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
     """The tensors the run trains (``requires_grad``), by name; one sentence when there are none.
 
     Examples:
@@ -73,7 +80,7 @@ def trained_named_weights(model: Any) -> list[tuple[str, Any]]:
     return named
 
 
-def trained_as_of(model: Any) -> str:
+def trained_as_of(model: torch.nn.Module) -> str:
     """``factors`` for a PEFT adapter model (one with a ``peft_config``), ``weights`` otherwise.
 
     Examples:
@@ -110,23 +117,23 @@ class Task:
         True
     """
 
-    model: Any
-    rows: list[Any]
-    split: Any
+    model: torch.nn.Module
+    rows: list[TokenizedRow]
+    split: Split
     seq_len: int
     pad_id: int
-    device: Any
+    device: torch.device | str
     probe_rows: int = 2
-    optimizer: Any = None
+    optimizer: torch.optim.Optimizer | None = None
     order: list[int] = field(default_factory=list)
 
     # ---- the pieces derive() takes --------------------------------------------------------
-    def batch(self, idx: Sequence[int], pad_to: int | None = None) -> Any:
+    def batch(self, idx: Sequence[int], pad_to: int | None = None) -> MicroBatch:
         from leadline.corpus import collate
 
         return collate([self.rows[i] for i in idx], self.pad_id, pad_to=pad_to)
 
-    def loss_of(self, b: int, length: int) -> Any:
+    def loss_of(self, b: int, length: int) -> torch.Tensor:
         """The loss of ``b`` of the longest training rows at ``length`` tokens — cut to it when
         longer (a length of the corpus's mix), padded to it when shorter (the ramp)."""
         from leadline.corpus import collate
@@ -141,15 +148,15 @@ class Task:
         mb = collate(rows, self.pad_id, pad_to=length).to(self.device)
         return self.model(**mb.model_inputs()).loss
 
-    def micro_batch_of(self, i: int) -> Any:
+    def micro_batch_of(self, i: int) -> MicroBatch | None:
         """The probe's i-th micro-batch of ``probe_rows`` rows, None when the rows run out."""
         return self.draws_of(self.probe_rows)(i)
 
-    def draws_of(self, rows: int) -> Callable[[int], Any]:
+    def draws_of(self, rows: int) -> Callable[[int], MicroBatch | None]:
         """``micro_batch_of`` for draws of ``rows`` rows: the i-th draw reads rows
         ``order[i*rows : (i+1)*rows]``, None when the rows run out (see :class:`Task`)."""
 
-        def of(i: int) -> Any:
+        def of(i: int) -> MicroBatch | None:
             lo = i * rows
             if lo + rows > len(self.order):
                 return None
@@ -157,7 +164,7 @@ class Task:
 
         return of
 
-    def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], Any]:
+    def train_step_of(self, micro_batch: int, grad_accum: int) -> Callable[[int], float]:
         """``train_step(step)``: the forward+backward of step ``step`` — ``grad_accum``
         micro-batches of ``micro_batch`` rows, the same rows for the same step, the loss
         weighted by scored tokens so the step's gradient is the mean over its scored tokens."""
@@ -199,7 +206,7 @@ def _scored_rows(model: Any, tokenizer: Any, source: Any, seq_len: int | None, q
     return prof, rows
 
 
-def split_sizes(held_out: Any) -> dict[str, int | float]:
+def split_sizes(held_out: object) -> dict[str, int | float]:
     """``prepare``'s ``held_out`` and ``test`` for the split a plan records (``plan.held_out``): its
     parts' row counts where it lists them (none held out: every row trains, a comparison's baseline),
     else the defaults (a tenth each).
@@ -235,10 +242,10 @@ def _with_eval(model: Any, tokenizer: Any, eval_dataset: Any, seq_len: int, fiel
                                seed=split.seed)
 
 
-def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None = None,
-            quantile: float | None = None,
-            held_out: int | float = 0.1, test: int | float = 0.1, seed: int = 0, probe_rows: int = 2,
-            fields: dict[str, str] | None = None, eval_dataset: Any = None) -> tuple[Task, Any]:
+def prepare(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, train_dataset: RowSource, *,
+            seq_len: int | None = None, quantile: float | None = None, held_out: int | float = 0.1,
+            test: int | float = 0.1, seed: int = 0, probe_rows: int = 2, fields: dict[str, str] | None = None,
+            eval_dataset: RowSource | None = None) -> tuple[Task, CorpusProfile]:
     """Tokenize the rows as the loader will, profile them, split them, and build the
     :class:`Task` derive() runs on. Returns the task and the corpus profile.
 
@@ -297,7 +304,7 @@ def prepare(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | No
     return task, prof
 
 
-def loss_resolution(model: Any) -> float:
+def loss_resolution(model: torch.nn.Module) -> float:
     """The grain of the held-out loss: bf16/fp16 forwards (a 4-bit base computing in bf16
     included) round it at ~1e-3 of its size."""
     from leadline.run.precision import BF16_RESOLUTION, RESOLUTION

@@ -4,7 +4,7 @@ kind and source), and its phase table (where the seconds, steps and reads went).
 from __future__ import annotations
 
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from leadline.corpus import data_notes
 from leadline.plan import PhaseTime, Plan, Value
@@ -19,8 +19,13 @@ from leadline.run.options import WARMUP_SHARE
 from leadline.run.precision import precision_of
 from leadline.run.result import RunResult
 
+if TYPE_CHECKING:
+    import torch
 
-def plan_of(model: Any, data: Any, fields: dict[str, str] | None, job: Job) -> Plan:
+    from leadline.corpus.rows import RowSource
+
+
+def plan_of(model: torch.nn.Module, data: RowSource, fields: dict[str, str] | None, job: Job) -> Plan:
     """The plan's data, held-out split, model and precision, and the notes on what leadline changed in the rows."""
     plan = Plan(data={**describe_data(data), **({"fields": fields} if fields else {})},
                 held_out=job.task.split.as_dict())

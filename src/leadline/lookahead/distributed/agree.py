@@ -63,7 +63,7 @@ def status_of(exc: BaseException | None) -> int:
     """OK, OUT_OF_MEMORY or FAILED for an exception (None: OK).
 
     An agreed :class:`RankFailed` keeps its kind; any other exception is an out-of-memory when
-    :func:`~leadline.memory.readings.is_oom` says so, else a failure.
+    :func:`~leadline.memory_readings.is_oom` says so, else a failure.
 
     Examples:
         >>> status_of(None), status_of(ValueError("bad row")), status_of(MemoryError())
@@ -75,7 +75,7 @@ def status_of(exc: BaseException | None) -> int:
         return OK
     if isinstance(exc, RankFailed):
         return OUT_OF_MEMORY if exc.out_of_memory else FAILED
-    from leadline.memory.readings import is_oom
+    from leadline.memory_readings import is_oom
 
     return OUT_OF_MEMORY if is_oom(exc) else FAILED
 

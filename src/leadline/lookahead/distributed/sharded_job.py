@@ -191,7 +191,7 @@ def lockstep_ramp(step: Any, world: Any, length: int, *, lengths: Sequence[int] 
     from leadline.lookahead.memory.decide import RampSearch
     from leadline.lookahead.memory.ramp import RampResult, WontFit, nothing_fits
     from leadline.memory.probe import confirmation_lengths
-    from leadline.memory.readings import memory_for
+    from leadline.memory_readings import memory_for
 
     t0 = time.perf_counter()
     mem = memory_for(step.device)

@@ -201,7 +201,7 @@ class StopLine:
             [True]
         """
         from leadline.lookahead.distributed.agree import _sentence
-        from leadline.memory.readings import is_oom
+        from leadline.memory_readings import is_oom
 
         with self.watching():
             try:

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from leadline.memory.readings import format_bytes
+from leadline.memory_readings import format_bytes
 from leadline.stats import median, t_quantile
 
 RampStop = Literal["", "no_row_fits", "hurried", "upper_limit", "did_not_fit", "no_gain", "out_of_room",

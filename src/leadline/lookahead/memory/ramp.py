@@ -24,8 +24,8 @@ from typing import Any
 from leadline.errors import InputError, LeadlineError
 from leadline.lookahead.memory.decide import RampSearch, RampStop, ThroughputSearch
 from leadline.memory.probe import Rung, confirmation_lengths, probe
-from leadline.memory.readings import DeviceMemory, format_bytes, memory_for
 from leadline.memory.step import device_of
+from leadline.memory_readings import DeviceMemory, format_bytes, memory_for
 from leadline.plan import Value
 
 
@@ -33,7 +33,7 @@ class WontFit(LeadlineError):
     """Not even the smallest shape fits: one sentence, with the measurement in ``.result``.
 
     Examples:
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> def refused(rows, length, repeats=1):  # every step: the allocator refuses
         ...     raise MemoryError
@@ -194,7 +194,7 @@ def ramp(
     Examples:
         Off CUDA, a micro-batch costing 10 ms plus 10 ms a row (rows per second 100 r / (1 + r)):
 
-        >>> from leadline.memory.readings import FixedMemory
+        >>> from leadline.memory_readings import FixedMemory
         >>> Host = lambda: FixedMemory(total=8 * 10**9, free=7 * 10**9, held=10**9)  # the peak stays at what is held
         >>> from leadline.memory.step import StepTiming
         >>> def step(rows, length, repeats=1):

@@ -15,7 +15,8 @@ Everything that asks the card or the host about memory goes through a :class:`De
 
 The ramp, the cap, the watch and the fit pre-flight only see this interface, so the tests hand
 them a fake allocator with recorded peaks, retries and OOMs. torch is imported inside the
-methods: importing this module stays light.
+methods: importing this module stays light. It stands under :mod:`leadline.memory` and
+:mod:`leadline.rate` (the snapshots ask it for the card's room), beside :mod:`leadline.stats`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import torch
+
+    Device: TypeAlias = str | int | torch.device
+    """A device as the functions here take it: ``"cuda:1"``, ``"cpu"``, a ``torch.device``, a CUDA index."""
 
 GIB = 2**30
 
@@ -43,7 +52,7 @@ def format_bytes(n: float | None) -> str:
     return f"{n / 1e6:.0f} MB"
 
 
-def is_cuda(device: Any) -> bool:
+def is_cuda(device: Device | None) -> bool:
     """True when ``device`` names a CUDA device (``"cuda"``, ``"cuda:1"``, a torch.device, an int).
 
     Examples:
@@ -55,7 +64,7 @@ def is_cuda(device: Any) -> bool:
     return str(device).startswith("cuda")
 
 
-def normalize_device(device: Any = None) -> str:
+def normalize_device(device: Device | None = None) -> str:
     """``"cuda:N"`` or ``"cpu"``: the key caps and watches are filed under.
 
     ``None`` means the current CUDA device when CUDA is available, else the CPU.
@@ -298,7 +307,7 @@ class CudaMemory(DeviceMemory):
 
     on_cuda = True
 
-    def __init__(self, device: Any = "cuda", card_bytes: int | None = None) -> None:
+    def __init__(self, device: Device = "cuda", card_bytes: int | None = None) -> None:
         import torch
 
         if not torch.cuda.is_available():
@@ -425,7 +434,7 @@ class HostMemory(DeviceMemory):
         return None
 
 
-def memory_for(device: Any = None, card_bytes: int | None = None) -> DeviceMemory:
+def memory_for(device: Device | None = None, card_bytes: int | None = None) -> DeviceMemory:
     """The :class:`DeviceMemory` for ``device``: :class:`CudaMemory` on CUDA, else :class:`HostMemory`
     (``card_bytes`` its ``limit_bytes``).
 
