@@ -200,14 +200,16 @@ def test_a_default_that_learned_is_not_challenged_from_below():
     assert decision.lr == 6.25e-4 and sorted(ran) == [6.25e-4, 2.5e-3]
 
 
-def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch):
-    """The first candidate has run its steps when the race is interrupted (a KeyboardInterrupt, an
-    error in a read): the trained tensors, their grads, the RNG and the mode are the start's."""
+@pytest.mark.parametrize("call", ["race_only", "run_in_one"])
+def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch, call):
+    """The race interrupted after its first candidate's steps (a Ctrl-C, or an error in a read), in
+    the race alone and in the run: the trained tensors, their grads, the RNG and the mode are the
+    start's, and the run wrote nothing."""
     import torch
 
+    import leadline.run as run
     import leadline.run.opening as opening
     from helpers import make_model, make_tokenizer
-    from leadline.run import RunOptions, race_only
 
     def interrupted(run, rates, start=None):
         run(rates[0])  # h steps taken on the model
@@ -220,33 +222,8 @@ def test_a_race_cut_short_leaves_the_model_as_it_found_it(tmp_path, monkeypatch)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     rng = torch.get_rng_state()
     with pytest.raises(KeyboardInterrupt):
-        race_only(model, tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20))
-    assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
-    assert all(p.grad is None for p in model.parameters()) and not model.training
-    assert torch.equal(rng, torch.get_rng_state())
-
-
-def test_a_run_cut_short_in_its_race_leaves_the_model_as_it_found_it(tmp_path, monkeypatch):
-    """The run (not the race alone) interrupted in its race: the start's weights, no gradients, the
-    RNG and the mode it was given, as the race alone leaves them."""
-    import torch
-
-    import leadline.run.opening as opening
-    from helpers import make_model, make_tokenizer
-    from leadline.run import RunOptions, run_in_one
-
-    def interrupted(run, rates, start=None):
-        run(rates[0])  # h steps taken on the model
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(opening, "climb", interrupted)
-    tok = make_tokenizer()
-    model = make_model(vocab_size=len(tok))
-    model.eval()
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    rng = torch.get_rng_state()
-    with pytest.raises(KeyboardInterrupt):
-        run_in_one(model, tok, str(_rows(tmp_path / "t.jsonl")), RunOptions(total_steps=20), out_dir=tmp_path / "run")
+        getattr(run, call)(model, tok, str(_rows(tmp_path / "t.jsonl")), run.RunOptions(total_steps=20),
+                           out_dir=tmp_path / "run")
     assert all(torch.equal(before[n], p) for n, p in model.named_parameters())
     assert all(p.grad is None for p in model.parameters()) and not model.training
     assert torch.equal(rng, torch.get_rng_state()) and not (tmp_path / "run").exists()
