@@ -1887,7 +1887,8 @@ def sweep_runs_table(boards: Sequence[dict[str, Any]]) -> list[str]:
                 cells.append("not run")
             elif rec.get("failed") or not v:
                 tail = ((rec.get("train") or {}).get("output_tail") or "").strip().splitlines()
-                cells.append("failed" + (": out of memory" if any("out of memory" in t for t in tail) else ""))
+                oom = any("out of memory" in t or "ALLOC_FAILED" in t for t in tail)  # cuBLAS's own, too
+                cells.append("failed" + (": out of memory" if oom else ""))
             else:
                 cells.append(f"{v[v['metric']]:.4f}")
         head = [f"{lr:.3g} x{p}" for _, lr, p in runs]
