@@ -221,8 +221,10 @@ RULES = {
           "other rows; the sweep's cost is its runs' summed seconds",
     "D": "leadline run's defaults of this version (the held-out rows no check reads train after the opening; the "
          "guard rolls back a check no better than the start at once and a significant worsening only where it gave "
-         "back 5% of the start-to-best fall; a run of no given length goes on pass by pass while its check at a "
-         "pass's end is significantly below the check before it, at most 5 passes) stay the default when, on the "
+         "back 5% of the start-to-best fall, the end keeps the best check where it is significantly worse; a run "
+         "of no given length goes on pass by pass while its check at a pass's end is significantly below the check "
+         "half a pass before it, at most 5 passes; the version with the check just before it took no second pass "
+         "on any board and was replaced before this rule's next run) stay the default when, on the "
          "boards with the sweep, leadline (3 seeds) loses by rule P to none of the sweep's pick, schedule-free at its "
          "defaults and the recipe, and no longer loses to schedule-free on the boards where the earlier default lost "
          "(py_modules, code_trace, man_sections); a piece is judged where it acted: the rows trained on py_modules "

@@ -364,7 +364,7 @@ def test_a_run_whose_check_at_a_passs_end_no_longer_improves_stops_there(tmp_pat
                                                               if c.get("why") == "the pass's end"]
 
 
-def test_the_pass_rule_reads_the_pass_ends_check_against_the_check_before_it(tmp_path, monkeypatch):
+def test_the_pass_rule_reads_the_pass_ends_check_against_the_check_half_a_pass_before_it(tmp_path, monkeypatch):
     """The real rule on the tiny model: every added pass followed a pass-end check significantly below
     the check before it, and a run that stopped short of five did so at a check that was not."""
     from helpers import make_model, make_tokenizer

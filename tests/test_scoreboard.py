@@ -218,6 +218,17 @@ def _tiny_task(d: Path, rows: int, seed: int) -> None:
                 f.write(json.dumps({"text": f"a tool for {words[label]} {rng.randint(0, 99)}", "label": label}) + "\n")
 
 
+def _tiny_model_and_task(tmp_path: Path) -> tuple[Path, Path]:
+    """The tiny model's folder and a data folder holding a 48-row debian_sections task."""
+    from helpers import save_model_dir
+
+    model = save_model_dir(tmp_path / "tiny")
+    data = tmp_path / "data"
+    data.mkdir()
+    _tiny_task(data, 48, 0)
+    return model, data
+
+
 def _leadline_in_process(sb: Any, monkeypatch: Any) -> list[list[str]]:
     """The harness's ``python -m leadline ...`` processes run as ``leadline.cli.main`` in this one
     (each new process imports torch, transformers and peft again: 9-26 s on two cores, most of
@@ -257,14 +268,10 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
     depend on the machine's load."""
     import importlib.util as iu
 
-    from helpers import save_model_dir
 
     in_process = _leadline_in_process(sb, monkeypatch)
 
-    model = save_model_dir(tmp_path / "tiny")
-    data = tmp_path / "data"
-    data.mkdir()
-    _tiny_task(data, 48, 0)
+    model, data = _tiny_model_and_task(tmp_path)
     arms = ["recipe", "sweep", "leadline"]  # leadline_full: the second seed's board below
     arms += [a for a, pkg in (("schedulefree", "schedulefree"), ("schedulefree_again", "schedulefree"),
                               ("schedulefree_algoperf", "schedulefree"),
@@ -320,13 +327,9 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
 
 @pytest.mark.slow
 def test_a_full_fine_tune_board_trains_every_weight_and_judges_the_saved_weights(sb, tmp_path, monkeypatch):
-    from helpers import save_model_dir
 
     _leadline_in_process(sb, monkeypatch)
-    model = save_model_dir(tmp_path / "tiny")
-    data = tmp_path / "data"
-    data.mkdir()
-    _tiny_task(data, 48, 0)
+    model, data = _tiny_model_and_task(tmp_path)
     out = tmp_path / "board.json"
     assert sb.main(["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
                     "--work", str(tmp_path / "work"), "--smoke", "--regime", "full", "--quick-board", "--alone"]) == 0
@@ -504,13 +507,9 @@ def test_a_results_file_of_another_seed_is_refused_and_left_as_it_was(sb, tmp_pa
 def test_a_second_seed_runs_every_arm_at_it_into_its_own_file(sb, tmp_path, monkeypatch):
     import importlib.util as iu
 
-    from helpers import save_model_dir
 
     in_process = _leadline_in_process(sb, monkeypatch)
-    model = save_model_dir(tmp_path / "tiny")
-    data = tmp_path / "data"
-    data.mkdir()
-    _tiny_task(data, 48, 0)
+    model, data = _tiny_model_and_task(tmp_path)
     arms = ["recipe", "leadline_full"] + (["schedulefree"] if iu.find_spec("schedulefree") else [])
     argv = ["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--work", str(tmp_path / "work"),
             "--smoke", "--timeout", "240", "--arms", ",".join(arms)]
@@ -726,7 +725,6 @@ def test_the_sweep_runs_seven_schedule_free_runs_on_every_row_side_by_side(sb, t
     pytest.importorskip("schedulefree")
     import threading
 
-    from helpers import save_model_dir
 
     _leadline_in_process(sb, monkeypatch)
     real, one_at_a_time = sb.proc, threading.Lock()  # a model's load is not thread-safe: one worker at a time
@@ -739,10 +737,7 @@ def test_the_sweep_runs_seven_schedule_free_runs_on_every_row_side_by_side(sb, t
         return {"argv": args, "rc": 0, "seconds": 1.0, "output_tail": ""}
 
     monkeypatch.setattr(sb, "proc", proc)
-    model = save_model_dir(tmp_path / "tiny")
-    data = tmp_path / "data"
-    data.mkdir()
-    _tiny_task(data, 48, 0)
+    model, data = _tiny_model_and_task(tmp_path)
     out = tmp_path / "board.json"
     assert sb.main(["--task", "debian_sections", "--model", str(model), "--data-dir", str(data), "--out", str(out),
                     "--work", str(tmp_path / "work"), "--smoke", "--regime", "small", "--train-rows", "48",

@@ -2,7 +2,7 @@
 
 On a few hundred rows one pass is a few dozen steps, and the run's length is the hyperparameter
 that matters most; on thousands of rows one pass is most runs' length. The rule, written before
-the boards that decide it (``benchmarks/scoreboard.py`` rule RL):
+the boards that decide it (``benchmarks/scoreboard.py`` rule D):
 
 1. Where the caller gave no length (no ``--steps``, no ``--epochs``), the run plans one pass and
    may go on pass by pass, at most :data:`MAX_PASSES` in all.
@@ -11,10 +11,7 @@ the boards that decide it (``benchmarks/scoreboard.py`` rule RL):
    (:func:`half_a_pass_before`; the same held-out rows; :func:`still_improving`: a one-sided
    paired t at :data:`ALPHA`), and the guard neither rolled back nor stopped there: a run whose
    second half-pass still learns is not cut at the pass's end, and a run that has flattened pays
-   for no pass it does not need. (The first form of this rule compared the pass's end with the
-   check just before it, an eighth of a pass back: on the boards it took no second pass on any
-   run, where the sweep's runs at three passes read better than at one on most boards; half a
-   pass gives the test the stretch it needs to see a fall. ``docs/results.md``, "The sweep".)
+   for no pass it does not need (why half a pass: ``docs/results.md``, "The sweep").
 3. Each added pass gets the first pass's checks (the same rows, the same count), so the reads stay
    within the guard's share of the steps' time; the end and the kept model are the guard's as in
    one pass.
