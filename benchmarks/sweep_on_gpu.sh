@@ -8,7 +8,8 @@
 # - the six seeded boards: the sweep (sf_sweep: seven schedule-free runs on every row) and leadline
 #   at seeds 0-2 with this version's defaults (--refresh-defaults: a unit of the earlier defaults runs
 #   again once, then stays);
-# - the small boards (320 rows): the sweep, and leadline, schedule-free and the recipe at seeds 0-2.
+# - the small boards (320 rows): the sweep, and leadline (this version's defaults, as above), schedule-free
+#   and the recipe at seeds 0-2.
 # Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
 # default 560), SEEDED_PARALLEL (runs side by side on each seeded board; default 2 on a card over
 # 100 GB, else 1: with two a board and uncapped judges, an 80 GB card ran out of memory), RESULTS (default
@@ -27,6 +28,6 @@ SEEDED="debian_sections:lora man_sections:lora py_modules:lora code_trace:lora g
 BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=$SEEDED_PARALLEL PACK=seeded \
   EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/seeded.log 2>&1 &
 BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=1 \
-  PACK=small benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &
+  PACK=small EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &
 wait
 tail -n 30 /tmp/seeded.log /tmp/small.log
