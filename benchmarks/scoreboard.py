@@ -1672,12 +1672,27 @@ def cost_ratio(lead: dict[str, Any] | None, recipe: dict[str, Any] | None) -> st
     """leadline's cost over the recipe's where both were timed alike: each its own process alone on
     the GPU (``--alone``), its wall seconds from the process's start (imports and the model's load
     included); "–" where either shared the GPU with another process (its seconds measured the
-    sharing, not the run)."""
+    sharing, not the run). Where leadline trained passes past its first (rule L in
+    ``leadline.run.length``) and the recipe trained one, the ratio of its process less those passes'
+    steps (``run.json``'s ``more_passes_seconds``) follows: what its process cost at the recipe's
+    length.
+
+    Examples:
+        >>> cost_ratio({"cost": 90.0, "timed_alone": True, "run": {"more_passes_seconds": 30.0, "passes": 2}},
+        ...            {"cost": 75.0, "timed_alone": True})
+        '1.20x (alone; 0.80x less its second pass)'
+    """
     if not lead or not recipe or not recipe.get("cost"):
         return "–"
-    if lead.get("timed_alone") and recipe.get("timed_alone"):
-        return f"{lead['cost'] / recipe['cost']:.2f}x (alone)"
-    return "–"
+    if not (lead.get("timed_alone") and recipe.get("timed_alone")):
+        return "–"
+    ratio = f"{lead['cost'] / recipe['cost']:.2f}x"
+    run = lead.get("run") if isinstance(lead.get("run"), dict) else {}
+    more, passes = run.get("more_passes_seconds") or 0.0, int(run.get("passes") or 1)
+    if more > 0 and passes > 1:
+        which = "its second pass" if passes == 2 else f"its passes 2-{passes}"
+        return f"{ratio} (alone; {(lead['cost'] - more) / recipe['cost']:.2f}x less {which})"
+    return f"{ratio} (alone)"
 
 
 def rows_trained(unit: dict[str, Any] | None) -> str:

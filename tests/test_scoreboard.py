@@ -669,6 +669,14 @@ def test_a_cost_ratio_is_quoted_only_where_the_two_arms_were_timed_alike(sb):
     assert sb.cost_ratio(lead, None) == "–"
 
 
+def test_a_run_of_several_passes_states_its_cost_less_the_passes_after_the_first(sb):
+    alone = {"timed_alone": True}
+    lead = {**alone, "cost": 120.0, "run": {"more_passes_seconds": 45.0, "passes": 3}}
+    assert sb.cost_ratio(lead, {**alone, "cost": 100.0}) == "1.20x (alone; 0.75x less its passes 2-3)"
+    one_pass = {**alone, "cost": 120.0, "run": {"more_passes_seconds": 0.0, "passes": 1}}
+    assert sb.cost_ratio(one_pass, {**alone, "cost": 100.0}) == "1.20x (alone)"
+
+
 def _sweep_board(sb, pick_nll: dict[str, float], rest_acc: dict[str, float], n: int = 40) -> dict[str, Any]:
     """A classification board whose sweep runs read ``pick_nll`` on the pick's rows and answer right on
     the share ``rest_acc`` of the other rows; leadline and schedule-free at three seeds."""
