@@ -375,10 +375,6 @@ class CudaMemory(DeviceMemory):
         self._torch.cuda.set_per_process_memory_fraction(cap / total, self.index)
         self._cap = cap
 
-    def fraction(self) -> float:
-        """The allocator's per-process fraction as torch holds it."""
-        return float(self._torch.cuda.get_per_process_memory_fraction(self.index))
-
 
 class HostMemory(DeviceMemory):
     """The CPU: RAM available, this process's resident set and its high-water mark.
