@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
 from leadline.lookahead.derive.strategy import strategy_for
@@ -25,7 +25,11 @@ from leadline.plan import Plan, Value
 from leadline.run.precision import check_trainable, checkpointing, precision_of
 from leadline.run.task import Task, loss_resolution, prepare, rows_of, trained_as_of, trained_named_weights
 
-__all__ = ["ModelPieces", "at_batch", "derive_on", "join_the_job", "model_pieces", "probe_of", "rows_fit_unchecked"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["ModelPieces", "at_batch", "derive_on", "describe_model", "join_the_job", "model_pieces", "probe_of",
+           "rows_fit_unchecked"]
 
 
 @dataclass
@@ -50,13 +54,43 @@ class ModelPieces:
     job: Any = None
 
 
+def describe_model(model: torch.nn.Module | None = None, *, name: str | None = None,
+                   trained_as: str | None = None) -> dict[str, Any]:
+    """The model's name, its trained (requires_grad) parameter count and how they are trained.
+
+    The name is ``name``, else the config's ``_name_or_path``, else the class name.
+
+    Examples:
+        >>> import torch
+        >>> describe_model(torch.nn.Linear(4, 2))  # 4 x 2 weights + 2 biases
+        {'name': 'Linear', 'parameters': 10, 'trained_parameters': 10}
+        >>> frozen_bias = torch.nn.Linear(4, 2)
+        >>> _ = frozen_bias.bias.requires_grad_(False)
+        >>> describe_model(frozen_bias, name="probe", trained_as="lora")
+        {'name': 'probe', 'parameters': 10, 'trained_parameters': 8, 'trained_as': 'lora'}
+        >>> describe_model(name="my-model")
+        {'name': 'my-model'}
+    """
+    out: dict[str, Any] = {}
+    if model is not None:
+        cfg = getattr(model, "config", None)
+        out["name"] = name or getattr(cfg, "_name_or_path", None) or type(model).__name__
+        params = list(model.parameters())
+        out["parameters"] = int(sum(p.numel() for p in params))
+        out["trained_parameters"] = int(sum(p.numel() for p in params if p.requires_grad))
+    elif name:
+        out["name"] = name
+    if trained_as:
+        out["trained_as"] = trained_as
+    return out
+
+
 def model_pieces(model: Any, tokenizer: Any, train_dataset: Any, *, seq_len: int | None, quantile: float | None,
                  held_out: int | float, test: int | float, seed: int, probe_rows: int, fields: dict[str, str] | None,
                  trained_as: str | None, batch: tuple[int, int] | None) -> ModelPieces:
     """The job joined, the model checked, the task prepared and the one-process pieces built on it."""
     from leadline.lookahead.distributed.world import join_job
     from leadline.memory import TrainingStep
-    from leadline.provenance import describe_model
 
     # in a torchrun job: DDP or FSDP pieces below, the plan agreed by every rank
     world = strategy_for(join_job(next(model.parameters()).device))

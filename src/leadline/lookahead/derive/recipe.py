@@ -45,10 +45,11 @@ from leadline.lookahead.rate.policy import fallback_rate
 from leadline.lookahead.runner import PhaseRunner, ProgressFn, StepPhase
 from leadline.lookahead.strategy import Strategy
 from leadline.lookahead.world import current_world
+from leadline.measure.machine import describe_machine
 from leadline.memory import forbid_spill
 from leadline.memory.step import device_of
 from leadline.plan import Plan, Value
-from leadline.provenance import describe_data, describe_machine
+from leadline.provenance import describe_data
 
 EFFORTS = ("full",)
 REMOVED_EFFORTS = ("quick",)
