@@ -124,7 +124,7 @@ def derive(
             wrapper that prepares the pieces first (``leadline.hf.derive_for``) passes its own
             start, so its set-up counts against the bound too.
         on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase
-            (:class:`~leadline.progress.PhaseBar` draws them).
+            (:class:`~leadline.lookahead.progress.PhaseBar` draws them).
         resume: a file a killed derive continues from (written atomically after each phase,
             removed when derive finishes).
         prior: an earlier plan to check with short measurements instead of starting over.
