@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     Device: TypeAlias = str | int | torch.device
     """A device as the functions here take it: ``"cuda:1"``, ``"cpu"``, a ``torch.device``, a CUDA index."""
 
-GIB = 2**30
-
 
 def format_bytes(n: float | None) -> str:
     """Bytes as a person reads them: GB (10^9) with two decimals, MB below 1 GB.

@@ -46,7 +46,6 @@ TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmu
 RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
 # schedulefree.AdamWScheduleFree's own defaults (lr 0.0025, warmup_steps 0), at the recipe's step.
 SCHEDULE_FREE = {"lr": 0.0025, "warmup_steps": 0, "rows_per_step": 16}
-ARMS = ("untrained", "leadline", "recipe", "schedule_free")
 ARM_NAMES = {"untrained": "untrained", "leadline": "leadline", "recipe": "recipe",
              "schedule_free": "schedule-free"}
 
