@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from leadline.measure.disk import MEMORY_FILESYSTEMS, DepthRow, DiskSweep, filesystem_of  # noqa: E402
+from leadline.measure.machine import describe_machine  # noqa: E402
 from leadline.measure.virt import virtualisation  # noqa: E402
-from leadline.provenance import describe_machine  # noqa: E402
 
 
 def _block_devices() -> list[dict[str, str]]:

@@ -73,7 +73,7 @@ def main() -> int:
         runs.append(r)
         rep = r["report"] or {}
         print(f"run {i + 1}: rc={r['rc']} {rep.get('device_name')} launch {rep.get('launch_us')} µs, matmul {rep.get('matmul_tflops')} TFLOP/s, verdict: {rep.get('verdict')}", flush=True)
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     try:
         machine = describe_machine("cuda")

@@ -482,7 +482,7 @@ def main() -> int:
     import torch
 
     from leadline._io import write_atomic
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     out_path = Path(args.out)
     if out_path.is_dir():

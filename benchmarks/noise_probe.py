@@ -483,7 +483,7 @@ def main() -> int:
     import torch
 
     from leadline.hf.loading import load_tokenizer
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     versions = {"torch": torch.__version__, "python": sys.version.split()[0]}

@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from leadline.hf.loading import load_model
     from leadline.lookahead.rate import lookahead_lr, measure_first_step
     from leadline.lookahead.rate.warmup import warmup_lr
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     torch.backends.cuda.matmul.allow_tf32 = False

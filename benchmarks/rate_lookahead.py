@@ -557,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (so describe_machine reads the device)
 
     from leadline._io import write_atomic
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     result: dict[str, Any] = {"benchmark": "rate_lookahead", "command": " ".join(sys.argv), "smoke": args.smoke,
                               "versions": versions(), "machine": describe_machine(), "started": time.time()}

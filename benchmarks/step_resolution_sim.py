@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from leadline.lookahead.derive import batches  # noqa: E402
+from leadline.measure.machine import describe_machine  # noqa: E402
 from leadline.memory.step import StepTiming  # noqa: E402
 from leadline.plan import Plan, Value  # noqa: E402
-from leadline.provenance import describe_machine  # noqa: E402
 
 FIXED, PER_ROW, ROWS_FIT, TOKENS_A_ROW, B_NOISE = 0.22, 0.0034, 30, 96.8, 5781.0
 

@@ -129,15 +129,20 @@ def test_the_schedule_free_arm_is_one_skipped_line_without_its_package(tokenizer
 def test_the_cpu_cut_gives_the_recipe_twenty_steps(tokenizer):
     from importlib import resources
 
-    from leadline.cli.demo import CPU_CUT, RECIPE, recipe_steps, shorten
+    from leadline.cli.demo import CPU_CUT, RECIPE, shorten
+    from leadline.run.task import prepare
+
+    def recipe_steps(rows):  # one pass at the recipe's rows a step over every row given, not trained
+        task, _ = prepare(make_model(vocab_size=len(tokenizer)), tokenizer, rows, seed=0, held_out=0, test=0)
+        return max(1, len(task.order) // RECIPE["rows_per_step"])
 
     data = resources.files("leadline") / "data" / "debian_sections_demo_train.jsonl"
     rows = [json.loads(s) for s in data.read_text().splitlines() if s.strip()]
     assert len(rows) >= CPU_CUT.train_rows
     train = [shorten(r, CPU_CUT.description_chars) for r in rows[: CPU_CUT.train_rows]]
     assert RECIPE["rows_per_step"] == 16
-    assert recipe_steps(make_model(vocab_size=len(tokenizer)), tokenizer, train) >= 20
-    assert recipe_steps(make_model(vocab_size=len(tokenizer)), tokenizer, train[:-20]) < 20  # no row to spare
+    assert recipe_steps(train) >= 20
+    assert recipe_steps(train[:-20]) < 20  # no row to spare
 
 
 def test_too_few_rows_is_one_sentence_and_exit_2(tmp_path, capsys):

@@ -9,8 +9,8 @@ import pytest
 
 from helpers import DATA
 from leadline import InputError, Plan, Value
+from leadline.lookahead.digest import tensors_digest
 from leadline.lookahead.pieces import Corpus, Pieces
-from leadline.provenance import tensors_digest
 
 
 def _lora(model):

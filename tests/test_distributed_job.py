@@ -52,9 +52,9 @@ def _scenario_plan(rank: int, tok: Any) -> dict[str, Any]:
     import torch
 
     from leadline.hf import prepare, trained_named_weights
+    from leadline.lookahead.digest import tensors_digest
     from leadline.lookahead.distributed import plan_digest
     from leadline.lookahead.noise import ModelGradFn, measure_noise_scale
-    from leadline.provenance import tensors_digest
 
     model = _lora_model(tok, adapter_seed=rank)  # different adapters: derive must use rank 0's
     before = tensors_digest(list(model.parameters()))
@@ -107,7 +107,7 @@ def _scenario_ramp_oom(rank: int, tok: Any) -> dict[str, Any]:
 
 def _failure(rank: int, tok: Any, inject: Any) -> dict[str, Any]:
 
-    from leadline.provenance import tensors_digest
+    from leadline.lookahead.digest import tensors_digest
 
     model = _lora_model(tok)
     before = tensors_digest(list(model.parameters()))
@@ -298,9 +298,9 @@ def _sharded_derive(model: Any, tok: Any, held_out: int | float) -> dict[str, An
     """derive_for on a sharded full fine-tune: the plan, the weights and grads after, and on an
     unsharded copy alone, alpha1 at the world's first step and the anchor's rewrite scale."""
     from leadline import Plan
+    from leadline.lookahead.digest import tensors_digest
     from leadline.lookahead.distributed import plan_digest
     from leadline.lookahead.distributed.sharded import _local
-    from leadline.provenance import tensors_digest
 
     params = [p for p in model.parameters() if p.requires_grad]
     before = tensors_digest([_local(p.detach()) for p in params])
@@ -345,8 +345,8 @@ def _scenario_fsdp_lora(rank: int, tok: Any) -> dict[str, Any]:
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel
 
+    from leadline.lookahead.digest import tensors_digest
     from leadline.lookahead.distributed import plan_digest
-    from leadline.provenance import tensors_digest
 
     model = FullyShardedDataParallel(_lora_model(tok), device_id=torch.device("cpu"), use_orig_params=True)
     before = tensors_digest(list(model.parameters()))

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import DATA, make_model, make_tokenizer
 from leadline import InputError, Plan, Value
-from leadline.provenance import tensors_digest
+from leadline.lookahead.digest import tensors_digest
 
 pytest.importorskip("peft")
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from leadline.errors import InputError
+from leadline.lookahead.digest import tensors_digest
 from leadline.lookahead.noise import measure_noise_scale
 from leadline.lookahead.noise.past_format import noise_past_format
 from leadline.lookahead.noise.step import tokens_per_step
-from leadline.provenance import tensors_digest
 
 D = 40
 

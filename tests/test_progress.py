@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 
-from leadline.progress import PhaseBar, clip, reformat, sig3
+from leadline.lookahead.progress import PhaseBar, clip, reformat, sig3
 
 
 def test_numbers_read_at_three_significant_digits():

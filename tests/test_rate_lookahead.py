@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from leadline.rate.compare import carry_trend, compare, parabola_log2, prune, trend_slope
+from leadline.lookahead.rate.lookahead_rules import carry_trend, parabola_log2, prune, trend_slope
+from leadline.rate.compare import compare
 
 torch = pytest.importorskip("torch")
 

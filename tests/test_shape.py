@@ -515,9 +515,14 @@ def test_the_default_path_loads_nothing_of_the_annex(tmp_path):
     assert out.returncode == 0 and "ANNEX []" in out.stdout, out.stdout + out.stderr[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="the core is over 17,000 lines with the look-ahead moved out: the fit pre-flight, "
-                                       "the commands beside run, the report's plots of the look-ahead's evidence are "
-                                       "still core; what else can leave it is open")
+@pytest.mark.xfail(strict=True, reason="the core is 17,127 lines with what only the look-ahead reads moved out: a static "
+                                       "walk from the commands' default paths, derive_for, train_with_plan and "
+                                       "LeadlineCallback reaches all but about 1,400 lines of it, and those are public "
+                                       "names (find_lr, find_batch_size, pack_steps, ...) and the full effort's glue "
+                                       "in the three doors (it reads a command's flags or a trainer, which the annex "
+                                       "may not import); the fit pre-flight, the demo, the report's plots of the "
+                                       "look-ahead's evidence and the Trainer callback's LookaheadSchedule path are "
+                                       "reached from the default faces")
 def test_the_core_is_at_most_twelve_thousand_lines():
     lines = {m: len(MODULES[m].read_text(encoding="utf-8").splitlines()) for m in _core()}
     total = sum(lines.values())

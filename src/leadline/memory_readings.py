@@ -35,8 +35,6 @@ if TYPE_CHECKING:
     Device: TypeAlias = str | int | torch.device
     """A device as the functions here take it: ``"cuda:1"``, ``"cpu"``, a ``torch.device``, a CUDA index."""
 
-GIB = 2**30
-
 
 def format_bytes(n: float | None) -> str:
     """Bytes as a person reads them: GB (10^9) with two decimals, MB below 1 GB.
@@ -374,10 +372,6 @@ class CudaMemory(DeviceMemory):
         cap = max(0, min(int(cap_bytes), total))
         self._torch.cuda.set_per_process_memory_fraction(cap / total, self.index)
         self._cap = cap
-
-    def fraction(self) -> float:
-        """The allocator's per-process fraction as torch holds it."""
-        return float(self._torch.cuda.get_per_process_memory_fraction(self.index))
 
 
 class HostMemory(DeviceMemory):

@@ -1,8 +1,7 @@
-"""What a plan was measured on: the machine, the model, the data, as plain dicts; and the digest
-that tells two sets of weights apart (:func:`tensors_digest`).
+"""What a plan was trained on: the data, as a plain dict (:func:`describe_data`), and its content
+hash (:func:`content_hash`). No torch.
 
-torch is read only when it is already imported or a device is named, so ``import leadline``
-stays light.
+The machine a measurement ran on is :func:`leadline.measure.machine.describe_machine`.
 """
 
 from __future__ import annotations
@@ -10,99 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from leadline._version import __version__
-
-if TYPE_CHECKING:
-    import torch
-
-
-def describe_machine(device: str | int | torch.device | None = None) -> dict[str, Any]:
-    """The host and, where torch is loaded, the accelerator: name, memory, driver, torch version.
-
-    Without ``device`` and with torch not yet imported, only the host is read (no torch import);
-    with a CUDA device its name, memory, CUDA version and NVIDIA driver are added.
-
-    Examples:
-        >>> {"platform", "python", "cpu_count", "leadline"} <= set(describe_machine())
-        True
-        >>> describe_machine("cpu")["device"]
-        'cpu'
-    """
-    info: dict[str, Any] = {
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpu_count": os.cpu_count(),
-        "leadline": __version__,
-    }
-    if "torch" not in sys.modules and device is None:
-        return info
-    import torch
-
-    info["torch"] = torch.__version__
-    dev = torch.device(device) if device is not None else None
-    if dev is None and torch.cuda.is_available():
-        dev = torch.device("cuda", torch.cuda.current_device())
-    if dev is not None and dev.type == "cuda" and torch.cuda.is_available():
-        idx = dev.index if dev.index is not None else torch.cuda.current_device()
-        props = torch.cuda.get_device_properties(idx)
-        info.update(
-            device=f"cuda:{idx}",
-            device_name=props.name,
-            device_memory_bytes=int(props.total_memory),
-            cuda=torch.version.cuda,
-            driver=_nvidia_driver(),
-        )
-    else:
-        info["device"] = "cpu" if dev is None else str(dev)
-    return info
-
-
-def _nvidia_driver() -> str | None:
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-    except OSError:
-        return None
-    for tok in text.split():
-        if tok.count(".") >= 1 and tok.replace(".", "").isdigit():
-            return tok
-    return None
-
-
-def describe_model(model: torch.nn.Module | None = None, *, name: str | None = None,
-                   trained_as: str | None = None) -> dict[str, Any]:
-    """The model's name, its trained (requires_grad) parameter count and how they are trained.
-
-    The name is ``name``, else the config's ``_name_or_path``, else the class name.
-
-    Examples:
-        >>> import torch
-        >>> describe_model(torch.nn.Linear(4, 2))  # 4 x 2 weights + 2 biases
-        {'name': 'Linear', 'parameters': 10, 'trained_parameters': 10}
-        >>> frozen_bias = torch.nn.Linear(4, 2)
-        >>> _ = frozen_bias.bias.requires_grad_(False)
-        >>> describe_model(frozen_bias, name="probe", trained_as="lora")
-        {'name': 'probe', 'parameters': 10, 'trained_parameters': 8, 'trained_as': 'lora'}
-        >>> describe_model(name="my-model")
-        {'name': 'my-model'}
-    """
-    out: dict[str, Any] = {}
-    if model is not None:
-        cfg = getattr(model, "config", None)
-        out["name"] = name or getattr(cfg, "_name_or_path", None) or type(model).__name__
-        params = list(model.parameters())
-        out["parameters"] = int(sum(p.numel() for p in params))
-        out["trained_parameters"] = int(sum(p.numel() for p in params if p.requires_grad))
-    elif name:
-        out["name"] = name
-    if trained_as:
-        out["trained_as"] = trained_as
-    return out
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Mapping[str, object]]) -> str:
@@ -130,17 +38,6 @@ def content_hash(path_or_rows: str | os.PathLike[str] | Iterable[Mapping[str, ob
         for row in path_or_rows:
             h.update(json.dumps(row, sort_keys=True, default=str).encode())
             h.update(b"\n")
-    return h.hexdigest()
-
-
-def tensors_digest(tensors: Sequence[torch.Tensor]) -> str:
-    """sha256 over the bytes of ``tensors`` (moved to the CPU): equal digests, equal weights."""
-    h = hashlib.sha256()
-    for t in tensors:
-        a = t.detach()
-        if a.dtype.is_floating_point and a.dtype.itemsize == 2:
-            a = a.view(__import__("torch").int16)
-        h.update(a.contiguous().cpu().numpy().tobytes())
     return h.hexdigest()
 
 

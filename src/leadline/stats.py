@@ -197,8 +197,8 @@ class PairedDifference:
 
     Examples:
         >>> d = paired_difference([2.0, 2.1, 1.9, 2.2], [2.1, 2.3, 2.0, 2.4])
-        >>> d.a_lower(), d.a_higher()  # a's losses are lower on every row
-        (True, False)
+        >>> d.p_less < 0.05  # a's losses are lower on every row: one-sided, significant
+        True
         >>> sorted(d.as_dict())
         ['ci_high', 'ci_low', 'confidence', 'df', 'mean', 'n', 'p_less', 'p_two_sided', 'se', 't']
     """
@@ -214,14 +214,6 @@ class PairedDifference:
     ci_low: float
     ci_high: float
     confidence: float
-
-    def a_lower(self, alpha: float = 0.05) -> bool:
-        """True when a's mean is below b's by a one-sided t test at ``alpha`` (``p_less < alpha``)."""
-        return self.p_less < alpha
-
-    def a_higher(self, alpha: float = 0.05) -> bool:
-        """True when a's mean is above b's by a one-sided t test at ``alpha`` (``1 - p_less < alpha``)."""
-        return (1.0 - self.p_less) < alpha and self.mean > 0
 
     def as_dict(self) -> dict[str, float]:
         """Every field by name, for the evidence and the JSON."""

@@ -1,9 +1,9 @@
 """The ``leadline`` command line.
 
-Each subcommand lives in its own module ``leadline.cli.<name>`` with two functions:
-``add_arguments(parser)`` (light: no torch at import) and ``run(args) -> int``. This module
-only builds the parser and turns a :class:`~leadline.errors.LeadlineError` into one sentence
-on stderr and exit code 2.
+Each subcommand lives in its own module (:data:`MODULES`: ``leadline.cli.<name>``, and the
+measurement tools' own in :mod:`leadline.measure`) with two functions: ``add_arguments(parser)``
+(light: no torch at import) and ``run(args) -> int``. This module only builds the parser and
+turns a :class:`~leadline.errors.LeadlineError` into one sentence on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ COMMANDS: dict[str, str] = {
     "quant": "int8/int4 round-trip error per weight family of a model",
     "demo": "the main job on the embedded default model and data",
 }
+MODULES: dict[str, str] = {
+    **{name: f"leadline.cli.{name}" for name in COMMANDS},
+    **{tool: f"leadline.measure.{tool}_command" for tool in ("gpu", "disk", "quant")},
+}
+"""Each command's module: the measurement tools' commands are theirs, the rest the command line's."""
 
 
 _SMALLER = ("pass a shorter --seq-len or --gradient-checkpointing (with LoRA on CUDA, --load-in-4bit too), or free "
@@ -66,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = importlib.import_module(f"leadline.cli.{name}")
+        mod = importlib.import_module(MODULES[name])
         mod.add_arguments(p)
-        p.set_defaults(_run=f"leadline.cli.{name}")
+        p.set_defaults(_run=MODULES[name])
     return parser
 
 

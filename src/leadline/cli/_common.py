@@ -1,7 +1,6 @@
 """Shared pieces of the model-running commands: the model options (a folder, a .gguf file or a
-Hub id, located before any work), LoRA, the progress bar, and the checks every command makes of
-its inputs before the model loads (the data's rows, the run's length against them, a flag's old
-spelling)."""
+Hub id, located before any work), LoRA, and the checks every command makes of its inputs before
+the model loads (the data's rows, the run's length against them, a flag's old spelling)."""
 
 from __future__ import annotations
 
@@ -365,13 +364,6 @@ def lora_values_of(args: argparse.Namespace, model: Any) -> dict[str, Any]:
         return {}
     return lora.as_values(cli_sources(rank_given=args.lora_rank != DEFAULT_RANK,
                                       alpha_given=getattr(args, "lora_alpha", None) is not None))
-
-
-def Progress() -> Any:
-    """The bar over derive()'s phases on stderr: :class:`leadline.progress.PhaseBar`."""
-    from leadline.progress import PhaseBar
-
-    return PhaseBar()
 
 
 # a flag's spellings: one meaning a flag, its old spelling kept (hidden) and named back to whoever typed it

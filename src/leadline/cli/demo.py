@@ -6,8 +6,8 @@ start from the same weights and are judged on the same test rows, from source pa
 training row comes from and no decision used:
 
 - the untrained model;
-- leadline as ``leadline run`` runs it by default (:func:`_leadline_arm`): derive a plan, then
-  train with it;
+- leadline as ``leadline run`` runs it by default (:func:`_leadline_arm`): the rate raced on the
+  run's opening steps, then the run under the guard;
 - the default recipe (AdamW 2e-4, 16 rows a step, 3% warmup, linear decay to zero), one pass;
 - schedule-free AdamW at its documented defaults (Defazio et al., "The Road Less Scheduled",
   https://arxiv.org/abs/2405.15682; lr 0.0025, no warmup), 16 rows a step, one pass, read at its
@@ -46,7 +46,6 @@ TRAINING_NUMBERS = ("micro_batch", "grad_accum", "tokens_per_step", "lr", "warmu
 RECIPE = {"lr": 2e-4, "rows_per_step": 16, "warmup_ratio": 0.03}
 # schedulefree.AdamWScheduleFree's own defaults (lr 0.0025, warmup_steps 0), at the recipe's step.
 SCHEDULE_FREE = {"lr": 0.0025, "warmup_steps": 0, "rows_per_step": 16}
-ARMS = ("untrained", "leadline", "recipe", "schedule_free")
 ARM_NAMES = {"untrained": "untrained", "leadline": "leadline", "recipe": "recipe",
              "schedule_free": "schedule-free"}
 
@@ -317,52 +316,27 @@ def _rows(n: int) -> str:
 
 def _leadline_arm(model: Any, tokenizer: Any, data: Path, out: Path, *, progress: bool | None,
                   model_name: str | None) -> tuple[Any, dict[str, Any]]:
-    """leadline as ``leadline run`` runs it with its default options (``leadline.cli.run._run``):
-    the plan derive_plan makes on ``data``, then train_with_plan, continuing from the look-ahead's
-    kept branch where the effort keeps one. Returns the plan and the run: its steps and rows a
-    step, and the wall seconds of the derive and of the training call."""
-
+    """leadline as ``leadline run`` runs it with its default options (``leadline.cli.run``'s
+    defaults: the race, :func:`leadline.run.run_in_one`). Returns the plan and the run: its steps
+    and rows a step, and the wall seconds of the race and of the rest of the run."""
     from leadline.cli import run as run_command
-    from leadline.cli._common import Progress
-    from leadline.cli.derive import derive_plan, keep_state, state_path
-    from leadline.cli.train import ending_of, show_step
-    from leadline.train import train_with_plan
+    from leadline.cli.train import show_step
+    from leadline.run import RunOptions, run_in_one
 
     parser = argparse.ArgumentParser(add_help=False)
     run_command.add_arguments(parser)
     args = parser.parse_args(["--model", model_name or "the demo's model", "--data", str(data), "--out", str(out)])
     out.mkdir(parents=True, exist_ok=True)
-    if args.effort == "race":  # the default: leadline.run, the rate raced on the run's opening steps
-        from leadline.run import RunOptions, run_in_one
-
-        t0 = time.perf_counter()
-        options = RunOptions(decide_share=args.decide_share, seed=args.seed)
-        plan, res = run_in_one(model, tokenizer, args.data, options, out_dir=out,
-                               on_step=show_step if progress else None)
-        plan.model["name"] = str(args.model)
-        plan.to_json(out / run_command.PLAN)
-        took = time.perf_counter() - t0
-        derive = plan.derive_seconds or 0.0
-        return plan, {"steps": res.steps, "rows_per_step": res.micro_batch * res.grad_accum,
-                      "derive_seconds": derive, "train_seconds": took - derive,
-                      "extra": {"effort": args.effort, "cost": res.cost.as_dict(), "outcome": res.outcome}}
-    plan_path = out / run_command.PLAN
-    keep = keep_state(state_path(plan_path) if args.effort == "full" else None)
-    with keep as kept:
-        t0 = time.perf_counter()
-        plan = derive_plan(args, model, tokenizer, Progress() if progress else None)
-        derive_seconds = time.perf_counter() - t0
-        plan.model["name"] = str(args.model)
-        plan.to_json(plan_path)
-        state = kept.commit() if kept is not None else None
-        t0 = time.perf_counter()
-        res = train_with_plan(model, tokenizer, args.data, plan, out_dir=out, on_step=show_step if progress else None,
-                              state=state, ending=ending_of(args), ending_share=args.ending_share)
-        train_seconds = time.perf_counter() - t0
-    _measured_in_run(plan, res)
-    return plan, {"steps": res["steps"], "rows_per_step": res["micro_batch"] * res["grad_accum"],
-                  "derive_seconds": derive_seconds, "train_seconds": train_seconds,
-                  "extra": {"effort": args.effort, "continued": res.get("continued")}}
+    t0 = time.perf_counter()
+    options = RunOptions(decide_share=args.decide_share, seed=args.seed)
+    plan, res = run_in_one(model, tokenizer, args.data, options, out_dir=out, on_step=show_step if progress else None)
+    plan.model["name"] = str(args.model)
+    plan.to_json(out / run_command.PLAN)
+    took = time.perf_counter() - t0
+    derive = plan.derive_seconds or 0.0
+    return plan, {"steps": res.steps, "rows_per_step": res.micro_batch * res.grad_accum,
+                  "derive_seconds": derive, "train_seconds": took - derive,
+                  "extra": {"effort": args.effort, "cost": res.cost.as_dict(), "outcome": res.outcome}}
 
 
 def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) -> dict[str, Any]:
@@ -380,16 +354,6 @@ def _recipe_arm(model: Any, tokenizer: Any, data: Path, plan: Any, out: Path) ->
     res = train_with_plan(model, tokenizer, str(data), recipe, out_dir=out)
     return {"steps": res["steps"], "rows_per_step": RECIPE["rows_per_step"],
             "train_seconds": time.perf_counter() - t0}
-
-
-def recipe_steps(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, rows: list[dict[str, str]],
-                 seed: int = 0) -> int:
-    """The optimizer steps of one pass at 16 rows a step over every row given (what the recipe and
-    schedule-free take), computed without training."""
-    from leadline.run.task import prepare
-
-    task, _ = prepare(model, tokenizer, rows, seed=seed, held_out=0, test=0)
-    return max(1, len(task.order) // RECIPE["rows_per_step"])
 
 
 def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tuple[dict[str, Any] | None, str | None]:
@@ -421,22 +385,6 @@ def _schedule_free_arm(model: Any, tokenizer: Any, data: Path, plan: Any) -> tup
         opt.zero_grad(set_to_none=True)
     opt.eval()
     return {"steps": steps, "rows_per_step": per_step, "train_seconds": time.perf_counter() - t0}, None
-
-
-def _measured_in_run(plan: Any, res: dict[str, Any]) -> None:
-    """What the plan's run measured (its ending, the schedule's checks) put on the plan, for the report."""
-    from leadline.plan import Value
-
-    ending = res.get("ending")
-    if isinstance(ending, dict):
-        plan.set("ending", Value(ending.get("kept", "constant"), "measured",
-                                 ending.get("why") or "raced at the end of the run", evidence=ending))
-    if isinstance(res.get("schedule"), dict):
-        checks = res["schedule"].get("checks") or []
-        back = sum(1 for c in checks if c.get("action") == "rollback")
-        plan.set("schedule_rollbacks",
-                 Value(back, "measured", f"the schedule checked the held-out loss {len(checks)} times during the "
-                       f"run and rolled back {back} time{'' if back == 1 else 's'}", evidence=res["schedule"]))
 
 
 def _say_verdict(plan: Any, arms: dict[str, Arm], say: Callable[[str], Any]) -> dict[str, Any]:

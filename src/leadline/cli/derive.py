@@ -18,6 +18,7 @@ from leadline.plan import Plan
 
 if TYPE_CHECKING:
     from leadline.lookahead.derive.state import StateKeeper
+    from leadline.lookahead.progress import PhaseBar
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -249,15 +250,21 @@ def continued_state(args: argparse.Namespace) -> str | None:
     return str(beside) if (Path(beside) / "state.json").exists() else None
 
 
+def phase_bar() -> PhaseBar:
+    """The bar over derive()'s phases on stderr (``--effort full``): :class:`leadline.lookahead.progress.PhaseBar`."""
+    from leadline.lookahead.progress import PhaseBar
+
+    return PhaseBar()
+
+
 def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None = None) -> int:
     import time
 
-    from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
+    from leadline.cli._common import load_for_training, lora_values_of, ram_bound
 
     t_load = time.perf_counter()
     with ram_bound(args.device), keep_state(state) as kept:
         model, tok = load_for_training(args)
-        bar = Progress() if main else None
         t0 = time.perf_counter()
         if args.effort == "race":  # the race alone; the weights put back as they were
             from leadline.cli._common import fields_of
@@ -267,7 +274,7 @@ def _derive(args: argparse.Namespace, out: Path, main: bool, state: Path | None 
                 total_steps=args.steps, epochs=args.epochs, rows_per_step=args.rows_per_step, seed=args.seed,
                 seq_len=args.seq_len, fields=fields_of(args) or None))
         else:
-            plan = derive_plan(args, model, tok, bar)
+            plan = derive_plan(args, model, tok, phase_bar() if main else None)
         plan.values.update(lora_values_of(args, model))  # the adapter's rank and alpha, given or leadline's default
         took = time.perf_counter() - t0
         notes = data_notes_of(args, model, tok) if main else []
@@ -336,7 +343,7 @@ def write_plan(plan: Plan, out: Path, kept: StateKeeper | None, *, html: str | P
     return saved
 
 
-def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: object) -> Plan:
+def derive_plan(args: argparse.Namespace, model: object, tok: object, bar: PhaseBar | None) -> Plan:
     """derive_for on the loaded model with the command's options; the progress bar closed after."""
     from leadline.cli._common import check_length, fields_of, plan_file
     from leadline.hf import DeriveOptions, derive_for

@@ -123,8 +123,8 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     the look-ahead's kept branch."""
     import time
 
-    from leadline.cli._common import Progress, load_for_training, lora_values_of, ram_bound
-    from leadline.cli.derive import derive_plan, keep_state, note_plan, state_path, write_plan
+    from leadline.cli._common import load_for_training, lora_values_of, ram_bound
+    from leadline.cli.derive import derive_plan, keep_state, note_plan, phase_bar, state_path, write_plan
     from leadline.cli.train import ending_of, print_run, show_step
     from leadline.train import train_with_plan
 
@@ -134,7 +134,7 @@ def _run(args: argparse.Namespace, out: Path) -> int:
     with ram_bound(args.device), keep as kept:  # on the CPU: an allocation past the RAM is a sentence
         model, tok = load_for_training(args)
         t_derive = time.perf_counter()
-        plan = derive_plan(args, model, tok, Progress())
+        plan = derive_plan(args, model, tok, phase_bar())
         plan.values.update(lora_values_of(args, model))
         seconds = {"load_seconds": t_derive - t_load, "derive_seconds": time.perf_counter() - t_derive}
         note_plan(args, plan, seconds["derive_seconds"], seconds["load_seconds"], command="run")

@@ -16,8 +16,6 @@ if TYPE_CHECKING:
 
     from leadline.memory_readings import Device
 
-ATTENTION = ("padded", "block_mask", "varlen")
-
 
 @dataclass
 class MicroBatch:

@@ -92,17 +92,6 @@ def quantiles(hist: Hist, qs: tuple[float, ...] = (0.1, 0.5, 0.9)) -> dict[str, 
     return out
 
 
-def mean(hist: Hist) -> float:
-    """The mean key, weighted by the counts; 0.0 for an empty histogram.
-
-    Examples:
-        >>> mean({10: 3, 20: 1}), mean({})
-        (12.5, 0.0)
-    """
-    n = total(hist)
-    return sum(k * c for k, c in hist.items()) / n if n else 0.0
-
-
 def binned(hist: Hist, bins: int = 20) -> list[dict[str, int]]:
     """The histogram in at most ``bins`` equal-width bins ``[lo, hi]`` (for the evidence).
 

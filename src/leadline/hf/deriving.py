@@ -218,7 +218,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, asked: _Asked, *, me
             batch: tuple[int, int] | None = None) -> Plan:
     import time
 
-    from leadline.lookahead.model import derive_on, join_the_job, model_pieces  # the full effort: the annex
+    from leadline.lookahead.model import derive_on, join_the_job, measured_after, model_pieces  # the annex
 
     started = time.monotonic()  # max_seconds bounds the set-up below too, not only derive's phases
     o = _options(asked.options)
@@ -242,7 +242,7 @@ def _derive(model: Any, tokenizer: Any, train_dataset: Any, asked: _Asked, *, me
         _given_values(plan, p, batch, given.policy)
         if o.trained_as is None and full_fine_tune(p.kind, p.model_info):
             plan.notes.append(FULL_NOTE)
-        _measured_after(plan, p, sizes=sizes, fit_rank=o.fit_rank, max_seconds=o.max_seconds, started=started)
+        measured_after(plan, p, sizes=sizes, fit_rank=o.fit_rank, max_seconds=o.max_seconds, started=started)
     finally:
         if bar is not None:
             bar.close()
@@ -399,7 +399,8 @@ def _bar(progress: bool | None, on_progress: Callable[[dict[str, Any]], None] | 
     the progress callback that feeds it."""
     import sys
 
-    from leadline.progress import PhaseBar, wants_bar
+    from leadline.lookahead.progress import PhaseBar
+    from leadline.progress import wants_bar
 
     bar = None
     if progress or (progress is None and on_progress is None and wants_bar(sys.stderr)):
@@ -420,35 +421,6 @@ def _given_values(plan: Plan, p: ModelPieces, batch: tuple[int, int] | None, pol
         from leadline.hf.trainer import policy_value
 
         plan.set("loss_policy", policy_value(policy, sum(r.scored_tokens for r in p.task.rows), len(p.task.rows)))
-
-
-def _measured_after(plan: Plan, p: ModelPieces, *, sizes: bool, fit_rank: bool, max_seconds: float | None,
-                    started: float) -> None:
-    """What is measured on the plan after derive(): the rows that fit without checkpointing, the
-    adapter's dtype note, and the LoRA rank that fits (``fit_rank``)."""
-    import time
-
-    from leadline.memory.model_step import adapter_dtype_note
-
-    if sizes and p.world.size == 1:  # every rank would ramp its own card
-        from leadline.lookahead.model import rows_fit_unchecked
-
-        left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
-        unchecked = rows_fit_unchecked(p.inner, p.step_fn, plan, lengths=p.lengths, seconds_left=left)
-        if unchecked is not None:
-            plan.set("rows_fit_without_checkpointing", unchecked)
-    note = adapter_dtype_note(p.inner)
-    if note is not None:
-        plan.notes.append(note)
-    if fit_rank and p.world.size > 1:
-        plan.notes.append("fit_rank: not measured under torchrun (every rank would measure its own card); run "
-                          "`leadline fit` on one card")
-    elif fit_rank:
-        from leadline.lookahead.fit_rank import fit_rank_values
-
-        left = None if max_seconds is None else max_seconds - (time.monotonic() - started)
-        for name, value in fit_rank_values(plan, p.model, seconds_left=left).items():
-            plan.set(name, value)
 
 
 def _both(*fns: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:

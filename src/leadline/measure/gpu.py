@@ -130,7 +130,7 @@ def measure_gpu(
         import torch
     except ImportError:
         raise LeadlineError("measuring a GPU needs torch; pip install 'leadline[torch]'") from None
-    from leadline.provenance import describe_machine
+    from leadline.measure.machine import describe_machine
 
     progress = on_progress or (lambda _msg: None)
     dev = torch.device(device or "cuda")

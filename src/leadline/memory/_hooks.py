@@ -78,10 +78,6 @@ class OutermostHooks:
     def installed(self) -> bool:
         return self._step is not None
 
-    @property
-    def discovering(self) -> bool:
-        return self._discovery is not None
-
     def install(self) -> None:
         """Register the global step hook and the discovery hook (idempotent; fresh discovery)."""
         if self._step is not None:

@@ -149,29 +149,6 @@ def adapter_dtype_gap(model: torch.nn.Module) -> tuple[torch.dtype, torch.dtype]
     return (adapter, weights) if adapter == torch.float32 and weights in low else None
 
 
-def adapter_dtype_note(model: torch.nn.Module) -> str | None:
-    """A plan note when the model's LoRA adapters are float32 on a 16-bit model, else None.
-
-    Examples:
-        >>> import torch
-        >>> model = torch.nn.Module()  # a bfloat16 base layer and a float32 adapter beside it
-        >>> model.base = torch.nn.Linear(4, 4).to(torch.bfloat16)
-        >>> model.lora_A = torch.nn.Linear(4, 2)
-        >>> print(adapter_dtype_note(model))
-        the LoRA adapters are float32 on a bfloat16 model (PEFT's autocast_adapter_dtype=True): ...
-        >>> adapter_dtype_note(torch.nn.Linear(4, 2)) is None
-        True
-    """
-    gap = adapter_dtype_gap(model)
-    if gap is None:
-        return None
-    name = str(gap[1]).replace("torch.", "")
-    return (f"the LoRA adapters are float32 on a {name} model (PEFT's autocast_adapter_dtype=True): each adapted layer "
-            f"keeps a float32 copy of its input for the backward, and the micro-batch was measured so. In {name} they "
-            f"keep less: on SmolLM2-135M, r16 saved 1.40x a full fine-tune's activations in float32 and 0.93x in "
-            f"bfloat16 (benchmarks/lora_adapter_dtype_cpu.py); `leadline fit` measures both on your card")
-
-
 def cast_adapters(model: torch.nn.Module, dtype: torch.dtype) -> Callable[[], None]:
     """Cast the LoRA tensors to ``dtype`` in place (the same Parameter objects, so an optimizer
     over them still holds them); returns the function that casts them back, values included, and

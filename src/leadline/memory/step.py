@@ -179,10 +179,6 @@ class TrainingStep:
             return f"cuda:{dev.index if dev.index is not None else 0}" if dev.type == "cuda" else dev.type
         return "cpu"
 
-    @property
-    def resident_bytes(self) -> int:
-        return int(sum(t.numel() * t.element_size() for t in self.resident if hasattr(t, "numel")))
-
     # ---- the step -----------------------------------------------------------------------
     def __call__(self, rows: int, length: int, repeats: int = 1) -> StepTiming:
         """Run ``repeats`` real steps of ``rows`` rows at ``length`` tokens; see the class contract."""

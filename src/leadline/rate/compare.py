@@ -13,13 +13,11 @@ Biometrika 70(3).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from leadline import stats
-
-K = TypeVar("K")
 
 
 @dataclass(frozen=True)
@@ -104,97 +102,3 @@ def mean_or_inf(xs: Sequence[float]) -> float:
         (1.5, inf)
     """
     return math.fsum(xs) / len(xs) if _finite(xs) else math.inf
-
-
-def best_key(readings: Mapping[K, Sequence[float]]) -> K:
-    """The candidate with the lowest mean held-out loss (non-finite ones last).
-
-    Examples:
-        >>> best_key({"lo": [1.0, 2.0], "mid": [0.9, 1.9], "hi": [float("nan"), 0.1]})
-        'mid'
-    """
-    return min(readings, key=lambda k: mean_or_inf(readings[k]))
-
-
-def prune(readings: Mapping[K, Sequence[float]], *, alpha: float, look: int,
-          max_looks: int) -> tuple[K, dict[K, Verdict]]:
-    """The best candidate and, for every other, its comparison with the best; those with
-    ``worse`` set are out (significantly worse at this look's sequential bar).
-
-    Examples:
-        >>> readings = {"lo": [1.0, 2.0, 3.0, 4.0], "mid": [0.9, 1.9, 2.9, 3.8], "hi": [float("nan"), 1.0, 1.0, 1.0]}
-        >>> best, verdicts = prune(readings, alpha=0.05, look=1, max_looks=1)
-        >>> best, {k: v.worse for k, v in verdicts.items()}
-        ('mid', {'lo': True, 'hi': True})
-    """
-    best = best_key(readings)
-    return best, {k: compare(v, readings[best], alpha=alpha, look=look, max_looks=max_looks)
-                  for k, v in readings.items() if k != best}
-
-
-def trend_slope(horizon_steps: Sequence[int], best_lrs: Sequence[float], points: int = 3) -> float | None:
-    """The least-squares slope s of log2(best rate) against log2(horizon) over the last
-    ``points`` horizons (best rate ~ n^s); None with fewer points.
-
-    Examples:
-        The best rate halving with each doubled horizon is n^-1; a flat one is n^0:
-
-        >>> trend_slope([8, 16, 32], [4e-3, 2e-3, 1e-3]), trend_slope([8, 16, 32], [1e-3] * 3)
-        (-1.0, 0.0)
-        >>> trend_slope([16, 32], [1e-3, 1e-3]) is None
-        True
-    """
-    if points < 2 or len(best_lrs) < points or len(horizon_steps) < points:
-        return None
-    xs = [math.log2(n) for n in horizon_steps[-points:]]
-    ys = [math.log2(r) for r in best_lrs[-points:]]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx if sxx > 0 else None
-
-
-def carry_trend(lr_last: float, horizon_last: int, slope: float, total_steps: int, max_factor: float = 8.0) -> float:
-    """The rate the trend reaches at the run's length: lr * (T / n)^s with s clamped to
-    [-1, 1], bounded to a factor ``max_factor`` either way of the last best rate.
-
-    Examples:
-        1e-3 at 50 steps on n^-0.5 reaches 1e-3 x (200 / 50)^-0.5 at 200; a 100x carry on
-        n^-1 stops at 8x; nothing is carried backwards:
-
-        >>> carry_trend(1e-3, 50, -0.5, 200), carry_trend(1e-3, 10, -1.0, 1000), carry_trend(1e-3, 200, -0.5, 100)
-        (0.0005, 0.000125, 0.001)
-    """
-    if total_steps <= horizon_last:
-        return lr_last
-    factor = (total_steps / horizon_last) ** min(1.0, max(-1.0, slope))
-    return lr_last * min(max_factor, max(1.0 / max_factor, factor))
-
-
-def parabola_log2(lrs: Sequence[float], means: Sequence[float]) -> float | None:
-    """The vertex of the parabola through three (log2 lr, mean loss) points, clamped to half
-    a grid step around the middle one; None when the three do not bend upward.
-
-    Examples:
-        A symmetric bend sits on the middle rate; a lopsided one leans toward the lower side;
-        a falling line has no vertex:
-
-        >>> parabola_log2([1e-3, 2e-3, 4e-3], [2.0, 1.0, 2.0])
-        0.0020...
-        >>> round(parabola_log2([1e-3, 2e-3, 4e-3], [1.5, 1.0, 2.0]), 6)
-        0.001782
-        >>> parabola_log2([1e-3, 2e-3, 4e-3], [3.0, 2.0, 1.0]) is None
-        True
-    """
-    if len(lrs) != 3 or not all(math.isfinite(m) for m in means):
-        return None
-    (x0, x1, x2), (y0, y1, y2) = [math.log2(r) for r in lrs], means
-    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
-    if denom == 0:
-        return None
-    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
-    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
-    if a <= 0:
-        return None
-    vertex = -b / (2 * a)
-    half = 0.5 * min(x1 - x0, x2 - x1)
-    return 2.0 ** min(x1 + half, max(x1 - half, vertex))

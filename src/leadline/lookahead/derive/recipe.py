@@ -45,10 +45,11 @@ from leadline.lookahead.rate.policy import fallback_rate
 from leadline.lookahead.runner import PhaseRunner, ProgressFn, StepPhase
 from leadline.lookahead.strategy import Strategy
 from leadline.lookahead.world import current_world
+from leadline.measure.machine import describe_machine
 from leadline.memory import forbid_spill
 from leadline.memory.step import device_of
 from leadline.plan import Plan, Value
-from leadline.provenance import describe_data, describe_machine
+from leadline.provenance import describe_data
 
 EFFORTS = ("full",)
 REMOVED_EFFORTS = ("quick",)
@@ -123,7 +124,7 @@ def derive(
             wrapper that prepares the pieces first (``leadline.hf.derive_for``) passes its own
             start, so its set-up counts against the bound too.
         on_progress: called with ``{"phase", "status", "elapsed_s", ...}`` per phase
-            (:class:`~leadline.progress.PhaseBar` draws them).
+            (:class:`~leadline.lookahead.progress.PhaseBar` draws them).
         resume: a file a killed derive continues from (written atomically after each phase,
             removed when derive finishes).
         prior: an earlier plan to check with short measurements instead of starting over.

@@ -93,7 +93,7 @@ def save_branch(keeper: StateKeeper, branch: Any, params: Sequence[Any], facts: 
     run's step 0); their digest is kept, not their values. Returns the meta written."""
     import torch
 
-    from leadline.provenance import tensors_digest
+    from leadline.lookahead.digest import tensors_digest
 
     snap = branch.snapshot
     tensors = {"params": [t.detach().cpu() for t in snap.params],
@@ -144,7 +144,7 @@ class RunState:
         same trained tensors (their digest), train at the branch's own rate (:func:`other_rate`)
         with the warmup the branch ran, and have steps left before its raced ending
         (``ending_from``: the step the ending's copy is taken at; None: no raced ending)."""
-        from leadline.provenance import tensors_digest
+        from leadline.lookahead.digest import tensors_digest
 
         m = self.meta
         for key, what in (("data_sha256", "the data"), ("seed", "the seed (the split and the rows' order)"),

@@ -196,7 +196,7 @@ class WorldTask:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
-        from leadline.provenance import tensors_digest
+        from leadline.lookahead.digest import tensors_digest
 
         if is_sharded(task.model):
             raise InputError(FSDP_SENTENCE)

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leadline.lookahead.rate.lookahead_result import Branch, LookaheadStop
+from leadline.lookahead.rate.lookahead_rules import parabola_log2, prune, trend_slope
 from leadline.lookahead.rate.warmup import warmup_lr, warmup_race
-from leadline.rate.compare import compare, parabola_log2, prune, trend_slope
+from leadline.rate.compare import compare
 
 
 @dataclass
