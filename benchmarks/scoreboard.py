@@ -1663,9 +1663,19 @@ full effort) where the board ran it, and the default command ``leadline``."""
 
 
 def board_name(data: dict[str, Any]) -> str:
+    """The board as the tables name it: its task, its regime, a held card, and "CPU" where its
+    runs trained on the CPU (the same board on a GPU is another row).
+
+    Examples:
+        >>> board_name({"task": "man_sections", "regime": "small", "machine": {"device": "cpu"}})
+        'man_sections · small · CPU'
+        >>> board_name({"task": "debian_sections", "card_gb": 6, "machine": {"device": "NVIDIA H100 80GB HBM3"}})
+        'debian_sections · lora, 6 GB card'
+    """
     regime = data.get("regime") or "lora"
     card = f", {data['card_gb']:g} GB card" if data.get("card_gb") else ""
-    return f"{data['task']} · {regime}{card}"
+    cpu = " · CPU" if (data.get("machine") or {}).get("device") == "cpu" else ""
+    return f"{data['task']} · {regime}{card}{cpu}"
 
 
 def cost_ratio(lead: dict[str, Any] | None, recipe: dict[str, Any] | None) -> str:
