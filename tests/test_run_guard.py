@@ -8,7 +8,16 @@ import random
 
 import pytest
 
-from leadline.rate.guard import MAX_ROLLBACKS, Guard, check_plan, check_steps
+from leadline.rate.guard import (
+    MAX_ROLLBACKS,
+    MIN_CHECK_ROWS,
+    MIN_CHECKS,
+    READ_SHARE,
+    STEP_READS,
+    Guard,
+    check_plan,
+    check_steps,
+)
 
 pytest.importorskip("schedulefree")
 
@@ -23,9 +32,20 @@ def test_a_run_of_twenty_steps_is_checked_at_least_three_times_after_its_opening
 
 
 def test_the_checks_together_read_at_most_the_share_of_the_steps_forwards_where_the_least_rows_allow():
-    for held, rps, steps in ((256, 16, 250), (256, 16, 2000), (100, 8, 600), (256, 32, 400)):
+    for held, rps, steps in ((256, 16, 250), (256, 16, 2000), (100, 8, 600), (256, 32, 400), (32, 16, 18),
+                             (40, 16, 22), (20, 16, 20), (256, 4, 10), (256, 1, 16)):
         rows, checks = check_plan(held, rps, steps)
-        assert rows * checks <= 0.05 * 3 * rps * steps + 1e-9 or rows == min(32, held)
+        within = rows * checks <= READ_SHARE * STEP_READS * rps * steps
+        assert checks >= MIN_CHECKS and rows <= held
+        assert within or (checks == MIN_CHECKS and rows == min(MIN_CHECK_ROWS, held)), (held, rps, steps)
+
+
+def test_a_short_pass_reads_fewer_rows_a_check_not_fewer_checks():
+    """The demo's pass on the CPU (18 steps of 16 rows, 32 held-out rows): 3 checks of 14 rows, 42
+    row reads against the steps' 864 forwards' 5% (43.2), where the least of 32 rows read 96."""
+    assert check_plan(32, 16, 18) == (14, 3)
+    assert check_plan(40, 16, 22) == (17, 3) and check_plan(256, 16, 40) == (32, 3)
+    assert check_plan(256, 16, 90) == (36, 6)  # the checks thinned before the rows shrink below 32
 
 
 def test_a_run_failing_again_from_its_best_goes_one_check_further_back():
@@ -104,7 +124,8 @@ def test_every_row_not_held_out_for_the_decisions_trains(tmp_path):
 def test_the_held_out_rows_no_check_reads_train_after_the_opening_by_default(tmp_path):
     """The 40 held-out rows are read by the opening; after it the 8 the checks do not read join the
     training rows and lengthen the one pass (360 + 8 rows: 23 steps of 16, not 22); the checks and
-    the before/after verdict read the other 32 alone. ``train_held_out=False`` keeps all 40 out."""
+    the before/after verdict read the other 32 alone, the checks the first 17 of them (3 checks within
+    the read budget of 22 steps). ``train_held_out=False`` keeps all 40 out."""
     from helpers import make_model, make_tokenizer
     from leadline.run import RunOptions, run_in_one
 
@@ -113,9 +134,9 @@ def test_the_held_out_rows_no_check_reads_train_after_the_opening_by_default(tmp
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1))
     _, base = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1, train_held_out=False))
     assert (base.train_rows, res.train_rows) == (360, 368) and (base.steps, res.steps) == (22, 23)
-    assert res.cost.check_rows == res.held_out_before.rows == res.held_out_after.rows == 32
+    assert res.held_out_before.rows == res.held_out_after.rows == 32 and res.cost.check_rows == 17
     assert base.held_out_before.rows == base.held_out_after.rows == 40
-    assert any("the held-out rows no check reads (8) trained" in n for n in plan.notes)
+    assert any("the held-out rows neither the checks nor the verdict read (8) trained" in n for n in plan.notes)
     _, fixed = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(total_steps=10))
     assert fixed.steps == 10 and fixed.train_rows == 368  # a length the caller gave stays
 
