@@ -2,21 +2,25 @@
 
 Why: the guard promises that its checks' reads cost at most ``READ_SHARE`` (5%) of the run's step
 time, and sizes them by a count that reads no clock (:func:`leadline.rate.guard.check_plan`: a
-training step is ``STEP_READS`` forwards of its rows). ``make demo`` on two CPU cores stated 11.5%.
+training step is ``STEP_READS`` forwards of its rows, by what it trains). ``make demo`` on two CPU
+cores stated 11.5%.
 This benchmark measures the two things the count rests on, on the demo's model and rows:
 
 1. **The parts** (``parts``): one training step of the run's micro-batch (forward, backward and
    schedule-free AdamW's step, as the run's loop takes it) against one check's read of the check's
-   held-out rows at the averaged weights (as :class:`leadline.rate.watch.Watch` reads them), taken
-   in turn ``--reps`` times after ``--warm`` untimed steps; the first read (before any step) is
-   timed apart. ``forwards_per_step``: a step's seconds a row over a read's seconds a row, the
-   measured counterpart of ``STEP_READS``.
+   held-out rows at the averaged weights (:func:`leadline.rate.watch.read_averaged`, as
+   :class:`leadline.rate.watch.Watch` reads them), taken in turn ``--reps`` times after ``--warm``
+   untimed steps; the first read (before any step) is timed apart. ``forwards_per_step``: a
+   step's seconds a row over a read's seconds a row, the measured counterpart of ``STEP_READS``.
 2. **The run** (``run``): the demo's leadline arm (``run_in_one`` with ``leadline run``'s
    defaults, the demo's CPU cut of its rows); from its ``run.json`` seconds, the reads' share
    ``check_seconds / steps_seconds`` (what the plan's ``guard`` value states as its share of the
    steps' time: the scheduled checks' and the passes' end checks' reads with the copies they keep,
    the start's read and the verdict's outside it), beside the share the count predicts (the rows
    the checks read over ``STEP_READS`` x the rows the steps trained) and each read's seconds.
+
+Other processes on the machine slow steps and reads unevenly (two threads wait for each other);
+the load average before and after each part is recorded beside its figures.
 
 Decision rule, written before the run: the budget HOLDS when the run's measured share is at most
 ``READ_SHARE``; it is PASSED otherwise. ``forwards_per_step`` is reported, not judged.
@@ -55,14 +59,26 @@ def _commit() -> str:
         return "unknown"
 
 
-def load_demo_model(threads: int) -> tuple[Any, Any]:
+def pick_threads(threads: int | None) -> dict[str, Any]:
+    """torch's threads: ``threads``, else as ``leadline demo`` picks them (whichever of torch's default
+    and one runs the demo model's matrix product faster, measured now: on a busy machine torch's
+    threads wait for each other)."""
+    import torch
+
+    from leadline.cli.demo import thread_rates
+
+    rates = thread_rates(torch.get_num_threads()) if threads is None else {}
+    torch.set_num_threads(threads if threads is not None else max(rates, key=lambda n: rates[n]))
+    return {"threads": torch.get_num_threads(), "products_a_second": rates}
+
+
+def load_demo_model() -> tuple[Any, Any]:
     """The demo's model as ``leadline demo`` loads it on the CPU: the bundled GGUF in float32, LoRA r16."""
     import torch
     from peft import LoraConfig, get_peft_model
 
     from leadline.hf.loading import default_model_path, load_model, load_tokenizer, locate_model
 
-    torch.set_num_threads(threads)
     source = locate_model(default_model_path(), say=lambda text: print(text, flush=True))
     tok = load_tokenizer(source)
     model = load_model(source, device="cpu", dtype=torch.float32)
@@ -94,13 +110,16 @@ def measure_parts(model: Any, tok: Any, data: Path, args: argparse.Namespace) ->
 
     from leadline.corpus.losses import row_losses
     from leadline.rate.guard import STEP_READS, check_plan
+    from leadline.rate.watch import StateCopy, read_averaged
     from leadline.run.job import prepare_job
     from leadline.run.opening import optimizer
     from leadline.run.options import RunOptions
 
+    load_before = os.getloadavg()
     job = prepare_job(model, tok, str(data), RunOptions(seed=0))
     task = job.task
-    planned_rows, checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    planned_rows, checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps,
+                                      trained_as=job.trained_as)
     rows = args.read_rows or planned_rows
     subset = [task.rows[i] for i in task.split.held_out[:rows]]
     start = [p.detach().clone() for p in job.params]
@@ -114,15 +133,12 @@ def measure_parts(model: Any, tok: Any, data: Path, args: argparse.Namespace) ->
         opt.step()
         return time.perf_counter() - t
 
+    spare = StateCopy.take(job.params, opt)
+
     def read() -> float:
         t = time.perf_counter()
-        opt.eval()
-        model.eval()
-        try:
-            row_losses(model, subset, None, task.device, pad_id=task.pad_id)
-        finally:
-            opt.train()
-            model.train()
+        read_averaged(opt, model, job.params, lambda: row_losses(model, subset, None, task.device, pad_id=task.pad_id),
+                      lambda: spare)
         return time.perf_counter() - t
 
     try:
@@ -143,12 +159,13 @@ def measure_parts(model: Any, tok: Any, data: Path, args: argparse.Namespace) ->
     lengths = [len(r.input_ids) for r in subset]
     trained = [len(task.rows[i].input_ids) for i in task.split.train]
     per_row_step, per_row_read = step_s / job.rows_per_step, read_s / rows
-    return {"rows_per_step": job.rows_per_step, "read_rows": rows, "planned": {"rows": planned_rows, "checks": checks},
+    return {"trained_as": job.trained_as, "rows_per_step": job.rows_per_step, "read_rows": rows,
+            "planned": {"rows": planned_rows, "checks": checks}, "load_average": [load_before, os.getloadavg()],
             "held_out_rows": len(task.split.held_out), "run_steps": job.steps,
             "mean_tokens": {"read_rows": statistics.mean(lengths), "training_rows": statistics.mean(trained)},
             "step_seconds": steps, "read_seconds": reads, "first_read_seconds": first_read,
             "step_seconds_median": step_s, "read_seconds_median": read_s,
-            "forwards_per_step": per_row_step / per_row_read, "step_reads_counted": STEP_READS,
+            "forwards_per_step": per_row_step / per_row_read, "step_reads_counted": STEP_READS[job.trained_as],
             "first_read_over_median": first_read / read_s}
 
 
@@ -177,8 +194,10 @@ def measure_run(model: Any, tok: Any, data: Path, out: Path) -> dict[str, Any]:
     """The demo's leadline arm, and the reads' share of its steps' time (the module docstring)."""
     from leadline.rate.guard import READ_SHARE, STEP_READS
     from leadline.run import RunOptions, run_in_one
+    from leadline.run.task import trained_as_of
 
     calls: list[dict[str, float]] = []
+    load_before = os.getloadavg()
     t = time.perf_counter()
     with timed_row_losses(calls):
         plan, res = run_in_one(model, tok, str(data), RunOptions(seed=0), out_dir=out)
@@ -188,13 +207,15 @@ def measure_run(model: Any, tok: Any, data: Path, out: Path) -> dict[str, Any]:
     check_reads = res.cost.check_reads - 1  # the count includes the start's read, taken before the steps
     read_rows = sum(int(c["rows"]) for c in calls[:check_reads])
     trained_rows = res.steps * res.micro_batch * res.grad_accum
-    return {"steps": res.steps, "rows_per_step": res.micro_batch * res.grad_accum, "check_rows": res.cost.check_rows,
+    trained_as = trained_as_of(model)
+    return {"trained_as": trained_as, "load_average": [load_before, os.getloadavg()],
+            "steps": res.steps, "rows_per_step": res.micro_batch * res.grad_accum, "check_rows": res.cost.check_rows,
             "held_out_before_rows": res.held_out_before.rows, "train_rows": res.train_rows,
             "checks": [{k: c.get(k) for k in ("step", "action", "why")} for c in res.checks],
             "seconds": seconds, "wall_seconds": time.perf_counter() - t,
             "check_reads": check_reads, "reads": calls,
             "read_seconds_in_checks": sum(c["seconds"] for c in calls[:check_reads]),
-            "share_measured": share, "share_counted": read_rows / (STEP_READS * trained_rows),
+            "share_measured": share, "share_counted": read_rows / (STEP_READS[trained_as] * trained_rows),
             "share_stated": guard.source, "budget": READ_SHARE,
             "verdict": "HOLDS" if share <= READ_SHARE else "PASSED"}
 
@@ -204,19 +225,19 @@ def main() -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--threads", type=int, default=2, help="torch's threads (the demo's 2 cores)")
+    ap.add_argument("--threads", type=int, default=None, help="torch's threads (default: as the demo picks them)")
     ap.add_argument("--reps", type=int, default=8, help="steps and reads timed in turn")
     ap.add_argument("--warm", type=int, default=2, help="untimed steps before them")
     ap.add_argument("--read-rows", type=int, default=None, help="rows a timed read reads (default: the plan's)")
     ap.add_argument("--skip-parts", action="store_true")
     args = ap.parse_args()
+    threads = pick_threads(args.threads)
     t = time.perf_counter()
-    model, tok = load_demo_model(args.threads)
+    model, tok = load_demo_model()
     report: dict[str, Any] = {
         "benchmark": "guard_reads_cpu", "command": sys.argv, "commit": _commit(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(), "torch": torch.__version__,
-                    "threads": torch.get_num_threads()},
+                    "python": platform.python_version(), "torch": torch.__version__, **threads},
         "load_seconds": time.perf_counter() - t}
     with tempfile.TemporaryDirectory() as tmp:
         data = demo_rows(Path(tmp))

@@ -23,29 +23,41 @@ pytest.importorskip("schedulefree")
 
 
 # ---- the rule, on numbers ------------------------------------------------------------------
-def test_a_run_of_twenty_steps_is_checked_at_least_three_times_after_its_opening():
-    _, checks = check_plan(256, 16, 20)
+@pytest.mark.parametrize("trained_as", ["weights", "factors"])
+def test_a_run_of_twenty_steps_is_checked_at_least_three_times_after_its_opening(trained_as):
+    _, checks = check_plan(256, 16, 20, trained_as=trained_as)
     at = check_steps(20, start=2, checks=checks)
     assert len(at) >= 3 and at[-1] == 20 and all(2 < s <= 20 for s in at)
-    _, checks = check_plan(256, 16, 250)
+    _, checks = check_plan(256, 16, 250, trained_as=trained_as)
     assert checks >= 8 and len(check_steps(250, 25, checks)) >= 8
 
 
-def test_the_checks_together_read_at_most_the_share_of_the_steps_forwards_where_the_least_rows_allow():
+@pytest.mark.parametrize("trained_as", ["weights", "factors"])
+def test_the_checks_together_read_at_most_the_share_of_the_steps_forwards_where_the_least_rows_allow(trained_as):
     for held, rps, steps in ((256, 16, 250), (256, 16, 2000), (100, 8, 600), (256, 32, 400), (32, 16, 18),
                              (40, 16, 22), (20, 16, 20), (256, 4, 10), (256, 1, 16)):
-        rows, checks = check_plan(held, rps, steps)
-        within = rows * checks <= READ_SHARE * STEP_READS * rps * steps
+        rows, checks = check_plan(held, rps, steps, trained_as=trained_as)
+        within = rows * checks <= READ_SHARE * STEP_READS[trained_as] * rps * steps
         assert checks >= MIN_CHECKS and rows <= held
         assert within or (checks == MIN_CHECKS and rows == min(MIN_CHECK_ROWS, held)), (held, rps, steps)
 
 
 def test_a_short_pass_reads_fewer_rows_a_check_not_fewer_checks():
-    """The demo's pass on the CPU (18 steps of 16 rows, 32 held-out rows): 3 checks of 14 rows, 42
-    row reads against the steps' 864 forwards' 5% (43.2), where the least of 32 rows read 96."""
-    assert check_plan(32, 16, 18) == (14, 3)
-    assert check_plan(40, 16, 22) == (17, 3) and check_plan(256, 16, 40) == (32, 3)
-    assert check_plan(256, 16, 90) == (36, 6)  # the checks thinned before the rows shrink below 32
+    """The demo's pass on the CPU (18 steps of 16 rows, 32 held-out rows, an adapter): 3 checks of 9
+    rows, 27 row reads within 5% of the steps' 576 forwards (28.8), where 3 checks of the least 32
+    rows read 96. Every weight trained, a step is 3 forwards: 3 checks of 14."""
+    assert check_plan(32, 16, 18, trained_as="factors") == (9, 3)
+    assert check_plan(32, 16, 18, trained_as="weights") == (14, 3)
+    assert check_plan(40, 16, 22, trained_as="factors") == (11, 3)
+    assert check_plan(256, 16, 40, trained_as="weights") == (32, 3)
+    assert check_plan(256, 16, 90, trained_as="weights") == (36, 6)  # the checks thinned before the rows shrink
+
+
+def test_a_plan_for_an_unknown_kind_of_training_is_refused_by_name():
+    from leadline.errors import InputError
+
+    with pytest.raises(InputError, match=r"trained_as must be one of \['factors', 'weights'\], got 'lora'"):
+        check_plan(256, 16, 20, trained_as="lora")
 
 
 def test_a_run_failing_again_from_its_best_goes_one_check_further_back():

@@ -53,7 +53,7 @@ def guarded(job: Job, opened: Opened, on_step: Callable[[dict[str, Any]], None] 
     """The run's steps from where the race left it, under the guard, pass by pass where its length
     was not given (:func:`more_passes`), and the end decided."""
     task, start = job.task, opened.kept_steps
-    rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps, trained_as=job.trained_as)
     rows = job.check_rows or rows  # where held-out rows trained, the checks keep to the rows that did not
     read_subset = first_held_out(task, rows)
     latest: list[list[float]] = []

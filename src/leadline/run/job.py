@@ -125,7 +125,7 @@ def join_held_out(job: Job, fixed_steps: bool) -> None:
     subset, and the verdict its rows (the subset, and at least :data:`~leadline.rate.guard.VERDICT_ROWS`),
     alone from here on."""
     task = job.task
-    rows, _ = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    rows, _ = check_plan(len(task.split.held_out), job.rows_per_step, job.steps, trained_as=job.trained_as)
     kept = max(rows, min(VERDICT_ROWS, len(task.split.held_out)))
     extra = list(task.split.held_out[kept:])
     job.check_rows, job.verdict_rows = rows, kept
