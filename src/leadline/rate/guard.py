@@ -11,8 +11,8 @@ guard inside Trainer alike. The rules, fixed before any run of them:
    last at the run's end (:func:`check_steps`), plus the start itself. The checks read a fixed
    subset of the held-out rows, sized by a count that reads no clock (:func:`check_plan`): a
    training step costs :data:`STEP_READS` forwards of its rows (3 where every weight trains, 2
-   for an adapter, whose frozen weights take no gradient), and every check's read together costs
-   at most :data:`READ_SHARE` of the steps' forwards. Each planned check is counted, the
+   for an adapter, whose frozen weights take no gradient), and all the checks' reads together
+   cost at most :data:`READ_SHARE` of the steps' forwards. Each planned check is counted, the
    last too (a pass's end, where another pass may follow, is a read of the subset; the run's end
    is the verdict's read); the start's read, the verdict's and a check a spike calls (rule 2) are
    outside the count. A check reads its share of that budget, at most every held-out row; where
@@ -95,6 +95,8 @@ SPIKE_RATIO = 2.0
 ALPHA = 0.05
 GIVE_BACK = 0.05
 """The share of the start-to-best fall a significant worsening must give back to roll back (rule 3)."""
+READ_RULE = "5% of the steps' forwards, a step 3 forwards of its rows and 2 for an adapter, at least 8 rows a check"
+"""How the checks' reads are sized (rule 1), as ``run.json``'s ``rules`` names it."""
 END_RULE = "the best check where the end is significantly worse"
 """What the end keeps (rule 6), as ``run.json``'s ``rules`` names it."""
 
