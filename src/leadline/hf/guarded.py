@@ -6,7 +6,7 @@ that ``leadline run``'s loop uses (one implementation of check-and-rollback):
 
 - **the start** (``begin``, at ``on_train_begin``): every held-out row read at Trainer's starting
   weights, the start's copy taken (its weights and the fresh optimizer), and the checks planned
-  from the run's steps and rows a step (:func:`~leadline.rate.guard.check_plan`,
+  from the run's steps, its rows a step and what it trains (:func:`~leadline.rate.guard.check_plan`,
   :func:`~leadline.rate.guard.check_steps`): the same checks at the same spacing as ``leadline run``;
 - **a check** (``after_step``, at ``on_step_end`` of a check step): the first ``rows`` held-out
   rows read at the averaged weights (``optimizer.eval()``), the training weights put back bit for
