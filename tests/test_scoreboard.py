@@ -300,7 +300,7 @@ def test_every_arm_runs_two_steps_on_the_cpu_and_a_rerun_resumes(sb, tmp_path, m
         assert units["schedulefree_again"]["run"]["final_train_loss"] == units["schedulefree"]["run"]["final_train_loss"]
     text = sb.boards_table([out])
     # the recipe at three seeds: their mean, spread and range
-    assert re.search(r"\| debian_sections · lora \| accuracy ↑ \| [01]\.\d{4} ± \d\.\d{4} \(3 seeds, [01]\.\d{4}\.\.[01]\.\d{4}\)", text)
+    assert re.search(r"\| debian_sections · lora · CPU \| accuracy ↑ \| [01]\.\d{4} ± \d\.\d{4} \(3 seeds, [01]\.\d{4}\.\.[01]\.\d{4}\)", text)
     if "schedulefree_again" in arms:  # run beside the other arms (--parallel 2): on the CPU the same answers
         assert re.search(r"\| identical \(beside other processes\) \| `--task debian_sections` \|$", text.splitlines()[2]), text
     # every comparison arm trained on every row given; a search on all but its 10% to pick by
