@@ -2,7 +2,7 @@
 
 Why: the guard promises that its checks' reads cost at most ``READ_SHARE`` (5%) of the run's step
 time, and sizes them by a count that reads no clock (:func:`leadline.rate.guard.check_plan`: a
-training step is ``STEP_READS`` forwards of its rows, by what it trains). ``make demo`` on two CPU
+training step is ``STEP_READS`` forwards of its rows). ``make demo`` on two CPU
 cores stated 11.5%.
 This benchmark measures the two things the count rests on, on the demo's model and rows:
 
@@ -118,8 +118,7 @@ def measure_parts(model: Any, tok: Any, data: Path, args: argparse.Namespace) ->
     load_before = os.getloadavg()
     job = prepare_job(model, tok, str(data), RunOptions(seed=0))
     task = job.task
-    planned_rows, checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps,
-                                      trained_as=job.trained_as)
+    planned_rows, checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
     rows = args.read_rows or planned_rows
     subset = [task.rows[i] for i in task.split.held_out[:rows]]
     start = [p.detach().clone() for p in job.params]
@@ -165,7 +164,7 @@ def measure_parts(model: Any, tok: Any, data: Path, args: argparse.Namespace) ->
             "mean_tokens": {"read_rows": statistics.mean(lengths), "training_rows": statistics.mean(trained)},
             "step_seconds": steps, "read_seconds": reads, "first_read_seconds": first_read,
             "step_seconds_median": step_s, "read_seconds_median": read_s,
-            "forwards_per_step": per_row_step / per_row_read, "step_reads_counted": STEP_READS[job.trained_as],
+            "forwards_per_step": per_row_step / per_row_read, "step_reads_counted": STEP_READS,
             "first_read_over_median": first_read / read_s}
 
 
@@ -215,7 +214,7 @@ def measure_run(model: Any, tok: Any, data: Path, out: Path) -> dict[str, Any]:
             "seconds": seconds, "wall_seconds": time.perf_counter() - t,
             "check_reads": check_reads, "reads": calls,
             "read_seconds_in_checks": sum(c["seconds"] for c in calls[:check_reads]),
-            "share_measured": share, "share_counted": read_rows / (STEP_READS[trained_as] * trained_rows),
+            "share_measured": share, "share_counted": read_rows / (STEP_READS * trained_rows),
             "share_stated": guard.source, "budget": READ_SHARE,
             "verdict": "HOLDS" if share <= READ_SHARE else "PASSED"}
 

@@ -220,7 +220,7 @@ def test_a_budget_spent_by_the_ramp_still_gives_a_batch_from_the_ramps_timings(m
 RACE_STEPS = 60  # 2 rows a step on 4 held-out rows: checks at 15, 30 and 45, and the end at 60
 
 
-def _race_plan(micro_batch=2):
+def _race_plan():
     """A race plan (schedule-free AdamW) as derive_for writes one, without its race."""
     from leadline.plan import Plan, Value
 
@@ -229,14 +229,14 @@ def _race_plan(micro_batch=2):
     plan.set("lr", Value(2.5e-3, "constant", "the default"))
     plan.set("warmup_steps", Value(1, "constant", "2% of the run"))
     plan.set("weight_decay", Value(0.0, "constant", "0"))
-    plan.set("micro_batch", Value(micro_batch, "derived", "the step's rows"))
+    plan.set("micro_batch", Value(2, "derived", "the step's rows"))
     plan.set("grad_accum", Value(1, "derived", "one micro-batch a step"))
     plan.set("total_steps", Value(RACE_STEPS, "derived", "the run's length"))
     return plan
 
 
 def _race_trainer(tmp_path, tok, plan, callbacks, start, **kw):
-    """A Trainer over the 40 rows at the plan's rows a step, from the LoRA tensors ``start``, running ``plan``."""
+    """A Trainer over the 40 rows at 2 a step, from the LoRA tensors ``start``, running ``plan``."""
     import torch
     from transformers import Trainer, TrainingArguments
 
@@ -287,8 +287,8 @@ def test_the_guard_checks_inside_trainer_and_leaves_a_run_without_rollback_as_it
     guarded = _race_trainer(tmp_path / "guarded", tok, plan, [cb], start)
     with cb:
         guarded.train()
-    assert [(c["step"], c["action"]) for c in cb.checks] == [(0, "start"), (20, "best"), (40, "best"),
-                                                              (60, "final")]  # an adapter's 60 steps of 2 rows
+    assert [(c["step"], c["action"]) for c in cb.checks] == [(0, "start"), (15, "best"), (30, "best"),
+                                                              (45, "best"), (60, "final")]
     ev = plan["guard"].evidence
     assert ev["plot"] == "checks" and ev["checks"] == cb.checks and ev["kept_step"] == 60 and ev["rows"] == 4
     assert ev["outcome"] == "improved" and ev["held_out_before"]["rows"] == 4 and plan["guard"].value == 0
@@ -300,8 +300,7 @@ def test_the_guard_checks_inside_trainer_and_leaves_a_run_without_rollback_as_it
 
 def test_a_fault_is_rolled_back_and_trainer_logs_the_lowered_rate(race_start, tmp_path):
     """One step at 10^4 times the rate: the guard reads the damage on the held-out rows (the plan's real
-    reader), puts step 15's check back, halves the rate; Trainer's log shows the rate each step used.
-    At 3 rows a step the read budget holds four checks (15, 30, 45 and the end)."""
+    reader), puts step 15's check back, halves the rate; Trainer's log shows the rate each step used."""
     import math
 
     from transformers import TrainerCallback
@@ -309,7 +308,7 @@ def test_a_fault_is_rolled_back_and_trainer_logs_the_lowered_rate(race_start, tm
     from leadline.hf.callback import LeadlineCallback
 
     tok, start = race_start
-    plan = _race_plan(micro_batch=3)
+    plan = _race_plan()
     used: dict[int, float] = {}
 
     class Fault(TrainerCallback):
@@ -346,7 +345,7 @@ def test_a_fault_is_rolled_back_and_trainer_logs_the_lowered_rate(race_start, tm
 def test_a_stop_puts_the_best_check_back_before_trainer_saves(race_start, tmp_path):
     """Step 30 reads worse than step 15 (a rollback), step 45 again: with one rollback allowed the run
     stops at 45 with step 15's averaged weights in the model, in the checkpoint Trainer saves there
-    and in ``save_model`` (3 rows a step: four checks within the read budget)."""
+    and in ``save_model``."""
     import torch
     from safetensors.torch import load_file
     from transformers import TrainerCallback
@@ -354,7 +353,7 @@ def test_a_stop_puts_the_best_check_back_before_trainer_saves(race_start, tmp_pa
     from leadline.hf.callback import LeadlineCallback
 
     tok, start = race_start
-    plan = _race_plan(micro_batch=3)
+    plan = _race_plan()
     cb = LeadlineCallback(plan, held_out_losses=_readings([2.0, 1.0, 3.0, 3.0, 1.1]), max_rollbacks=1)
     at_15: dict[str, torch.Tensor] = {}
 

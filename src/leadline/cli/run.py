@@ -28,7 +28,6 @@ REPORT = "report.html"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from leadline.rate.guard import VERDICT_ROWS
     from leadline.rate.opening import DECIDE_SHARE
 
     add_model_arguments(p, bundled=True)
@@ -50,9 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="your own rows (the training data's format) to read the model on before and after the run "
                    "(default: none; --effort full refuses it)")
     p.add_argument("--train-held-out", action=argparse.BooleanOptionalAction, default=None,
-                   help="after the opening race, the held-out rows neither the guard's checks nor the verdict read "
-                   f"train too, late in the first pass (the verdict keeps at least {VERDICT_ROWS}) (default: on; "
-                   "--no-train-held-out keeps every held-out row out of training; --effort full refuses either)")
+                   help="after the opening race, the held-out rows the guard's checks do not read train too, late in "
+                   "the first pass; the checks and the verdict read the rest (default: on; --no-train-held-out keeps "
+                   "every held-out row out of training; --effort full refuses either)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help=f"a new or empty folder for the plan ({PLAN}), the adapter (or weights) and run.json")
     add_html_argument(p)

@@ -6,7 +6,7 @@ that ``leadline run``'s loop uses (one implementation of check-and-rollback):
 
 - **the start** (``begin``, at ``on_train_begin``): every held-out row read at Trainer's starting
   weights, the start's copy taken (its weights and the fresh optimizer), and the checks planned
-  from the run's steps, its rows a step and what it trains (:func:`~leadline.rate.guard.check_plan`,
+  from the run's steps and rows a step (:func:`~leadline.rate.guard.check_plan`,
   :func:`~leadline.rate.guard.check_steps`): the same checks at the same spacing as ``leadline run``;
 - **a check** (``after_step``, at ``on_step_end`` of a check step): the first ``rows`` held-out
   rows read at the averaged weights (``optimizer.eval()``), the training weights put back bit for
@@ -113,8 +113,6 @@ class TrainerGuard:
               scheduler: torch.optim.lr_scheduler.LRScheduler, *, total: int,
               rows_per_step: int) -> None:
         """The start read on every held-out row, its copy taken, the checks planned (the module docstring)."""
-        from leadline.run.task import trained_as_of
-
         self.model, self.params, self.opt, self.scheduler, self.total = model, list(params), opt, scheduler, total
         start_copy = StateCopy.take(self.params, opt)
         was = model.training
@@ -123,7 +121,7 @@ class TrainerGuard:
             self.before = [float(x) for x in self.read_all()]
         finally:
             model.train(was)
-        self.rows, n = check_plan(len(self.before), rows_per_step, total, trained_as=trained_as_of(model))
+        self.rows, n = check_plan(len(self.before), rows_per_step, total)
         planned = check_steps(total, 0, n)
         self.checks_at = [s for s in planned if s < total]  # the end is read on every row instead
         rate = float(opt.param_groups[0]["lr"])

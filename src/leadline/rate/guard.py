@@ -8,21 +8,12 @@ loop (:mod:`leadline.run.loop`), the LookaheadSchedule (:mod:`leadline.lookahead
 guard inside Trainer alike. The rules, fixed before any run of them:
 
 1. **Where it reads.** :data:`CHECKS` checks spread evenly over the steps after the start, the
-   last at the run's end (:func:`check_steps`), plus the start itself. The checks read a fixed
-   subset of the held-out rows, sized by a count that reads no clock (:func:`check_plan`): a
-   training step costs :data:`STEP_READS` forwards of its rows (3 where every weight trains, 2
-   for an adapter, whose frozen weights take no gradient), and all the checks' reads together
-   cost at most :data:`READ_SHARE` of the steps' forwards. Each planned check is counted, the
-   last too (a pass's end, where another pass may follow, is a read of the subset; the run's end
-   is the verdict's read); the start's read, the verdict's and a check a spike calls (rule 2) are
-   outside the count. A check reads its share of that budget, at most every held-out row; where
-   that is fewer than :data:`CHECK_ROWS`, the checks are thinned first, never below
-   :data:`MIN_CHECKS`, and then the rows shrink to the budget, never below :data:`MIN_CHECK_ROWS`
-   (or every held-out row where there are fewer): only a pass of fewer than
-   ``MIN_CHECKS x MIN_CHECK_ROWS / (READ_SHARE x STEP_READS)`` rows (160; 240 for an adapter)
-   reads past the budget.
-   The start and the kept model are read on every held-out row: the run's verdict (where the
-   held-out rows no check reads train, at least :data:`VERDICT_ROWS` stay out for it).
+   last at the run's end (:func:`check_steps`), plus the start itself. The reads use a fixed
+   subset of the held-out rows sized so that all the checks together cost at most
+   :data:`READ_SHARE` of the run's step time, never fewer than :data:`MIN_CHECK_ROWS` rows
+   (or every held-out row where there are fewer); where even that would pass the share, the
+   checks are thinned, never below :data:`MIN_CHECKS` (:func:`check_plan`). The start and the
+   kept model are read on every held-out row: the run's verdict.
 2. **The watch between checks.** A non-finite step loss is a rollback at once (the state that
    produced it is not read). A step loss above :data:`SPIKE_RATIO` times the highest of the
    last :data:`SPIKE_WINDOW` step losses (with at least half that many seen) calls a check at
@@ -65,7 +56,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from leadline.errors import InputError
 from leadline.rate.compare import compare, mean_or_inf
 
 CHECKS = 8
@@ -74,29 +64,19 @@ MIN_CHECKS = 3
 """The fewest checks the read budget may thin the run to."""
 READ_SHARE = 0.05
 """All the checks' reads together: at most this share of the run's step time."""
-CHECK_ROWS = 32
-"""The rows a check reads before the read budget thins the checks (rule 1)."""
-MIN_CHECK_ROWS = 8
-"""The fewest held-out rows a check reads (every row where the split holds fewer), past the budget if need be."""
-VERDICT_ROWS = 32
-"""The fewest held-out rows kept out of training for the verdict where the others train (every row where fewer)."""
+MIN_CHECK_ROWS = 32
+"""The fewest held-out rows a check reads (every row where the split holds fewer)."""
 ROLLBACK_FACTOR = 0.5
 """The rate after a rollback, as a share of the rate before it (the seed halves)."""
 MAX_ROLLBACKS = 3
 """Rollbacks before a further worsening stops the run at its best check."""
-STEP_READS = {"weights": 3, "factors": 2}
-"""A training step's forward and backward, in forwards of its rows, by what it trains: the forward,
-the gradient of the activations, and the gradient of the weights where every weight trains (1 + 1 + 1);
-an adapter's factors (LoRA) leave the model's weights frozen, and no gradient of theirs (1 + 1).
-Kaplan et al. 2020, "Scaling Laws for Neural Language Models", https://arxiv.org/abs/2001.08361
-(a forward 2N operations a token, a step 6N)."""
+STEP_READS = 3
+"""A training step's forward and backward, in forwards of its rows (the usual 1 + 2)."""
 SPIKE_WINDOW = 16
 SPIKE_RATIO = 2.0
 ALPHA = 0.05
 GIVE_BACK = 0.05
 """The share of the start-to-best fall a significant worsening must give back to roll back (rule 3)."""
-READ_RULE = "5% of the steps' forwards, a step 3 forwards of its rows and 2 for an adapter, at least 8 rows a check"
-"""How the checks' reads are sized (rule 1), as ``run.json``'s ``rules`` names it."""
 END_RULE = "the best check where the end is significantly worse"
 """What the end keeps (rule 6), as ``run.json``'s ``rules`` names it."""
 
@@ -120,41 +100,30 @@ def check_steps(total_steps: int, start: int = 0, checks: int = CHECKS) -> list[
     return [start + math.ceil(i * left / k) for i in range(1, k + 1)] if k > 0 else []
 
 
-def check_plan(held_out_rows: int, rows_per_step: int, steps: int, *, trained_as: str) -> tuple[int, int]:
+def check_plan(held_out_rows: int, rows_per_step: int, steps: int) -> tuple[int, int]:
     """``(rows, checks)``: the held-out rows a check reads and the number of checks, within the budget.
 
-    A training step's forward and backward cost :data:`STEP_READS` forwards of its rows (by
-    ``trained_as``: ``"weights"`` or ``"factors"``, :func:`leadline.run.task.trained_as_of`), so the
-    run's steps are worth ``STEP_READS x rows_per_step x steps`` row reads and the checks may read
-    :data:`READ_SHARE` of that: rows = budget / checks, at most every held-out row. Where
-    :data:`CHECK_ROWS` rows (or every held-out row) would pass the budget at :data:`CHECKS`
-    checks, the checks are thinned to what it holds, never below :data:`MIN_CHECKS`; below that
-    the rows shrink, never below :data:`MIN_CHECK_ROWS` (or every held-out row). The rule reads no
-    clock, so a seed gives the same checks on a busy card as on an idle one; the reads' measured
-    seconds are stated in the plan's phase table.
+    A training step's forward and backward cost about :data:`STEP_READS` forwards of its rows, so
+    the run's steps are worth ``STEP_READS x rows_per_step x steps`` row reads and the checks may
+    read :data:`READ_SHARE` of that: rows = budget / checks, at least :data:`MIN_CHECK_ROWS` (or
+    every held-out row) and at most every held-out row; where the least rows would pass the
+    budget at :data:`CHECKS` checks, the checks are thinned to what it holds, never below
+    :data:`MIN_CHECKS`. The rule reads no clock, so a seed gives the same checks on a busy card
+    as on an idle one; the reads' measured seconds are stated in the plan's phase table.
 
     Examples:
-        Every weight trained, 16 rows a step: 250 steps, 8 checks of 75 rows; 40 steps, 3 checks of
-        32; 20 steps, 3 checks of 16 (their 48 row reads are 5% of the steps' 960):
+        A run of 250 steps of 16 rows: 8 checks of 75 rows; a run of 20 steps: 3 checks of 32:
 
-        >>> [check_plan(256, 16, n, trained_as="weights") for n in (250, 40, 20)]
-        [(75, 8), (32, 3), (16, 3)]
-
-        An adapter's step is 2 forwards: the demo's pass on the CPU (18 steps, 32 held-out rows)
-        reads 3 checks of 9 rows; a pass too short for the least rows reads past the budget:
-
-        >>> check_plan(32, 16, 18, trained_as="factors"), check_plan(256, 4, 10, trained_as="factors")
-        ((9, 3), (8, 3))
-        >>> check_plan(256, 16, 2000, trained_as="factors")   # capped at every held-out row
-        (256, 8)
+        >>> check_plan(256, 16, 250), check_plan(256, 16, 20)
+        ((75, 8), (32, 3))
+        >>> check_plan(256, 16, 2000), check_plan(20, 16, 20)   # capped at every held-out row
+        ((256, 8), (20, 3))
     """
-    if trained_as not in STEP_READS:
-        raise InputError(f"trained_as must be one of {sorted(STEP_READS)}, got {trained_as!r}")
-    full, least = min(CHECK_ROWS, held_out_rows), min(MIN_CHECK_ROWS, held_out_rows)
-    budget = READ_SHARE * STEP_READS[trained_as] * rows_per_step * steps  # row reads the checks may spend
+    least = min(MIN_CHECK_ROWS, held_out_rows)
+    budget = READ_SHARE * STEP_READS * rows_per_step * steps  # row reads the checks may spend
     checks = CHECKS
-    if full * checks > budget:
-        checks = max(MIN_CHECKS, int(budget // max(full, 1)))
+    if least * checks > budget:
+        checks = max(MIN_CHECKS, int(budget // max(least, 1)))
     return max(least, min(held_out_rows, int(budget // checks))), checks
 
 

@@ -53,14 +53,14 @@ def guarded(job: Job, opened: Opened, on_step: Callable[[dict[str, Any]], None] 
     """The run's steps from where the race left it, under the guard, pass by pass where its length
     was not given (:func:`more_passes`), and the end decided."""
     task, start = job.task, opened.kept_steps
-    rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps, trained_as=job.trained_as)
+    rows, n_checks = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
     rows = job.check_rows or rows  # where held-out rows trained, the checks keep to the rows that did not
-    read_subset = first_held_out(task, rows)
+    subset = [task.rows[i] for i in task.split.held_out[:rows]]
     latest: list[list[float]] = []
     by_step: dict[int, list[float]] = {0: list(opened.start_losses[:rows])}  # each check's per-row losses
 
     def read() -> list[float]:
-        latest.append(read_subset())
+        latest.append(row_losses(task.model, subset, None, task.device, pad_id=task.pad_id))
         return latest[-1]
 
     def said(step: int, _: Any) -> None:  # a check that read: its losses kept by its step, for the pass rule
@@ -81,7 +81,7 @@ def guarded(job: Job, opened: Opened, on_step: Callable[[dict[str, Any]], None] 
     job.pass_steps = job.steps
     more = more_passes(job, opened, watch, by_step, done, n_checks, on_step)
     check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
-    end = _end(job, opened, watch, first_held_out(task, job.verdict_rows) if job.joined else task.held_out_losses())
+    end = _end(job, opened, watch, read if job.joined else task.held_out_losses(), rows)
     return Guarded(done, guard, end, rows, check_reads + 1, check_seconds, time.perf_counter() - t, more)
 
 
@@ -112,26 +112,19 @@ def more_passes(job: Job, opened: Opened, watch: Watch, by_step: dict[int, list[
     return time.perf_counter() - t - (watch.read_seconds + watch.copy_seconds - reads_before)
 
 
-def first_held_out(task: Task, rows: int | None) -> Callable[[], list[float]]:
-    """A reader of the per-row losses of the task's first ``rows`` held-out rows (None: every one)."""
-    subset = [task.rows[i] for i in task.split.held_out[:rows]]
-    return lambda: row_losses(task.model, subset, None, task.device, pad_id=task.pad_id)
-
-
-def _end(job: Job, opened: Opened, watch: Watch, read_all: Callable[[], list[float]]) -> End:
+def _end(job: Job, opened: Opened, watch: Watch, read_all: Callable[[], list[float]], rows: int) -> End:
     """The end decided (kept, or the best check put back), the kept model read on every held-out
     row no step trained on (``read_all``), its answers checked for a collapse, and the start put
     back where it is no better."""
     task, opt = job.task, opened.opt
     t = time.perf_counter()
-    rows = job.verdict_rows if job.joined else None
-    start = opened.start_losses[:rows]
+    start = opened.start_losses[:rows] if job.joined else opened.start_losses
     losses = watch.end(job.steps, read_all)
     if hasattr(opt, "eval"):
         opt.eval()  # the averaged weights: the model
     task.model.eval()
     improved = outcome(start, losses) == "improved"
-    result = outcome(start, losses, improved and _collapsed(opened, task, rows))
+    result = outcome(start, losses, improved and _collapsed(opened, task, rows if job.joined else None))
     if result == "no_better_than_start":
         watch.kept[0].load(job.params, opt)  # the start's weights are the result
         losses = list(start)

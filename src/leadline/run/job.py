@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from leadline.errors import InputError
-from leadline.rate.guard import VERDICT_ROWS, check_plan
+from leadline.rate.guard import check_plan
 from leadline.run.length import MAX_PASSES
 from leadline.run.options import ROWS_PER_STEP, WARMUP_SHARE, RunOptions
 
@@ -56,8 +56,7 @@ class Job:
     tried: list[dict[str, Any]] = field(default_factory=list)
     fit_seconds: float = 0.0
     epochs: float | None = None
-    check_rows: int | None = None  # the held-out rows a check reads, where the rows no check reads trained
-    verdict_rows: int | None = None  # the held-out rows the verdict reads, where the others trained
+    check_rows: int | None = None  # the held-out rows the checks and the verdict read, where the rest trained
     joined: int = 0  # held-out rows that joined the training rows after the opening
     pass_steps: int = 0  # one pass's steps (after held-out rows joined)
     passes_left: int = 0  # passes the run may still add where its length was not given (run.length)
@@ -119,16 +118,14 @@ def prepare_job(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data
 
 
 def join_held_out(job: Job, fixed_steps: bool) -> None:
-    """The held-out rows past the checks' subset and the verdict's join the training rows: appended
-    to the run's order (so they train late in its first pass, after every row the opening trained
-    on), the run lengthened by their steps unless its length was given. The checks read their
-    subset, and the verdict its rows (the subset, and at least :data:`~leadline.rate.guard.VERDICT_ROWS`),
-    alone from here on."""
+    """The held-out rows past the checks' subset join the training rows: appended to the run's order
+    (so they train late in its first pass, after every row the opening trained on), the run
+    lengthened by their steps unless its length was given. The checks and the verdict read the
+    subset alone from here on."""
     task = job.task
-    rows, _ = check_plan(len(task.split.held_out), job.rows_per_step, job.steps, trained_as=job.trained_as)
-    kept = max(rows, min(VERDICT_ROWS, len(task.split.held_out)))
-    extra = list(task.split.held_out[kept:])
-    job.check_rows, job.verdict_rows = rows, kept
+    rows, _ = check_plan(len(task.split.held_out), job.rows_per_step, job.steps)
+    extra = list(task.split.held_out[rows:])
+    job.check_rows = rows
     if not extra:
         return
     task.order.extend(extra)  # the run's step function reads this list: the rows join its draws

@@ -85,7 +85,7 @@ def run_in_one(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data:
                "prepare_seconds": prepare_seconds,
                **({"load_seconds": load_seconds} if load_seconds is not None else {})}
     result = _result_of(job, opened, ran, opts, (test_before, test_after), seconds)
-    result.answers = answers and answers.after(job.verdict_rows if job.joined else None, result.test_source)
+    result.answers = answers and answers.after(job.check_rows if job.joined else None, result.test_source)
     set_run_phases(plan, job, opened, result)
     write(plan, result, model, out_dir)
     return plan, result
@@ -118,12 +118,10 @@ def race_only(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, data: 
 
 
 def _train_held_out(plan: Plan, job: Job, fixed_steps: bool) -> None:
-    """``train_held_out``: the held-out rows no check and no verdict reads train after the opening
-    (:func:`join_held_out`)."""
+    """``train_held_out``: the held-out rows no check reads train after the opening (:func:`join_held_out`)."""
     join_held_out(job, fixed_steps)
-    plan.notes.append(f"the held-out rows neither the checks nor the verdict read ({job.joined}) trained after the "
-                      f"opening race: the verdict reads the other {job.verdict_rows}, the checks the first "
-                      f"{job.check_rows} of them")
+    plan.notes.append(f"the held-out rows no check reads ({job.joined}) trained after the opening race: the checks "
+                      f"and the verdict read the other {job.check_rows}")
 
 
 def _seconds_of(ran: Guarded) -> dict[str, float]:

@@ -32,7 +32,7 @@ class RunOptions:
         test_share: a share of the rows kept out of training and deciding, for a verdict (0: none).
         eval_data: the user's own rows for that verdict (else the verdict is on the held-out rows
             the decisions read, and the result says so).
-        train_held_out: the held-out rows no check and no verdict reads train after the opening race (the
+        train_held_out: the held-out rows no check reads train after the opening race (the
             default; False keeps every held-out row out of training; the run alone: a race alone
             trains nothing).
         rate: a rate already decided or given (``--lr``, or a race's plan's ``lr``), with its source:

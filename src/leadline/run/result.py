@@ -197,7 +197,6 @@ class Rules(TypedDict):
     """The rules a run's result depends on (``run.json``'s ``rules``)."""
 
     give_back: float  # the guard's share of the fall a rollback needs (leadline.rate.guard.GIVE_BACK)
-    check_reads: str  # how the checks' reads are sized (leadline.rate.guard.READ_RULE)
     end: str  # what the end keeps (leadline.rate.guard.END_RULE)
     pass_rule: str  # what a pass's end is read against (leadline.run.length.PASS_RULE)
     max_passes: int  # the most passes a run of no given length takes
@@ -206,8 +205,7 @@ class Rules(TypedDict):
 def rules() -> Rules:
     """The run's rules that a result depends on, by name (``run.json``'s ``rules``): a record of another
     version's rules tells a board that its run was not this version's."""
-    from leadline.rate.guard import END_RULE, GIVE_BACK, READ_RULE
+    from leadline.rate.guard import END_RULE, GIVE_BACK
     from leadline.run.length import MAX_PASSES, PASS_RULE
 
-    return {"give_back": GIVE_BACK, "check_reads": READ_RULE, "end": END_RULE, "pass_rule": PASS_RULE,
-            "max_passes": MAX_PASSES}
+    return {"give_back": GIVE_BACK, "end": END_RULE, "pass_rule": PASS_RULE, "max_passes": MAX_PASSES}
