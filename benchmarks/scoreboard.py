@@ -1773,14 +1773,18 @@ def same_precision(*units: dict[str, Any]) -> bool:
 
 
 def as_users_compare(data: dict[str, Any]) -> bool:
-    """A board whose schedule-free arm trained on every row given (its unit records ``train_rows``):
-    the comparison a user makes. Boards from before that record gave every arm leadline's split.
+    """A board whose schedule-free arm, or the sweep's, trained on every row given (its unit records
+    ``train_rows``): the comparison a user makes. Boards from before that record gave every arm
+    leadline's split.
 
     Examples:
         >>> as_users_compare({"units": {"schedulefree": {"train_rows": 2000}}}), as_users_compare({"units": {}})
         (True, False)
+        >>> as_users_compare({"units": {"sf_sweep_lr0": {"train_rows": 320}}})
+        True
     """
-    return isinstance((data["units"].get("schedulefree") or {}).get("train_rows"), int)
+    return any(isinstance(unit.get("train_rows"), int) for name, unit in data["units"].items()
+               if name == "schedulefree" or name.startswith("sf_sweep_"))
 
 
 def board_row(data: dict[str, Any], tally: Counter) -> str:
@@ -1873,7 +1877,7 @@ def boards_table(paths: list[Path]) -> str:
         if swept:
             lines.append("")
             lines.append(f"against the swept optimum: {tally[('sweep', 'win')]} win, {tally[('sweep', 'tie')]} tie, "
-                         f"{tally[('sweep', 'loss')]} loss on {swept} boards")
+                         f"{tally[('sweep', 'loss')]} loss on {swept} board{'s' if swept != 1 else ''}")
         lines.append("")
     if mixed:
         lines.append(f"Measured at mixed precision ({', '.join(mixed)}): their units written before the scoreboard "

@@ -722,7 +722,7 @@ def test_the_boards_table_counts_leadline_against_the_swept_optimum(sb, tmp_path
     path = tmp_path / "scoreboard_t.json"
     path.write_text(json.dumps(data))
     text = sb.boards_table([path])
-    assert "against the swept optimum: 0 win, 0 tie, 1 loss on 1 boards" in text
+    assert "against the swept optimum: 0 win, 0 tie, 1 loss on 1 board" in text.splitlines()
     assert "0.900 (0.000625 x1; ceiling 0.900 at 0.000625 x1)" in text  # ties pick the first run
 
 
