@@ -79,26 +79,30 @@ def guarded(job: Job, opened: Opened, on_step: Callable[[dict[str, Any]], None] 
         watch.check(start, by_step[start], why="the opening race's winner")
     done = guarded_steps(opened.opt, job.step, range(start, job.steps), watch=watch, on_step=on_step)
     job.pass_steps = job.steps
-    more = more_passes(job, opened, watch, by_step, done, n_checks, on_step)
+    more = more_passes(job, opened, watch, by_step, done, n_checks, on_step, rows)
     check_seconds, check_reads = watch.read_seconds + watch.copy_seconds, watch.reads
     end = _end(job, opened, watch, read if job.joined else task.held_out_losses(), rows)
     return Guarded(done, guard, end, rows, check_reads + 1, check_seconds, time.perf_counter() - t, more)
 
 
 def more_passes(job: Job, opened: Opened, watch: Watch, by_step: dict[int, list[float]], done: Looped,
-                n_checks: int, on_step: Callable[[dict[str, Any]], None] | None) -> float:
+                n_checks: int, on_step: Callable[[dict[str, Any]], None] | None, rows: int) -> float:
     """The passes after the first (:mod:`leadline.run.length`): at each pass's end a check, and another
     pass with the first pass's checks while that check is significantly below the check half a pass
-    before it (:func:`~leadline.run.length.half_a_pass_before`) and the guard kept it. ``done`` grows
-    by their steps; returns their steps' seconds (reads left out)."""
+    before it (:func:`~leadline.run.length.half_a_pass_before`), or reads flat while the held-out
+    answers have collapsed (:func:`_collapsed`, read at the averaged weights as a check reads), and
+    the guard kept it. ``done`` grows by their steps; returns their steps' seconds (reads left out)."""
     t, reads_before = time.perf_counter(), watch.read_seconds + watch.copy_seconds
     while job.passes_left > 0 and not done.stopped_at:
-        job.passes_why = "cap"
         if watch.check(job.steps, why="the pass's end").action not in ("best", "keep"):
             job.passes_why = "guard"
             break
         before = half_a_pass_before(sorted(by_step), job.steps, job.pass_steps)
-        if not still_improving(by_step[job.steps], by_step[before]):
+        if still_improving(by_step[job.steps], by_step[before]):
+            job.passes_why = "cap"
+        elif watch.read_now(lambda: [float(_collapsed(opened, job.task, rows if job.joined else None))])[0]:
+            job.passes_why = "collapsed"
+        else:
             job.passes_why = "flat"
             break
         job.passes_left -= 1

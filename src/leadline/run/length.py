@@ -12,6 +12,10 @@ the boards that decide it (``benchmarks/scoreboard.py`` rule D):
    paired t at :data:`ALPHA`), and the guard neither rolled back nor stopped there: a run whose
    second half-pass still learns is not cut at the pass's end, and a run that has flattened pays
    for no pass it does not need (why half a pass: ``docs/results.md``, "The sweep").
+   A pass's end that reads flat while the model's held-out answers have collapsed (one answer for
+   most rows, the end's rule: :func:`leadline.run.answers.collapsed`) takes another pass all the
+   same: a classifier that gives one answer has not learned its task yet, and at one pass on a few
+   hundred rows every rate of the sweep stood there (the answers' read is counted with the checks').
 3. Each added pass gets the first pass's checks (the same rows, the same count), so the reads stay
    within the guard's share of the steps' time; the end and the kept model are the guard's as in
    one pass.
@@ -28,7 +32,7 @@ from leadline.rate.compare import compare
 
 MAX_PASSES = 5
 """The most passes a run whose length was not given takes."""
-PASS_RULE = "half a pass"
+PASS_RULE = "half a pass, or answers collapsed"
 """What a pass's end is read against (rule 2), as ``run.json``'s ``rules`` names it."""
 ALPHA = 0.05
 
@@ -75,6 +79,8 @@ def stop_sentence(passes: int, reason: str) -> str:
                 "pass before it, and stopped when it was not",
         "cap": "the most a run takes (its checks still improved at the last pass's end)",
         "guard": "the guard rolled back or stopped at the pass's end, so the run went no further",
+        "collapsed": "the most a run takes (its held-out answers were one answer for most rows at the last pass's "
+                     "end it read flat)",
         "given": "the length the caller gave",
     }[reason]
     return f"{passes} pass{'es' if passes != 1 else ''}: {said}"
