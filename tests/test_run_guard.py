@@ -356,12 +356,43 @@ def test_a_run_whose_check_at_a_passs_end_no_longer_improves_stops_there(tmp_pat
 
     verdicts = iter([True, False])
     monkeypatch.setattr(end, "still_improving", lambda last, before: next(verdicts))
+    monkeypatch.setattr(end, "_collapsed", lambda *a, **k: False)  # the tiny model's answers are one answer
     tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
     plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
     assert res.passes == 2 and res.steps == 46 and "2 passes: the run went on while" in plan["total_steps"].source
     _, given = run_in_one(make_model(vocab_size=len(tok)), tok, data, RunOptions(epochs=1))
     assert given.passes is None and given.steps == 23 and not [c for c in given.checks
                                                               if c.get("why") == "the pass's end"]
+
+
+def test_a_passs_end_that_reads_flat_while_its_answers_collapsed_takes_another_pass(tmp_path, monkeypatch):
+    """The pass rule reads flat at every pass's end; the answers are collapsed at the first pass's end
+    only: the run takes a second pass and stops at its end, and the plan says why it went on."""
+    import leadline.run.end as end
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    collapsed = iter([True, False, False])  # the first pass's end, the second's, the kept model's
+    asked: list[int | None] = []
+    monkeypatch.setattr(end, "still_improving", lambda last, before: False)
+    monkeypatch.setattr(end, "_collapsed", lambda opened, task, rows=None: asked.append(rows) or next(collapsed))
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert res.passes == 2 and res.steps == 46 and len(asked) == 3
+    assert "2 passes: the run went on while" in plan["total_steps"].source
+    assert [c["step"] for c in res.checks if c.get("why") == "the pass's end"] == [23, 46]
+
+
+def test_a_run_that_reaches_five_passes_with_its_answers_collapsed_says_so(tmp_path, monkeypatch):
+    import leadline.run.end as end
+    from helpers import make_model, make_tokenizer
+    from leadline.run import run_in_one
+
+    monkeypatch.setattr(end, "still_improving", lambda last, before: False)
+    monkeypatch.setattr(end, "_collapsed", lambda opened, task, rows=None: True)
+    tok, data = make_tokenizer(), str(_rows(tmp_path / "t.jsonl"))
+    plan, res = run_in_one(make_model(vocab_size=len(tok)), tok, data)
+    assert res.passes == 5 and "held-out answers were one answer for most rows" in plan["total_steps"].source
 
 
 def test_the_pass_rule_reads_the_pass_ends_check_against_the_check_half_a_pass_before_it(tmp_path, monkeypatch):
