@@ -77,7 +77,8 @@ def add_plan_arguments(p: argparse.ArgumentParser, *, effort: str, effort_help: 
     g.add_argument("--epochs", type=float, metavar="E",
                    help=f"the run's length in passes over the training rows, at most {MAX_EPOCHS} (default: one pass, "
                    "then `leadline run` adds passes while a pass's end reads significantly below its check half a "
-                   f"pass before, at most {MAX_PASSES} passes in all; --effort full: one pass)")
+                   f"pass before or its held-out answers are one answer, at most {MAX_PASSES} passes in all; "
+                   "--effort full: one pass)")
     p.add_argument("--seq-len", type=int, metavar="N",
                    help="the length to train at (default: the longest row, cut to the model's positions)")
     p.add_argument("--rows-per-step", type=int, metavar="N", action=Spelled,
