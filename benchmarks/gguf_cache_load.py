@@ -31,7 +31,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _commit() -> str:
+def tree_commit() -> str:
+    """The commit the results came from: ``LEADLINE_COMMIT`` where set (a copy without its git
+    history), else the tree's HEAD, else "unknown"."""
     if os.environ.get("LEADLINE_COMMIT"):  # a copy without its git history names its commit here
         return os.environ["LEADLINE_COMMIT"]
     try:
@@ -140,7 +142,7 @@ def _measure(args: argparse.Namespace, work: Path) -> dict:
     return {
         "benchmark": "gguf_cache_load",
         "command": [Path(sys.executable).name, *sys.argv],
-        "commit": _commit(),
+        "commit": tree_commit(),
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
                     "torch_threads": torch.get_num_threads(), "device": "cpu"},
         "versions": _versions(),

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,17 +45,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from gguf_cache_load import tree_commit  # benchmarks/ is the script's own folder on sys.path
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _commit() -> str:
-    if os.environ.get("LEADLINE_COMMIT"):  # a copy without its git history names its commit here
-        return os.environ["LEADLINE_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def pick_threads(threads: int | None) -> dict[str, Any]:
@@ -234,7 +225,7 @@ def main() -> int:
     t = time.perf_counter()
     model, tok = load_demo_model()
     report: dict[str, Any] = {
-        "benchmark": "guard_reads_cpu", "command": sys.argv, "commit": _commit(),
+        "benchmark": "guard_reads_cpu", "command": sys.argv, "commit": tree_commit(),
         "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count(),
                     "python": platform.python_version(), "torch": torch.__version__, **threads},
         "load_seconds": time.perf_counter() - t}
