@@ -11,8 +11,10 @@
 # - the small boards (320 rows): the sweep, and leadline (this version's defaults, as above), schedule-free
 #   and the recipe at seeds 0-2.
 # Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
-# default 560), SEEDED_PARALLEL (runs side by side on each seeded board; default 2 on a card over
-# 100 GB, else 1: with two a board and uncapped judges, an 80 GB card ran out of memory), RESULTS (default
+# default 560), SEEDED (the seeded boards, TASK:REGIME; default the six), SEEDED_PARALLEL (runs side by
+# side on each seeded board; default 1), SMALL_PARALLEL (the same on each small board; default 2 on a
+# card over 100 GB, else 1): a process's load allocates on the shared card, and fourteen processes at
+# once (six boards at two, two at one) left a 141 GB card no room for a model's load, RESULTS (default
 # /root/results: outside the tree, so a later call resumes from it), MODEL, DATA as boards_on_gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -23,11 +25,12 @@ if [[ ! -d $MODEL ]]; then  # once, before the two scripts that would each write
   PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} python3 benchmarks/gguf_to_folder.py /root/assets/smol.gguf "$MODEL" || exit 1
 fi
 card_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1)
-SEEDED_PARALLEL=${SEEDED_PARALLEL:-$(( ${card_mib:-0} > 100000 ? 2 : 1 ))}  # two a board on a 141 GB card
-SEEDED="debian_sections:lora man_sections:lora py_modules:lora code_trace:lora gsm_symbolic:full debian_summary:long"
+SEEDED_PARALLEL=${SEEDED_PARALLEL:-1}
+SMALL_PARALLEL=${SMALL_PARALLEL:-$(( ${card_mib:-0} > 100000 ? 2 : 1 ))}
+SEEDED=${SEEDED:-"debian_sections:lora man_sections:lora py_modules:lora code_trace:lora gsm_symbolic:full debian_summary:long"}
 BOARDS=$SEEDED ARMS=sf_sweep,leadline SEEDS=3 PARALLEL=$SEEDED_PARALLEL PACK=seeded \
   EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/seeded.log 2>&1 &
-BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=1 \
+BOARDS="debian_sections:small man_sections:small" ARMS=sf_sweep,leadline,schedulefree,recipe SEEDS=3 PARALLEL=$SMALL_PARALLEL \
   PACK=small EXTRA="--refresh-defaults leadline" benchmarks/boards_on_gpu.sh > /tmp/small.log 2>&1 &
 wait
 tail -n 30 /tmp/seeded.log /tmp/small.log
