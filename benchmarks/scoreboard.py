@@ -223,7 +223,7 @@ RULES = {
          "guard rolls back a check no better than the start at once and a significant worsening only where it gave "
          "back 5% of the start-to-best fall, the end keeps the best check where it is significantly worse; a run "
          "of no given length goes on pass by pass while its check at a pass's end is significantly below the check "
-         "half a pass before it, at most 5 passes; the version with the check just before it took no second pass "
+         "half a pass before it, or its held-out answers have collapsed to one, at most 5 passes; the version with the check just before it took no second pass "
          "on any board and was replaced before this rule's next run) stay the default when, on the "
          "boards with the sweep, leadline (3 seeds) loses by rule P to none of the sweep's pick, schedule-free at its "
          "defaults and the recipe, and no longer loses to schedule-free on the boards where the earlier default lost "
