@@ -26,8 +26,10 @@ def _stall_after_writing(out: Path, sig: int):
     def run(args):
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "adapter_model.safetensors").write_bytes(b"half")
-        os.kill(os.getpid(), sig)
-        time.sleep(30)  # the signal lands here
+        # raised in this (the main) thread: a process-directed kill can land on a thread an earlier test left
+        # running, where it leaves the main thread's sleep uninterrupted
+        signal.raise_signal(sig)
+        time.sleep(30)  # the signal lands before here
         raise AssertionError("the signal did not interrupt the command")
 
     return run
