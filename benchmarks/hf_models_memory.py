@@ -46,6 +46,14 @@ On the H200 (bitsandbytes carried as a wheel; one case per command keeps each un
     PYTHONPATH=src python3 benchmarks/hf_models_memory.py --shapes 8b --bases 4bit --cards 24 --effort race \
         --max-rows 16 --truth-steps 5 --deadline 540 --out $OUT/8b_4bit_24gb_race.json
 
+The memory promise at a user's scale (``leadline run``'s micro-batch: ``--effort race``), one case a
+command, 8B in 4-bit on a card held to 24 GB and 1B in bf16 on 8 GB, at 512 and 2,048 tokens:
+
+    for c in "8b 4bit 24 512" "8b 4bit 24 2048" "1b bf16 8 512" "1b bf16 8 2048"; do set -- $c
+      PYTHONPATH=src python3 benchmarks/hf_models_memory.py --shapes $1 --bases $2 --cards $3 --effort race \
+          --seq $4 --run-steps 20 --max-rows 16 --truth-steps 5 \
+          --out benchmarks/results/hf_models_memory/${1}_${2}_${3}gb_race_seq$4.json; done
+
 CPU smoke (a tiny config, a few steps; the 4-bit base is refused off CUDA in one sentence):
 
     python3 benchmarks/hf_models_memory.py --smoke --out /tmp/hf_models_memory_smoke.json
