@@ -13,8 +13,8 @@
 # Environment: STOP (seconds after which no unit starts; default 500), TIMEOUT (one unit's seconds;
 # default 560), SEEDED (the seeded boards, TASK:REGIME; default the six), SEEDED_PARALLEL (runs side by
 # side on each seeded board; default 1), SMALL_PARALLEL (the same on each small board; default 2 on a
-# card over 100 GB, else 1): each process's load allocates on the shared card, and 22 training
-# processes with 8 judges on an 80 GB card ran most runs out of memory at the load, RESULTS (default
+# card over 100 GB, else 1): 22 training processes with 8 judges on an 80 GB card ran 40 of the
+# sweep's 56 runs out of memory, RESULTS (default
 # /root/results: outside the tree, so a later call resumes from it), MODEL, DATA as boards_on_gpu.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
